@@ -90,6 +90,14 @@ inline bool ParseCopyMethod(std::string_view name, CopyMethod* out) {
   return false;
 }
 
+// ParseCopyMethod for a handler's "method" attribute; the error names `op`.
+inline ffi::Error ParseCopyMethodAttr(std::string_view op, std::string_view name,
+                                      CopyMethod* out) {
+  if (ParseCopyMethod(name, out)) return ffi::Error::Success();
+  return InvalidArgument(op, "unknown method '", name,
+                         "' (expected 'auto', 'bulk' or 'simt')");
+}
+
 // The byte range a whole-buffer copy moves, after re-checking what the kernels
 // rely on: same dtype, same element count, real pointers for non-empty data.
 struct ByteCopy {
@@ -123,5 +131,12 @@ inline ffi::Error CheckWholeCopy(std::string_view op, const ffi::AnyBuffer& x,
 }
 
 }  // namespace jax_tma
+
+// Returns the ffi::Error of `expr` from the enclosing handler if it failed.
+#define JAX_TMA_RETURN_IF_FAILED(expr)                                      \
+  do {                                                                      \
+    ::xla::ffi::Error jax_tma_error_ = (expr);                              \
+    if (jax_tma_error_.failure()) return jax_tma_error_;                    \
+  } while (0)
 
 #endif  // JAX_TMA_FFI_COMMON_H_

@@ -11,14 +11,9 @@ namespace jax_tma {
 static ffi::Error CopyCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                               std::string_view method) {
   CopyMethod parsed;
-  if (!ParseCopyMethod(method, &parsed)) {
-    return InvalidArgument("jax_tma.copy", "unknown method '", method,
-                           "' (expected 'auto', 'bulk' or 'simt')");
-  }
+  JAX_TMA_RETURN_IF_FAILED(ParseCopyMethodAttr("jax_tma.copy", method, &parsed));
   ByteCopy c;
-  if (ffi::Error err = CheckWholeCopy("jax_tma.copy", x, y, &c); err.failure()) {
-    return err;
-  }
+  JAX_TMA_RETURN_IF_FAILED(CheckWholeCopy("jax_tma.copy", x, y, &c));
   if (c.bytes != 0) std::memcpy(c.dst, c.src, c.bytes);
   return ffi::Error::Success();
 }

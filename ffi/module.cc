@@ -8,6 +8,7 @@
 #include <nanobind/stl/string.h>
 
 #include "copy_cpu.h"
+#include "ppermute_cpu.h"
 #include "window_cpu.h"
 #include "xla/ffi/api/c_api.h"
 
@@ -53,6 +54,15 @@ void RawCopy(const std::string& method, int device, std::uintptr_t dst,
   if (err.failure()) throw std::runtime_error(err.message());
   CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after)");
 }
+
+// Whether `device` can map `peer`'s memory (what jax_tma.ppermute reads
+// through); lowering falls back to lax.ppermute where it cannot.
+bool CanAccessPeer(int device, int peer) {
+  if (device == peer) return true;
+  int can = 0;
+  CheckCuda(cudaDeviceCanAccessPeer(&can, device, peer), "cudaDeviceCanAccessPeer");
+  return can != 0;
+}
 #endif
 
 }  // namespace
@@ -64,6 +74,7 @@ NB_MODULE(_jax_tma, m) {
     nb::dict d;
     d["jax_tma_copy"] = Capsule(JaxTmaCopyCpu);
     d["jax_tma_window"] = Capsule(JaxTmaWindowCpu);
+    d["jax_tma_ppermute"] = Capsule(JaxTmaPpermuteCpu);
     return d;
   });
 
@@ -72,6 +83,7 @@ NB_MODULE(_jax_tma, m) {
 #if JAX_TMA_WITH_CUDA
     d["jax_tma_copy"] = Capsule(JaxTmaCopyCuda);
     d["jax_tma_window"] = Capsule(JaxTmaWindowCuda);
+    d["jax_tma_ppermute"] = Capsule(JaxTmaPpermuteCuda);
     d["jax_tma_bench_memcpy"] = Capsule(JaxTmaBenchMemcpyCuda);
     d["jax_tma_bench_seed_copy"] = Capsule(JaxTmaBenchSeedCopyCuda);
 #endif
@@ -90,5 +102,6 @@ NB_MODULE(_jax_tma, m) {
         nb::arg("dst"), nb::arg("src"), nb::arg("nbytes"),
         nb::arg("chunk_bytes") = d.chunk_bytes, nb::arg("stages") = d.stages,
         nb::arg("chunks_per_cta") = d.chunks_per_cta);
+  m.def("can_access_peer", &CanAccessPeer, nb::arg("device"), nb::arg("peer"));
 #endif
 }

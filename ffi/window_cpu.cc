@@ -13,10 +13,7 @@ static ffi::Error WindowCpuImpl(ffi::AnyBuffer x, ffi::AnyBuffer start,
                                 ffi::Span<const int64_t> strides, uint64_t fill_bits,
                                 bool transpose, std::string_view method) {
   WindowGeometry g;
-  if (ffi::Error err = DecodeWindow(x, start, y, strides, fill_bits, transpose, method, &g);
-      err.failure()) {
-    return err;
-  }
+  JAX_TMA_RETURN_IF_FAILED(DecodeWindow(x, start, y, strides, fill_bits, transpose, method, &g));
   const auto* src = static_cast<const uint8_t*>(x.untyped_data());
   auto* dst = static_cast<uint8_t*>(y->untyped_data());
   const int64_t eb = g.elem_bytes;

@@ -89,3 +89,13 @@ def window_reference(x: np.ndarray, start, shape, strides=None, fill_nan=False) 
         clipped = tuple(np.clip(g, 0, max(dim - 1, 0)) for g, dim in zip(grids, x.shape))
         out[inside] = x[clipped][inside]
     return out
+
+
+def ppermute_reference(x: np.ndarray, n: int, perm) -> np.ndarray:
+    """lax.ppermute's result for `x` split into `n` blocks along dim 0 (a
+    1-D mesh): block d is the block of the device sending to d, else zeros."""
+    blocks = np.split(np.asarray(x), n)
+    out = [np.zeros_like(b) for b in blocks]
+    for src, dst in perm:
+        out[dst] = blocks[src]
+    return np.concatenate(out)

@@ -35,10 +35,7 @@ static ffi::Error CopyCudaImpl(cudaStream_t stream, int32_t device,
                                std::string_view method) {
   constexpr std::string_view kOp = "jax_tma.copy";
   CopyMethod parsed;
-  if (!ParseCopyMethod(method, &parsed)) {
-    return InvalidArgument(kOp, "unknown method '", method,
-                           "' (expected 'auto', 'bulk' or 'simt')");
-  }
+  JAX_TMA_RETURN_IF_FAILED(ParseCopyMethodAttr(kOp, method, &parsed));
   ByteCopy c;
   JAX_TMA_RETURN_IF_FAILED(CheckWholeCopy(kOp, x, y, &c));
   return LaunchCopy(kOp, parsed, c.src, c.dst, c.bytes, stream, device);

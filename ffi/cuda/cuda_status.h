@@ -30,10 +30,4 @@ inline ffi::Error CudaError(const char* expr, cudaError_t err, const char* file,
     }                                                                       \
   } while (0)
 
-#define JAX_TMA_RETURN_IF_FAILED(expr)                                      \
-  do {                                                                      \
-    ::xla::ffi::Error jax_tma_error_ = (expr);                              \
-    if (jax_tma_error_.failure()) return jax_tma_error_;                    \
-  } while (0)
-
 #endif  // JAX_TMA_FFI_CUDA_CUDA_STATUS_H_

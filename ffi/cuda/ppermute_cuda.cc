@@ -1,0 +1,138 @@
+// CUDA handler of "jax_tma_ppermute": each device pulls its source's block
+// straight out of the peer GPU's memory with the TMA bulk copy pipeline
+// (peer access, no staging buffer, no NCCL).
+//
+// Ordering across the two streams, per call (see ppermute_rendezvous.h for
+// the host side): the sender records `ready` on its stream where its block is
+// complete; the receiver's stream waits on it before the copy kernel and
+// records `done` after it; the sender's stream waits on every reader's `done`
+// before anything later on it may overwrite the block. Host threads meet
+// before each event is waited on, so every wait sees the event of its own call.
+#include <map>
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "../ppermute_rendezvous.h"
+#include "copy_cuda.h"
+#include "copy_launch.h"
+#include "device_info.h"
+
+namespace jax_tma {
+namespace {
+
+struct PermuteEvents {
+  cudaEvent_t ready = nullptr;
+  cudaEvent_t done = nullptr;
+};
+
+// One pair of events per lowered ppermute and device, made once by that
+// device's own handler thread (the current device is the handler's device)
+// and reused by every later call: a call records them only after the
+// previous call's waits on them were enqueued.
+ffi::Error GetEvents(int64_t instance, int device, PermuteEvents* out) {
+  static std::mutex mu;
+  static auto* events = new std::map<std::pair<int64_t, int>, PermuteEvents>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = events->find({instance, device});
+  if (it == events->end()) {
+    PermuteEvents e;
+    JAX_TMA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e.ready, cudaEventDisableTiming));
+    JAX_TMA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e.done, cudaEventDisableTiming));
+    it = events->emplace(std::make_pair(instance, device), e).first;
+  }
+  *out = it->second;
+  return ffi::Error::Success();
+}
+
+// Lets `device` (the current one) read `peer`'s memory, once per pair.
+ffi::Error EnablePeerAccess(int device, int peer) {
+  if (device == peer) return ffi::Error::Success();
+  static std::mutex mu;
+  static auto* enabled = new std::set<std::pair<int, int>>();
+  std::lock_guard<std::mutex> lock(mu);
+  if (enabled->count({device, peer})) return ffi::Error::Success();
+  int can = 0;
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, device, peer));
+  if (!can) {
+    return InvalidArgument(kPpermuteOp, "device ", device, " cannot access device ",
+                           peer, "'s memory (no peer access between them)");
+  }
+  cudaError_t err = cudaDeviceEnablePeerAccess(peer, 0);
+  if (err == cudaErrorPeerAccessAlreadyEnabled) {
+    cudaGetLastError();  // enabled earlier (by XLA, say): not an error
+  } else {
+    JAX_TMA_CUDA_RETURN_IF_ERROR(err);
+  }
+  enabled->insert({device, peer});
+  return ffi::Error::Success();
+}
+
+ffi::Error PpermuteCudaImpl(cudaStream_t stream, int32_t device,
+                            ffi::RunId run, ffi::AnyBuffer x,
+                            ffi::Result<ffi::AnyBuffer> y, int64_t instance,
+                            ffi::Span<const int64_t> devices,
+                            ffi::Span<const int64_t> sources, std::string_view method) {
+  CopyMethod parsed;
+  JAX_TMA_RETURN_IF_FAILED(ParseCopyMethodAttr(kPpermuteOp, method, &parsed));
+  ByteCopy c;
+  JAX_TMA_RETURN_IF_FAILED(CheckWholeCopy(kPpermuteOp, x, y, &c));
+  PermutePlan plan;
+  JAX_TMA_RETURN_IF_FAILED(PlanPermute(device, devices, sources, &plan));
+  // Every participant has the same block size, so all skip together.
+  if (c.bytes == 0) return ffi::Error::Success();
+  if (plan.source >= 0) {
+    JAX_TMA_RETURN_IF_FAILED(
+        EnablePeerAccess(device, static_cast<int>(plan.devices[plan.source])));
+  }
+  DeviceInfo info;
+  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
+  // Peer reads are latency-bound at every size, which is what the bulk
+  // pipeline's many bytes in flight per SM are for; `auto` takes it wherever
+  // the GPU has TMA.
+  if (parsed == CopyMethod::kAuto) {
+    parsed = info.has_tma() ? CopyMethod::kBulk : CopyMethod::kSimt;
+  }
+  PermuteEvents events;
+  JAX_TMA_RETURN_IF_FAILED(GetEvents(instance, device, &events));
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.ready, stream));
+  return ExchangeBlocks(
+      instance, plan, PermuteBlock{run.run_id, c.src, events.ready, events.done},
+      [&](const PermuteBlock* source) -> ffi::Error {
+        if (source == nullptr) {
+          JAX_TMA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(c.dst, 0, c.bytes, stream));
+        } else {
+          JAX_TMA_CUDA_RETURN_IF_ERROR(
+              cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(source->ready), 0));
+          JAX_TMA_RETURN_IF_FAILED(
+              LaunchCopy(kPpermuteOp, parsed, source->data, c.dst, c.bytes, stream, device));
+        }
+        JAX_TMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.done, stream));
+        return ffi::Error::Success();
+      },
+      [&](const std::vector<void*>& reader_done) -> ffi::Error {
+        for (void* done : reader_done) {
+          JAX_TMA_CUDA_RETURN_IF_ERROR(
+              cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(done), 0));
+        }
+        return ffi::Error::Success();
+      });
+}
+
+}  // namespace
+}  // namespace jax_tma
+
+// Not command-buffer compatible: host threads of the devices meet on every
+// call, which a captured graph would skip.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxTmaPpermuteCuda, jax_tma::PpermuteCudaImpl,
+    xla::ffi::Ffi::Bind()
+        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // stream
+        .Ctx<xla::ffi::DeviceOrdinal>()                 // device
+        .Ctx<xla::ffi::RunId>()                         // run
+        .Arg<xla::ffi::AnyBuffer>()                     // x
+        .Ret<xla::ffi::AnyBuffer>()                     // y
+        .Attr<int64_t>("instance")                      // instance
+        .Attr<xla::ffi::Span<const int64_t>>("devices") // devices
+        .Attr<xla::ffi::Span<const int64_t>>("sources") // sources
+        .Attr<std::string_view>("method"));             // method

@@ -1,0 +1,226 @@
+"""jax_tma.ppermute: ``lax.ppermute`` inside ``shard_map``, where each device
+reads its source's block straight out of the peer GPU's memory with TMA bulk
+copies (peer access) instead of going through NCCL."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Sequence
+from typing import Literal
+
+import jax
+import numpy as np
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from jax_tma import _ffi
+from jax_tma._dtypes import SUB_BYTE_WIDE
+
+PpermuteMethod = Literal["auto", "bulk", "simt"]
+_METHODS = ("auto", "bulk", "simt")
+_OP = "jax_tma.ppermute"
+
+ppermute_p = Primitive("jax_tma_ppermute")
+# The output has the input's shape, dtype and varying-mesh-axes.
+ppermute_p.def_abstract_eval(lambda x, **_: x)
+
+
+def _ppermute_batcher(args, dims, **params):
+    (x,), (d,) = args, dims
+    return ppermute_p.bind(x, **params), d
+
+
+batching.primitive_batchers[ppermute_p] = _ppermute_batcher
+
+
+def _inverse(perm):
+    return tuple((dst, src) for src, dst in perm)
+
+
+# A permutation is linear; its transpose sends every block back where it came
+# from (devices that sent nothing get a zero cotangent).
+ad.deflinear2(
+    ppermute_p,
+    lambda ct, x, *, axis_name, perm, method: [
+        ppermute_p.bind(ct, axis_name=axis_name, perm=_inverse(perm), method=method)
+    ],
+)
+
+# Each lowering gets its own id: the handlers of one call meet under it.
+_instances = itertools.count(1)
+
+
+def _mesh_of(ctx) -> jax.sharding.Mesh | None:
+    """The concrete mesh of the enclosing shard_map, or None where the
+    lowering has only an abstract one."""
+    mesh = getattr(ctx.module_context.axis_context, "mesh", None)
+    if isinstance(mesh, jax.sharding.Mesh) and not mesh.empty:
+        return mesh
+    mesh = jax.sharding.get_mesh()
+    if isinstance(mesh, jax.sharding.Mesh) and not mesh.empty:
+        return mesh
+    return None
+
+
+def device_plan(mesh: jax.sharding.Mesh, axis_name: tuple[str, ...],
+                perm: tuple[tuple[int, int], ...]) -> tuple[np.ndarray, np.ndarray]:
+    """For every device of `mesh` in logical order (the flat order of
+    ``mesh.devices``, which is XLA's device assignment): its device ordinal,
+    and the logical id of the device whose block it receives (-1: none).
+
+    Positions along `axis_name` follow ``lax.ppermute``: the devices that
+    differ only in the named axes form a group, ordered by logical id."""
+    ids = np.arange(mesh.size).reshape(mesh.devices.shape)
+    named = sorted(mesh.axis_names.index(a) for a in axis_name)
+    rest = [i for i in range(ids.ndim) if i not in named]
+    groups = ids.transpose(rest + named).reshape(-1, int(np.prod([ids.shape[i] for i in named])))
+    sources = np.full(mesh.size, -1, np.int64)
+    for group in groups:
+        for src, dst in perm:
+            sources[group[dst]] = group[src]
+    ordinals = np.array(
+        [d.id if d.local_hardware_id is None else d.local_hardware_id for d in mesh.devices.flat],
+        np.int64,
+    )
+    return ordinals, sources
+
+
+def _fallback(ctx, x, *, axis_name, perm):
+    return mlir.lower_fun(
+        functools.partial(lax.ppermute, axis_name=axis_name, perm=perm),
+        multiple_results=False,
+    )(ctx, x)
+
+
+def _lowering(ctx, x, *, axis_name, perm, method, platform):
+    """The jax_tma_ppermute call where every device of the mesh lives in this
+    process, the shard_map is manual over every mesh axis and (on GPUs)
+    each receiver can map its source's memory; lax.ppermute otherwise, with
+    the same result."""
+    mesh = _mesh_of(ctx)
+    manual = getattr(ctx.module_context.axis_context, "manual_axes", frozenset())
+    usable = (
+        mesh is not None
+        and set(manual) == set(mesh.axis_names)
+        and set(axis_name) <= set(mesh.axis_names)
+        and all(d.process_index == jax.process_index() for d in mesh.devices.flat)
+    )
+    if usable:
+        ordinals, sources = device_plan(mesh, axis_name, perm)
+        if platform == "cuda":
+            usable = all(
+                _ffi._ext.can_access_peer(int(ordinals[i]), int(ordinals[s]))
+                for i, s in enumerate(sources) if s >= 0
+            )
+    if not usable:
+        return _fallback(ctx, x, axis_name=axis_name, perm=perm)
+    return jax.ffi.ffi_lowering("jax_tma_ppermute")(
+        ctx, x, instance=np.int64(next(_instances)), devices=ordinals,
+        sources=sources, method=method,
+    )
+
+
+mlir.register_lowering(ppermute_p, functools.partial(_lowering, platform="cpu"), platform="cpu")
+mlir.register_lowering(ppermute_p, functools.partial(_lowering, platform="cuda"), platform="cuda")
+
+
+def _check_perm(perm, size: int) -> tuple[tuple[int, int], ...]:
+    try:
+        pairs = tuple((int(s), int(d)) for s, d in perm)
+        exact = all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+            for pair in perm for v in pair
+        )
+    except (TypeError, ValueError):
+        exact = False
+    if not exact:
+        raise TypeError(f"{_OP}: perm must be a sequence of (source, destination) int pairs, got {perm!r:.200}")
+    for s, d in pairs:
+        if not (0 <= s < size and 0 <= d < size):
+            raise ValueError(
+                f"{_OP}: perm pair ({s}, {d}) is outside the axis: positions run 0..{size - 1} (axis size {size})"
+            )
+    for k, name in ((0, "source"), (1, "destination")):
+        seen = [p[k] for p in pairs]
+        dup = sorted({v for v in seen if seen.count(v) > 1})
+        if dup:
+            raise ValueError(
+                f"{_OP}: perm is not a permutation: {name} {dup[0]} appears "
+                f"{seen.count(dup[0])} times in {list(pairs)}"
+            )
+    return pairs
+
+
+def ppermute(x: jax.Array, axis_name: str | Sequence[str],
+             perm: Sequence[tuple[int, int]], *, method: PpermuteMethod = "auto") -> jax.Array:
+    """``lax.ppermute`` through the GPUs' peer memory: inside ``shard_map``,
+    every device receives the block of the device that sends to it.
+
+    Each receiving GPU reads its source's block directly from the peer GPU's
+    memory with the TMA bulk-copy pipeline (peer access; no staging buffer,
+    no NCCL). Per call, the devices' host threads meet once: the receiver's
+    stream waits on an event recorded where the sender's block was complete,
+    and the sender's stream waits on an event recorded after every reader's
+    copy, so nothing later on the sender overwrites the block under a reader.
+    Where that cannot run — devices in other processes, a ``shard_map``
+    manual over only some mesh axes, no concrete mesh at lowering, or two
+    GPUs without peer access — the op lowers to ``lax.ppermute`` with the same
+    result. On the CPU the host devices meet the same way and copy with
+    ``memcpy``.
+
+    Args:
+      x: the local block (any dtype and shape).
+      axis_name: a mesh axis name of the enclosing ``shard_map`` or a tuple
+        of them (positions run over those axes as in ``lax.ppermute``).
+      perm: ``(source, destination)`` position pairs; each source and each
+        destination at most once. Devices that receive nothing get zeros.
+      method: ``"auto"`` (TMA bulk copy where the GPU has TMA), ``"bulk"`` or
+        ``"simt"`` (a plain vectorised copy); every method gives the same
+        result.
+
+    Returns:
+      The block received from the device that sends to this one.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jax_tma
+      >>> from jax.sharding import Mesh, PartitionSpec as P
+      >>> mesh = Mesh(jax.devices()[:1], ("i",))
+      >>> f = jax.shard_map(lambda b: jax_tma.ppermute(b, "i", [(0, 0)]),
+      ...                   mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+      >>> jax.jit(f)(jnp.arange(4.0)).tolist()
+      [0.0, 1.0, 2.0, 3.0]
+    """
+    if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        raise TypeError(
+            f"{_OP}: x must be an array (jax.Array or numpy.ndarray), got {type(x).__name__} {x!r:.80}"
+        )
+    names = (axis_name,) if isinstance(axis_name, str) else axis_name
+    if not isinstance(names, (tuple, list)) or not names or not all(isinstance(a, str) for a in names):
+        raise TypeError(f"{_OP}: axis_name must be a mesh axis name or a tuple of them, got {axis_name!r}")
+    try:
+        size = lax.axis_size(tuple(names))
+    except NameError as e:
+        raise NameError(
+            f"{_OP}: axis name {axis_name!r} is not bound here; call ppermute inside "
+            f"shard_map over a mesh that has that axis ({e})"
+        ) from None
+    mesh_axes = jax.sharding.get_abstract_mesh().axis_names
+    in_order = [a for a in mesh_axes if a in names]
+    if len(names) > 1 and in_order != list(names):
+        raise ValueError(
+            f"{_OP}: axis_name {tuple(names)} must list the mesh axes in the mesh's order "
+            f"{tuple(in_order)} (positions along several axes run in mesh order)"
+        )
+    if not isinstance(method, str) or method not in _METHODS:
+        raise ValueError(f"{_OP}: method must be one of {', '.join(map(repr, _METHODS))}, got {method!r}")
+    pairs = _check_perm(perm, size)
+    _ffi.register()
+    x = jax.numpy.asarray(x)
+    params = dict(axis_name=tuple(names), perm=pairs, method=method)
+    wide = SUB_BYTE_WIDE.get(x.dtype.name)
+    if wide is not None:
+        y = ppermute_p.bind(lax.convert_element_type(x, wide), **params)
+        return lax.convert_element_type(y, x.dtype)
+    return ppermute_p.bind(x, **params)

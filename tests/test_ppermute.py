@@ -1,0 +1,248 @@
+"""jax_tma.ppermute on 8 forced host devices: bit-exact against lax.ppermute
+for every dtype and many permutations, jit/vmap/grad, repeated and looped
+calls (the devices' meeting must pair calls up), the compiled program's
+collectives, the lax.ppermute fallback, and every validation rule in Python
+and in the C++ handler."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import jax_tma
+from reference import ALL_DTYPES, assert_bits_equal, ppermute_reference, random_array
+
+
+def _mesh(shape, names):
+    return Mesh(np.array(jax.devices()[: int(np.prod(shape))]).reshape(shape), names)
+
+
+def _both(mesh, spec, body):
+    """body(ppermute) under jit(shard_map), once with jax_tma.ppermute and
+    once with lax.ppermute."""
+    def make(fn):
+        return jax.jit(jax.shard_map(functools.partial(body, fn), mesh=mesh,
+                                     in_specs=spec, out_specs=spec))
+    return make(jax_tma.ppermute), make(lax.ppermute)
+
+
+def _hlo(f, *args):
+    return f.lower(*args).compile().as_text()
+
+
+PERMS = {
+    "ring": lambda n: [(i, (i + 1) % n) for i in range(n)],
+    "reverse-ring": lambda n: [((i + 1) % n, i) for i in range(n)],
+    "swap-pairs": lambda n: [(i, i ^ 1) for i in range(n)],
+    "partial": lambda n: [(0, n - 1), (n - 1, 1)],
+    "identity": lambda n: [(i, i) for i in range(n)],
+    "empty": lambda n: [],
+}
+
+
+@pytest.mark.parametrize("perm_name", list(PERMS))
+def test_matches_lax_ppermute_1d_mesh(rng, perm_name):
+    mesh = _mesh((8,), ("i",))
+    perm = PERMS[perm_name](8)
+    ours, ref = _both(mesh, P("i"), lambda pp, b: pp(b, "i", perm))
+    x = random_array(rng, (8 * 5, 33), np.float32)
+    assert_bits_equal(ours(x), ref(x))
+    assert_bits_equal(ours(x), ppermute_reference(x, 8, perm))
+    text = _hlo(ours, x)
+    assert "jax_tma_ppermute" in text
+    for c in ("collective-permute", "all-gather", "all-to-all", "all-reduce"):
+        assert c not in text, c
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_every_dtype_bit_exact(rng, dtype):
+    # Against NumPy, not lax.ppermute: XLA's CPU collective-permute moves
+    # bf16 through f32 and quiets NaN payloads on the way.
+    mesh = _mesh((4,), ("i",))
+    perm = PERMS["partial"](4)
+    ours, _ = _both(mesh, P("i"), lambda pp, b: pp(b, "i", perm))
+    x = random_array(rng, (4 * 3, 7, 5), dtype)
+    assert_bits_equal(ours(x), ppermute_reference(x, 4, perm))
+
+
+@pytest.mark.parametrize("axis_name", ["a", "b", ("a", "b")])
+def test_2d_mesh_axis_groups(rng, axis_name):
+    mesh = _mesh((4, 2), ("a", "b"))
+    n = 8 if isinstance(axis_name, tuple) else mesh.shape[axis_name]
+    perm = [(i, (3 * i + 1) % n) for i in range(n)] if n == 8 else PERMS["ring"](n)
+    ours, ref = _both(mesh, P("a", "b"), lambda pp, b: pp(b, axis_name, perm))
+    x = random_array(rng, (8, 6), np.int32)
+    assert_bits_equal(ours(x), ref(x))
+
+
+def test_zero_size_and_0d_blocks(rng):
+    mesh = _mesh((4,), ("i",))
+    perm = PERMS["ring"](4)
+    ours, ref = _both(mesh, P("i"), lambda pp, b: pp(b[0], "i", perm)[None])
+    x = random_array(rng, (4,), np.float32)
+    assert_bits_equal(ours(x), ref(x))
+    ours, _ = _both(mesh, P("i"), lambda pp, b: pp(b, "i", perm))
+    assert ours(np.zeros((4, 0), np.float32)).shape == (4, 0)
+
+
+def test_sub_byte_dtype(rng):
+    mesh = _mesh((4,), ("i",))
+    ours, ref = _both(mesh, P("i"), lambda pp, b: pp(b, "i", PERMS["ring"](4)))
+    x = jnp.asarray(rng.integers(-8, 8, (8, 3)), jnp.int4)
+    assert ours(x).dtype == jnp.int4
+    assert_bits_equal(ours(x).astype(jnp.int8), ref(x).astype(jnp.int8))
+
+
+def test_repeated_calls_and_loops_pair_up(rng):
+    mesh = _mesh((8,), ("i",))
+
+    def body(pp, b):
+        def step(_, c):
+            return pp(c, "i", PERMS["ring"](8)) * 2 + 1
+        return lax.fori_loop(0, 5, step, pp(b, "i", PERMS["swap-pairs"](8)))
+
+    ours, ref = _both(mesh, P("i"), body)
+    for _ in range(4):  # fresh data each call: stale outputs cannot pass
+        x = random_array(rng, (8 * 4, 9), np.float32)
+        assert_bits_equal(ours(x), ref(x))
+
+
+def test_vmap_inside_shard_map(rng):
+    mesh = _mesh((4,), ("i",))
+    ours, ref = _both(mesh, P(None, "i"),
+                      lambda pp, b: jax.vmap(lambda r: pp(r, "i", PERMS["ring"](4)))(b))
+    x = random_array(rng, (3, 4 * 2, 5), np.float32)
+    assert_bits_equal(ours(x), ref(x))
+
+
+def test_grad_and_jvp_match_lax(rng):
+    mesh = _mesh((8,), ("i",))
+    perm = PERMS["partial"](8)
+    w = random_array(rng, (8 * 2, 3), np.float32)
+
+    def loss(pp, x):
+        f = jax.shard_map(lambda b: pp(b, "i", perm), mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+        return jnp.sum(f(x) * w)
+
+    x = random_array(rng, (8 * 2, 3), np.float32)
+    g_ours = jax.jit(jax.grad(functools.partial(loss, jax_tma.ppermute)))(x)
+    g_ref = jax.jit(jax.grad(functools.partial(loss, lax.ppermute)))(x)
+    assert_bits_equal(g_ours, g_ref)
+    t = random_array(rng, x.shape, np.float32)
+    _, jvp_ours = jax.jvp(functools.partial(loss, jax_tma.ppermute), (x,), (t,))
+    _, jvp_ref = jax.jvp(functools.partial(loss, lax.ppermute), (x,), (t,))
+    np.testing.assert_allclose(jvp_ours, jvp_ref, rtol=1e-6)
+
+
+def test_partially_manual_shard_map_falls_back_to_lax(rng):
+    mesh = _mesh((4, 2), ("a", "b"))
+    perm = PERMS["ring"](4)
+
+    def make(pp):
+        return jax.jit(jax.shard_map(lambda b: pp(b, "a", perm), mesh=mesh,
+                                     in_specs=P("a"), out_specs=P("a"), axis_names={"a"}))
+
+    x = random_array(rng, (8, 6), np.float32)
+    ours = make(jax_tma.ppermute)
+    assert_bits_equal(ours(x), make(lax.ppermute)(x))
+    text = _hlo(ours, x)
+    assert "collective-permute" in text and "jax_tma_ppermute" not in text
+
+
+def test_device_plan_follows_lax_positions():
+    from jax_tma._ppermute import device_plan
+    mesh = _mesh((2, 4), ("a", "b"))
+    ordinals, sources = device_plan(mesh, ("b",), ((0, 1), (1, 2), (2, 3), (3, 0)))
+    assert ordinals.tolist() == [d.id for d in mesh.devices.flat]
+    assert sources.tolist() == [3, 0, 1, 2, 7, 4, 5, 6]
+    _, sources = device_plan(mesh, ("a",), ((0, 1),))
+    assert sources.tolist() == [-1, -1, -1, -1, 0, 1, 2, 3]
+
+
+# ---- validation: Python (trace time) -------------------------------------
+
+def _call(mesh_shape, perm, axis_name="i", method="auto", x=None):
+    mesh = _mesh(mesh_shape, ("i",))
+    f = jax.shard_map(lambda b: jax_tma.ppermute(b, axis_name, perm, method=method),
+                      mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    return jax.jit(f)(np.ones((mesh.size * 2,), np.float32) if x is None else x)
+
+
+@pytest.mark.parametrize("perm, match", [
+    ([(0, 1), (0, 2)], r"jax_tma.ppermute: perm is not a permutation: source 0 appears 2 times"),
+    ([(0, 1), (2, 1)], r"jax_tma.ppermute: perm is not a permutation: destination 1 appears 2 times"),
+    ([(0, 4)], r"jax_tma.ppermute: perm pair \(0, 4\) is outside the axis: positions run 0..3 \(axis size 4\)"),
+    ([(-1, 0)], r"perm pair \(-1, 0\) is outside the axis"),
+])
+def test_bad_perm_values(perm, match):
+    with pytest.raises(ValueError, match=match):
+        _call((4,), perm)
+
+
+@pytest.mark.parametrize("perm", [[(0.0, 1)], [(True, 1)], [(0, 1, 2)], [0, 1], "01"])
+def test_bad_perm_types(perm):
+    with pytest.raises(TypeError, match=r"jax_tma.ppermute: perm must be a sequence of \(source, destination\) int pairs"):
+        _call((4,), perm)
+
+
+def test_unknown_axis_name():
+    with pytest.raises(NameError, match=r"jax_tma.ppermute: axis name 'j' is not bound here"):
+        _call((4,), [(0, 1)], axis_name="j")
+
+
+def test_bad_axis_name_type():
+    with pytest.raises(TypeError, match=r"jax_tma.ppermute: axis_name must be a mesh axis name"):
+        _call((4,), [(0, 1)], axis_name=3)
+
+
+def test_axis_names_out_of_mesh_order():
+    mesh = _mesh((4, 2), ("a", "b"))
+    f = jax.shard_map(lambda b: jax_tma.ppermute(b, ("b", "a"), [(0, 1)]), mesh=mesh,
+                      in_specs=P("a", "b"), out_specs=P("a", "b"))
+    with pytest.raises(ValueError, match=r"jax_tma.ppermute: axis_name \('b', 'a'\) must list the "
+                       r"mesh axes in the mesh's order \('a', 'b'\)"):
+        jax.jit(f)(np.ones((8, 4), np.float32))
+
+
+def test_bad_method():
+    with pytest.raises(ValueError, match=r"jax_tma.ppermute: method must be one of 'auto', 'bulk', 'simt', got 'tma'"):
+        _call((4,), [(0, 1)], method="tma")
+
+
+def test_bad_x():
+    with pytest.raises(TypeError, match=r"jax_tma.ppermute: x must be an array"):
+        jax_tma.ppermute([1.0, 2.0], "i", [(0, 0)])
+
+
+# ---- validation: the C++ handler (exported HLO can skip Python) ----------
+
+def _raw(devices, sources, method="auto", y_shape=(4,)):
+    jax_tma._ffi.register()
+    call = jax.ffi.ffi_call("jax_tma_ppermute", jax.ShapeDtypeStruct(y_shape, np.float32))
+    return jax.jit(lambda x: call(x, instance=np.int64(10**12), devices=np.array(devices, np.int64),
+                                  sources=np.array(sources, np.int64), method=method))(
+        jax.device_put(np.ones(4, np.float32), jax.devices()[0]))
+
+
+@pytest.mark.parametrize("devices, sources, method, y_shape, match", [
+    ([0], [0, 0], "auto", (4,), r"jax_tma.ppermute: devices has 1 entries and sources 2"),
+    ([0, 0], [0, 1], "auto", (4,), r"jax_tma.ppermute: device 0 appears twice in devices"),
+    ([0], [3], "auto", (4,), r"jax_tma.ppermute: sources\[0\] = 3 is not a position in \[0, 1\) or -1"),
+    ([1, 0], [0, 0], "auto", (4,), r"jax_tma.ppermute: position 0 is the source of both 0 and 1"),
+    ([5], [0], "auto", (4,), r"jax_tma.ppermute: device 0 is not among the devices"),
+    ([0], [0], "dma", (4,), r"jax_tma.ppermute: unknown method 'dma'"),
+    ([0], [0], "auto", (5,), r"jax_tma.ppermute: output has 5 elements but input has 4"),
+])
+def test_handler_rejects_bad_attributes(devices, sources, method, y_shape, match):
+    with pytest.raises(Exception, match=match):
+        _raw(devices, sources, method, y_shape)
+
+
+def test_handler_single_device_self_copy(rng):
+    assert_bits_equal(_raw([0], [0]), np.ones(4, np.float32))
+    assert_bits_equal(_raw([0], [-1]), np.zeros(4, np.float32))
