@@ -3,6 +3,7 @@
     python -m jax_tma.bench copy [--out results.json] [--sizes-mib 1 4 ...]
     python -m jax_tma.bench window [--out results.json]
     python -m jax_tma.bench tune-bulk [--out tune.json]   # pipeline-shape sweep
+    python -m jax_tma.bench ppermute [--out results.json]  # two GPUs
 
 Times device work, not Python dispatch: each case runs under
 ``jax.profiler`` and its duration is the span of its GPU activity (kernels
@@ -227,6 +228,61 @@ def window_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def bench_ppermute(sizes_mib: Sequence[int], chain: int = 8) -> dict[str, Any]:
+    """jax_tma.ppermute (peer reads: bulk TMA, SIMT) against lax.ppermute
+    (NCCL) on the first two GPUs, swapping blocks (both directions at once).
+    Each jitted program chains `chain` permutations; the time per op is the
+    program's device span (both GPUs) over `chain`. Bandwidth: block bytes
+    per op, which is what crosses the link in each direction."""
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    _ffi.register()
+    mesh = Mesh(np.array(jax.devices("cuda")[:2]), ("i",))
+    perm = [(0, 1), (1, 0)]
+
+    def chained(pp):
+        def body(b):
+            for _ in range(chain):
+                b = pp(b, "i", perm)
+            return b
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+
+    impls = {
+        "bulk": chained(functools.partial(jax_tma.ppermute, method="bulk")),
+        "simt": chained(functools.partial(jax_tma.ppermute, method="simt")),
+        "nccl": chained(jax.lax.ppermute),
+    }
+    rows = []
+    for mib in sizes_mib:
+        block = mib * MIB
+        x = jax.device_put(jax.random.bits(jax.random.key(mib), (2 * block // 4,), jnp.uint32),
+                           NamedSharding(mesh, P("i")))
+        want = np.asarray(impls["nccl"](x))
+        row: dict[str, Any] = {"block_mib": mib}
+        for name, f in impls.items():
+            np.testing.assert_array_equal(np.asarray(f(x)), want)
+            t = time_device(f, [(x,)], 10) / chain
+            row[f"{name}_us"] = t * 1e6
+            row[f"{name}_gbps"] = block / t / 1e9
+        row["bulk_vs_nccl"] = row["nccl_us"] / row["bulk_us"]
+        row["simt_vs_nccl"] = row["nccl_us"] / row["simt_us"]
+        rows.append(row)
+        print(f"{mib} MiB per device: bulk {row['bulk_gbps']:.1f} GB/s/dir, simt "
+              f"{row['simt_gbps']:.1f}, NCCL {row['nccl_gbps']:.1f} "
+              f"(bulk/NCCL {row['bulk_vs_nccl']:.2f}x)", flush=True)
+    return {"rows": rows, "chain": chain, "perm": perm}
+
+
+def ppermute_table(result: dict[str, Any]) -> str:
+    lines = ["| block per GPU | jax_tma bulk GB/s per direction | jax_tma simt | lax.ppermute (NCCL) | "
+             "bulk vs NCCL |", "|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['block_mib']} MiB | {r['bulk_gbps']:.1f} | {r['simt_gbps']:.1f} | "
+                     f"{r['nccl_gbps']:.1f} | {r['bulk_vs_nccl']:.2f}x |")
+    return "\n".join(lines)
+
+
 def tune_bulk(sizes_mib: Sequence[int]) -> dict[str, Any]:
     """Times the bulk kernel for pipeline shapes (chunk bytes, stages, chunks
     per CTA) through the raw launch hook."""
@@ -290,7 +346,7 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jax_tma.bench")
-    parser.add_argument("op", choices=["copy", "window", "tune-bulk"])
+    parser.add_argument("op", choices=["copy", "window", "tune-bulk", "ppermute"])
     parser.add_argument("--sizes-mib", type=int, nargs="+",
                         default=[1, 4, 16, 64, 256, 1024, 4096])
     parser.add_argument("--out", help="write the results as JSON here")
@@ -308,6 +364,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.op == "window":
         result = bench_window()
         text = window_table(result)
+    elif args.op == "ppermute":
+        if len(gpus) < 2:
+            print("jax_tma.bench ppermute: needs two CUDA GPUs", file=sys.stderr)
+            return 2
+        result = bench_ppermute(args.sizes_mib)
+        text = ppermute_table(result)
     else:
         result = bench_copy(args.sizes_mib)
         text = table(result)
@@ -318,7 +380,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         jax=jax.__version__,
         build=jax_tma.build_info(),
         bytes_convention="read + write (every byte read once plus every byte written once)",
-        timing=("median per call from a jax.profiler trace: device span (copy); "
+        timing=("median per call from a jax.profiler trace: device span (copy; ppermute, "
+                "over both GPUs, divided by the ops chained in the program); "
                 "GPU busy time, span also recorded (window)"),
     )
     if args.out:

@@ -5,7 +5,8 @@
 # into failures, run compute-sanitizer (memcheck, racecheck, synccheck) on
 # the copy kernels, run the benchmark; logs and JSON under $OUT, a short
 # summary last.
-#   usage: bash scripts/gpu_check.sh [tests|sanitize|bench]...   (default: all)
+#   usage: bash scripts/gpu_check.sh [tests|sanitize|bench|multi]...
+#   (default: tests sanitize bench; `multi` needs two GPUs)
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_tma_out}
 mkdir -p "$OUT"
@@ -52,6 +53,26 @@ for stage in "${stages[@]}"; do
         summary+=("compute-sanitizer $tool $prog rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|_selftest:' /tmp/sanitizer.log | tr '\n' ' ')")
       done
     done
+    ;;
+  multi)
+    # Two or more GPUs: the sharded-ops and ppermute tests, memcheck over the
+    # peer-read path, and the ppermute benchmark against NCCL.
+    nvidia-smi topo -m | tee "$OUT/topo.log"
+    JAX_TMA_REQUIRE_GPU=1 JAX_TMA_REQUIRE_MULTI_GPU=1 timeout 300 python3 -P -m pytest \
+      tests/test_multi_gpu.py tests/test_ppermute.py tests/test_sharding.py -q -rfE \
+      -p no:cacheprovider > "$OUT/multi_tests.log" 2>&1
+    rc=$?
+    tail -15 "$OUT/multi_tests.log"
+    summary+=("multi-GPU tests rc=$rc: $(tail -1 "$OUT/multi_tests.log")")
+    JAX_TMA_REQUIRE_MULTI_GPU=1 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+      python3 -P -m pytest tests/test_multi_gpu.py -q -p no:cacheprovider \
+      -k "ppermute_partial or ppermute_grad" > /tmp/sanitizer.log 2>&1
+    rc=$?
+    cat /tmp/sanitizer.log >> "$OUT/sanitizer.log"
+    summary+=("compute-sanitizer memcheck ppermute (2 GPUs) rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' /tmp/sanitizer.log | tr '\n' ' ')")
+    timeout 400 python3 -P -m jax_tma.bench ppermute --sizes-mib 1 4 16 64 256 1024 \
+      --out "$OUT/ppermute.json" 2>&1 | tee "$OUT/bench_ppermute.log" | grep -v "^WARNING"
+    summary+=("bench ppermute rc=${PIPESTATUS[0]}")
     ;;
   bench)
     for op in copy window; do
