@@ -1,6 +1,6 @@
 // CPU handler for jax_tma.ppermute: every host device's part meets the others
-// through the same rendezvous as the CUDA handler and copies its source's
-// block straight out of that device's buffer (or writes zeros).
+// through the same rendezvous as the CUDA handler and copies straight between
+// the two devices' buffers (pull or push, as on the GPU), or writes zeros.
 #include <cstring>
 #include <string_view>
 
@@ -10,31 +10,35 @@
 namespace jax_tma {
 
 static ffi::Error PpermuteCpuImpl(int32_t device, ffi::RunId run,
-                                  ffi::AnyBuffer x,
-                                  ffi::Result<ffi::AnyBuffer> y, int64_t instance,
-                                  ffi::Span<const int64_t> devices,
-                                  ffi::Span<const int64_t> sources,
+                                  ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                                  int64_t instance, ffi::Span<const int64_t> devices,
+                                  ffi::Span<const int64_t> sources, bool push,
                                   std::string_view method) {
   CopyMethod parsed;  // every method is the same memcpy on the host
   JAX_TMA_RETURN_IF_FAILED(ParseCopyMethodAttr(kPpermuteOp, method, &parsed));
   ByteCopy c;
   JAX_TMA_RETURN_IF_FAILED(CheckWholeCopy(kPpermuteOp, x, y, &c));
   PermutePlan plan;
-  JAX_TMA_RETURN_IF_FAILED(PlanPermute(device, devices, sources, &plan));
-  // Each step is synchronous on the host, so reaching Depart means the read
-  // is finished and returning after it means every reader's is.
+  JAX_TMA_RETURN_IF_FAILED(PlanPermute(device, devices, sources, push, &plan));
+  // Every participant has the same block size, so all skip together.
+  if (c.bytes == 0) return ffi::Error::Success();
+  if (plan.source < 0) std::memset(c.dst, 0, c.bytes);
+  void* published = push ? c.dst : const_cast<void*>(c.src);
+  // Each step is synchronous on the host, so reaching Depart means this
+  // device's copy is finished and returning after it means the peer's is.
   return ExchangeBlocks(
-      instance, plan, PermuteBlock{run.run_id, c.src},
-      [&](const PermuteBlock* source) {
-        if (c.bytes == 0) return ffi::Error::Success();
-        if (source == nullptr) {
-          std::memset(c.dst, 0, c.bytes);
-        } else {
-          std::memcpy(c.dst, source->data, c.bytes);
+      instance, plan, PermuteBlock{run.run_id, published},
+      [&](const PermuteBlock* partner) {
+        if (partner != nullptr) {
+          if (push) {
+            std::memcpy(partner->data, c.src, c.bytes);
+          } else {
+            std::memcpy(c.dst, partner->data, c.bytes);
+          }
         }
         return ffi::Error::Success();
       },
-      [](const std::vector<void*>&) { return ffi::Error::Success(); });
+      [](void*) { return ffi::Error::Success(); });
 }
 
 }  // namespace jax_tma
@@ -49,4 +53,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("instance")                      // instance
         .Attr<xla::ffi::Span<const int64_t>>("devices") // devices
         .Attr<xla::ffi::Span<const int64_t>>("sources") // sources
+        .Attr<bool>("push")                             // push
         .Attr<std::string_view>("method"));             // method

@@ -33,7 +33,7 @@ struct PermuteMeeting::State {
 };
 
 ffi::Error PlanPermute(int device, ffi::Span<const int64_t> devices,
-                       ffi::Span<const int64_t> sources, PermutePlan* plan) {
+                       ffi::Span<const int64_t> sources, bool push, PermutePlan* plan) {
   const int64_t n = static_cast<int64_t>(devices.size());
   if (n < 1 || static_cast<int64_t>(sources.size()) != n) {
     return InvalidArgument(kPpermuteOp, "devices has ", n, " entries and sources ",
@@ -41,8 +41,7 @@ ffi::Error PlanPermute(int device, ffi::Span<const int64_t> devices,
   }
   plan->size = static_cast<int>(n);
   plan->self = -1;
-  plan->source = -1;
-  plan->readers.clear();
+  plan->push = push;
   plan->devices.assign(devices.begin(), devices.end());
   std::vector<int> receivers(n, -1);
   for (int64_t i = 0; i < n; ++i) {
@@ -73,9 +72,7 @@ ffi::Error PlanPermute(int device, ffi::Span<const int64_t> devices,
                            " is not among the devices of this ppermute");
   }
   plan->source = static_cast<int>(sources[plan->self]);
-  for (int64_t i = 0; i < n; ++i) {
-    if (sources[i] == plan->self) plan->readers.push_back(static_cast<int>(i));
-  }
+  plan->destination = receivers[plan->self];
   return ffi::Error::Success();
 }
 
@@ -125,51 +122,50 @@ ffi::Error Await(PermuteMeeting::State* s, std::unique_lock<std::mutex>& lock,
 }  // namespace
 
 ffi::Error PermuteMeeting::Arrive(int64_t instance, const PermutePlan& plan,
-                                  const PermuteBlock& own, PermuteBlock* source_block) {
+                                  const PermuteBlock& own, PermuteBlock* partner_block) {
   State* s = nullptr;
   JAX_TMA_RETURN_IF_FAILED(GetState(instance, plan.size, &s));
   state_ = s;
   plan_ = &plan;
   std::unique_lock<std::mutex> lock(s->mu);
   Slot& me = s->slots[plan.self];
-  generation_ = me.calls++;
+  const int64_t gen = generation_ = me.calls++;
   me.block = own;
-  me.published = generation_;
+  me.published = gen;
   s->cv.notify_all();
-  if (plan.source < 0) return ffi::Error::Success();
-  const Slot& src = s->slots[plan.source];
-  const int64_t gen = generation_;
-  // The source cannot move past this generation before this device departs
-  // (it waits for its readers), so the block read here is generation `gen`.
-  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, plan, plan.source, gen, "publish its block for",
-                                    [&] { return src.published >= gen; }));
-  if (src.block.run_id != own.run_id) {
+  const int partner = plan.partner();
+  if (partner < 0) return ffi::Error::Success();
+  const Slot& other = s->slots[partner];
+  // The partner cannot move past this generation before this device
+  // departs (it waits for it in Depart), so the block read here is `gen`'s.
+  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, plan, partner, gen, "publish its buffer for",
+                                 [&] { return other.published >= gen; }));
+  if (other.block.run_id != own.run_id) {
     return ffi::Error::Internal(
         std::string(kPpermuteOp) + ": call " + std::to_string(gen) + " on device " +
         std::to_string(plan.devices[plan.self]) + " belongs to run " +
         std::to_string(own.run_id) + " but on device " +
-        std::to_string(plan.devices[plan.source]) + " to run " +
-        std::to_string(src.block.run_id) +
+        std::to_string(plan.devices[partner]) + " to run " +
+        std::to_string(other.block.run_id) +
         "; executions of this program reached the devices in different orders");
   }
-  *source_block = src.block;
+  *partner_block = other.block;
   return ffi::Error::Success();
 }
 
-ffi::Error PermuteMeeting::Depart(std::vector<void*>* reader_done) {
+ffi::Error PermuteMeeting::Depart(void** partnered_by_done) {
   State* s = state_;
   const PermutePlan& plan = *plan_;
   const int64_t gen = generation_;
   std::unique_lock<std::mutex> lock(s->mu);
   s->slots[plan.self].departed = gen;
   s->cv.notify_all();
-  reader_done->clear();
-  for (int r : plan.readers) {
-    const Slot& reader = s->slots[r];
-    JAX_TMA_RETURN_IF_FAILED(Await(s, lock, plan, r, gen, "finish reading in",
-                                      [&] { return reader.departed >= gen; }));
-    reader_done->push_back(reader.block.done);
-  }
+  const int by = plan.partnered_by();
+  if (by < 0) return ffi::Error::Success();
+  const Slot& other = s->slots[by];
+  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, plan, by, gen, "finish its copy in",
+                                 [&] { return other.departed >= gen; }));
+  *partnered_by_done = other.block.done;
   return ffi::Error::Success();
 }
 

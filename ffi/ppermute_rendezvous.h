@@ -1,8 +1,10 @@
 // The host-side meeting point of the devices taking part in one
 // jax_tma.ppermute. Each device's handler (CPU or CUDA, one host thread per
-// device) publishes where its block lives, learns where its source's block
-// lives, and before returning waits until every device reading its block has
-// finished reading, so the block's buffer is never reused under a reader.
+// device) publishes one of its buffers, learns its partner's, copies between
+// them, and before returning waits until the device that touches its own
+// buffer has finished, so that buffer is never reused under a peer's copy.
+//   pull: a device publishes its input and reads its source's input.
+//   push: a device publishes its output and writes into its destination's.
 #ifndef JAX_TMA_FFI_PPERMUTE_RENDEZVOUS_H_
 #define JAX_TMA_FFI_PPERMUTE_RENDEZVOUS_H_
 
@@ -20,24 +22,32 @@ inline constexpr std::string_view kPpermuteOp = "jax_tma.ppermute";
 // 0..size-1, the order of the mesh's devices).
 struct PermutePlan {
   int size = 0;
-  int self = -1;               // this device's logical id
-  int source = -1;             // the logical id whose block this device receives; -1: none (zeros)
-  std::vector<int> readers;    // logical ids that receive this device's block
+  int self = -1;         // this device's logical id
+  int source = -1;       // whose block this device receives; -1: nobody's (zeros)
+  int destination = -1;  // who receives this device's block; -1: nobody
+  bool push = false;
   std::vector<int64_t> devices;  // device ordinal of each logical id
+
+  // The participant whose published buffer this device copies from (pull:
+  // its source's input) or into (push: its destination's output); -1: none.
+  int partner() const { return push ? destination : source; }
+  // The participant that copies from or into this device's published buffer.
+  int partnered_by() const { return push ? source : destination; }
 };
 
 // Checks the attributes Python passes (device ordinals by logical id, and per
 // logical id the logical id it receives from or -1) and finds `device`'s part.
 ffi::Error PlanPermute(int device, ffi::Span<const int64_t> devices,
-                       ffi::Span<const int64_t> sources, PermutePlan* plan);
+                       ffi::Span<const int64_t> sources, bool push, PermutePlan* plan);
 
 // What a participant publishes for one call. `ready` and `done` are opaque
 // tokens for the caller's own ordering (CUDA events on GPU, unused on CPU):
-// `ready` is complete once the block may be read, `done` once this
-// participant finished reading its source's block.
+// `ready` is complete once the buffer may be touched (pull: the input is
+// written; push: the output's memory is free), `done` once this participant
+// finished its own copy.
 struct PermuteBlock {
   int64_t run_id = 0;  // XLA's id of the execution (shared by its devices)
-  const void* data = nullptr;
+  void* data = nullptr;
   void* ready = nullptr;
   void* done = nullptr;
 };
@@ -49,14 +59,14 @@ struct PermuteBlock {
 // loudly instead of exchanging the wrong blocks.
 class PermuteMeeting {
  public:
-  // Publishes this device's block and waits until the source (if any) has
-  // published the block of the same generation; `source_block` receives it.
+  // Publishes this device's buffer and waits until the partner (if any) has
+  // published its buffer of the same generation; `partner_block` receives it.
   ffi::Error Arrive(int64_t instance, const PermutePlan& plan,
-                    const PermuteBlock& own, PermuteBlock* source_block);
-  // Says this device finished reading (its `done` token is complete or
-  // enqueued) and waits until every reader of this device's block has said
-  // the same; `reader_done` receives their `done` tokens.
-  ffi::Error Depart(std::vector<void*>* reader_done);
+                    const PermuteBlock& own, PermuteBlock* partner_block);
+  // Says this device finished its copy (its `done` token is complete or
+  // enqueued) and waits until the participant touching this device's buffer
+  // (if any) has said the same; `partnered_by_done` receives its `done`.
+  ffi::Error Depart(void** partnered_by_done);
   // Tells every participant still waiting on this call that this device
   // failed, so they return an error instead of waiting for it.
   void Abort(std::string_view why);
@@ -69,20 +79,20 @@ class PermuteMeeting {
   int64_t generation_ = 0;
 };
 
-// One participant's whole call: meet, `receive(source_block or nullptr)`
-// (move the source's block into the output, or zero it), depart, then
-// `release(reader_done)` (order the reuse of this device's block after its
-// readers). A failure anywhere aborts the meeting so no peer waits on it.
-template <typename Receive, typename Release>
+// One participant's whole call: meet, `copy(partner_block or nullptr)`,
+// depart, then `release(partnered_by_done or nullptr)` (order the reuse of
+// this device's buffer after the peer's copy). A failure anywhere aborts
+// the meeting so no peer waits on this device.
+template <typename Copy, typename Release>
 ffi::Error ExchangeBlocks(int64_t instance, const PermutePlan& plan,
-                          const PermuteBlock& own, Receive receive, Release release) {
+                          const PermuteBlock& own, Copy copy, Release release) {
   PermuteMeeting meeting;
-  PermuteBlock source;
-  std::vector<void*> reader_done;
-  ffi::Error err = meeting.Arrive(instance, plan, own, &source);
-  if (err.success()) err = receive(plan.source >= 0 ? &source : nullptr);
-  if (err.success()) err = meeting.Depart(&reader_done);
-  if (err.success()) err = release(reader_done);
+  PermuteBlock partner;
+  void* partnered_by_done = nullptr;
+  ffi::Error err = meeting.Arrive(instance, plan, own, &partner);
+  if (err.success()) err = copy(plan.partner() >= 0 ? &partner : nullptr);
+  if (err.success()) err = meeting.Depart(&partnered_by_done);
+  if (err.success()) err = release(plan.partnered_by() >= 0 ? partnered_by_done : nullptr);
   if (err.failure()) meeting.Abort(err.message());
   return err;
 }

@@ -19,7 +19,11 @@ from jax_tma import _ffi
 from jax_tma._dtypes import SUB_BYTE_WIDE
 
 PpermuteMethod = Literal["auto", "bulk", "simt"]
+PpermuteDirection = Literal["auto", "pull", "push"]
 _METHODS = ("auto", "bulk", "simt")
+_DIRECTIONS = ("auto", "pull", "push")
+# What direction="auto" means (see the docstring for the measurement).
+_AUTO_DIRECTION = "pull"
 _OP = "jax_tma.ppermute"
 
 ppermute_p = Primitive("jax_tma_ppermute")
@@ -43,9 +47,7 @@ def _inverse(perm):
 # from (devices that sent nothing get a zero cotangent).
 ad.deflinear2(
     ppermute_p,
-    lambda ct, x, *, axis_name, perm, method: [
-        ppermute_p.bind(ct, axis_name=axis_name, perm=_inverse(perm), method=method)
-    ],
+    lambda ct, x, *, perm, **params: [ppermute_p.bind(ct, perm=_inverse(perm), **params)],
 )
 
 # Each lowering gets its own id: the handlers of one call meet under it.
@@ -94,7 +96,7 @@ def _fallback(ctx, x, *, axis_name, perm):
     )(ctx, x)
 
 
-def _lowering(ctx, x, *, axis_name, perm, method, platform):
+def _lowering(ctx, x, *, axis_name, perm, method, direction, platform):
     """The jax_tma_ppermute call where every device of the mesh lives in this
     process, the shard_map is manual over every mesh axis and (on GPUs)
     each receiver can map its source's memory; lax.ppermute otherwise, with
@@ -111,14 +113,14 @@ def _lowering(ctx, x, *, axis_name, perm, method, platform):
         ordinals, sources = device_plan(mesh, axis_name, perm)
         if platform == "cuda":
             usable = all(
-                _ffi._ext.can_access_peer(int(ordinals[i]), int(ordinals[s]))
-                for i, s in enumerate(sources) if s >= 0
+                _ffi._ext.can_access_peer(int(ordinals[a]), int(ordinals[b]))
+                for i, s in enumerate(sources) if s >= 0 for a, b in ((i, s), (s, i))
             )
     if not usable:
         return _fallback(ctx, x, axis_name=axis_name, perm=perm)
     return jax.ffi.ffi_lowering("jax_tma_ppermute")(
         ctx, x, instance=np.int64(next(_instances)), devices=ordinals,
-        sources=sources, method=method,
+        sources=sources, push=direction == "push", method=method,
     )
 
 
@@ -154,16 +156,19 @@ def _check_perm(perm, size: int) -> tuple[tuple[int, int], ...]:
 
 
 def ppermute(x: jax.Array, axis_name: str | Sequence[str],
-             perm: Sequence[tuple[int, int]], *, method: PpermuteMethod = "auto") -> jax.Array:
+             perm: Sequence[tuple[int, int]], *, method: PpermuteMethod = "auto",
+             direction: PpermuteDirection = "auto") -> jax.Array:
     """``lax.ppermute`` through the GPUs' peer memory: inside ``shard_map``,
     every device receives the block of the device that sends to it.
 
-    Each receiving GPU reads its source's block directly from the peer GPU's
-    memory with the TMA bulk-copy pipeline (peer access; no staging buffer,
-    no NCCL). Per call, the devices' host threads meet once: the receiver's
-    stream waits on an event recorded where the sender's block was complete,
-    and the sender's stream waits on an event recorded after every reader's
-    copy, so nothing later on the sender overwrites the block under a reader.
+    The block moves directly between the two GPUs' memories with the TMA
+    bulk-copy pipeline (peer access; no staging buffer, no NCCL): the
+    receiver reads its source's input (pull) or the sender writes into its
+    destination's output (push). Per call, the devices' host threads meet
+    once: the copying device's stream waits on an event recorded where the
+    peer's buffer may be touched (input complete, or output memory free),
+    and the peer's stream waits on an event recorded after the copy, so
+    nothing later on it reuses or reads that buffer too early.
     Where that cannot run — devices in other processes, a ``shard_map``
     manual over only some mesh axes, no concrete mesh at lowering, or two
     GPUs without peer access — the op lowers to ``lax.ppermute`` with the same
@@ -179,6 +184,9 @@ def ppermute(x: jax.Array, axis_name: str | Sequence[str],
       method: ``"auto"`` (TMA bulk copy where the GPU has TMA), ``"bulk"`` or
         ``"simt"`` (a plain vectorised copy); every method gives the same
         result.
+      direction: ``"pull"`` (each receiver reads its source's input),
+        ``"push"`` (each sender writes into its destination's output) or
+        ``"auto"`` (pull; see the README's benchmark); same result.
 
     Returns:
       The block received from the device that sends to this one.
@@ -215,10 +223,15 @@ def ppermute(x: jax.Array, axis_name: str | Sequence[str],
         )
     if not isinstance(method, str) or method not in _METHODS:
         raise ValueError(f"{_OP}: method must be one of {', '.join(map(repr, _METHODS))}, got {method!r}")
+    if not isinstance(direction, str) or direction not in _DIRECTIONS:
+        raise ValueError(
+            f"{_OP}: direction must be one of {', '.join(map(repr, _DIRECTIONS))}, got {direction!r}"
+        )
     pairs = _check_perm(perm, size)
     _ffi.register()
     x = jax.numpy.asarray(x)
-    params = dict(axis_name=tuple(names), perm=pairs, method=method)
+    params = dict(axis_name=tuple(names), perm=pairs, method=method,
+                  direction=_AUTO_DIRECTION if direction == "auto" else direction)
     wide = SUB_BYTE_WIDE.get(x.dtype.name)
     if wide is not None:
         y = ppermute_p.bind(lax.convert_element_type(x, wide), **params)

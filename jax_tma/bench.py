@@ -229,8 +229,9 @@ def window_table(result: dict[str, Any]) -> str:
 
 
 def bench_ppermute(sizes_mib: Sequence[int], chain: int = 8) -> dict[str, Any]:
-    """jax_tma.ppermute (peer reads: bulk TMA, SIMT) against lax.ppermute
-    (NCCL) on the first two GPUs, swapping blocks (both directions at once).
+    """jax_tma.ppermute (TMA bulk pull and push, SIMT pull, auto) against
+    lax.ppermute (NCCL) on the first two GPUs, swapping blocks (both
+    directions at once); GB/s per direction.
     Each jitted program chains `chain` permutations; the time per op is the
     program's device span (both GPUs) over `chain`. Bandwidth: block bytes
     per op, which is what crosses the link in each direction."""
@@ -249,8 +250,10 @@ def bench_ppermute(sizes_mib: Sequence[int], chain: int = 8) -> dict[str, Any]:
         return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
 
     impls = {
-        "bulk": chained(functools.partial(jax_tma.ppermute, method="bulk")),
-        "simt": chained(functools.partial(jax_tma.ppermute, method="simt")),
+        "pull": chained(functools.partial(jax_tma.ppermute, method="bulk", direction="pull")),
+        "push": chained(functools.partial(jax_tma.ppermute, method="bulk", direction="push")),
+        "simt_pull": chained(functools.partial(jax_tma.ppermute, method="simt", direction="pull")),
+        "auto": chained(jax_tma.ppermute),
         "nccl": chained(jax.lax.ppermute),
     }
     rows = []
@@ -265,21 +268,22 @@ def bench_ppermute(sizes_mib: Sequence[int], chain: int = 8) -> dict[str, Any]:
             t = time_device(f, [(x,)], 10) / chain
             row[f"{name}_us"] = t * 1e6
             row[f"{name}_gbps"] = block / t / 1e9
-        row["bulk_vs_nccl"] = row["nccl_us"] / row["bulk_us"]
-        row["simt_vs_nccl"] = row["nccl_us"] / row["simt_us"]
+        for name in impls:
+            row[f"{name}_vs_nccl"] = row["nccl_us"] / row[f"{name}_us"]
         rows.append(row)
-        print(f"{mib} MiB per device: bulk {row['bulk_gbps']:.1f} GB/s/dir, simt "
-              f"{row['simt_gbps']:.1f}, NCCL {row['nccl_gbps']:.1f} "
-              f"(bulk/NCCL {row['bulk_vs_nccl']:.2f}x)", flush=True)
+        print(f"{mib} MiB per device, GB/s per direction: " + ", ".join(
+            f"{name} {row[name + '_gbps']:.1f} ({row[name + '_vs_nccl']:.2f}x NCCL)"
+            for name in impls), flush=True)
     return {"rows": rows, "chain": chain, "perm": perm}
 
 
 def ppermute_table(result: dict[str, Any]) -> str:
-    lines = ["| block per GPU | jax_tma bulk GB/s per direction | jax_tma simt | lax.ppermute (NCCL) | "
-             "bulk vs NCCL |", "|---|---|---|---|---|"]
+    lines = ["| block per GPU | pull (TMA bulk) | push (TMA bulk) | pull (SIMT) | auto | "
+             "lax.ppermute (NCCL) | auto vs NCCL |", "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        lines.append(f"| {r['block_mib']} MiB | {r['bulk_gbps']:.1f} | {r['simt_gbps']:.1f} | "
-                     f"{r['nccl_gbps']:.1f} | {r['bulk_vs_nccl']:.2f}x |")
+        lines.append(f"| {r['block_mib']} MiB | {r['pull_gbps']:.1f} | {r['push_gbps']:.1f} | "
+                     f"{r['simt_pull_gbps']:.1f} | {r['auto_gbps']:.1f} | {r['nccl_gbps']:.1f} | "
+                     f"{r['auto_vs_nccl']:.2f}x |")
     return "\n".join(lines)
 
 

@@ -70,12 +70,14 @@ def _smap(mesh, body):
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
 
 
+@pytest.mark.parametrize("direction", ["pull", "push"])
 @pytest.mark.parametrize("method", ["auto", "bulk", "simt"])
 @pytest.mark.parametrize("block_bytes", [1, 1000, 4096 + 13, 1 << 20, (64 << 20) + 48])
-def test_ppermute_matches_reference(mesh, rng, method, block_bytes):
+def test_ppermute_matches_reference(mesh, rng, method, block_bytes, direction):
     n = mesh.size
     perm = [(i, (i + 1) % n) for i in range(n)]
-    ours = _smap(mesh, lambda b: jax_tma.ppermute(b, "x", perm, method=method))
+    ours = _smap(mesh, lambda b: jax_tma.ppermute(b, "x", perm, method=method,
+                                                  direction=direction))
     host = random_array(rng, (n * block_bytes,), np.uint8)
     x = jax.device_put(host, NamedSharding(mesh, P("x")))
     text = ours.lower(x).compile().as_text()
@@ -83,26 +85,30 @@ def test_ppermute_matches_reference(mesh, rng, method, block_bytes):
     assert_bits_equal(ours(x), ppermute_reference(host, n, perm))
 
 
-def test_ppermute_partial_perm_zero_fills(mesh, rng):
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_ppermute_partial_perm_zero_fills(mesh, rng, direction):
     perm = [(0, 1)]
-    ours = _smap(mesh, lambda b: jax_tma.ppermute(b, "x", perm))
+    ours = _smap(mesh, lambda b: jax_tma.ppermute(b, "x", perm, direction=direction))
     host = random_array(rng, (mesh.size * 3000,), np.float32)
     x = jax.device_put(host, NamedSharding(mesh, P("x")))
     assert_bits_equal(ours(x), ppermute_reference(host, mesh.size, perm))
 
 
-def test_ppermute_loop_orders_reads_and_reuse(mesh, rng):
-    """Each iteration writes the block (c + 1) right before it is read by the
-    peer, and the loop reuses its buffers: a read before the sender's write
-    finished, or a write over a block still being read, changes the result.
-    Fresh data every call, so a stale output cannot pass."""
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_ppermute_loop_orders_reads_and_reuse(mesh, rng, direction):
+    """Each iteration writes the block (c * 3 + 1) right before the peer
+    copies it, and the loop reuses its buffers: a copy that starts before
+    the block is written, writes over an output still being read, or a block
+    reused while a peer still copies it, changes the result. Fresh data
+    every call, so a stale output cannot pass."""
     n = mesh.size
     perm = [(i, (i + 1) % n) for i in range(n)]
 
     def body(pp, b):
         return jax.lax.fori_loop(0, 50, lambda _, c: pp(c * 3 + 1, "x", perm), b)
 
-    ours = _smap(mesh, functools.partial(body, jax_tma.ppermute))
+    ours = _smap(mesh, functools.partial(body, functools.partial(jax_tma.ppermute,
+                                                                 direction=direction)))
     ref = _smap(mesh, functools.partial(body, jax.lax.ppermute))
     for _ in range(5):
         host = random_array(rng, (n * (8 << 20) // 4,), np.uint32)

@@ -22,13 +22,13 @@ def _mesh(shape, names):
     return Mesh(np.array(jax.devices("cpu")[: int(np.prod(shape))]).reshape(shape), names)
 
 
-def _both(mesh, spec, body):
-    """body(ppermute) under jit(shard_map), once with jax_tma.ppermute and
-    once with lax.ppermute."""
+def _both(mesh, spec, body, **options):
+    """body(ppermute) under jit(shard_map), once with jax_tma.ppermute (given
+    `options`) and once with lax.ppermute."""
     def make(fn):
         return jax.jit(jax.shard_map(functools.partial(body, fn), mesh=mesh,
                                      in_specs=spec, out_specs=spec))
-    return make(jax_tma.ppermute), make(lax.ppermute)
+    return make(functools.partial(jax_tma.ppermute, **options)), make(lax.ppermute)
 
 
 def _hlo(f, *args):
@@ -45,11 +45,12 @@ PERMS = {
 }
 
 
+@pytest.mark.parametrize("direction", ["pull", "push"])
 @pytest.mark.parametrize("perm_name", list(PERMS))
-def test_matches_lax_ppermute_1d_mesh(rng, perm_name):
+def test_matches_lax_ppermute_1d_mesh(rng, perm_name, direction):
     mesh = _mesh((8,), ("i",))
     perm = PERMS[perm_name](8)
-    ours, ref = _both(mesh, P("i"), lambda pp, b: pp(b, "i", perm))
+    ours, ref = _both(mesh, P("i"), lambda pp, b: pp(b, "i", perm), direction=direction)
     x = random_array(rng, (8 * 5, 33), np.float32)
     assert_bits_equal(ours(x), ref(x))
     assert_bits_equal(ours(x), ppermute_reference(x, 8, perm))
@@ -98,7 +99,8 @@ def test_sub_byte_dtype(rng):
     assert_bits_equal(ours(x).astype(jnp.int8), ref(x).astype(jnp.int8))
 
 
-def test_repeated_calls_and_loops_pair_up(rng):
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_repeated_calls_and_loops_pair_up(rng, direction):
     mesh = _mesh((8,), ("i",))
 
     def body(pp, b):
@@ -106,7 +108,7 @@ def test_repeated_calls_and_loops_pair_up(rng):
             return pp(c, "i", PERMS["ring"](8)) * 2 + 1
         return lax.fori_loop(0, 5, step, pp(b, "i", PERMS["swap-pairs"](8)))
 
-    ours, ref = _both(mesh, P("i"), body)
+    ours, ref = _both(mesh, P("i"), body, direction=direction)
     for _ in range(4):  # fresh data each call: stale outputs cannot pass
         x = random_array(rng, (8 * 4, 9), np.float32)
         assert_bits_equal(ours(x), ref(x))
@@ -214,6 +216,15 @@ def test_bad_method():
         _call((4,), [(0, 1)], method="tma")
 
 
+def test_bad_direction():
+    mesh = _mesh((4,), ("i",))
+    f = jax.shard_map(lambda b: jax_tma.ppermute(b, "i", [(0, 1)], direction="both"),
+                      mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    with pytest.raises(ValueError, match=r"jax_tma.ppermute: direction must be one of 'auto', "
+                       r"'pull', 'push', got 'both'"):
+        jax.jit(f)(np.ones(8, np.float32))
+
+
 def test_bad_x():
     with pytest.raises(TypeError, match=r"jax_tma.ppermute: x must be an array"):
         jax_tma.ppermute([1.0, 2.0], "i", [(0, 0)])
@@ -221,11 +232,16 @@ def test_bad_x():
 
 # ---- validation: the C++ handler (exported HLO can skip Python) ----------
 
-def _raw(devices, sources, method="auto", y_shape=(4,)):
+_raw_instances = iter(range(10**12, 10**13))
+
+
+def _raw(devices, sources, method="auto", y_shape=(4,), push=False):
     jax_tma._ffi.register()
     call = jax.ffi.ffi_call("jax_tma_ppermute", jax.ShapeDtypeStruct(y_shape, np.float32))
-    return jax.jit(lambda x: call(x, instance=np.int64(10**12), devices=np.array(devices, np.int64),
-                                  sources=np.array(sources, np.int64), method=method))(
+    return jax.jit(lambda x: call(x, instance=np.int64(next(_raw_instances)),
+                                  devices=np.array(devices, np.int64),
+                                  sources=np.array(sources, np.int64), push=push,
+                                  method=method))(
         jax.device_put(np.ones(4, np.float32), jax.devices("cpu")[0]))
 
 
@@ -243,6 +259,7 @@ def test_handler_rejects_bad_attributes(devices, sources, method, y_shape, match
         _raw(devices, sources, method, y_shape)
 
 
-def test_handler_single_device_self_copy(rng):
-    assert_bits_equal(_raw([0], [0]), np.ones(4, np.float32))
-    assert_bits_equal(_raw([0], [-1]), np.zeros(4, np.float32))
+@pytest.mark.parametrize("push", [False, True])
+def test_handler_single_device_self_copy(push):
+    assert_bits_equal(_raw([0], [0], push=push), np.ones(4, np.float32))
+    assert_bits_equal(_raw([0], [-1], push=push), np.zeros(4, np.float32))

@@ -1,13 +1,16 @@
-// CUDA handler of "jax_tma_ppermute": each device pulls its source's block
-// straight out of the peer GPU's memory with the TMA bulk copy pipeline
-// (peer access, no staging buffer, no NCCL).
+// CUDA handler of "jax_tma_ppermute": each device copies its block straight
+// between its own memory and a peer GPU's with the TMA bulk copy pipeline
+// (peer access; no staging buffer, no NCCL): pull reads the source's input,
+// push writes into the destination's output.
 //
 // Ordering across the two streams, per call (see ppermute_rendezvous.h for
-// the host side): the sender records `ready` on its stream where its block is
-// complete; the receiver's stream waits on it before the copy kernel and
-// records `done` after it; the sender's stream waits on every reader's `done`
-// before anything later on it may overwrite the block. Host threads meet
-// before each event is waited on, so every wait sees the event of its own call.
+// the host side): the device that publishes a buffer records `ready` on its
+// stream where that buffer may be touched (pull: its input is complete;
+// push: its output's memory is free); the peer's stream waits on `ready`
+// before its copy kernel and records `done` after it; the publisher's stream
+// waits on `done` before anything later on it may reuse the buffer (pull) or
+// read the output (push). Host threads meet before each event is waited on,
+// so every wait sees the event of its own call.
 #include <map>
 #include <mutex>
 #include <set>
@@ -68,52 +71,58 @@ ffi::Error EnablePeerAccess(int device, int peer) {
   return ffi::Error::Success();
 }
 
-ffi::Error PpermuteCudaImpl(cudaStream_t stream, int32_t device,
-                            ffi::RunId run, ffi::AnyBuffer x,
-                            ffi::Result<ffi::AnyBuffer> y, int64_t instance,
-                            ffi::Span<const int64_t> devices,
-                            ffi::Span<const int64_t> sources, std::string_view method) {
+ffi::Error PpermuteCudaImpl(cudaStream_t stream, int32_t device, ffi::RunId run,
+                            ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                            int64_t instance, ffi::Span<const int64_t> devices,
+                            ffi::Span<const int64_t> sources, bool push,
+                            std::string_view method) {
   CopyMethod parsed;
   JAX_TMA_RETURN_IF_FAILED(ParseCopyMethodAttr(kPpermuteOp, method, &parsed));
   ByteCopy c;
   JAX_TMA_RETURN_IF_FAILED(CheckWholeCopy(kPpermuteOp, x, y, &c));
   PermutePlan plan;
-  JAX_TMA_RETURN_IF_FAILED(PlanPermute(device, devices, sources, &plan));
+  JAX_TMA_RETURN_IF_FAILED(PlanPermute(device, devices, sources, push, &plan));
   // Every participant has the same block size, so all skip together.
   if (c.bytes == 0) return ffi::Error::Success();
-  if (plan.source >= 0) {
+  const int partner = plan.partner();
+  if (partner >= 0) {
     JAX_TMA_RETURN_IF_FAILED(
-        EnablePeerAccess(device, static_cast<int>(plan.devices[plan.source])));
+        EnablePeerAccess(device, static_cast<int>(plan.devices[partner])));
   }
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  // Peer reads are latency-bound at every size, which is what the bulk
+  // Peer copies are latency-bound at every size, which is what the bulk
   // pipeline's many bytes in flight per SM are for; `auto` takes it wherever
   // the GPU has TMA.
   if (parsed == CopyMethod::kAuto) {
     parsed = info.has_tma() ? CopyMethod::kBulk : CopyMethod::kSimt;
   }
+  if (plan.source < 0) {
+    JAX_TMA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(c.dst, 0, c.bytes, stream));
+  }
   PermuteEvents events;
   JAX_TMA_RETURN_IF_FAILED(GetEvents(instance, device, &events));
+  // Pull publishes the input, complete at this point of the stream; push
+  // publishes the output, whose memory is free at this point of the stream.
   JAX_TMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.ready, stream));
+  void* published = push ? c.dst : const_cast<void*>(c.src);
   return ExchangeBlocks(
-      instance, plan, PermuteBlock{run.run_id, c.src, events.ready, events.done},
-      [&](const PermuteBlock* source) -> ffi::Error {
-        if (source == nullptr) {
-          JAX_TMA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(c.dst, 0, c.bytes, stream));
-        } else {
+      instance, plan, PermuteBlock{run.run_id, published, events.ready, events.done},
+      [&](const PermuteBlock* other) -> ffi::Error {
+        if (other != nullptr) {
           JAX_TMA_CUDA_RETURN_IF_ERROR(
-              cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(source->ready), 0));
-          JAX_TMA_RETURN_IF_FAILED(
-              LaunchCopy(kPpermuteOp, parsed, source->data, c.dst, c.bytes, stream, device));
+              cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(other->ready), 0));
+          const void* from = push ? c.src : other->data;
+          void* to = push ? other->data : c.dst;
+          JAX_TMA_RETURN_IF_FAILED(LaunchCopy(kPpermuteOp, parsed, from, to, c.bytes, stream, device));
         }
         JAX_TMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.done, stream));
         return ffi::Error::Success();
       },
-      [&](const std::vector<void*>& reader_done) -> ffi::Error {
-        for (void* done : reader_done) {
+      [&](void* other_done) -> ffi::Error {
+        if (other_done != nullptr) {
           JAX_TMA_CUDA_RETURN_IF_ERROR(
-              cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(done), 0));
+              cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(other_done), 0));
         }
         return ffi::Error::Success();
       });
@@ -135,4 +144,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int64_t>("instance")                      // instance
         .Attr<xla::ffi::Span<const int64_t>>("devices") // devices
         .Attr<xla::ffi::Span<const int64_t>>("sources") // sources
+        .Attr<bool>("push")                             // push
         .Attr<std::string_view>("method"));             // method
