@@ -14,12 +14,11 @@ static ffi::Error PpermuteCpuImpl(int32_t device, ffi::RunId run,
                                   int64_t instance, ffi::Span<const int64_t> devices,
                                   ffi::Span<const int64_t> sources, bool push,
                                   std::string_view method) {
-  CopyMethod parsed;  // every method is the same memcpy on the host
-  JAX_TMA_RETURN_IF_FAILED(ParseCopyMethodAttr(kPpermuteOp, method, &parsed));
-  ByteCopy c;
-  JAX_TMA_RETURN_IF_FAILED(CheckWholeCopy(kPpermuteOp, x, y, &c));
-  PermutePlan plan;
-  JAX_TMA_RETURN_IF_FAILED(PlanPermute(device, devices, sources, push, &plan));
+  PpermuteCall call;  // every method is the same memcpy on the host
+  JAX_TMA_RETURN_IF_FAILED(
+      DecodePpermute(device, x, y, devices, sources, push, method, &call));
+  const ByteCopy& c = call.bytes;
+  const PermutePlan& plan = call.plan;
   // Every participant has the same block size, so all skip together.
   if (c.bytes == 0) return ffi::Error::Success();
   if (plan.source < 0) std::memset(c.dst, 0, c.bytes);
@@ -43,15 +42,5 @@ static ffi::Error PpermuteCpuImpl(int32_t device, ffi::RunId run,
 
 }  // namespace jax_tma
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxTmaPpermuteCpu, jax_tma::PpermuteCpuImpl,
-    xla::ffi::Ffi::Bind()
-        .Ctx<xla::ffi::DeviceOrdinal>()                 // device
-        .Ctx<xla::ffi::RunId>()                         // run
-        .Arg<xla::ffi::AnyBuffer>()                     // x
-        .Ret<xla::ffi::AnyBuffer>()                     // y
-        .Attr<int64_t>("instance")                      // instance
-        .Attr<xla::ffi::Span<const int64_t>>("devices") // devices
-        .Attr<xla::ffi::Span<const int64_t>>("sources") // sources
-        .Attr<bool>("push")                             // push
-        .Attr<std::string_view>("method"));             // method
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTmaPpermuteCpu, jax_tma::PpermuteCpuImpl,
+                              jax_tma::BindPpermuteCall(xla::ffi::Ffi::Bind()));

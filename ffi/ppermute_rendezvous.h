@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -35,10 +36,43 @@ struct PermutePlan {
   int partnered_by() const { return push ? source : destination; }
 };
 
+// The context, operands and attributes of "jax_tma_ppermute" after the
+// platform's own context (the stream on CUDA, none on the CPU).
+template <typename Binding>
+auto BindPpermuteCall(Binding binding) {
+  return std::move(binding).template Ctx<ffi::DeviceOrdinal>()  // device
+      .template Ctx<ffi::RunId>()                               // run
+      .template Arg<ffi::AnyBuffer>()                           // x
+      .template Ret<ffi::AnyBuffer>()                           // y
+      .template Attr<int64_t>("instance")                       // instance
+      .template Attr<ffi::Span<const int64_t>>("devices")       // devices
+      .template Attr<ffi::Span<const int64_t>>("sources")       // sources
+      .template Attr<bool>("push")                              // push
+      .template Attr<std::string_view>("method");               // method
+}
+
 // Checks the attributes Python passes (device ordinals by logical id, and per
 // logical id the logical id it receives from or -1) and finds `device`'s part.
 ffi::Error PlanPermute(int device, ffi::Span<const int64_t> devices,
                        ffi::Span<const int64_t> sources, bool push, PermutePlan* plan);
+
+// A call of "jax_tma_ppermute", re-validated: the method, the bytes to move
+// and this device's part.
+struct PpermuteCall {
+  CopyMethod method = CopyMethod::kAuto;
+  ByteCopy bytes;
+  PermutePlan plan;
+};
+
+inline ffi::Error DecodePpermute(int device, const ffi::AnyBuffer& x,
+                                 ffi::Result<ffi::AnyBuffer>& y,
+                                 ffi::Span<const int64_t> devices,
+                                 ffi::Span<const int64_t> sources, bool push,
+                                 std::string_view method, PpermuteCall* call) {
+  JAX_TMA_RETURN_IF_FAILED(ParseCopyMethodAttr(kPpermuteOp, method, &call->method));
+  JAX_TMA_RETURN_IF_FAILED(CheckWholeCopy(kPpermuteOp, x, y, &call->bytes));
+  return PlanPermute(device, devices, sources, push, &call->plan);
+}
 
 // What a participant publishes for one call. `ready` and `done` are opaque
 // tokens for the caller's own ordering (CUDA events on GPU, unused on CPU):

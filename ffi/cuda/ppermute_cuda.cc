@@ -76,12 +76,12 @@ ffi::Error PpermuteCudaImpl(cudaStream_t stream, int32_t device, ffi::RunId run,
                             int64_t instance, ffi::Span<const int64_t> devices,
                             ffi::Span<const int64_t> sources, bool push,
                             std::string_view method) {
-  CopyMethod parsed;
-  JAX_TMA_RETURN_IF_FAILED(ParseCopyMethodAttr(kPpermuteOp, method, &parsed));
-  ByteCopy c;
-  JAX_TMA_RETURN_IF_FAILED(CheckWholeCopy(kPpermuteOp, x, y, &c));
-  PermutePlan plan;
-  JAX_TMA_RETURN_IF_FAILED(PlanPermute(device, devices, sources, push, &plan));
+  PpermuteCall call;
+  JAX_TMA_RETURN_IF_FAILED(
+      DecodePpermute(device, x, y, devices, sources, push, method, &call));
+  const ByteCopy& c = call.bytes;
+  const PermutePlan& plan = call.plan;
+  CopyMethod parsed = call.method;
   // Every participant has the same block size, so all skip together.
   if (c.bytes == 0) return ffi::Error::Success();
   const int partner = plan.partner();
@@ -135,14 +135,5 @@ ffi::Error PpermuteCudaImpl(cudaStream_t stream, int32_t device, ffi::RunId run,
 // call, which a captured graph would skip.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxTmaPpermuteCuda, jax_tma::PpermuteCudaImpl,
-    xla::ffi::Ffi::Bind()
-        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // stream
-        .Ctx<xla::ffi::DeviceOrdinal>()                 // device
-        .Ctx<xla::ffi::RunId>()                         // run
-        .Arg<xla::ffi::AnyBuffer>()                     // x
-        .Ret<xla::ffi::AnyBuffer>()                     // y
-        .Attr<int64_t>("instance")                      // instance
-        .Attr<xla::ffi::Span<const int64_t>>("devices") // devices
-        .Attr<xla::ffi::Span<const int64_t>>("sources") // sources
-        .Attr<bool>("push")                             // push
-        .Attr<std::string_view>("method"));             // method
+    jax_tma::BindPpermuteCall(
+        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()));  // stream
