@@ -91,6 +91,11 @@ def device_plan(mesh: jax.sharding.Mesh, axis_name: tuple[str, ...],
     return ordinals, sources
 
 
+def peer_access(device: int, peer: int) -> bool:
+    """Whether GPU `device` can map GPU `peer`'s memory."""
+    return bool(_ffi._ext.can_access_peer(device, peer))
+
+
 def _fallback(ctx, x, *, axis_name, perm):
     return mlir.lower_fun(
         functools.partial(lax.ppermute, axis_name=axis_name, perm=perm),
@@ -115,7 +120,7 @@ def _lowering(ctx, x, *, axis_name, perm, method, direction, platform):
         ordinals, sources = device_plan(mesh, axis_name, perm)
         if platform == "cuda":
             usable = all(
-                _ffi._ext.can_access_peer(int(ordinals[a]), int(ordinals[b]))
+                peer_access(int(ordinals[a]), int(ordinals[b]))
                 for i, s in enumerate(sources) if s >= 0 for a, b in ((i, s), (s, i))
             )
     if not usable:

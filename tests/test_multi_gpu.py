@@ -128,3 +128,16 @@ def test_ppermute_grad_on_gpus(mesh, rng):
     x = jax.device_put(random_array(rng, (n * 64,), np.float32), NamedSharding(mesh, P("x")))
     assert_bits_equal(jax.jit(jax.grad(functools.partial(loss, jax_tma.ppermute)))(x),
                       jax.jit(jax.grad(functools.partial(loss, jax.lax.ppermute)))(x))
+
+
+def test_ppermute_without_peer_access_falls_back_to_nccl(mesh, rng, monkeypatch):
+    import jax_tma._ppermute as ppermute_module
+    monkeypatch.setattr(ppermute_module, "peer_access", lambda device, peer: False)
+    n = mesh.size
+    perm = [(i, (i + 1) % n) for i in range(n)]
+    ours = _smap(mesh, lambda b: jax_tma.ppermute(b, "x", perm))
+    host = random_array(rng, (n * 1000,), np.float32)
+    x = jax.device_put(host, NamedSharding(mesh, P("x")))
+    text = ours.lower(x).compile().as_text()
+    assert "collective-permute" in text and "jax_tma_ppermute" not in text
+    assert_bits_equal(ours(x), ppermute_reference(host, n, perm))
