@@ -368,11 +368,66 @@ def window(
            and isinstance(static[lead], (int, np.integer)) and static[lead] == 0
            and shape[lead] == x.shape[lead] and strides[lead] == 1):
         lead += 1
+    groups = _mergeable_groups(x.shape, shape, strides, static, start_arr.dtype, lead)
+    if len(groups) < rank - lead:
+        src, start_arr, m_shape, m_strides = _merge_dims(src, start_arr, shape, strides,
+                                                         static, lead, groups)
+    else:
+        m_shape, m_strides = shape[lead:], strides[lead:]
+        start_arr = start_arr[lead:]
     if lead:
-        start_arr = jnp.broadcast_to(start_arr[lead:], x.shape[:lead] + (rank - lead,))
-    y = window_p.bind(src, start_arr, shape=shape[lead:], strides=strides[lead:],
+        start_arr = jnp.broadcast_to(start_arr, x.shape[:lead] + start_arr.shape)
+    y = window_p.bind(src, start_arr, shape=m_shape, strides=m_strides,
                       fill_nan=fill_nan, method=method)
+    y = y.reshape(x.shape[:lead] + shape[lead:])
     return lax.convert_element_type(y, x.dtype) if wide is not None else y
+
+
+def _covers(static, x_shape, shape, strides, d) -> bool:
+    """Whether the box takes all of dim d (static start 0, stride 1)."""
+    return (d < len(static) and isinstance(static[d], (int, np.integer)) and static[d] == 0
+            and shape[d] == x_shape[d] and strides[d] == 1)
+
+
+def _mergeable_groups(x_shape, shape, strides, static, start_dtype, lead):
+    """Runs of dims [first, last] (from `lead` on) that fold into one: a dim
+    d+1 the box covers in full folds into dim d when strides[d] == 1, since
+    then x[.., s + i, j, ..] over all j is x viewed with the two dims merged,
+    at start s * dim(d+1) (in bounds exactly when s + i is). A traced start
+    is scaled in int64, so without x64 only static starts merge. This is what
+    lets ranks over 5 reach the TMA path."""
+    groups = [[len(x_shape) - 1] * 2]
+    for d in range(len(x_shape) - 2, lead - 1, -1):
+        first, last = groups[-1]
+        inner = int(np.prod(x_shape[first:last + 1]))
+        whole = all(_covers(static, x_shape, shape, strides, k) for k in range(first, last + 1))
+        static_d = d < len(static) and isinstance(static[d], (int, np.integer))
+        start_ok = (jax.config.jax_enable_x64 or start_dtype == jnp.int64
+                    or (static_d and abs(int(static[d]) * inner) <= _MAX_DIM))
+        if (whole and strides[d] == 1 and start_ok
+                and x_shape[d] * inner <= _MAX_DIM and shape[d] * inner <= _MAX_DIM):
+            groups[-1][0] = d
+        else:
+            groups.append([d, d])
+    return [tuple(g) for g in reversed(groups)]
+
+
+def _merge_dims(src, start_arr, shape, strides, static, lead, groups):
+    """src, start, shape and strides of the window over dims `lead` on, with
+    each group of dims folded into its first (see _mergeable_groups)."""
+    x_shape = src.shape
+    dtype = start_arr.dtype
+    if any(first < last for first, last in groups) and jax.config.jax_enable_x64:
+        dtype = jnp.int64
+    starts, m_shape, m_strides, m_dims = [], [], [], []
+    for first, last in groups:
+        inner = int(np.prod(x_shape[first + 1:last + 1]))
+        starts.append(start_arr[first].astype(dtype) * inner)
+        m_shape.append(shape[first] * inner)
+        m_strides.append(strides[first])
+        m_dims.append(x_shape[first] * inner)
+    src = src.reshape(x_shape[:lead] + tuple(m_dims))
+    return src, jnp.stack(starts), tuple(m_shape), tuple(m_strides)
 
 
 

@@ -47,6 +47,53 @@ def test_random_windows_match_numpy(rng, trial):
     assert_bits_equal(traced(on_cpu(x), tuple(jnp.int32(v) for v in start)), want)
 
 
+def _bound_rank(f, *args):
+    """The spatial rank of the window_p call(s) `f` traces to."""
+    jaxpr = jax.make_jaxpr(f)(*args)
+    return [len(e.params["shape"]) for e in jaxpr.eqns if e.primitive.name == "jax_tma_window"]
+
+
+@pytest.mark.parametrize("x64", [True, False])
+@pytest.mark.parametrize("trial", range(12))
+def test_dims_the_box_covers_merge(rng, trial, x64):
+    """Inner dims the box takes in full fold into the dim outside them (up
+    to rank 8 here), with static and traced starts, same result."""
+    rank = int(rng.integers(2, 9))
+    x_shape, start, shape, strides = (list(v) for v in random_geometry(rng, rank))
+    for d in range(rank):
+        x_shape[d] = min(x_shape[d], 4) or 1
+        if rng.random() < 0.6:
+            start[d], shape[d], strides[d] = 0, x_shape[d], 1
+        elif rng.random() < 0.5:
+            strides[d] = 1
+    x = random_array(rng, x_shape, np.float32)
+    want = window_reference(x, start, shape, strides)
+    with jax.enable_x64(x64):
+        got = jax_tma.window(on_cpu(x), start, shape, strides=strides)
+        traced = jax.jit(lambda a, *s: jax_tma.window(a, s, shape, strides=strides))
+        got_traced = traced(on_cpu(x), *(np.int32(v) for v in start))
+    assert_bits_equal(got, want)
+    assert_bits_equal(got_traced, want)
+
+
+def test_merging_reaches_rank_five():
+    x = np.zeros((2, 3, 2, 2, 2, 4, 8), np.float32)
+    full = (0,) * 6
+
+    def f(a):
+        return jax_tma.window(a, (1,) + full, (1,) + x.shape[1:])
+
+    assert _bound_rank(f, x) == [1]
+    # A traced start merges where it can be scaled in int64.
+    g = lambda a, i: jax_tma.window(a, (1, i) + full[1:], (1, 2) + x.shape[2:])  # noqa: E731
+    assert _bound_rank(g, x, np.int32(1)) == [2]
+    with jax.enable_x64(False):
+        assert _bound_rank(g, x, np.int32(1)) == [3]
+    # A strided dim takes nothing in: its inner neighbour stays apart.
+    h = lambda a: jax_tma.window(a, full + (0,), x.shape[:5] + (2, 8), strides=(1,) * 5 + (2, 1))  # noqa: E731
+    assert _bound_rank(h, x) == [2]
+
+
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 def test_every_dtype(rng, dtype):
     x = random_array(rng, (7, 9), dtype)

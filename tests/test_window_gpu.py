@@ -148,10 +148,18 @@ def test_forced_tma_names_the_rule(gpu, kwargs, pattern):
 
 
 def test_forced_tma_rank_over_five(gpu):
-    x = jax.device_put(jnp.ones((2, 2, 2, 2, 2, 16), jnp.float32), gpu)
+    # No dim merges: the only dim taken in full sits inside a strided one.
+    x = jax.device_put(jnp.ones((2, 2, 2, 2, 4, 16), jnp.float32), gpu)
     with pytest.raises(Exception, match=r"rank 6 is over the hardware's 5"):
-        jax.block_until_ready(jax_tma.window(x, (1, 0, 0, 0, 0, 0), (1, 2, 2, 2, 2, 16),
-                                             method="tma"))
+        jax.block_until_ready(jax_tma.window(x, (1, 1, 1, 1, 0, 0), (1, 1, 1, 1, 2, 16),
+                                             strides=(1, 1, 1, 1, 2, 1), method="tma"))
+
+
+def test_forced_tma_rank_seven_merges_to_five(gpu, rng):
+    x = random_array(rng, (3, 4, 5, 6, 2, 3, 16), np.float32)
+    start, shape = (-1, 1, 2, 3, 0, 0, 0), (4, 2, 2, 4, 2, 3, 16)
+    got = window_poisoned(x, start, shape, (1,) * 7, 0, "tma", gpu)
+    assert_bits_equal(got, window_reference(x, start, shape, (1,) * 7))
 
 
 @pytest.mark.parametrize("dtype", BYTE_DTYPES, ids=str)
