@@ -7,6 +7,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include "broadcast_cpu.h"
 #include "copy_cpu.h"
 #include "window_cpu.h"
 #include "xla/ffi/api/c_api.h"
@@ -14,6 +15,7 @@
 #if JAX_TMA_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include "cuda/broadcast_cuda.h"
 #include "cuda/copy_cuda.h"
 #include "cuda/copy_launch.h"
 #endif
@@ -64,6 +66,7 @@ NB_MODULE(_jax_tma, m) {
     nb::dict d;
     d["jax_tma_copy"] = Capsule(JaxTmaCopyCpu);
     d["jax_tma_window"] = Capsule(JaxTmaWindowCpu);
+    d["jax_tma_broadcast"] = Capsule(JaxTmaBroadcastCpu);
     return d;
   });
 
@@ -72,6 +75,7 @@ NB_MODULE(_jax_tma, m) {
 #if JAX_TMA_WITH_CUDA
     d["jax_tma_copy"] = Capsule(JaxTmaCopyCuda);
     d["jax_tma_window"] = Capsule(JaxTmaWindowCuda);
+    d["jax_tma_broadcast"] = Capsule(JaxTmaBroadcastCuda);
     d["jax_tma_bench_memcpy"] = Capsule(JaxTmaBenchMemcpyCuda);
     d["jax_tma_bench_seed_copy"] = Capsule(JaxTmaBenchSeedCopyCuda);
 #endif

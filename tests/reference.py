@@ -89,3 +89,10 @@ def window_reference(x: np.ndarray, start, shape, strides=None, fill_nan=False) 
         clipped = tuple(np.clip(g, 0, max(dim - 1, 0)) for g, dim in zip(grids, x.shape))
         out[inside] = x[clipped][inside]
     return out
+
+
+def broadcast_reference(x: np.ndarray, n: int, axis: int) -> np.ndarray:
+    """NumPy jax_tma.broadcast: n copies of x stacked along a new axis."""
+    x = np.asarray(x)
+    axis = axis % (x.ndim + 1)
+    return np.ascontiguousarray(np.repeat(np.expand_dims(x, axis), n, axis=axis))
