@@ -82,7 +82,7 @@ int main() {
   const BroadcastMethod methods[] = {BroadcastMethod::kStore, BroadcastMethod::kMulticast,
                                      BroadcastMethod::kDsmem, BroadcastMethod::kSimt};
   int cases = 0, failures = 0, tma_cases = 0;
-  for (int trial = 0; trial < 24; ++trial) {
+  for (int trial = 0; trial < 12; ++trial) {
     for (BroadcastMethod m : methods) {
       const bool clustered = m == BroadcastMethod::kMulticast || m == BroadcastMethod::kDsmem;
       for (int cluster : {2, 4, 8, 16}) {
