@@ -51,7 +51,7 @@ def broadcast_poisoned(x, n, axis, method, cluster_size, device):
 # multiple of every cluster size.
 SHAPES = [
     ((37, 3, 256), 1, 5),       # 37 outer x 3 rows of 256 words: edge tiles both ways
-    ((4, 8, 64), 3, 3),         # axis at the end: one 512-B row per outer index
+    ((4, 8, 64), 2, 3),         # one 256-B row per outer index (GQA-like)
     ((1000, 24), 0, 17),        # one replica of 96 000 B: 375 rows of 32 words
 ]
 
@@ -66,7 +66,7 @@ def test_every_method_and_cluster_size(gpu, rng, method, cluster_size):
 
 @pytest.mark.parametrize("dtype", BYTE_DTYPES, ids=str)
 def test_every_dtype(gpu, rng, dtype):
-    x = random_array(rng, (48, 40), dtype)
+    x = random_array(rng, (48, 64), dtype)
     for method, cluster_size in (("auto", None), ("multicast", 4), ("dsmem", 8), ("simt", None)):
         got = broadcast_poisoned(x, 6, 1, method, cluster_size, gpu)
         assert_bits_equal(got, broadcast_reference(x, 6, 1))
@@ -102,6 +102,13 @@ def test_forced_tma_method_names_the_rule(gpu, rng):
                        r"16\) cannot run this shape: a tile has 2 rows .* fewer than cluster_size 16"):
         jax.block_until_ready(jax_tma.broadcast(tiny, 3, axis=1, method="multicast",
                                                 cluster_size=16))
+    narrow = jax.device_put(random_array(rng, (64, 2), np.float64), gpu)
+    with pytest.raises(Exception, match=r"jax_tma\.broadcast: method='multicast' \(cluster_size "
+                       r"2\) cannot run this shape: a multicast slice is 1 row\(s\) of 16 B = 16 B, "
+                       r"not a multiple of 128"):
+        jax.block_until_ready(jax_tma.broadcast(narrow, 3, axis=1, method="multicast"))
+    assert_bits_equal(jax_tma.broadcast(narrow, 3, axis=1), broadcast_reference(
+        np.asarray(narrow), 3, 1))
 
 
 def test_grad_vmap_and_gqa_on_gpu(gpu, rng):

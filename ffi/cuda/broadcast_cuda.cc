@@ -12,12 +12,11 @@
 namespace jax_tma {
 namespace {
 
-// cluster_size 0 under multicast/dsmem: as many CTAs as replicas up to 4
-// (each CTA then stores at least one replica).
-int DefaultClusterSize(int64_t n) {
-  if (n >= 4) return 4;
-  return 2;
-}
+// cluster_size 0 under multicast/dsmem: 2, the fastest size at every shape
+// measured (H100, 2026-11-22, benchmarks/results/broadcast_h100_2026-11-22.json):
+// multicast/16 ran 1.5x slower than multicast/2 (a cluster must find all its
+// SMs free in one GPC at once, which likely leaves SMs idle).
+constexpr int kDefaultClusterSize = 2;
 
 }  // namespace
 
@@ -33,14 +32,19 @@ ffi::Error LaunchBroadcast(const BroadcastGeometry& g, cudaStream_t stream, int 
     case BroadcastMethod::kMulticast:
     case BroadcastMethod::kDsmem: {
       const int cs = g.cluster_size != 0 ? static_cast<int>(g.cluster_size)
-                                         : DefaultClusterSize(g.n);
+                                         : kDefaultClusterSize;
       return LaunchClusterBroadcast(g, g.method, cs, stream, device);
     }
     default:
       break;
   }
   // auto: the TMA store kernel wherever its tensor-map rules hold, SIMT
-  // otherwise and below sm_90.
+  // otherwise and below sm_90. Measured on H100 (2026-11-22): store was the
+  // fastest method at every shape (8 x 4096^2 bf16 along axis 0 and 1, GQA
+  // K/V repeat), 1-3% ahead of multicast/2 and dsmem/2, 4-9% ahead of SIMT.
+  // Every method reads x once (ncu: 33.6 MB of DRAM reads for a 33.5 MB x),
+  // so the cluster methods save no DRAM traffic here; the store kernel
+  // saves their cluster barriers and co-scheduling.
   if (info.has_tma() && ClusterBroadcastFits(g, BroadcastMethod::kStore, 1, nullptr)) {
     return LaunchClusterBroadcast(g, BroadcastMethod::kStore, 1, stream, device);
   }

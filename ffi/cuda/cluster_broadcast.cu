@@ -5,8 +5,9 @@
 //   multicast: the CTAs of a cluster each load a slice with
 //              .multicast::cluster, so every CTA receives the whole tile,
 //              and each stores the replicas k with k % cluster == its rank;
-//   dsmem:     CTA 0 of a cluster loads the tile and pushes it into its
-//              peers' shared memory (SM to SM), then all store as above.
+//   dsmem:     CTA 0 of a cluster loads the tile, which is pushed SM to SM
+//              into the peers' shared memory (a binomial tree of
+//              shared::cluster bulk copies), then all store as above.
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -52,7 +53,7 @@ struct BroadcastTileArgs {
 // Synchronisation. One mbarrier, one phase (parity 0): it is initialised to
 // one arrival (thread 0's expect_tx of the whole tile), and completes when
 // the tile's bytes have all landed in this CTA's shared memory, whichever CTA
-// issued them: its own load, the peers' multicast slices, or CTA 0's push.
+// issued them: its own load, the peers' multicast slices, or a peer's push.
 // Each receiving CTA counts the tile's bytes exactly once, on its own
 // barrier. A complete_tx that lands before the expect_tx cannot complete the
 // phase early: the pending arrival holds it. In a cluster, the barrier
@@ -63,7 +64,8 @@ struct BroadcastTileArgs {
 // only generic-proxy write, the mbarrier init, has its own fence. A final
 // cluster barrier keeps every CTA (and its shared memory) alive until every
 // peer has received its tile: no multicast slice or push may still be
-// writing into, or (CTA 0's push) reading from, a CTA that has exited.
+// writing into, or (a forwarding CTA's push) reading from, a CTA that has
+// exited.
 template <TileSource kSource>
 __global__ void __launch_bounds__(kThreads)
     ClusterBroadcastKernel(const __grid_constant__ CUtensorMap tile_map,
@@ -118,10 +120,16 @@ __global__ void __launch_bounds__(kThreads)
     }
     mbarrier_wait(&full, 0);
     if constexpr (kSource == TileSource::kPush) {
-      if (rank == 0) {
-        for (uint32_t p = 1; p < static_cast<uint32_t>(a.cluster); ++p) {
-          bulk_push_to_peer(peer_smem_addr(tile, p), tile, a.tile_bytes,
-                            peer_smem_addr(&full, p));
+      // Binomial tree: once it holds the tile, CTA r forwards it to r + s
+      // for every power of two s > r (r + s < cluster). Every CTA but 0
+      // receives exactly once (q from q minus its highest bit); CTA 0 sends
+      // log2(cluster) pushes instead of cluster - 1, spreading the SM-to-SM
+      // traffic over the senders.
+      for (uint32_t s = 1; s < static_cast<uint32_t>(a.cluster); s <<= 1) {
+        const uint32_t peer = rank + s;
+        if (s > rank && peer < static_cast<uint32_t>(a.cluster)) {
+          bulk_push_to_peer(peer_smem_addr(tile, peer), tile, a.tile_bytes,
+                            peer_smem_addr(&full, peer));
         }
       }
     }
@@ -271,6 +279,12 @@ bool PlanClusterBroadcast(const BroadcastGeometry& g, BroadcastMethod method, in
     }
     a.piece_rows = static_cast<uint32_t>(std::min(rows, tile_rows / cluster));
     a.pieces_per_cta = static_cast<uint32_t>(tile_rows / (a.piece_rows * cluster));
+    if ((a.piece_rows * row_bytes) % kTileAlign != 0) {
+      os << "a multicast slice is " << a.piece_rows << " row(s) of " << row_bytes << " B = "
+         << a.piece_rows * row_bytes << " B, not a multiple of " << kTileAlign
+         << " (the shared-memory alignment of tensor copies)";
+      return fail();
+    }
   }
   const int64_t tiles = a.r_tiles * ((g.outer + outers - 1) / outers);
   p->grid = tiles * cluster;
