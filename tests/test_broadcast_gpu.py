@@ -66,7 +66,7 @@ def test_every_method_and_cluster_size(gpu, rng, method, cluster_size):
 
 @pytest.mark.parametrize("dtype", BYTE_DTYPES, ids=str)
 def test_every_dtype(gpu, rng, dtype):
-    x = random_array(rng, (48, 64), dtype)
+    x = random_array(rng, (48, 256), dtype)  # rows of >= 128 B: multicast slices align
     for method, cluster_size in (("auto", None), ("multicast", 4), ("dsmem", 8), ("simt", None)):
         got = broadcast_poisoned(x, 6, 1, method, cluster_size, gpu)
         assert_bits_equal(got, broadcast_reference(x, 6, 1))

@@ -3,7 +3,9 @@
 // geometries (tiles hanging over the array's edges, n not a multiple of the
 // cluster size) checked byte for byte against the host evaluation of
 // broadcast_common.h, destinations poisoned. Exit status 1 on any mismatch
-// or launch error.
+// or launch error; a failing case is printed in full, and a sticky CUDA
+// error (a fault that kills the context) stops the run at that case.
+//   usage: broadcast_selftest [store|multicast|dsmem|simt|all] [seed]
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -65,25 +67,28 @@ bool RunCase(BroadcastGeometry g, BroadcastMethod method, int cluster, std::mt19
   bool tail_ok = true;
   for (size_t i = want.size(); i < got.size(); ++i) tail_ok &= got[i] == 0xA5;
   got.resize(want.size());
-  if (ok && (got != want || !tail_ok)) {
-    std::fprintf(stderr, "mismatch: method=%s cluster=%d tma=%d outer=%lld inner=%lld n=%lld%s\n",
-                 jax_tma::BroadcastMethodName(method), cluster, tma,
+  const bool same = got == want && tail_ok;
+  if (!ok || !same) {
+    std::fprintf(stderr, "%s: method=%s cluster=%d tma=%d outer=%lld inner=%lld n=%lld%s\n",
+                 ok ? "mismatch" : "error", jax_tma::BroadcastMethodName(method), cluster, tma,
                  static_cast<long long>(g.outer), static_cast<long long>(g.inner_bytes),
                  static_cast<long long>(g.n), tail_ok ? "" : " (wrote past the end)");
-    ok = false;
   }
-  return ok;
+  return ok && same;
 }
 
 }  // namespace
 
-int main() {
-  std::mt19937_64 gen(std::random_device{}());
+int main(int argc, char** argv) {
+  const std::string only = argc > 1 ? argv[1] : "all";
+  const uint64_t seed = argc > 2 ? std::stoull(argv[2]) : std::random_device{}();
+  std::mt19937_64 gen(seed);
   const BroadcastMethod methods[] = {BroadcastMethod::kStore, BroadcastMethod::kMulticast,
                                      BroadcastMethod::kDsmem, BroadcastMethod::kSimt};
   int cases = 0, failures = 0, tma_cases = 0;
   for (int trial = 0; trial < 12; ++trial) {
     for (BroadcastMethod m : methods) {
+      if (only != "all" && only != jax_tma::BroadcastMethodName(m)) continue;
       const bool clustered = m == BroadcastMethod::kMulticast || m == BroadcastMethod::kDsmem;
       for (int cluster : {2, 4, 8, 16}) {
         if (!clustered && cluster != 2) continue;
@@ -97,10 +102,16 @@ int main() {
         ++cases;
         tma_cases += m != BroadcastMethod::kSimt && g.inner_bytes % 16 == 0;
         failures += !RunCase(g, m, clustered ? cluster : 1, gen);
+        if (cudaPeekAtLastError() != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+          std::printf("broadcast_selftest: seed %llu: sticky CUDA error after %d cases\n",
+                      static_cast<unsigned long long>(seed), cases);
+          return 1;
+        }
       }
     }
   }
-  std::printf("broadcast_selftest: %d cases (%d offered to the TMA kernels), %d failures\n",
-              cases, tma_cases, failures);
+  std::printf("broadcast_selftest: seed %llu, %s: %d cases (%d offered to the TMA kernels), "
+              "%d failures\n", static_cast<unsigned long long>(seed), only.c_str(), cases,
+              tma_cases, failures);
   return failures == 0 ? 0 : 1;
 }
