@@ -5,7 +5,7 @@
 // broadcast_common.h, destinations poisoned. Exit status 1 on any mismatch
 // or launch error; a failing case is printed in full, and a sticky CUDA
 // error (a fault that kills the context) stops the run at that case.
-//   usage: broadcast_selftest [store|multicast|dsmem|simt|all] [seed]
+//   usage: broadcast_selftest [store|multicast|dsmem|simt|all] [seed] [largest cluster size]
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -82,6 +82,7 @@ bool RunCase(BroadcastGeometry g, BroadcastMethod method, int cluster, std::mt19
 int main(int argc, char** argv) {
   const std::string only = argc > 1 ? argv[1] : "all";
   const uint64_t seed = argc > 2 ? std::stoull(argv[2]) : std::random_device{}();
+  const int largest = argc > 3 ? std::stoi(argv[3]) : 16;
   std::mt19937_64 gen(seed);
   const BroadcastMethod methods[] = {BroadcastMethod::kStore, BroadcastMethod::kMulticast,
                                      BroadcastMethod::kDsmem, BroadcastMethod::kSimt};
@@ -91,7 +92,7 @@ int main(int argc, char** argv) {
       if (only != "all" && only != jax_tma::BroadcastMethodName(m)) continue;
       const bool clustered = m == BroadcastMethod::kMulticast || m == BroadcastMethod::kDsmem;
       for (int cluster : {2, 4, 8, 16}) {
-        if (!clustered && cluster != 2) continue;
+        if ((!clustered && cluster != 2) || cluster > largest) continue;
         BroadcastGeometry g;
         g.outer = 1 + static_cast<int64_t>(gen() % 37);
         // Replica sizes: 16-B multiples of every shape class (odd row counts,
