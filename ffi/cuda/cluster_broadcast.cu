@@ -218,6 +218,24 @@ int64_t FloorPow2(int64_t v) {
   return p;
 }
 
+// A dense u64 tensor map of rank R (arrays innermost first), element
+// strides 1, zero out-of-bounds fill.
+template <int R>
+TiledMapSpec U64Map(const void* address, const int64_t (&dims)[R],
+                    const int64_t (&byte_strides)[R - 1], const int64_t (&box)[R]) {
+  TiledMapSpec m;
+  m.type = CU_TENSOR_MAP_DATA_TYPE_UINT64;
+  m.rank = R;
+  m.address = address;
+  for (int i = 0; i < R; ++i) {
+    m.dims[i] = static_cast<uint64_t>(dims[i]);
+    m.box[i] = static_cast<uint32_t>(box[i]);
+    m.elem_strides[i] = 1;
+    if (i > 0) m.byte_strides[i - 1] = static_cast<uint64_t>(byte_strides[i - 1]);
+  }
+  return m;
+}
+
 // Checks every rule the kernel relies on and lays out the tiles; false with
 // the first broken rule in *why.
 bool PlanClusterBroadcast(const BroadcastGeometry& g, BroadcastMethod method, int cluster,
@@ -293,42 +311,14 @@ bool PlanClusterBroadcast(const BroadcastGeometry& g, BroadcastMethod method, in
     return fail();
   }
 
-  TiledMapSpec& tm = p->tile;
-  tm = TiledMapSpec{};
-  tm.type = CU_TENSOR_MAP_DATA_TYPE_UINT64;
-  tm.rank = 3;
-  tm.address = g.src;
-  tm.dims[0] = static_cast<uint64_t>(c);
-  tm.dims[1] = static_cast<uint64_t>(r);
-  tm.dims[2] = static_cast<uint64_t>(g.outer);
-  tm.byte_strides[0] = static_cast<uint64_t>(row_bytes);
-  tm.byte_strides[1] = static_cast<uint64_t>(bytes);
-  tm.box[0] = static_cast<uint32_t>(c);
-  tm.box[1] = static_cast<uint32_t>(rows);
-  tm.box[2] = static_cast<uint32_t>(outers);
-  for (int i = 0; i < 3; ++i) tm.elem_strides[i] = 1;
-  p->piece = tm;
+  p->tile = U64Map<3>(g.src, {c, r, g.outer}, {row_bytes, bytes}, {c, rows, outers});
+  p->piece = p->tile;
   if (method == BroadcastMethod::kMulticast) {
     p->piece.box[1] = a.piece_rows;
     p->piece.box[2] = 1;
   }
-  TiledMapSpec& dm = p->dst;
-  dm = TiledMapSpec{};
-  dm.type = CU_TENSOR_MAP_DATA_TYPE_UINT64;
-  dm.rank = 4;
-  dm.address = g.dst;
-  dm.dims[0] = static_cast<uint64_t>(c);
-  dm.dims[1] = static_cast<uint64_t>(r);
-  dm.dims[2] = static_cast<uint64_t>(g.n);
-  dm.dims[3] = static_cast<uint64_t>(g.outer);
-  dm.byte_strides[0] = static_cast<uint64_t>(row_bytes);
-  dm.byte_strides[1] = static_cast<uint64_t>(bytes);
-  dm.byte_strides[2] = static_cast<uint64_t>(dst_outer_stride);
-  dm.box[0] = static_cast<uint32_t>(c);
-  dm.box[1] = static_cast<uint32_t>(rows);
-  dm.box[2] = 1;
-  dm.box[3] = static_cast<uint32_t>(outers);
-  for (int i = 0; i < 4; ++i) dm.elem_strides[i] = 1;
+  p->dst = U64Map<4>(g.dst, {c, r, g.n, g.outer}, {row_bytes, bytes, dst_outer_stride},
+                     {c, rows, 1, outers});
   for (const TiledMapSpec* m : {&p->tile, &p->piece, &p->dst}) {
     const std::string broken = CheckTiledMap(*m);
     if (!broken.empty()) {
