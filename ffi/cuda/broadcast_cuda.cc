@@ -41,7 +41,7 @@ ffi::Error LaunchBroadcast(const BroadcastGeometry& g, cudaStream_t stream, int 
   // auto: the TMA store kernel wherever its tensor-map rules hold, SIMT
   // otherwise and below sm_90. Measured on H100 (2026-11-22): store was the
   // fastest method at every shape (8 x 4096^2 bf16 along axis 0 and 1, GQA
-  // K/V repeat), 1-3% ahead of multicast/2 and dsmem/2, 4-9% ahead of SIMT.
+  // K/V repeat), 2-6% ahead of multicast/2 and dsmem/2, 5-10% ahead of SIMT.
   // Every method reads x once (ncu: 33.6 MB of DRAM reads for a 33.5 MB x),
   // so the cluster methods save no DRAM traffic here; the store kernel
   // saves their cluster barriers and co-scheduling.
