@@ -7,6 +7,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include "broadcast_cpu.h"
 #include "copy_cpu.h"
 #include "ppermute_cpu.h"
 #include "window_cpu.h"
@@ -15,6 +16,7 @@
 #if JAX_TMA_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include "cuda/broadcast_cuda.h"
 #include "cuda/copy_cuda.h"
 #include "cuda/copy_launch.h"
 #endif
@@ -75,6 +77,7 @@ NB_MODULE(_jax_tma, m) {
     d["jax_tma_copy"] = Capsule(JaxTmaCopyCpu);
     d["jax_tma_window"] = Capsule(JaxTmaWindowCpu);
     d["jax_tma_ppermute"] = Capsule(JaxTmaPpermuteCpu);
+    d["jax_tma_broadcast"] = Capsule(JaxTmaBroadcastCpu);
     return d;
   });
 
@@ -84,6 +87,7 @@ NB_MODULE(_jax_tma, m) {
     d["jax_tma_copy"] = Capsule(JaxTmaCopyCuda);
     d["jax_tma_window"] = Capsule(JaxTmaWindowCuda);
     d["jax_tma_ppermute"] = Capsule(JaxTmaPpermuteCuda);
+    d["jax_tma_broadcast"] = Capsule(JaxTmaBroadcastCuda);
     d["jax_tma_bench_memcpy"] = Capsule(JaxTmaBenchMemcpyCuda);
     d["jax_tma_bench_seed_copy"] = Capsule(JaxTmaBenchSeedCopyCuda);
 #endif

@@ -8,12 +8,13 @@ with identical results.
 from __future__ import annotations
 
 from jax_tma import _ffi
+from jax_tma._broadcast import broadcast
 from jax_tma._build_info import build_info
 from jax_tma._copy import copy
 from jax_tma._ppermute import ppermute
 from jax_tma._window import window
 
 __version__ = "0.1.0"
-__all__ = ["build_info", "copy", "ppermute", "window"]
+__all__ = ["broadcast", "build_info", "copy", "ppermute", "window"]
 
 _ffi.register()

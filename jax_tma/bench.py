@@ -4,6 +4,8 @@
     python -m jax_tma.bench window [--out results.json]
     python -m jax_tma.bench tune-bulk [--out tune.json]   # pipeline-shape sweep
     python -m jax_tma.bench ppermute [--out results.json]  # two GPUs
+    python -m jax_tma.bench broadcast [--out results.json]
+    python -m jax_tma.bench broadcast-once   # each method once, for ncu
 
 Times device work, not Python dispatch: each case runs under
 ``jax.profiler`` and its duration is the span of its GPU activity (kernels
@@ -287,6 +289,107 @@ def ppermute_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+BROADCAST_CASES = (
+    # name, x shape, axis, n
+    ("8 replicas of 4096^2 bf16 (axis=0)", (4096, 4096), 0, 8),
+    ("8 replicas of each row of 4096^2 bf16 (axis=1)", (4096, 4096), 1, 8),
+    ("GQA repeat K/V heads: (4, 4096, 8, 128) bf16 x4 (axis=3)", (4, 4096, 8, 128), 3, 4),
+)
+
+
+def broadcast_methods() -> list[tuple[str, str, int | None]]:
+    """(label, method, cluster_size) of every broadcast variant."""
+    out = [("auto", "auto", None), ("store", "store", None), ("simt", "simt", None)]
+    for method in ("multicast", "dsmem"):
+        out += [(f"{method}/{c}", method, c) for c in (2, 4, 8, 16)]
+    return out
+
+
+def _broadcast_fn(n: int, axis: int, method: str, cluster_size: int | None):
+    return jax.jit(functools.partial(jax_tma.broadcast, n=n, axis=axis, method=method,
+                                     cluster_size=cluster_size))
+
+
+def _xla_broadcast(shape: tuple[int, ...], n: int, axis: int):
+    out = tuple(shape[:axis]) + (n,) + tuple(shape[axis:])
+    return jax.jit(lambda x: jnp.broadcast_to(jnp.expand_dims(x, axis), out))
+
+
+def bench_broadcast() -> dict[str, Any]:
+    """Every broadcast method and cluster size against XLA's materialised
+    jnp.broadcast_to and the copy ceiling (cudaMemcpyAsync of the same bytes),
+    in one run. Bytes: the input read once plus the output written once.
+    Then the dsmem path's SM-to-SM push bandwidth: n=1 (one store per tile,
+    cluster - 1 pushes of it), pushed bytes over the kernel's time."""
+    _ffi.register()
+    memcpy = _ffi_reference("jax_tma_bench_memcpy")
+    key = jax.random.key(11)
+    rows = []
+    for name, shape, axis, n in BROADCAST_CASES:
+        x = jax.random.bits(key, shape, jnp.uint16).view(jnp.bfloat16)
+        in_bytes = x.size * 2
+        nbytes = in_bytes * (n + 1)
+        row: dict[str, Any] = {"case": name, "shape": shape, "axis": axis, "n": n,
+                               "bytes": nbytes, "us": {}}
+        for label, method, cluster in broadcast_methods():
+            row["us"][label] = time_device(_broadcast_fn(n, axis, method, cluster), [(x,)], 20,
+                                           busy=True) * 1e6
+        row["us"]["xla"] = time_device(_xla_broadcast(shape, n, axis), [(x,)], 20,
+                                       busy=True) * 1e6
+        ceiling_in = jax.random.bits(key, (nbytes // 8,), jnp.uint32)  # nbytes/2 copied
+        row["us"]["memcpy"] = time_device(memcpy, [(ceiling_in,)], 20, busy=True) * 1e6
+        del ceiling_in
+        row["tbps"] = {k: nbytes / v / 1e6 for k, v in row["us"].items()}
+        ours = [k for k, _, _ in broadcast_methods() if k != "auto"]
+        row["best"] = min(ours, key=lambda k: row["us"][k])
+        row["best_vs_xla"] = row["us"]["xla"] / row["us"][row["best"]]
+        row["auto_vs_best"] = row["us"][row["best"]] / row["us"]["auto"]
+        rows.append(row)
+        print(f"{name}: " + ", ".join(f"{k} {v:.1f} us ({row['tbps'][k]:.2f} TB/s)"
+                                      for k, v in row["us"].items()), flush=True)
+        print(f"  best {row['best']} {row['best_vs_xla']:.2f}x XLA; auto at "
+              f"{row['auto_vs_best']:.3f} of best", flush=True)
+    x = jax.random.bits(key, (4096, 4096), jnp.uint16).view(jnp.bfloat16)
+    push = []
+    for cluster in (2, 4, 8, 16):
+        seconds = time_device(_broadcast_fn(1, 0, "dsmem", cluster), [(x,)], 20, busy=True)
+        pushed = x.size * 2 * (cluster - 1)
+        push.append({"cluster_size": cluster, "us": seconds * 1e6, "pushed_bytes": pushed,
+                     "push_tbps": pushed / seconds / 1e12})
+        print(f"dsmem push, cluster {cluster}: {pushed / seconds / 1e12:.2f} TB/s "
+              f"({seconds * 1e6:.1f} us)", flush=True)
+    return {"rows": rows, "dsmem_push": push}
+
+
+def broadcast_once() -> None:
+    """Runs every broadcast variant and XLA's broadcast_to once on the first
+    case, in the order printed: the kernels an ncu run sees, in order."""
+    _ffi.register()
+    name, shape, axis, n = BROADCAST_CASES[0]
+    x = jax.random.bits(jax.random.key(3), shape, jnp.uint16).view(jnp.bfloat16)
+    variants = [(label, _broadcast_fn(n, axis, m, c)) for label, m, c in broadcast_methods()]
+    variants.append(("xla", _xla_broadcast(shape, n, axis)))
+    for label, fn in variants:
+        jax.block_until_ready(fn(x))
+        print(f"ran {label} ({name})", flush=True)
+
+
+def broadcast_table(result: dict[str, Any]) -> str:
+    labels = [k for k, _, _ in broadcast_methods()] + ["xla", "memcpy"]
+    lines = ["| case | " + " | ".join(labels) + " | best ÷ XLA time | auto vs best |",
+             "|" + "---|" * (len(labels) + 3)]
+    for r in result["rows"]:
+        cells = [f"{r['us'][k]:.1f} µs ({r['tbps'][k]:.2f})" for k in labels]
+        lines.append(f"| {r['case']} | " + " | ".join(cells) +
+                     f" | {r['best']} {r['best_vs_xla']:.2f}× | {r['auto_vs_best']:.3f} |")
+    lines.append("")
+    lines.append("| dsmem cluster size | 2 | 4 | 8 | 16 |")
+    lines.append("|---|---|---|---|---|")
+    lines.append("| SM-to-SM push TB/s (n=1, 32 MiB input) | " +
+                 " | ".join(f"{p['push_tbps']:.2f}" for p in result["dsmem_push"]) + " |")
+    return "\n".join(lines)
+
+
 def tune_bulk(sizes_mib: Sequence[int]) -> dict[str, Any]:
     """Times the bulk kernel for pipeline shapes (chunk bytes, stages, chunks
     per CTA) through the raw launch hook."""
@@ -350,7 +453,8 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jax_tma.bench")
-    parser.add_argument("op", choices=["copy", "window", "tune-bulk", "ppermute"])
+    parser.add_argument("op", choices=["copy", "window", "tune-bulk", "broadcast",
+                                       "broadcast-once", "ppermute"])
     parser.add_argument("--sizes-mib", type=int, nargs="+",
                         default=[1, 4, 16, 64, 256, 1024, 4096])
     parser.add_argument("--out", help="write the results as JSON here")
@@ -365,6 +469,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
         return 0
+    if args.op == "broadcast-once":
+        broadcast_once()
+        return 0
     if args.op == "window":
         result = bench_window()
         text = window_table(result)
@@ -374,6 +481,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         result = bench_ppermute(args.sizes_mib)
         text = ppermute_table(result)
+    elif args.op == "broadcast":
+        result = bench_broadcast()
+        text = broadcast_table(result)
     else:
         result = bench_copy(args.sizes_mib)
         text = table(result)
@@ -386,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bytes_convention="read + write (every byte read once plus every byte written once)",
         timing=("median per call from a jax.profiler trace: device span (copy; ppermute, "
                 "over both GPUs, divided by the ops chained in the program); "
-                "GPU busy time, span also recorded (window)"),
+                "GPU busy time, span also recorded (window, broadcast)"),
     )
     if args.out:
         with open(args.out, "w") as f:

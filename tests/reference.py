@@ -99,3 +99,10 @@ def ppermute_reference(x: np.ndarray, n: int, perm) -> np.ndarray:
     for src, dst in perm:
         out[dst] = blocks[src]
     return np.concatenate(out)
+
+
+def broadcast_reference(x: np.ndarray, n: int, axis: int) -> np.ndarray:
+    """NumPy jax_tma.broadcast: n copies of x stacked along a new axis."""
+    x = np.asarray(x)
+    axis = axis % (x.ndim + 1)
+    return np.ascontiguousarray(np.repeat(np.expand_dims(x, axis), n, axis=axis))

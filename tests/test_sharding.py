@@ -10,7 +10,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_tma
-from reference import assert_bits_equal, random_array, window_reference
+from reference import assert_bits_equal, broadcast_reference, random_array, window_reference
 
 COLLECTIVES = ("all-gather", "all-to-all", "collective-permute", "all-reduce",
                "reduce-scatter")
@@ -125,3 +125,46 @@ def test_window_over_a_split_spatial_dim_is_replicated():
     f = jax.jit(lambda a: jax_tma.window(a, (3, 1), (6, 6)))
     assert "all-gather" in f.lower(x).compile().as_text()
     assert_bits_equal(f(x), window_reference(host, (3, 1), (6, 6)))
+
+
+BROADCAST_CASES = [
+    ((2, 4), ("a", "b"), (16, 32), P("a", "b"), 0),
+    ((2, 4), ("a", "b"), (16, 32), P("a", "b"), 1),
+    ((2, 4), ("a", "b"), (16, 32), P("a", "b"), 2),
+    ((8,), ("x",), (4, 16, 8), P(None, "x", None), 1),
+    ((2, 2, 2), ("a", "b", "c"), (4, 6, 2, 10), P("b", None, "c", "a"), 3),
+]
+
+
+@pytest.mark.parametrize("mesh_shape,names,shape,spec,axis", BROADCAST_CASES, ids=str)
+def test_broadcast_splits_every_dim_of_x_without_collectives(mesh_shape, names, shape, spec,
+                                                             axis):
+    rng = np.random.default_rng()
+    mesh = cpu_mesh(mesh_shape, names)
+    host = random_array(rng, shape, jnp.bfloat16)
+    x = jax.device_put(host, NamedSharding(mesh, spec))
+    f = jax.jit(lambda a: jax_tma.broadcast(a, 3, axis=axis))
+    assert_no_collectives(f.lower(x).compile().as_text())
+    y = f(x)
+    padded = tuple(spec) + (None,) * (len(shape) - len(spec))
+    assert y.sharding.is_equivalent_to(
+        NamedSharding(mesh, P(*padded[:axis], None, *padded[axis:])), len(shape) + 1)
+    assert_bits_equal(y, broadcast_reference(host, 3, axis))
+
+
+def test_broadcast_grad_vmap_and_shard_map_without_collectives():
+    rng = np.random.default_rng()
+    mesh = cpu_mesh((2, 4), ("a", "b"))
+    sharding = NamedSharding(mesh, P("a", "b"))
+    host = rng.standard_normal((8, 16)).astype(np.float32)
+    x = jax.device_put(host, sharding)
+    g = jax.jit(jax.grad(lambda a: (jax_tma.broadcast(a, 4, axis=1) ** 2).sum()))
+    assert_no_collectives(g.lower(x).compile().as_text())
+    np.testing.assert_allclose(g(x), 8 * host, rtol=1e-6)
+    v = jax.jit(jax.vmap(lambda a: jax_tma.broadcast(a, 3), in_axes=1, out_axes=1))
+    assert_no_collectives(v.lower(x).compile().as_text())
+    assert_bits_equal(v(x), np.moveaxis(broadcast_reference(host.T, 3, 1), 0, 1))
+    s = jax.jit(jax.shard_map(lambda a: jax_tma.broadcast(a, 2, axis=2), mesh=mesh,
+                              in_specs=P("a", "b"), out_specs=P("a", "b", None)))
+    assert_no_collectives(s.lower(x).compile().as_text())
+    assert_bits_equal(s(x), broadcast_reference(host, 2, 2))

@@ -1,7 +1,9 @@
 // Device-side wrappers for the Hopper async-copy instructions every jax_tma
 // kernel uses: mbarriers with transaction counts, 1D bulk copies
-// (cp.async.bulk) and their bulk-group completion. One small function per
-// instruction form, so kernels read like the algorithm rather than PTX.
+// (cp.async.bulk) and their bulk-group completion, and the thread-block
+// cluster primitives (rank, cluster barrier, peer addresses, SM-to-SM bulk
+// push). One small function per instruction form, so kernels read like the
+// algorithm rather than PTX.
 #ifndef JAX_TMA_FFI_CUDA_DEVICE_HELPERS_CUH_
 #define JAX_TMA_FFI_CUDA_DEVICE_HELPERS_CUH_
 
@@ -92,6 +94,48 @@ __device__ __forceinline__ void store_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
 }
 
+// ---- thread-block clusters (sm_90) ----
+
+// This CTA's rank in its cluster, 0 .. cluster size - 1.
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+
+// Cluster-wide barrier: every thread of every CTA in the cluster arrives
+// (release: its earlier writes, and mbarrier inits after
+// fence_mbarrier_init, become visible to the cluster) and waits for all
+// (acquire). Every thread of the CTA must call it (.aligned), converged.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n\t"
+      "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The shared::cluster address of the object at `p` (this CTA's shared
+// memory) in the shared memory of the cluster's CTA `rank`.
+__device__ __forceinline__ uint32_t peer_smem_addr(const void* p, uint32_t rank) {
+  uint32_t addr;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(addr)
+               : "r"(smem_addr(p)), "r"(rank));
+  return addr;
+}
+
+// SM-to-SM bulk copy: `bytes` of this CTA's shared memory at `src` -> a
+// peer CTA's shared memory at `peer_dst` (from peer_smem_addr), completing
+// `bytes` transactions on the peer's mbarrier at `peer_bar` (remote
+// complete_tx). 16-B aligned, bytes a multiple of 16. The source may be
+// reused only once the peer has seen its barrier complete.
+__device__ __forceinline__ void bulk_push_to_peer(uint32_t peer_dst, const void* src,
+                                                  uint32_t bytes, uint32_t peer_bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes"
+      " [%0], [%1], %2, [%3];" ::"r"(peer_dst),
+      "r"(smem_addr(src)), "r"(bytes), "r"(peer_bar)
+      : "memory");
+}
 
 #endif  // JAX_TMA_HAS_BULK_COPY
 

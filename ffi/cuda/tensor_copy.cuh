@@ -87,6 +87,22 @@ __device__ __forceinline__ void tensor_load_5d(void* smem, const CUtensorMap* ma
       : "memory");
 }
 
+// Multicast tiled load: the 3-d box at {c0, c1, c2} lands at the same
+// shared-memory offset `smem` in every CTA of the cluster whose bit is set in
+// `cta_mask`, and completes its bytes on the mbarrier at offset `bar` in each
+// of them. Every receiving CTA must expect those bytes on its own barrier,
+// which must be initialised (and the init made cluster-visible) first.
+__device__ __forceinline__ void tensor_load_3d_multicast(void* smem, const CUtensorMap* map,
+                                                         uint64_t* bar, int32_t c0, int32_t c1,
+                                                         int32_t c2, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%3, %4, %5}], [%2], %6;" ::"r"(smem_addr(smem)),
+      "l"(tensor_map_addr(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2),
+      "h"(cta_mask)
+      : "memory");
+}
+
 // Tiled tensor stores: dense shared memory at `smem` -> the box at
 // non-negative coordinates {c0, ...} of `map`; elements outside the tensor are
 // not written. Tracked by the issuing thread's bulk groups

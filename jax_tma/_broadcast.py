@@ -1,0 +1,237 @@
+"""jax_tma.broadcast: n materialised replicas of an array along a new axis, as
+a JAX primitive (jit, vmap folded into the call, linear AD whose transpose
+sums the replicas, and partitioning of every input dim without collectives)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jax_tma import _ffi
+from jax_tma._dtypes import SUB_BYTE_WIDE
+
+BroadcastMethod = Literal["auto", "multicast", "dsmem", "store", "simt"]
+_METHODS = ("auto", "multicast", "dsmem", "store", "simt")
+_CLUSTERED = ("multicast", "dsmem")
+_CLUSTER_SIZES = (2, 4, 8, 16)
+_OP = "jax_tma.broadcast"
+_MAX_N = 2**31 - 1
+
+# broadcast_p(x): y = x with a replica dim of size n inserted at axis.
+# cluster_size is 0 when the launcher chooses. Its lowering partitions every
+# dim of x (custom_partitioning) and each device runs broadcast_local_p, the
+# FFI call, on its shard.
+broadcast_p = Primitive("jax_tma_broadcast")
+broadcast_local_p = Primitive("jax_tma_broadcast_local")
+
+
+def _out_shape(shape, n, axis):
+    return tuple(shape[:axis]) + (n,) + tuple(shape[axis:])
+
+
+def _abstract(x, *, n, axis, method, cluster_size):
+    return jax.core.ShapedArray(_out_shape(x.shape, n, axis), x.dtype)
+
+
+broadcast_p.def_abstract_eval(_abstract)
+broadcast_local_p.def_abstract_eval(_abstract)
+
+
+@functools.cache
+def _jitted(params):
+    return jax.jit(functools.partial(broadcast_p.bind, **dict(params)))
+
+
+broadcast_p.def_impl(lambda x, **p: _jitted(tuple(sorted(p.items())))(x))
+
+
+def _local_lowering(ctx, x, *, n, axis, method, cluster_size):
+    return jax.ffi.ffi_lowering("jax_tma_broadcast")(
+        ctx, x, axis=np.int64(axis), method=method, cluster_size=np.int64(cluster_size))
+
+
+def _replica_spec(x_spec, ndim: int, axis: int) -> P:
+    """x's partition spec with an unsplit replica dim inserted at axis."""
+    s = tuple(x_spec) + (None,) * (ndim - len(tuple(x_spec)))
+    return P(*s[:axis], None, *s[axis:])
+
+
+@functools.cache
+def _partitioned(ndim: int, n: int, axis: int, method: str, cluster_size: int):
+    """broadcast_local_p under custom_partitioning: every dim of x keeps its
+    sharding, the replica dim is never split, no data moves between devices."""
+
+    def local(x):
+        return broadcast_local_p.bind(x, n=n, axis=axis, method=method, cluster_size=cluster_size)
+
+    def x_sharding(mesh, arg_shapes):
+        sharding = arg_shapes[0].sharding
+        return sharding if isinstance(sharding, NamedSharding) else NamedSharding(mesh, P())
+
+    def infer(mesh, arg_shapes, result_shape):
+        return NamedSharding(mesh, _replica_spec(x_sharding(mesh, arg_shapes).spec, ndim, axis))
+
+    def partition(mesh, arg_shapes, result_shape):
+        return mesh, local, infer(mesh, arg_shapes, result_shape), (x_sharding(mesh, arg_shapes),)
+
+    names = [f"d{i}" for i in range(ndim)]
+    rule = " ".join(names) + " -> " + " ".join(names[:axis] + ["replica"] + names[axis:])
+    f = custom_partitioning(local)
+    f.def_partition(infer_sharding_from_operands=infer, partition=partition, sharding_rule=rule)
+    return f
+
+
+def _lowering(ctx, x, *, n, axis, method, cluster_size):
+    ndim = ctx.avals_in[0].ndim
+    # custom_partitioning needs a device assignment; a program for one device
+    # (or none yet) and a 0-d x have nothing to split.
+    devices = getattr(ctx.module_context.axis_context, "device_assignment", ())
+    if ndim == 0 or devices is None or len(devices) == 1:
+        return _local_lowering(ctx, x, n=n, axis=axis, method=method, cluster_size=cluster_size)
+    f = _partitioned(ndim, n, axis, method, cluster_size)
+    return mlir.lower_fun(f, multiple_results=False)(ctx, x)
+
+
+def _cuda_lowering(ctx, x, *, n, axis, method, cluster_size):
+    if method in ("multicast", "dsmem", "store"):
+        for i, cap in enumerate(_ffi.gpu_compute_capabilities()):
+            if cap < (9, 0):
+                need = "thread-block clusters and TMA" if method in _CLUSTERED else "TMA"
+                raise RuntimeError(
+                    f"{_OP}: method={method!r} needs {need} (compute capability >= 9.0), "
+                    f"but GPU {i} has compute capability {cap[0]}.{cap[1]}; "
+                    "use method='auto' or 'simt'"
+                )
+    return _lowering(ctx, x, n=n, axis=axis, method=method, cluster_size=cluster_size)
+
+
+# custom_partitioning's lowering needs the program's devices, which jax hands
+# to lowering only when a primitive in the jaxpr asks for them. jax has no
+# public way to ask (checked 0.10.2 to 0.12.0.1); without it every program
+# takes the unpartitioned path above (still exact, XLA gathers x).
+try:
+    from jax._src import dispatch as _dispatch
+
+    _dispatch.prim_requires_devices_during_lowering.add(broadcast_p)
+except (ImportError, AttributeError):
+    pass
+
+for _platform in ("cpu", "cuda"):
+    mlir.register_lowering(broadcast_local_p, _local_lowering, platform=_platform)
+mlir.register_lowering(broadcast_p, _lowering, platform="cpu")
+mlir.register_lowering(broadcast_p, _cuda_lowering, platform="cuda")
+
+
+def _batcher(args, dims, *, axis, **params):
+    (x,), (d,) = args, dims
+    x = jnp.moveaxis(x, d, 0)
+    return broadcast_p.bind(x, axis=axis + 1, **params), 0
+
+
+batching.primitive_batchers[broadcast_p] = _batcher
+# Linear: the tangent is broadcast too; the cotangent of x is the sum of the
+# replicas' cotangents.
+ad.deflinear2(broadcast_p, lambda ct, x, *, n, axis, method, cluster_size: [
+    jnp.sum(ct, axis=axis, dtype=ct.dtype)])
+
+
+def broadcast(
+    x: jax.Array | np.ndarray,
+    n: int,
+    *,
+    axis: int = 0,
+    method: BroadcastMethod = "auto",
+    cluster_size: int | None = None,
+) -> jax.Array:
+    """``n`` materialised replicas of ``x`` stacked along a new axis ``axis``:
+    ``jnp.broadcast_to(jnp.expand_dims(x, axis), ...)`` as a real buffer.
+
+    With ``axis=k + 1`` and a reshape it is ``jnp.repeat(x, n, axis=k)``,
+    e.g. repeating the key/value heads of grouped-query attention
+    (``examples/gqa_repeat_kv.py``). On Hopper GPUs each input tile is read
+    from memory once, not once per replica: the tiles move through shared
+    memory with the Tensor Memory Accelerator and are stored ``n`` times.
+    Works under ``jit``, ``vmap``, ``grad`` (the transpose sums the replica
+    axis) and on sharded arrays (every dim of ``x`` may be split; no
+    collectives are inserted).
+
+    Args:
+      x: an array of any shape and dtype (sub-byte types are widened around
+        the call).
+      n: the number of replicas, an int in ``[1, 2^31)``.
+      axis: where the replica axis goes in the output, in
+        ``[-(x.ndim + 1), x.ndim]`` (negative counts from the end).
+      method: ``"auto"`` (the fastest measured method for the shape; SIMT
+        on GPUs without TMA), ``"multicast"`` (a thread-block cluster loads
+        each tile once with ``cp.async.bulk.tensor .multicast::cluster``,
+        every CTA receives it and stores its share of the replicas),
+        ``"dsmem"`` (one CTA of a cluster loads the tile and pushes it into
+        its peers' shared memory, SM to SM), ``"store"`` (one CTA loads the
+        tile once and issues all ``n`` stores; no cluster) or ``"simt"``.
+        A TMA method that cannot run the shape is an error naming the rule.
+        On the CPU every method gives the same host copy.
+      cluster_size: CTAs per cluster for ``"multicast"``/``"dsmem"``: 2, 4,
+        8 or 16 (16 where the GPU allows non-portable clusters); ``None``
+        lets the launcher choose. Must be ``None`` for the other methods.
+
+    Returns:
+      An array of shape ``x.shape[:axis] + (n,) + x.shape[axis:]``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jax_tma
+      >>> x = jnp.arange(6).reshape(2, 3)
+      >>> jax_tma.broadcast(x, 2, axis=1).tolist()
+      [[[0, 1, 2], [0, 1, 2]], [[3, 4, 5], [3, 4, 5]]]
+      >>> bool((jax.jit(jax_tma.broadcast, static_argnums=1)(x, 4)
+      ...       == jnp.broadcast_to(x, (4, 2, 3))).all())
+      True
+    """
+    if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        raise TypeError(
+            f"{_OP}: x must be an array (jax.Array or numpy.ndarray), got "
+            f"{type(x).__name__} {x!r:.80}; wrap Python values in jnp.asarray"
+        )
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"{_OP}: n must be an int, got {n!r}")
+    if not 1 <= n <= _MAX_N:
+        raise ValueError(f"{_OP}: n = {n} is outside [1, 2^31 - 1]")
+    if not isinstance(method, str) or method not in _METHODS:
+        raise ValueError(
+            f"{_OP}: method must be one of {', '.join(map(repr, _METHODS))}, got {method!r}"
+        )
+    x = jnp.asarray(x)
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"{_OP}: axis must be an int, got {axis!r}")
+    if not -(x.ndim + 1) <= axis <= x.ndim:
+        raise ValueError(
+            f"{_OP}: axis {axis} is out of range for x of rank {x.ndim} "
+            f"(valid: {-(x.ndim + 1)} to {x.ndim})"
+        )
+    axis = int(axis) % (x.ndim + 1)
+    if cluster_size is not None and method not in _CLUSTERED:
+        raise ValueError(
+            f"{_OP}: cluster_size={cluster_size!r} needs method='multicast' or 'dsmem', "
+            f"got method={method!r}"
+        )
+    if cluster_size is not None and (isinstance(cluster_size, bool)
+                                     or cluster_size not in _CLUSTER_SIZES):
+        raise ValueError(
+            f"{_OP}: cluster_size must be 2, 4, 8 or 16, got {cluster_size!r}"
+        )
+    _ffi.register()
+    params = dict(n=int(n), axis=axis, method=method, cluster_size=int(cluster_size or 0))
+    wide = SUB_BYTE_WIDE.get(x.dtype.name)
+    if wide is not None:
+        y = broadcast_p.bind(lax.convert_element_type(x, wide), **params)
+        return lax.convert_element_type(y, x.dtype)
+    return broadcast_p.bind(x, **params)
