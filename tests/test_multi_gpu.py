@@ -39,21 +39,23 @@ def _no_collectives(f, *args):
 
 
 CASES = {
-    "copy": (lambda a: jax_tma.copy(a), P("x", None)),
-    "copy-dim1": (lambda a: jax_tma.copy(a), P(None, "x")),
+    # name: (op, partition spec of input and output, input shape)
+    "copy": (lambda a: jax_tma.copy(a), P("x", None), (64, 256)),
+    "copy-dim1": (lambda a: jax_tma.copy(a), P(None, "x"), (64, 256)),
     "window-full-leading-dim": (
         lambda a: jax_tma.window(a, (0, -3, 5), (a.shape[0], 40, 64), strides=(1, 2, 1),
-                                 fill="nan"), P("x", None, None)),
+                                 fill="nan"), P("x", None, None), (8, 96, 128)),
     "vmapped-window": (jax.vmap(lambda a: jax_tma.window(a, (7, -1), (33, 48))),
-                       P("x", None, None)),
+                       P("x", None, None), (8, 96, 128)),
+    "broadcast-after-dim0": (lambda a: jax_tma.broadcast(a, 3, axis=1), P("x", None), (64, 256)),
+    "broadcast-after-dim1": (lambda a: jax_tma.broadcast(a, 2, axis=2), P(None, "x"), (64, 256)),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_sharded_equals_single_device(mesh, rng, name):
-    op, spec = CASES[name]
-    host = random_array(rng, (8, 96, 128), np.float32) if len(spec) == 3 else \
-        random_array(rng, (64, 256), np.float32)
+    op, spec, shape = CASES[name]
+    host = random_array(rng, shape, np.float32)
     single = jax.jit(op)(jax.device_put(host, mesh.devices.flat[0]))
     x = jax.device_put(host, NamedSharding(mesh, spec))
     f = jax.jit(op)
