@@ -8,6 +8,7 @@
 #include <nanobind/stl/string.h>
 
 #include "copy_cpu.h"
+#include "im2col_cpu.h"
 #include "window_cpu.h"
 #include "xla/ffi/api/c_api.h"
 
@@ -64,6 +65,7 @@ NB_MODULE(_jax_tma, m) {
     nb::dict d;
     d["jax_tma_copy"] = Capsule(JaxTmaCopyCpu);
     d["jax_tma_window"] = Capsule(JaxTmaWindowCpu);
+    d["jax_tma_im2col"] = Capsule(JaxTmaIm2colCpu);
     return d;
   });
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 from jax_tma import _ffi
 from jax_tma._build_info import build_info
 from jax_tma._copy import copy
+from jax_tma._im2col import col2im, im2col
 from jax_tma._window import window
 
 __version__ = "0.1.0"
-__all__ = ["build_info", "copy", "window"]
+__all__ = ["build_info", "col2im", "copy", "im2col", "window"]
 
 _ffi.register()
