@@ -74,6 +74,7 @@ NB_MODULE(_jax_tma, m) {
 #if JAX_TMA_WITH_CUDA
     d["jax_tma_copy"] = Capsule(JaxTmaCopyCuda);
     d["jax_tma_window"] = Capsule(JaxTmaWindowCuda);
+    d["jax_tma_im2col"] = Capsule(JaxTmaIm2colCuda);
     d["jax_tma_bench_memcpy"] = Capsule(JaxTmaBenchMemcpyCuda);
     d["jax_tma_bench_seed_copy"] = Capsule(JaxTmaBenchSeedCopyCuda);
 #endif

@@ -6,6 +6,8 @@
 # the copy kernels, run the benchmark; logs and JSON under $OUT, a short
 # summary last.
 #   usage: bash scripts/gpu_check.sh [tests|sanitize|bench]...   (default: all)
+#   TEST_PATHS, SELFTESTS and BENCH_OPS narrow a stage, e.g.
+#   TEST_PATHS=tests/test_im2col_gpu.py SELFTESTS=im2col_selftest BENCH_OPS=im2col
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_tma_out}
 mkdir -p "$OUT"
@@ -27,7 +29,7 @@ python3 -P -c 'import jax_tma, json; print(json.dumps(jax_tma.build_info())); pr
 for stage in "${stages[@]}"; do
   case $stage in
   tests)
-    JAX_TMA_REQUIRE_GPU=1 timeout 400 python3 -P -m pytest tests -q -rfE -p no:cacheprovider \
+    JAX_TMA_REQUIRE_GPU=1 timeout 400 python3 -P -m pytest ${TEST_PATHS:-tests} -q -rfE -p no:cacheprovider \
       > "$OUT/tests.log" 2>&1
     rc=$?
     tail -25 "$OUT/tests.log"
@@ -41,8 +43,11 @@ for stage in "${stages[@]}"; do
       && nvcc "${nvcc_args[@]}" tests/cuda/window_selftest.cu ffi/cuda/tiled_window.cu \
       ffi/cuda/simt_window.cu ffi/cuda/tensor_map.cc ffi/cuda/device_info.cc \
       -o /tmp/window_selftest >> "$OUT/selftest_build.log" 2>&1 \
+      && nvcc "${nvcc_args[@]}" tests/cuda/im2col_selftest.cu ffi/cuda/simt_im2col.cu \
+      ffi/cuda/tma_im2col.cu ffi/cuda/tensor_map.cc ffi/cuda/device_info.cc \
+      -o /tmp/im2col_selftest >> "$OUT/selftest_build.log" 2>&1 \
       || { summary+=("selftest build FAILED"); continue; }
-    for prog in copy_selftest window_selftest; do
+    for prog in ${SELFTESTS:-copy_selftest window_selftest im2col_selftest}; do
       /tmp/$prog
       for tool in memcheck racecheck synccheck; do
         timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 /tmp/$prog \
@@ -54,7 +59,7 @@ for stage in "${stages[@]}"; do
     done
     ;;
   bench)
-    for op in copy window; do
+    for op in ${BENCH_OPS:-copy window im2col}; do
       timeout 300 python3 -P -m jax_tma.bench $op --out "$OUT/$op.json" 2>&1 | tee "$OUT/bench_$op.log" | grep -v "^WARNING"
       summary+=("bench $op rc=${PIPESTATUS[0]}")
     done
