@@ -243,6 +243,9 @@ JAX_TMA_HOST_DEVICE inline int64_t PatchColumn(const Im2colGeometry& g, int64_t 
 // ---- col2im arithmetic: identical on the host and the device ---------------
 // 16-bit floats add in f32 and round once to nearest-even; f32 and f64 add in
 // their own type; integers add in the unsigned type of their width (wrap).
+// A NaN sum is stored as the positive quiet NaN: the GPU's float add returns
+// a canonical NaN where x86 propagates an operand's payload, so payloads
+// cannot be kept alike on both.
 
 JAX_TMA_HOST_DEVICE inline float BitsToF32(uint32_t u) {
   float f;
@@ -323,22 +326,28 @@ template <> struct Col2imSum<SumKind::kU64> {
 template <> struct Col2imSum<SumKind::kF16> {
   using T = uint16_t; using Acc = float;
   JAX_TMA_HOST_DEVICE static Acc Load(T v) { return F16ToF32(v); }
-  JAX_TMA_HOST_DEVICE static T Store(Acc a) { return F32ToF16(a); }
+  JAX_TMA_HOST_DEVICE static T Store(Acc a) { return a != a ? 0x7e00 : F32ToF16(a); }
 };
 template <> struct Col2imSum<SumKind::kBF16> {
   using T = uint16_t; using Acc = float;
   JAX_TMA_HOST_DEVICE static Acc Load(T v) { return Bf16ToF32(v); }
-  JAX_TMA_HOST_DEVICE static T Store(Acc a) { return F32ToBf16(a); }
+  JAX_TMA_HOST_DEVICE static T Store(Acc a) { return a != a ? 0x7fc0 : F32ToBf16(a); }
 };
 template <> struct Col2imSum<SumKind::kF32> {
   using T = float; using Acc = float;
   JAX_TMA_HOST_DEVICE static Acc Load(T v) { return v; }
-  JAX_TMA_HOST_DEVICE static T Store(Acc a) { return a; }
+  JAX_TMA_HOST_DEVICE static T Store(Acc a) { return a != a ? BitsToF32(0x7fc00000u) : a; }
 };
 template <> struct Col2imSum<SumKind::kF64> {
   using T = double; using Acc = double;
   JAX_TMA_HOST_DEVICE static Acc Load(T v) { return v; }
-  JAX_TMA_HOST_DEVICE static T Store(Acc a) { return a; }
+  JAX_TMA_HOST_DEVICE static T Store(Acc a) {
+    if (a == a) return a;
+    const uint64_t nan = 0x7ff8000000000000ull;
+    double d;
+    std::memcpy(&d, &nan, 8);
+    return d;
+  }
 };
 
 // Component `j` of channel `c` of input pixel `p` of image `n`: the sum of

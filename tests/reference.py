@@ -122,7 +122,8 @@ def im2col_reference(x, kernel, strides, pads, dilation, order="tap_major") -> n
 def col2im_reference(patches, input_shape, kernel, strides, pads, dilation,
                      order="tap_major") -> np.ndarray:
     """NumPy jax_tma.col2im with the op's exact arithmetic: taps added in
-    increasing order, 16-bit floats in float32 rounded once, integers wrap."""
+    increasing order, 16-bit floats in float32 rounded once, integers wrap,
+    NaN sums stored as np.nan (complex: per part)."""
     patches = np.asarray(patches)
     n, spatial, c = input_shape[0], tuple(input_shape[1:-1]), input_shape[-1]
     out = _out_spatial(spatial, kernel, strides, pads, dilation)
@@ -137,4 +138,10 @@ def col2im_reference(patches, input_shape, kernel, strides, pads, dilation,
         for t, sl in enumerate(_tap_slices(kernel, strides, dilation, out)):
             acc[(slice(None),) + sl] += p[..., t, :].astype(acc_dtype)
     crop = acc[(slice(None),) + tuple(slice(lo, lo + s) for s, (lo, _) in zip(spatial, pads))]
-    return crop.astype(patches.dtype)
+    out = crop.astype(patches.dtype)
+    if out.dtype.kind == "c":
+        parts = out.view(np.float32 if out.dtype == np.complex64 else np.float64)
+        parts[np.isnan(parts)] = np.nan
+    elif out.dtype.kind != "i" and out.dtype.kind != "u":
+        out[np.isnan(out)] = np.nan
+    return out

@@ -21,8 +21,9 @@ pytestmark = pytest.mark.gpu
 POISON = 0xA5
 BYTE_DTYPES = [d for d in ALL_DTYPES if d.name not in ("int2", "uint2", "int4", "uint4",
                                                        "float4_e2m1fn")]
-SUMMABLE = [d for d in ALL_DTYPES if d.kind in "iufc" and not d.name.startswith(
-    ("float8", "float4", "int2", "int4", "uint2", "uint4"))]
+SUMMABLE = [d for d in ALL_DTYPES if d.name in (
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+    "bfloat16", "float32", "float64", "complex64", "complex128")]
 
 
 @functools.cache
@@ -105,7 +106,8 @@ def test_forced_tma_on_friendly_geometries(gpu, rng, trial):
 def test_conv_shapes_every_method(gpu, rng, shape, kernel, pads):
     x = random_array(rng, shape, jnp.bfloat16)
     want = im2col_reference(x, kernel, (1,) * len(kernel), pads, (1,) * len(kernel))
-    for method in ("auto", "tma", "simt"):
+    tma_ok = shape[-1] * x.dtype.itemsize % 16 == 0  # else forced TMA names the rule
+    for method in ("auto", "tma", "simt") if tma_ok else ("auto", "simt"):
         got = poisoned(jax_tma.im2col, x, want.shape, kernel, gpu, padding=pads, method=method)
         assert_bits_equal(got, want)
 
