@@ -247,16 +247,35 @@ JAX_TMA_HOST_DEVICE inline int64_t PatchColumn(const Im2colGeometry& g, int64_t 
 // a canonical NaN where x86 propagates an operand's payload, so payloads
 // cannot be kept alike on both.
 
+// Bit casts (register moves on the device, where memcpy can cost a stack slot).
 JAX_TMA_HOST_DEVICE inline float BitsToF32(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+#endif
 }
 
 JAX_TMA_HOST_DEVICE inline uint32_t F32ToBits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
+#endif
+}
+
+JAX_TMA_HOST_DEVICE inline double BitsToF64(uint64_t u) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double(static_cast<long long>(u));
+#else
+  double d;
+  std::memcpy(&d, &u, 8);
+  return d;
+#endif
 }
 
 JAX_TMA_HOST_DEVICE inline float Bf16ToF32(uint16_t h) {
@@ -342,11 +361,7 @@ template <> struct Col2imSum<SumKind::kF64> {
   using T = double; using Acc = double;
   JAX_TMA_HOST_DEVICE static Acc Load(T v) { return v; }
   JAX_TMA_HOST_DEVICE static T Store(Acc a) {
-    if (a == a) return a;
-    const uint64_t nan = 0x7ff8000000000000ull;
-    double d;
-    std::memcpy(&d, &nan, 8);
-    return d;
+    return a != a ? BitsToF64(0x7ff8000000000000ull) : a;
   }
 };
 

@@ -246,11 +246,12 @@ def im2col(
     (channel, taps...) order. Padded pixels read as zero; values are moved
     bit for bit (any dtype).
 
-    On Hopper/Blackwell GPUs the patches are loaded by the TMA engine in
-    im2col mode (``cuTensorMapEncodeIm2col``) where its rules hold, else by a
-    SIMT kernel with the same result. Works under ``jit``, ``vmap`` (folded
-    into ``N``), ``grad`` (the transpose is :func:`col2im`) and on arrays
-    sharded along ``N`` (no collectives).
+    On a GPU, ``method="tma"`` loads the patches with the TMA engine in
+    im2col mode (``cuTensorMapEncodeIm2col``) and stores them with tiled
+    tensor stores; ``"auto"`` takes the SIMT kernel, which measured faster
+    on an H100 for every benchmark shape (see the README). Works under
+    ``jit``, ``vmap`` (folded into ``N``), ``grad`` (the transpose is
+    :func:`col2im`) and on arrays sharded along ``N`` (no collectives).
 
     Args:
       x: ``(N, *S, C)`` with 1 to 3 spatial dims, any dtype.
@@ -260,8 +261,10 @@ def im2col(
         ``(low, high)`` pair of ints >= 0 per spatial dim.
       dilation: kernel dilation >= 1 (int or per dim).
       order: ``"tap_major"`` or ``"channel_major"``.
-      method: ``"auto"``, ``"tma"`` (the TMA im2col path; an error naming the
-        violated hardware rule where it cannot run) or ``"simt"``.
+      method: ``"auto"`` (the fastest measured path: SIMT), ``"tma"`` (the
+        TMA im2col path; an error naming the violated hardware rule where it
+        cannot run: channels x element size not a multiple of 16 B, strides
+        over 8, pixel-box corners out of range, ...) or ``"simt"``.
 
     Returns:
       ``(N, *O, prod(kernel_size) * C)`` with ``x``'s dtype.

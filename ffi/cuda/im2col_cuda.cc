@@ -1,6 +1,9 @@
 // CUDA handler of "jax_tma_im2col" (and col2im): re-validates the geometry,
-// then runs the TMA im2col kernel where its rules hold (auto) or where asked
-// (method="tma", an error naming the rule otherwise), else the SIMT kernels.
+// then runs the TMA im2col kernel where asked (method="tma"; an error naming
+// the broken hardware rule where it cannot run), else the SIMT kernels.
+// method="auto" takes the SIMT kernel: on an H100 (2026-11-22) it beat the
+// TMA kernel on every benchmark shape (benchmarks/results/im2col_h100_*.json;
+// the TMA unit moves one pixel's channel run per request, 16-256 B).
 // col2im always takes the deterministic SIMT gather kernel.
 // Graph-safe: no allocation, no synchronisation; tensor maps encoded per call.
 #include <string>
@@ -24,21 +27,18 @@ static ffi::Error Im2colCudaImpl(cudaStream_t stream, int32_t device, ffi::AnyBu
   Im2colGeometry g;
   JAX_TMA_RETURN_IF_FAILED(DecodeIm2col(x, y, kernel, strides, dilation, pad_lo, pad_hi,
                                         channel_major, transpose, method, &g));
-  if (!transpose && method != "simt") {
+  if (!transpose && method == "tma") {
     DeviceInfo info;
     JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
     std::string why;
-    const bool fits =
-        info.has_tma() && TmaIm2colFits(g, x.untyped_data(), y->untyped_data(), &why);
-    if (fits) return LaunchTmaIm2col(g, x.untyped_data(), y->untyped_data(), stream, device);
-    if (method == "tma") {
-      if (!info.has_tma()) {
-        why = "device " + std::to_string(device) + " has compute capability " +
-              std::to_string(info.cc_major) + "." + std::to_string(info.cc_minor) +
-              " (TMA needs >= 9.0)";
-      }
-      return InvalidArgument(kIm2colOp, "method='tma' cannot run this im2col: ", why);
+    if (!info.has_tma()) {
+      why = "device " + std::to_string(device) + " has compute capability " +
+            std::to_string(info.cc_major) + "." + std::to_string(info.cc_minor) +
+            " (TMA needs >= 9.0)";
+    } else if (TmaIm2colFits(g, x.untyped_data(), y->untyped_data(), &why)) {
+      return LaunchTmaIm2col(g, x.untyped_data(), y->untyped_data(), stream, device);
     }
+    return InvalidArgument(kIm2colOp, "method='tma' cannot run this im2col: ", why);
   }
   return LaunchSimtIm2col(g, x.untyped_data(), y->untyped_data(), stream, device);
 }
