@@ -14,11 +14,15 @@ namespace jax_tma {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kTapsInFlight = 4;
+constexpr int kTapsInFlight = 8;        // im2col loads issued before their stores
+constexpr int kSumTapsInFlight = 4;     // col2im loads issued before they are added
 
-struct alignas(16) Bytes16 {
-  uint64_t lo, hi;
-};
+// The patch matrix is written once and never read here: streaming stores
+// (evict-first) keep the input, which every tap re-reads, in L2.
+template <typename V>
+__device__ __forceinline__ void StoreStreaming(V* p, V v) {
+  __stcs(p, v);
+}
 
 template <typename T, int L>
 struct alignas(sizeof(T) * L) Lanes {
@@ -78,7 +82,7 @@ __global__ void __launch_bounds__(kThreads)
       }
 #pragma unroll
       for (int u = 0; u < kTapsInFlight; ++u) {
-        if (t0 + u < g.taps) dst[(t0 + u) * run] = val[u];
+        if (t0 + u < g.taps) StoreStreaming(dst + (t0 + u) * run, val[u]);
       }
     }
   }
@@ -126,7 +130,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int d = 0; d < R; ++d) p = p * g.in_dims[d] + coord[d];
       val = x[p * run + v];
     }
-    out[idx] = val;
+    StoreStreaming(out + idx, val);
   }
 }
 
@@ -177,14 +181,14 @@ __global__ void __launch_bounds__(kThreads)
     for (int l = 0; l < L; ++l) acc[l] = 0;
     const Vec* src = reinterpret_cast<const Vec*>(patches) +
                      n * g.out_pixels * g.taps * per_pixel + v;
-    // Taps in increasing order, kTapsInFlight loads issued before they are
+    // Taps in increasing order, kSumTapsInFlight loads issued before they are
     // added (in the same order).
     int64_t k[kMaxIm2colRank] = {0, 0, 0};
-    for (int64_t t0 = 0; t0 < g.taps; t0 += kTapsInFlight) {
-      Vec e[kTapsInFlight];
-      bool hit[kTapsInFlight];
+    for (int64_t t0 = 0; t0 < g.taps; t0 += kSumTapsInFlight) {
+      Vec e[kSumTapsInFlight];
+      bool hit[kSumTapsInFlight];
 #pragma unroll
-      for (int u = 0; u < kTapsInFlight; ++u) {
+      for (int u = 0; u < kSumTapsInFlight; ++u) {
         hit[u] = false;
         if (t0 + u >= g.taps) continue;
         int64_t m = 0;
@@ -209,7 +213,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
 #pragma unroll
-      for (int u = 0; u < kTapsInFlight; ++u) {
+      for (int u = 0; u < kSumTapsInFlight; ++u) {
         if (!hit[u]) continue;
 #pragma unroll
         for (int l = 0; l < L; ++l) {
@@ -370,7 +374,7 @@ ffi::Error LaunchSimtIm2col(const Im2colGeometry& g, const void* src, void* dst,
       case 2: return LaunchChannelMajor<uint16_t>(g, src, dst, stream, info);
       case 4: return LaunchChannelMajor<uint32_t>(g, src, dst, stream, info);
       case 8: return LaunchChannelMajor<uint64_t>(g, src, dst, stream, info);
-      case 16: return LaunchChannelMajor<Bytes16>(g, src, dst, stream, info);
+      case 16: return LaunchChannelMajor<uint4>(g, src, dst, stream, info);
       default: break;
     }
   } else {
@@ -378,7 +382,7 @@ ffi::Error LaunchSimtIm2col(const Im2colGeometry& g, const void* src, void* dst,
     // buffer addresses.
     const int64_t unit = static_cast<int64_t>(g.channels * eb | 16 | addr);
     const int64_t widest = unit & -unit;  // lowest set bit: 1, 2, 4, 8 or 16
-    if (widest == 16) return LaunchTapMajor<Bytes16>(g, src, dst, stream, info);
+    if (widest == 16) return LaunchTapMajor<uint4>(g, src, dst, stream, info);
     if (widest == 8) return LaunchTapMajor<uint64_t>(g, src, dst, stream, info);
     if (widest == 4) return LaunchTapMajor<uint32_t>(g, src, dst, stream, info);
     if (widest == 2) return LaunchTapMajor<uint16_t>(g, src, dst, stream, info);
