@@ -138,7 +138,8 @@ def col2im_reference(patches, input_shape, kernel, strides, pads, dilation,
         for t, sl in enumerate(_tap_slices(kernel, strides, dilation, out)):
             acc[(slice(None),) + sl] += p[..., t, :].astype(acc_dtype)
     crop = acc[(slice(None),) + tuple(slice(lo, lo + s) for s, (lo, _) in zip(spatial, pads))]
-    out = crop.astype(patches.dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # float16 sums may round to inf
+        out = crop.astype(patches.dtype)
     if out.dtype.kind == "c":
         parts = out.view(np.float32 if out.dtype == np.complex64 else np.float64)
         parts[np.isnan(parts)] = np.nan
