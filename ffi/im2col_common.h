@@ -322,26 +322,16 @@ JAX_TMA_HOST_DEVICE inline uint16_t F32ToF16(float f) {
 
 // Storage and accumulator types per SumKind.
 template <SumKind K> struct Col2imSum;
-template <> struct Col2imSum<SumKind::kU8> {
-  using T = uint8_t; using Acc = uint8_t;
+template <typename U>
+struct WrappingSum {  // integers: the unsigned type of their width
+  using T = U; using Acc = U;
   JAX_TMA_HOST_DEVICE static Acc Load(T v) { return v; }
   JAX_TMA_HOST_DEVICE static T Store(Acc a) { return a; }
 };
-template <> struct Col2imSum<SumKind::kU16> {
-  using T = uint16_t; using Acc = uint16_t;
-  JAX_TMA_HOST_DEVICE static Acc Load(T v) { return v; }
-  JAX_TMA_HOST_DEVICE static T Store(Acc a) { return a; }
-};
-template <> struct Col2imSum<SumKind::kU32> {
-  using T = uint32_t; using Acc = uint32_t;
-  JAX_TMA_HOST_DEVICE static Acc Load(T v) { return v; }
-  JAX_TMA_HOST_DEVICE static T Store(Acc a) { return a; }
-};
-template <> struct Col2imSum<SumKind::kU64> {
-  using T = uint64_t; using Acc = uint64_t;
-  JAX_TMA_HOST_DEVICE static Acc Load(T v) { return v; }
-  JAX_TMA_HOST_DEVICE static T Store(Acc a) { return a; }
-};
+template <> struct Col2imSum<SumKind::kU8> : WrappingSum<uint8_t> {};
+template <> struct Col2imSum<SumKind::kU16> : WrappingSum<uint16_t> {};
+template <> struct Col2imSum<SumKind::kU32> : WrappingSum<uint32_t> {};
+template <> struct Col2imSum<SumKind::kU64> : WrappingSum<uint64_t> {};
 template <> struct Col2imSum<SumKind::kF16> {
   using T = uint16_t; using Acc = float;
   JAX_TMA_HOST_DEVICE static Acc Load(T v) { return F16ToF32(v); }

@@ -1,14 +1,16 @@
-// Tiled tensor-map encoding (see tensor_map.h). The driver function comes
-// from cudaGetDriverEntryPointByVersion, so the extension links only the
-// static cudart.
+// Tiled and im2col tensor-map encoding (see tensor_map.h). The driver
+// functions come from cudaGetDriverEntryPointByVersion, so the extension
+// links only the static cudart.
 #include "tensor_map.h"
 
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncode{Tiled,Im2col}_v12000
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <sstream>
 #include <string>
+
+#include "cuda_status.h"  // JAX_TMA_RETURN_IF_FAILED
 
 namespace jax_tma {
 namespace {
@@ -56,6 +58,27 @@ const Encoder<PFN_cuTensorMapEncodeIm2col_v12000>& GetIm2colEncoder() {
   static const auto encoder =
       ResolveEncoder<PFN_cuTensorMapEncodeIm2col_v12000>("cuTensorMapEncodeIm2col");
   return encoder;
+}
+
+// What every encode checks first: the spec's first broken rule (`broken`,
+// empty if none; `describe` lists the spec), the map object's alignment and
+// the driver entry point.
+template <typename Describe, typename Fn>
+ffi::Error BeforeEncode(std::string_view op, const std::string& broken, Describe&& describe,
+                        const CUtensorMap* map, const Encoder<Fn>& enc) {
+  if (!broken.empty()) {
+    return InvalidArgument(op, "tensor map: ", broken, " (", describe(), ")");
+  }
+  if (reinterpret_cast<std::uintptr_t>(map) % 64 != 0) {
+    return InvalidArgument(op, "tensor map object at ", static_cast<const void*>(map),
+                           " is not 64-B aligned");
+  }
+  if (enc.fn == nullptr) {
+    std::ostringstream os;
+    os << op << ": " << enc.error;
+    return ffi::Error::Internal(os.str());
+  }
+  return ffi::Error::Success();
 }
 
 const char* CuResultName(CUresult r) {
@@ -228,20 +251,9 @@ std::string DescribeTiledMap(const TiledMapSpec& s) {
 }
 
 ffi::Error EncodeTiled(std::string_view op, const TiledMapSpec& spec, CUtensorMap* map) {
-  const std::string broken = CheckTiledMap(spec);
-  if (!broken.empty()) {
-    return InvalidArgument(op, "tensor map: ", broken, " (", DescribeTiledMap(spec), ")");
-  }
-  if (reinterpret_cast<std::uintptr_t>(map) % 64 != 0) {
-    return InvalidArgument(op, "tensor map object at ", static_cast<const void*>(map),
-                           " is not 64-B aligned");
-  }
   const auto& enc = GetTiledEncoder();
-  if (enc.fn == nullptr) {
-    std::ostringstream os;
-    os << op << ": " << enc.error;
-    return ffi::Error::Internal(os.str());
-  }
+  JAX_TMA_RETURN_IF_FAILED(BeforeEncode(op, CheckTiledMap(spec),
+                                        [&] { return DescribeTiledMap(spec); }, map, enc));
   cuuint64_t dims[kMaxTensorMapRank];
   cuuint64_t strides[kMaxTensorMapRank - 1];
   cuuint32_t box[kMaxTensorMapRank];
@@ -350,20 +362,9 @@ std::string DescribeIm2colMap(const Im2colMapSpec& s) {
 }
 
 ffi::Error EncodeIm2col(std::string_view op, const Im2colMapSpec& spec, CUtensorMap* map) {
-  const std::string broken = CheckIm2colMap(spec);
-  if (!broken.empty()) {
-    return InvalidArgument(op, "tensor map: ", broken, " (", DescribeIm2colMap(spec), ")");
-  }
-  if (reinterpret_cast<std::uintptr_t>(map) % 64 != 0) {
-    return InvalidArgument(op, "tensor map object at ", static_cast<const void*>(map),
-                           " is not 64-B aligned");
-  }
   const auto& enc = GetIm2colEncoder();
-  if (enc.fn == nullptr) {
-    std::ostringstream os;
-    os << op << ": " << enc.error;
-    return ffi::Error::Internal(os.str());
-  }
+  JAX_TMA_RETURN_IF_FAILED(BeforeEncode(op, CheckIm2colMap(spec),
+                                        [&] { return DescribeIm2colMap(spec); }, map, enc));
   cuuint64_t dims[kMaxTensorMapRank];
   cuuint64_t strides[kMaxTensorMapRank - 1];
   cuuint32_t estr[kMaxTensorMapRank];
