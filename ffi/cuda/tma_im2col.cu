@@ -225,6 +225,13 @@ bool PlanTmaIm2col(const Im2colGeometry& g, const void* x, const void* out, TmaI
       return fail();
     }
   }
+  for (int d = 0; d < r; ++d) {
+    if (g.in_dims[d] + g.pad_lo[d] > kMaxCoord) {
+      os << "spatial dim " << d << " = " << g.in_dims[d] << " plus its low padding is over "
+         << "the int32 coordinate range";
+      return fail();
+    }
+  }
   const int64_t rows = g.batch * g.out_pixels;
   if (rows > kMaxCoord || g.taps * ch > kMaxCoord) {
     os << "the patch matrix (" << rows << " x " << g.taps * ch
