@@ -1,7 +1,9 @@
 // The SIMT im2col and col2im kernels: every geometry and order, every dtype.
 // im2col (tap-major): one thread per (output pixel, vector of a channel run)
-// walks the kernel taps, several loads in flight, 16-B accesses where the
-// channel run allows. im2col (channel-major): one thread per output element.
+// walks the kernel taps, eight loads in flight, 16-B accesses where the
+// channel run allows, streaming stores; channel runs that are not whole 32-B
+// sectors take one thread per output unit in output order instead.
+// im2col (channel-major): one thread per output element.
 // col2im: the gather form, one thread per (input pixel, channel vector)
 // summing its patch entries in increasing tap order, so results are
 // deterministic and match the CPU handler bit for bit (no atomics).
