@@ -9,6 +9,7 @@
 
 #include "broadcast_cpu.h"
 #include "copy_cpu.h"
+#include "im2col_cpu.h"
 #include "ppermute_cpu.h"
 #include "window_cpu.h"
 #include "xla/ffi/api/c_api.h"
@@ -78,6 +79,7 @@ NB_MODULE(_jax_tma, m) {
     d["jax_tma_window"] = Capsule(JaxTmaWindowCpu);
     d["jax_tma_ppermute"] = Capsule(JaxTmaPpermuteCpu);
     d["jax_tma_broadcast"] = Capsule(JaxTmaBroadcastCpu);
+    d["jax_tma_im2col"] = Capsule(JaxTmaIm2colCpu);
     return d;
   });
 
@@ -88,6 +90,7 @@ NB_MODULE(_jax_tma, m) {
     d["jax_tma_window"] = Capsule(JaxTmaWindowCuda);
     d["jax_tma_ppermute"] = Capsule(JaxTmaPpermuteCuda);
     d["jax_tma_broadcast"] = Capsule(JaxTmaBroadcastCuda);
+    d["jax_tma_im2col"] = Capsule(JaxTmaIm2colCuda);
     d["jax_tma_bench_memcpy"] = Capsule(JaxTmaBenchMemcpyCuda);
     d["jax_tma_bench_seed_copy"] = Capsule(JaxTmaBenchSeedCopyCuda);
 #endif

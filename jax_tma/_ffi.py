@@ -16,7 +16,7 @@ _ext = _jax_tma
 
 # Targets whose handlers treat their leading (batch) dims independently; XLA
 # partitions those dims without collectives (batch_partitioned_lowering).
-_BATCH_PARTITIONABLE = ("jax_tma_copy", "jax_tma_window")
+_BATCH_PARTITIONABLE = ("jax_tma_copy", "jax_tma_window", "jax_tma_im2col")
 
 
 @functools.cache

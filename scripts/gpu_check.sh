@@ -7,8 +7,9 @@
 # summary last.
 #   usage: bash scripts/gpu_check.sh [tests|sanitize|bench|ncu|multi]...
 #   (default: tests sanitize bench; `multi` needs two GPUs)
-#   TESTS=tests/test_broadcast_gpu.py, SELFTESTS="broadcast", BENCH_OPS="broadcast" narrow a
-#   stage to one op; ncu: DRAM bytes per broadcast method (ncu --clock-control none).
+#   TESTS, SELFTESTS and BENCH_OPS narrow a stage, e.g. TESTS=tests/test_im2col_gpu.py
+#   SELFTESTS=im2col BENCH_OPS=im2col; ncu: DRAM bytes per broadcast method
+#   (ncu --clock-control none).
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_tma_out}
 mkdir -p "$OUT"
@@ -43,8 +44,9 @@ for stage in "${stages[@]}"; do
       [copy]="ffi/cuda/bulk_copy.cu ffi/cuda/simt_copy.cu ffi/cuda/copy_cuda.cc"
       [window]="ffi/cuda/tiled_window.cu ffi/cuda/simt_window.cu ffi/cuda/tensor_map.cc"
       [broadcast]="ffi/cuda/cluster_broadcast.cu ffi/cuda/simt_broadcast.cu ffi/cuda/broadcast_cuda.cc ffi/cuda/tensor_map.cc"
+      [im2col]="ffi/cuda/simt_im2col.cu ffi/cuda/tma_im2col.cu ffi/cuda/tensor_map.cc"
     )
-    for op in ${SELFTESTS:-copy window broadcast}; do
+    for op in ${SELFTESTS:-copy window broadcast im2col}; do
       prog=${op}_selftest
       # shellcheck disable=SC2086
       nvcc "${nvcc_args[@]}" tests/cuda/$prog.cu ${sources[$op]} ffi/cuda/device_info.cc \
@@ -87,7 +89,7 @@ for stage in "${stages[@]}"; do
     summary+=("bench ppermute rc=${PIPESTATUS[0]}")
     ;;
   bench)
-    for op in ${BENCH_OPS:-copy window broadcast}; do
+    for op in ${BENCH_OPS:-copy window broadcast im2col}; do
       timeout 300 python3 -P -m jax_tma.bench $op --out "$OUT/$op.json" 2>&1 | tee "$OUT/bench_$op.log" | grep -v "^WARNING"
       summary+=("bench $op rc=${PIPESTATUS[0]}")
     done

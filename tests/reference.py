@@ -106,3 +106,60 @@ def broadcast_reference(x: np.ndarray, n: int, axis: int) -> np.ndarray:
     x = np.asarray(x)
     axis = axis % (x.ndim + 1)
     return np.ascontiguousarray(np.repeat(np.expand_dims(x, axis), n, axis=axis))
+
+
+def _tap_slices(kernel, strides, dilation, out_spatial):
+    """Per tap (row-major over the kernel): the strided slices of the padded
+    input that the tap reads for every output pixel."""
+    for tap in np.ndindex(*kernel):
+        yield tuple(slice(k * d, k * d + (o - 1) * s + 1, s)
+                    for k, s, d, o in zip(tap, strides, dilation, out_spatial))
+
+
+def _out_spatial(spatial, kernel, strides, pads, dilation):
+    return tuple((n + lo + hi - d * (k - 1) - 1) // s + 1
+                 for n, k, s, (lo, hi), d in zip(spatial, kernel, strides, pads, dilation))
+
+
+def im2col_reference(x, kernel, strides, pads, dilation, order="tap_major") -> np.ndarray:
+    """NumPy jax_tma.im2col: (N, *S, C) -> (N, *O, K * C), padded pixels zero."""
+    x = np.asarray(x)
+    spatial = x.shape[1:-1]
+    out = _out_spatial(spatial, kernel, strides, pads, dilation)
+    xp = np.zeros((x.shape[0],) + tuple(n + lo + hi for n, (lo, hi) in zip(spatial, pads))
+                  + (x.shape[-1],), x.dtype)
+    xp[(slice(None),) + tuple(slice(lo, lo + n) for n, (lo, _) in zip(spatial, pads))] = x
+    taps = [xp[(slice(None),) + sl] for sl in _tap_slices(kernel, strides, dilation, out)]
+    p = np.stack(taps, axis=-2)  # (N, *O, K, C)
+    if order == "channel_major":
+        p = np.swapaxes(p, -1, -2)
+    return p.reshape(p.shape[:-2] + (-1,))
+
+
+def col2im_reference(patches, input_shape, kernel, strides, pads, dilation,
+                     order="tap_major") -> np.ndarray:
+    """NumPy jax_tma.col2im with the op's exact arithmetic: taps added in
+    increasing order, 16-bit floats in float32 rounded once, integers wrap,
+    NaN sums stored as np.nan (complex: per part)."""
+    patches = np.asarray(patches)
+    n, spatial, c = input_shape[0], tuple(input_shape[1:-1]), input_shape[-1]
+    out = _out_spatial(spatial, kernel, strides, pads, dilation)
+    k = int(np.prod(kernel))
+    p = patches.reshape((n,) + out + ((c, k) if order == "channel_major" else (k, c)))
+    if order == "channel_major":
+        p = np.swapaxes(p, -1, -2)
+    acc_dtype = np.float32 if patches.dtype.name in ("float16", "bfloat16") else patches.dtype
+    acc = np.zeros((n,) + tuple(s + lo + hi for s, (lo, hi) in zip(spatial, pads)) + (c,),
+                   acc_dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for t, sl in enumerate(_tap_slices(kernel, strides, dilation, out)):
+            acc[(slice(None),) + sl] += p[..., t, :].astype(acc_dtype)
+    crop = acc[(slice(None),) + tuple(slice(lo, lo + s) for s, (lo, _) in zip(spatial, pads))]
+    with np.errstate(over="ignore", invalid="ignore"):  # float16 sums may round to inf
+        out = crop.astype(patches.dtype)
+    if out.dtype.kind == "c":
+        parts = out.view(np.float32 if out.dtype == np.complex64 else np.float64)
+        parts[np.isnan(parts)] = np.nan
+    elif out.dtype.kind != "i" and out.dtype.kind != "u":
+        out[np.isnan(out)] = np.nan
+    return out

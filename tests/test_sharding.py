@@ -10,7 +10,8 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_tma
-from reference import assert_bits_equal, broadcast_reference, random_array, window_reference
+from reference import (assert_bits_equal, broadcast_reference, col2im_reference,
+                       im2col_reference, random_array, window_reference)
 
 COLLECTIVES = ("all-gather", "all-to-all", "collective-permute", "all-reduce",
                "reduce-scatter")
@@ -168,3 +169,37 @@ def test_broadcast_grad_vmap_and_shard_map_without_collectives():
                               in_specs=P("a", "b"), out_specs=P("a", "b", None)))
     assert_no_collectives(s.lower(x).compile().as_text())
     assert_bits_equal(s(x), broadcast_reference(host, 2, 2))
+
+
+@pytest.mark.parametrize("spec", [P("x", None, None, None), P(("a", "b"), None, None, None)],
+                         ids=str)
+def test_im2col_batch_splits_without_collectives(spec):
+    rng = np.random.default_rng()
+    mesh = cpu_mesh((8,), ("x",)) if spec[0] == "x" else cpu_mesh((2, 4), ("a", "b"))
+    host = random_array(rng, (16, 7, 6, 3), np.float32)
+    x = jax.device_put(host, NamedSharding(mesh, spec))
+    geo = dict(strides=(2, 1), padding=((1, 2), (0, 1)), dilation=(1, 2))
+    f = jax.jit(lambda a: jax_tma.im2col(a, (3, 2), **geo))
+    assert_no_collectives(f.lower(x).compile().as_text())
+    y = f(x)
+    assert y.sharding.is_equivalent_to(NamedSharding(mesh, spec), 4)
+    want = im2col_reference(host, (3, 2), (2, 1), ((1, 2), (0, 1)), (1, 2))
+    assert_bits_equal(y, want)
+    # the gradient (col2im) splits the same way
+    g = jax.jit(lambda p: jax_tma.col2im(p, host.shape, (3, 2), **geo))
+    assert_no_collectives(g.lower(y).compile().as_text())
+    assert_bits_equal(g(y), col2im_reference(want, host.shape, (3, 2), (2, 1),
+                                             ((1, 2), (0, 1)), (1, 2)))
+    v = jax.jit(jax.grad(lambda a: (jax_tma.im2col(a, (3, 2), **geo) ** 2).sum()))
+    assert_no_collectives(v.lower(x).compile().as_text())
+
+
+def test_im2col_under_shard_map():
+    rng = np.random.default_rng()
+    mesh = cpu_mesh((8,), ("x",))
+    host = random_array(rng, (8, 5, 4), jnp.bfloat16)
+    x = jax.device_put(host, NamedSharding(mesh, P("x")))
+    f = jax.jit(jax.shard_map(lambda a: jax_tma.im2col(a, 3, padding="SAME"), mesh=mesh,
+                              in_specs=P("x"), out_specs=P("x")))
+    assert_no_collectives(f.lower(x).compile().as_text())
+    assert_bits_equal(f(x), im2col_reference(host, (3,), (1,), ((1, 1),), (1,)))

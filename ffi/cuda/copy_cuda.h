@@ -9,5 +9,6 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaBenchMemcpyCuda);   // "jax_tma_bench_memcp
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaBenchSeedCopyCuda); // "jax_tma_bench_seed_copy"
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaWindowCuda);        // "jax_tma_window"
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaPpermuteCuda);      // "jax_tma_ppermute"
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaIm2colCuda);        // "jax_tma_im2col"
 
 #endif  // JAX_TMA_FFI_CUDA_COPY_CUDA_H_

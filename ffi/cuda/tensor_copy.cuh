@@ -189,6 +189,46 @@ __device__ __forceinline__ void tensor_store(const CUtensorMap* map, const void*
   }
 }
 
+// Im2col tensor loads: pixels_per_column pixels x channels_per_pixel
+// channels of the im2col map, walking the pixel box from {c, w, h, d, n}
+// (innermost first; the tap-0 pixel of the first output pixel) with the
+// map's traversal strides, each pixel shifted by the kernel-tap offsets
+// {ow, oh, od}. Pixels outside the tensor read as zero and are still counted
+// on `bar`. Rows land densely in `smem` (128-B aligned), one per pixel.
+__device__ __forceinline__ void im2col_load_3d(void* smem, const CUtensorMap* map,
+                                               uint64_t* bar, int32_t c, int32_t w,
+                                               int32_t n, uint16_t ow) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2], {%6};" ::"r"(smem_addr(smem)),
+      "l"(tensor_map_addr(map)), "r"(smem_addr(bar)), "r"(c), "r"(w), "r"(n), "h"(ow)
+      : "memory");
+}
+
+__device__ __forceinline__ void im2col_load_4d(void* smem, const CUtensorMap* map,
+                                               uint64_t* bar, int32_t c, int32_t w,
+                                               int32_t h, int32_t n, uint16_t ow,
+                                               uint16_t oh) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2], {%7, %8};" ::"r"(smem_addr(smem)),
+      "l"(tensor_map_addr(map)), "r"(smem_addr(bar)), "r"(c), "r"(w), "r"(h), "r"(n),
+      "h"(ow), "h"(oh)
+      : "memory");
+}
+
+__device__ __forceinline__ void im2col_load_5d(void* smem, const CUtensorMap* map,
+                                               uint64_t* bar, int32_t c, int32_t w,
+                                               int32_t h, int32_t d, int32_t n, uint16_t ow,
+                                               uint16_t oh, uint16_t od) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6, %7}], [%2], {%8, %9, %10};" ::"r"(smem_addr(smem)),
+      "l"(tensor_map_addr(map)), "r"(smem_addr(bar)), "r"(c), "r"(w), "r"(h), "r"(d),
+      "r"(n), "h"(ow), "h"(oh), "h"(od)
+      : "memory");
+}
+
 #endif  // JAX_TMA_HAS_BULK_COPY
 
 }  // namespace jax_tma::device

@@ -1,48 +1,84 @@
-// Tiled tensor-map encoding (see tensor_map.h). The driver function comes
-// from cudaGetDriverEntryPointByVersion, so the extension links only the
-// static cudart.
+// Tiled and im2col tensor-map encoding (see tensor_map.h). The driver
+// functions come from cudaGetDriverEntryPointByVersion, so the extension
+// links only the static cudart.
 #include "tensor_map.h"
 
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncode{Tiled,Im2col}_v12000
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <sstream>
 #include <string>
 
+#include "cuda_status.h"  // JAX_TMA_RETURN_IF_FAILED
+
 namespace jax_tma {
 namespace {
 
-struct TiledEncoder {
-  PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+// A cuTensorMapEncode* driver entry point, or why it could not be had.
+template <typename Fn>
+struct Encoder {
+  Fn fn = nullptr;
   std::string error;  // why fn is null
 };
 
-// Resolved once per process (function-local static: thread-safe). The ABI of
-// the v12000 entry point is what the typedef describes on every newer driver.
-const TiledEncoder& GetTiledEncoder() {
-  static const TiledEncoder encoder = [] {
-    TiledEncoder e;
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult qres = cudaDriverEntryPointSymbolNotFound;
-    const cudaError_t err = cudaGetDriverEntryPointByVersion(
-        "cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &qres);
-    if (err != cudaSuccess || qres != cudaDriverEntryPointSuccess || fn == nullptr) {
-      std::ostringstream os;
-      os << "cannot resolve the driver entry point cuTensorMapEncodeTiled (v12000): "
-         << "cudaGetDriverEntryPointByVersion returned " << cudaGetErrorName(err)
-         << " with query result "
-         << (qres == cudaDriverEntryPointSuccess           ? "success"
-             : qres == cudaDriverEntryPointSymbolNotFound ? "symbol not found"
-                                                          : "driver version not sufficient")
-         << (fn == nullptr ? " and no function" : "");
-      e.error = os.str();
-    } else {
-      e.fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-    }
-    return e;
-  }();
+// Resolves `name` at ABI version 12000 (what the PFN_*_v12000 typedefs
+// describe on every newer driver).
+template <typename Fn>
+Encoder<Fn> ResolveEncoder(const char* name) {
+  Encoder<Fn> e;
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult qres = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t err =
+      cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &qres);
+  if (err != cudaSuccess || qres != cudaDriverEntryPointSuccess || fn == nullptr) {
+    std::ostringstream os;
+    os << "cannot resolve the driver entry point " << name << " (v12000): "
+       << "cudaGetDriverEntryPointByVersion returned " << cudaGetErrorName(err)
+       << " with query result "
+       << (qres == cudaDriverEntryPointSuccess           ? "success"
+           : qres == cudaDriverEntryPointSymbolNotFound ? "symbol not found"
+                                                        : "driver version not sufficient")
+       << (fn == nullptr ? " and no function" : "");
+    e.error = os.str();
+  } else {
+    e.fn = reinterpret_cast<Fn>(fn);
+  }
+  return e;
+}
+
+// Resolved once per process (function-local statics: thread-safe).
+const Encoder<PFN_cuTensorMapEncodeTiled_v12000>& GetTiledEncoder() {
+  static const auto encoder =
+      ResolveEncoder<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled");
   return encoder;
+}
+
+const Encoder<PFN_cuTensorMapEncodeIm2col_v12000>& GetIm2colEncoder() {
+  static const auto encoder =
+      ResolveEncoder<PFN_cuTensorMapEncodeIm2col_v12000>("cuTensorMapEncodeIm2col");
+  return encoder;
+}
+
+// What every encode checks first: the spec's first broken rule (`broken`,
+// empty if none; `describe` lists the spec), the map object's alignment and
+// the driver entry point.
+template <typename Describe, typename Fn>
+ffi::Error BeforeEncode(std::string_view op, const std::string& broken, Describe&& describe,
+                        const CUtensorMap* map, const Encoder<Fn>& enc) {
+  if (!broken.empty()) {
+    return InvalidArgument(op, "tensor map: ", broken, " (", describe(), ")");
+  }
+  if (reinterpret_cast<std::uintptr_t>(map) % 64 != 0) {
+    return InvalidArgument(op, "tensor map object at ", static_cast<const void*>(map),
+                           " is not 64-B aligned");
+  }
+  if (enc.fn == nullptr) {
+    std::ostringstream os;
+    os << op << ": " << enc.error;
+    return ffi::Error::Internal(os.str());
+  }
+  return ffi::Error::Success();
 }
 
 const char* CuResultName(CUresult r) {
@@ -215,20 +251,9 @@ std::string DescribeTiledMap(const TiledMapSpec& s) {
 }
 
 ffi::Error EncodeTiled(std::string_view op, const TiledMapSpec& spec, CUtensorMap* map) {
-  const std::string broken = CheckTiledMap(spec);
-  if (!broken.empty()) {
-    return InvalidArgument(op, "tensor map: ", broken, " (", DescribeTiledMap(spec), ")");
-  }
-  if (reinterpret_cast<std::uintptr_t>(map) % 64 != 0) {
-    return InvalidArgument(op, "tensor map object at ", static_cast<const void*>(map),
-                           " is not 64-B aligned");
-  }
-  const TiledEncoder& enc = GetTiledEncoder();
-  if (enc.fn == nullptr) {
-    std::ostringstream os;
-    os << op << ": " << enc.error;
-    return ffi::Error::Internal(os.str());
-  }
+  const auto& enc = GetTiledEncoder();
+  JAX_TMA_RETURN_IF_FAILED(BeforeEncode(op, CheckTiledMap(spec),
+                                        [&] { return DescribeTiledMap(spec); }, map, enc));
   cuuint64_t dims[kMaxTensorMapRank];
   cuuint64_t strides[kMaxTensorMapRank - 1];
   cuuint32_t box[kMaxTensorMapRank];
@@ -249,6 +274,114 @@ ffi::Error EncodeTiled(std::string_view op, const TiledMapSpec& spec, CUtensorMa
     std::ostringstream os;
     os << op << ": cuTensorMapEncodeTiled failed with CUresult " << static_cast<int>(res)
        << " (" << CuResultName(res) << ") for " << DescribeTiledMap(spec);
+    return ffi::Error::Internal(os.str());
+  }
+  return ffi::Error::Success();
+}
+
+int32_t Im2colCornerMax(int rank) {
+  return rank == 3 ? 32767 : (rank == 4 ? 127 : 15);
+}
+
+std::string CheckIm2colMap(const Im2colMapSpec& s) {
+  std::ostringstream os;
+  if (s.rank < 3 || s.rank > kMaxTensorMapRank) {
+    os << "im2col rank " << s.rank << " is outside the hardware's [3, " << kMaxTensorMapRank
+       << "]";
+    return os.str();
+  }
+  // The rules shared with tiled maps (address, dims, strides, element
+  // strides), checked through an equivalent tiled spec with a legal box.
+  TiledMapSpec t;
+  t.type = s.type;
+  t.rank = s.rank;
+  t.address = s.address;
+  for (int i = 0; i < s.rank; ++i) {
+    t.dims[i] = s.dims[i];
+    t.box[i] = i == 0 ? kTensorMapAlign : 1;
+    t.elem_strides[i] = s.elem_strides[i];
+    if (i > 0) t.byte_strides[i - 1] = s.byte_strides[i - 1];
+  }
+  const int eb = TensorMapElementBytes(s.type);
+  if (eb != 0) t.box[0] = static_cast<uint32_t>(kTensorMapAlign / eb);
+  std::string shared = CheckTiledMap(t);
+  if (!shared.empty()) return shared;
+  const int32_t m = Im2colCornerMax(s.rank);
+  for (int i = 0; i < s.rank - 2; ++i) {
+    for (const auto& [name, v] : {std::pair{"lower", s.lower_corner[i]},
+                                  std::pair{"upper", s.upper_corner[i]}}) {
+      if (v < -m - 1 || v > m) {
+        os << "pixel-box " << name << " corner " << v << " of spatial dim " << i
+           << " (innermost first) is outside the hardware's [" << -m - 1 << ", " << m
+           << "] for a rank-" << s.rank << " tensor";
+        return os.str();
+      }
+    }
+    const int64_t extent = static_cast<int64_t>(s.dims[i + 1]) - 1 + s.upper_corner[i] -
+                           s.lower_corner[i] + 1;
+    if (extent < 1) {
+      os << "the pixel box of spatial dim " << i << " is empty (corners " << s.lower_corner[i]
+         << ", " << s.upper_corner[i] << " on a dim of " << s.dims[i + 1] << ")";
+      return os.str();
+    }
+  }
+  if (s.channels_per_pixel < 1 || s.channels_per_pixel > kMaxIm2colChannels) {
+    os << "channels per pixel " << s.channels_per_pixel << " is outside [1, "
+       << kMaxIm2colChannels << "]";
+    return os.str();
+  }
+  if ((static_cast<uint64_t>(s.channels_per_pixel) * eb) % kTensorMapAlign != 0) {
+    os << "channels per pixel " << s.channels_per_pixel << " x " << eb << " B is not a multiple of 16";
+    return os.str();
+  }
+  if (s.pixels_per_column < 1 || s.pixels_per_column > kMaxIm2colPixels) {
+    os << "pixels per column " << s.pixels_per_column << " is outside [1, " << kMaxIm2colPixels
+       << "]";
+    return os.str();
+  }
+  return std::string();
+}
+
+std::string DescribeIm2colMap(const Im2colMapSpec& s) {
+  std::ostringstream os;
+  const int r = s.rank < 3 ? 3 : (s.rank > kMaxTensorMapRank ? kMaxTensorMapRank : s.rank);
+  os << "type=" << TensorMapDataTypeName(s.type) << " rank=" << s.rank
+     << " address=" << s.address << " dims=";
+  PrintArray(os, s.dims, r);
+  os << " byte strides=";
+  PrintArray(os, s.byte_strides, r - 1);
+  os << " lower corner=";
+  PrintArray(os, s.lower_corner, r - 2);
+  os << " upper corner=";
+  PrintArray(os, s.upper_corner, r - 2);
+  os << " channels per pixel=" << s.channels_per_pixel
+     << " pixels per column=" << s.pixels_per_column << " element strides=";
+  PrintArray(os, s.elem_strides, r);
+  os << " interleave=none swizzle=none l2 promotion=128B oob fill=zero";
+  return os.str();
+}
+
+ffi::Error EncodeIm2col(std::string_view op, const Im2colMapSpec& spec, CUtensorMap* map) {
+  const auto& enc = GetIm2colEncoder();
+  JAX_TMA_RETURN_IF_FAILED(BeforeEncode(op, CheckIm2colMap(spec),
+                                        [&] { return DescribeIm2colMap(spec); }, map, enc));
+  cuuint64_t dims[kMaxTensorMapRank];
+  cuuint64_t strides[kMaxTensorMapRank - 1];
+  cuuint32_t estr[kMaxTensorMapRank];
+  for (int i = 0; i < spec.rank; ++i) {
+    dims[i] = spec.dims[i];
+    estr[i] = spec.elem_strides[i];
+    if (i > 0) strides[i - 1] = spec.byte_strides[i - 1];
+  }
+  const CUresult res = enc.fn(
+      map, spec.type, static_cast<cuuint32_t>(spec.rank), const_cast<void*>(spec.address),
+      dims, strides, spec.lower_corner, spec.upper_corner, spec.channels_per_pixel,
+      spec.pixels_per_column, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (res != CUDA_SUCCESS) {
+    std::ostringstream os;
+    os << op << ": cuTensorMapEncodeIm2col failed with CUresult " << static_cast<int>(res)
+       << " (" << CuResultName(res) << ") for " << DescribeIm2colMap(spec);
     return ffi::Error::Internal(os.str());
   }
   return ffi::Error::Success();

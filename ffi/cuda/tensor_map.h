@@ -59,6 +59,37 @@ std::string DescribeTiledMap(const TiledMapSpec& spec);
 // Thread-safe; the driver entry point is resolved on first use.
 ffi::Error EncodeTiled(std::string_view op, const TiledMapSpec& spec, CUtensorMap* map);
 
+// Everything cuTensorMapEncodeIm2col takes, non-interleaved and unswizzled,
+// zero out-of-bounds fill. Arrays are innermost dim first (C, W, H, D, N);
+// corners per spatial dim, innermost (W) first.
+struct Im2colMapSpec {
+  CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  int rank = 0;  // 3, 4 or 5
+  const void* address = nullptr;
+  uint64_t dims[kMaxTensorMapRank] = {};
+  uint64_t byte_strides[kMaxTensorMapRank - 1] = {};
+  int32_t lower_corner[kMaxTensorMapRank - 2] = {};
+  int32_t upper_corner[kMaxTensorMapRank - 2] = {};
+  uint32_t channels_per_pixel = 0;
+  uint32_t pixels_per_column = 0;
+  uint32_t elem_strides[kMaxTensorMapRank] = {};
+};
+
+inline constexpr uint32_t kMaxIm2colChannels = 256;
+inline constexpr uint32_t kMaxIm2colPixels = 1024;
+
+// The largest pixel-box corner magnitude of a rank-`rank` im2col map: the
+// corners are [-m-1, m] (rank 3: 32767, rank 4: 127, rank 5: 15).
+int32_t Im2colCornerMax(int rank);
+
+// The first driver rule (CUDA 13.0 cuda.h, cuTensorMapEncodeIm2col) that
+// `spec` breaks, with its values; empty when every rule holds.
+std::string CheckIm2colMap(const Im2colMapSpec& spec);
+std::string DescribeIm2colMap(const Im2colMapSpec& spec);
+
+// As EncodeTiled, for an im2col map.
+ffi::Error EncodeIm2col(std::string_view op, const Im2colMapSpec& spec, CUtensorMap* map);
+
 }  // namespace jax_tma
 
 #endif  // JAX_TMA_FFI_CUDA_TENSOR_MAP_H_

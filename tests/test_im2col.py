@@ -1,0 +1,286 @@
+"""jax_tma.im2col / col2im on the CPU: random 1D/2D/3D geometries against the
+NumPy reference (bit-exact, both patch orders, every dtype), against
+lax.conv_general_dilated_patches and lax.conv_general_dilated, gradients
+against XLA's, vmap folding, the linear transpose, and every error."""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jax_tma
+from reference import (ALL_DTYPES, assert_bits_equal, col2im_reference, cpu_device,
+                       im2col_reference, random_array)
+
+SUMMABLE = [d for d in ALL_DTYPES if d.name in (
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+    "bfloat16", "float32", "float64", "complex64", "complex128")]
+SPECS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
+
+
+def on_cpu(a):
+    return jax.device_put(a, cpu_device())
+
+
+def random_geometry(rng, r):
+    """x shape, kernel, strides, dilation and explicit padding (asymmetric,
+    sometimes larger than the kernel) for which the output is non-empty."""
+    while True:
+        spatial = tuple(int(v) for v in rng.integers(1, 9 if r < 3 else 6, r))
+        kernel = tuple(int(v) for v in rng.integers(1, 4, r))
+        strides = tuple(int(v) for v in rng.integers(1, 4, r))
+        dilation = tuple(int(v) for v in rng.integers(1, 3, r))
+        pads = tuple((int(rng.integers(0, 5)), int(rng.integers(0, 5))) for _ in range(r))
+        if all(d * (k - 1) + 1 <= s + lo + hi for s, k, d, (lo, hi)
+               in zip(spatial, kernel, dilation, pads)):
+            shape = (int(rng.integers(1, 4)),) + spatial + (int(rng.integers(1, 6)),)
+            return shape, kernel, strides, dilation, pads
+
+
+@pytest.mark.parametrize("trial", range(30))
+def test_random_geometries_match_numpy(rng, trial):
+    r = 1 + trial % 3
+    shape, kernel, strides, dilation, pads = random_geometry(rng, r)
+    dtype = ALL_DTYPES[int(rng.integers(len(ALL_DTYPES)))]
+    order = ("tap_major", "channel_major")[trial % 2]
+    x = random_array(rng, shape, dtype)
+    got = jax_tma.im2col(on_cpu(x), kernel, strides=strides, padding=pads, dilation=dilation,
+                         order=order)
+    assert_bits_equal(got, im2col_reference(x, kernel, strides, pads, dilation, order))
+
+
+@pytest.mark.parametrize("trial", range(24))
+def test_random_col2im_matches_numpy(rng, trial):
+    r = 1 + trial % 3
+    shape, kernel, strides, dilation, pads = random_geometry(rng, r)
+    dtype = SUMMABLE[int(rng.integers(len(SUMMABLE)))]
+    order = ("tap_major", "channel_major")[trial % 2]
+    out = tuple((s + lo + hi - d * (k - 1) - 1) // st + 1 for s, k, st, (lo, hi), d
+                in zip(shape[1:-1], kernel, strides, pads, dilation))
+    p = random_array(rng, (shape[0],) + out + (math.prod(kernel) * shape[-1],), dtype)
+    got = jax_tma.col2im(on_cpu(p), shape, kernel, strides=strides, padding=pads,
+                         dilation=dilation, order=order)
+    assert_bits_equal(got, col2im_reference(p, shape, kernel, strides, pads, dilation, order))
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_every_dtype(rng, dtype):
+    x = random_array(rng, (2, 5, 6, 3), dtype)
+    got = jax_tma.im2col(on_cpu(x), (3, 2), strides=(2, 1), padding=((2, 1), (0, 3)))
+    assert_bits_equal(got, im2col_reference(x, (3, 2), (2, 1), ((2, 1), (0, 3)), (1, 1)))
+
+
+@pytest.mark.parametrize("r", [1, 2, 3])
+@pytest.mark.parametrize("padding", ["VALID", "SAME", "explicit"])
+def test_matches_conv_general_dilated_patches(rng, r, padding):
+    shape = (2,) + (7, 6, 5)[:r] + (3,)
+    kernel, strides, dilation = (3, 2, 2)[:r], (2, 1, 2)[:r], (1, 2, 1)[:r]
+    pad = [(1, 3), (0, 2), (2, 0)][:r] if padding == "explicit" else padding
+    x = on_cpu(jnp.asarray(rng.standard_normal(shape), jnp.float32))
+    want = lax.conv_general_dilated_patches(
+        x, kernel, strides, pad, rhs_dilation=dilation, dimension_numbers=SPECS[r],
+        precision=lax.Precision.HIGHEST)
+    got = jax_tma.im2col(x, kernel, strides=strides, padding=pad, dilation=dilation,
+                         order="channel_major")
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("r", [1, 2, 3])
+def test_patches_times_weights_is_the_convolution(rng, r):
+    shape = (3,) + (9, 8, 6)[:r] + (4,)
+    kernel, strides, dilation = (3, 3, 2)[:r], (1, 2, 1)[:r], (2, 1, 1)[:r]
+    pads = ((3, 1), (0, 2), (1, 1))[:r]
+    x = on_cpu(jnp.asarray(rng.standard_normal(shape), jnp.float32))
+    w = on_cpu(jnp.asarray(rng.standard_normal(kernel + (4, 5)), jnp.float32))
+    want = lax.conv_general_dilated(x, w, strides, pads, rhs_dilation=dilation,
+                                    dimension_numbers=SPECS[r],
+                                    precision=lax.Precision.HIGHEST)
+    p = jax_tma.im2col(x, kernel, strides=strides, padding=pads, dilation=dilation)
+    got = jnp.matmul(p, w.reshape(-1, 5), precision=lax.Precision.HIGHEST)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("order", ["tap_major", "channel_major"])
+@pytest.mark.parametrize("r", [1, 2, 3])
+def test_grad_matches_xla(rng, r, order):
+    shape = (2,) + (8, 7, 5)[:r] + (3,)
+    kernel, strides, dilation = (3, 2, 3)[:r], (2, 1, 1)[:r], (1, 2, 1)[:r]
+    pads = ((2, 4), (1, 0), (0, 3))[:r]
+    x = on_cpu(jnp.asarray(rng.standard_normal(shape), jnp.float32))
+    p_shape = jax.eval_shape(lambda a: jax_tma.im2col(a, kernel, strides=strides,
+                                                      padding=pads, dilation=dilation), x).shape
+    w = on_cpu(jnp.asarray(rng.standard_normal(p_shape), jnp.float32))
+    k = math.prod(kernel)
+
+    def ours(a):
+        return (jax_tma.im2col(a, kernel, strides=strides, padding=pads, dilation=dilation,
+                               order=order) * w).sum()
+
+    def xla(a):
+        p = lax.conv_general_dilated_patches(a, kernel, strides, pads, rhs_dilation=dilation,
+                                             dimension_numbers=SPECS[r],
+                                             precision=lax.Precision.HIGHEST)
+        if order == "tap_major":  # (C, K) -> (K, C)
+            p = jnp.swapaxes(p.reshape(p.shape[:-1] + (3, k)), -1, -2).reshape(p.shape)
+        return (p * w).sum()
+
+    want = jax.grad(xla)(x)
+    np.testing.assert_allclose(jax.grad(ours)(x), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(jax.jit(jax.grad(ours))(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_col2im_is_the_grad_of_im2col(rng):
+    x = on_cpu(jnp.asarray(rng.standard_normal((2, 6, 5, 3)), jnp.float32))
+    geo = dict(strides=(2, 1), padding="SAME", dilation=(1, 2))
+    y, pull = jax.vjp(lambda a: jax_tma.im2col(a, (3, 3), **geo), x)
+    ct = on_cpu(jnp.asarray(rng.standard_normal(y.shape), jnp.float32))
+    assert_bits_equal(pull(ct)[0], jax_tma.col2im(ct, x.shape, (3, 3), **geo))
+
+
+def test_linear_transpose_and_its_transpose(rng):
+    x = on_cpu(jnp.asarray(rng.standard_normal((2, 7, 3)), jnp.float64))
+    f = functools.partial(jax_tma.im2col, kernel_size=3, strides=2, padding=((4, 1),),
+                          dilation=2)
+    ct = on_cpu(jnp.asarray(rng.standard_normal(f(x).shape), jnp.float64))
+    (t,) = jax.linear_transpose(f, x)(ct)
+    np.testing.assert_allclose(jnp.vdot(f(x), ct), jnp.vdot(x, t), rtol=1e-12)
+    (tt,) = jax.linear_transpose(lambda c: jax.linear_transpose(f, x)(c)[0], ct)(x)
+    assert_bits_equal(tt, f(x))
+    # The JVP of col2im is col2im; its transpose is im2col.
+    g = functools.partial(jax_tma.col2im, input_shape=x.shape, kernel_size=3, strides=2,
+                          padding=((4, 1),), dilation=2)
+    _, tangent = jax.jvp(g, (ct,), (ct,))
+    assert_bits_equal(tangent, g(ct))
+
+
+def test_vmap_folds_into_the_batch(rng):
+    xs = random_array(rng, (4, 2, 6, 5, 3), np.float32)
+    f = jax.vmap(lambda a: jax_tma.im2col(a, (2, 3), padding="SAME"), in_axes=1, out_axes=1)
+    want = np.stack([im2col_reference(xs[:, i], (2, 3), (1, 1), ((0, 1), (1, 1)), (1, 1))
+                     for i in range(2)], axis=1)
+    assert_bits_equal(f(on_cpu(xs)), want)
+    names = [e.primitive.name for e in jax.make_jaxpr(f)(xs).jaxpr.eqns]
+    assert names.count("jax_tma_im2col") == 1 and "while" not in names, names
+    g = jax.vmap(jax.vmap(lambda p: jax_tma.col2im(p, (2, 6, 5, 3), (2, 3), padding="SAME")))
+    ps = random_array(rng, (2, 3, 2, 6, 5, 18), np.int32)
+    want = np.stack([np.stack([col2im_reference(ps[a, b], (2, 6, 5, 3), (2, 3), (1, 1),
+                                                ((0, 1), (1, 1)), (1, 1)) for b in range(3)])
+                     for a in range(2)])
+    assert_bits_equal(g(on_cpu(ps)), want)
+
+
+def test_same_padding_and_int_arguments(rng):
+    x = random_array(rng, (1, 5, 4, 2), np.int16)
+    got = jax_tma.im2col(on_cpu(x), 3, strides=2, padding="same", dilation=1)
+    # lax's SAME for (5, 4), k=3, s=2: out (3, 2), padding ((1, 1), (0, 1))
+    assert got.shape == (1, 3, 2, 18)
+    assert_bits_equal(got, im2col_reference(x, (3, 3), (2, 2), ((1, 1), (0, 1)), (1, 1)))
+
+
+def test_padding_larger_than_the_kernel_and_empty_batch(rng):
+    x = random_array(rng, (2, 3, 4), np.uint8)
+    got = jax_tma.im2col(on_cpu(x), 2, padding=((5, 7),))
+    assert_bits_equal(got, im2col_reference(x, (2,), (1,), ((5, 7),), (1,)))
+    assert np.asarray(got)[:, :4].max() == 0 and np.asarray(got)[:, -6:].max() == 0
+    empty = np.zeros((0, 4, 4, 2), np.float32)
+    assert jax_tma.im2col(on_cpu(empty), 2).shape == (0, 3, 3, 8)
+    assert jax_tma.col2im(on_cpu(np.zeros((0, 3, 3, 8), np.float32)), empty.shape,
+                          2).shape == empty.shape
+
+
+# ---- errors ----
+
+def test_errors_name_the_op_rule_and_values():
+    x = jnp.ones((2, 5, 6, 3))
+    p = jnp.ones((2, 3, 4, 12))
+    cases = [
+        (TypeError, r"im2col: x must be an array", lambda: jax_tma.im2col([1.0], 1)),
+        (ValueError, r"im2col: x must have rank 3, 4 or 5 \(NWC, NHWC or NDHWC\), got rank 2 "
+                     r"\(x.shape=\(5, 6\)\)", lambda: jax_tma.im2col(jnp.ones((5, 6)), 1)),
+        (ValueError, r"im2col: x must have rank 3, 4 or 5 .* got rank 6",
+         lambda: jax_tma.im2col(jnp.ones((1,) * 6), 1)),
+        (ValueError, r"im2col: kernel_size has 3 entries but x has 2 spatial dims",
+         lambda: jax_tma.im2col(x, (1, 1, 1))),
+        (ValueError, r"im2col: kernel_size\[1\] = 0 is below 1",
+         lambda: jax_tma.im2col(x, (1, 0))),
+        (ValueError, r"im2col: strides\[0\] = -1 is below 1 \(strides=\(-1, 1\)\)",
+         lambda: jax_tma.im2col(x, 2, strides=(-1, 1))),
+        (ValueError, r"im2col: dilation\[0\] = 0 is below 1",
+         lambda: jax_tma.im2col(x, 2, dilation=0)),
+        (TypeError, r"im2col: strides\[1\] must be an int, got 1.5",
+         lambda: jax_tma.im2col(x, 2, strides=(1, 1.5))),
+        (TypeError, r"im2col: kernel_size must be an int or a sequence of 2 ints, got '3'",
+         lambda: jax_tma.im2col(x, "3")),
+        (ValueError, r"im2col: the kernel spans 7 pixels along spatial dim 0 \(kernel_size 4, "
+                     r"dilation 2\) but the padded input has 6 \(5 \+ padding \(1, 0\)",
+         lambda: jax_tma.im2col(x, (4, 1), dilation=(2, 1), padding=((1, 0), (0, 0)))),
+        (ValueError, r"im2col: the kernel spans 7 pixels along spatial dim 1",
+         lambda: jax_tma.im2col(x, (1, 7))),
+        (ValueError, r"im2col: padding must be 'VALID', 'SAME' or 2 \(low, high\) pairs, "
+                     r"got 'FULL'", lambda: jax_tma.im2col(x, 2, padding="FULL")),
+        (ValueError, r"im2col: padding must be .* got \(\(1, 1\),\)",
+         lambda: jax_tma.im2col(x, 2, padding=((1, 1),))),
+        (ValueError, r"im2col: padding\[1\] must be a \(low, high\) pair of ints, got \(1, 2, 3\)",
+         lambda: jax_tma.im2col(x, 2, padding=((1, 1), (1, 2, 3)))),
+        (ValueError, r"im2col: padding\[0\] = \(-1, 0\) is negative",
+         lambda: jax_tma.im2col(x, 2, padding=((-1, 0), (0, 0)))),
+        (ValueError, r"im2col: order must be one of 'tap_major', 'channel_major', got 'hwc'",
+         lambda: jax_tma.im2col(x, 2, order="hwc")),
+        (ValueError, r"im2col: method must be one of 'auto', 'tma', 'simt', got 'bulk'",
+         lambda: jax_tma.im2col(x, 2, method="bulk")),
+        (TypeError, r"col2im: patches must be an array", lambda: jax_tma.col2im(1, x.shape, 2)),
+        (TypeError, r"col2im: input_shape must be a sequence of ints >= 0, got 5",
+         lambda: jax_tma.col2im(p, 5, 2)),
+        (ValueError, r"col2im: patches.shape=\(2, 3, 4, 12\) but im2col of "
+                     r"input_shape=\(2, 5, 6, 3\) gives \(2, 4, 5, 12\)",
+         lambda: jax_tma.col2im(p, x.shape, 2)),
+        (TypeError, r"col2im: patches of dtype bool cannot be summed",
+         lambda: jax_tma.col2im(jnp.ones((2, 4, 5, 12), bool), x.shape, 2)),
+        (ValueError, r"col2im: method must be 'auto' or 'simt', got 'tma'",
+         lambda: jax_tma.col2im(p, x.shape, 2, method="tma")),
+        (ValueError, r"col2im: x must have rank 3, 4 or 5",
+         lambda: jax_tma.col2im(p, (2, 3), 2)),
+    ]
+    for exc, pattern, call in cases:
+        with pytest.raises(exc, match=r"^jax_tma\." + pattern):
+            call()
+
+
+def _raw(x, out_shape, **attrs):
+    call = jax.ffi.ffi_call("jax_tma_im2col", jax.ShapeDtypeStruct(out_shape, x.dtype))
+    r = len(out_shape) - 2
+    base = dict(kernel=np.ones(r, np.int64), strides=np.ones(r, np.int64),
+                dilation=np.ones(r, np.int64), pad_lo=np.zeros(r, np.int64),
+                pad_hi=np.zeros(r, np.int64), channel_major=False, transpose=False,
+                method="auto")
+    base.update(attrs)
+    return jax.jit(lambda a: call(a, **base))(on_cpu(x))
+
+
+def test_handler_revalidates():
+    x = jnp.ones((2, 5, 3), jnp.float32)
+    one = np.ones(1, np.int64)
+    with pytest.raises(Exception, match=r"jax_tma\.im2col: unknown method 'fast'"):
+        _raw(x, (2, 5, 3), method="fast")
+    with pytest.raises(Exception, match=r"jax_tma\.im2col: kernel, strides and dilation must "
+                                        r"lie in \[1, 2\^31 - 1\]; dim 0 has kernel 1, "
+                                        r"strides 0"):
+        _raw(x, (2, 5, 3), strides=np.zeros(1, np.int64))
+    with pytest.raises(Exception, match=r"jax_tma\.im2col: padding \(-1, 0\) of dim 0"):
+        _raw(x, (2, 5, 3), pad_lo=-one)
+    with pytest.raises(Exception, match=r"jax_tma\.im2col: the kernel spans 9 pixels along "
+                                        r"spatial dim 0 but the padded input has 5"):
+        _raw(x, (2, 1, 27), kernel=9 * one)
+    with pytest.raises(Exception, match=r"jax_tma\.im2col: patches dim 1 is 4; the "
+                                        r"geometry gives 5"):
+        _raw(x, (2, 4, 3))
+    with pytest.raises(Exception, match=r"jax_tma\.im2col: x has rank 2"):
+        _raw(jnp.ones((5, 3)), (5, 3), kernel=np.ones(0, np.int64))
+    with pytest.raises(Exception, match=r"jax_tma\.im2col: strides has 2 entries but x has 1"):
+        _raw(x, (2, 5, 3), strides=np.ones(2, np.int64))
+    with pytest.raises(Exception, match=r"jax_tma\.col2im: element type pred cannot be summed"):
+        _raw(jnp.ones((2, 5, 3), bool), (2, 5, 3), transpose=True)

@@ -1,0 +1,181 @@
+"""jax_tma.im2col / col2im on a CUDA GPU: random 1D/2D/3D geometries (every
+method that can run them) into poisoned outputs against the NumPy reference,
+bit-exact; col2im bit-identical to the CPU handler; grad against XLA; the
+forced-TMA errors."""
+
+import functools
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jax_tma
+from reference import (ALL_DTYPES, assert_bits_equal, cpu_device, im2col_reference,
+                       random_array)
+
+pytestmark = pytest.mark.gpu
+POISON = 0xA5
+BYTE_DTYPES = [d for d in ALL_DTYPES if d.name not in ("int2", "uint2", "int4", "uint4",
+                                                       "float4_e2m1fn")]
+SUMMABLE = [d for d in ALL_DTYPES if d.name in (
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+    "bfloat16", "float32", "float64", "complex64", "complex128")]
+
+
+@functools.cache
+def _into_donated(op, kernel, geo):
+    def f(a, poison):
+        return op(a, kernel, **dict(geo))
+    return jax.jit(f, donate_argnums=1, keep_unused=True)
+
+
+def poisoned(op, a, out_shape, kernel, device, **geo):
+    """Runs `op` into a donated, poisoned output buffer (checked to be
+    written in place), so unwritten elements would show."""
+    f = _into_donated(op, kernel, tuple(sorted(geo.items())))
+    poison = jax.device_put(
+        np.full(math.prod(out_shape) * a.dtype.itemsize, POISON, np.uint8)
+        .view(a.dtype).reshape(out_shape), device)
+    ad = jax.device_put(a, device)
+    hlo = f.lower(ad, poison).compile().as_text()
+    assert "input_output_alias" in hlo and not re.search(r"\bcopy(-start)?\(", hlo)
+    ptr = poison.unsafe_buffer_pointer()
+    y = f(ad, poison)
+    assert y.unsafe_buffer_pointer() == ptr
+    return y
+
+
+def _geometry(rng, r, tma_friendly, dtype):
+    while True:
+        spatial = tuple(int(v) for v in rng.integers(1, 24 if r < 3 else 9, r))
+        kernel = tuple(int(v) for v in rng.integers(1, 4, r))
+        strides = tuple(int(v) for v in rng.integers(1, 4, r))
+        dilation = tuple(int(v) for v in rng.integers(1, 3, r))
+        pads = tuple((int(rng.integers(0, 4)), int(rng.integers(0, 4))) for _ in range(r))
+        if all(d * (k - 1) + 1 <= s + lo + hi for s, k, d, (lo, hi)
+               in zip(spatial, kernel, dilation, pads)):
+            break
+    unit = max(1, 16 // np.dtype(dtype).itemsize) if tma_friendly else 1
+    c = unit * int(rng.integers(1, 6))
+    return (int(rng.integers(1, 4)),) + spatial + (c,), kernel, strides, dilation, pads
+
+
+def _out_shape(shape, kernel, strides, dilation, pads):
+    out = tuple((s + lo + hi - d * (k - 1) - 1) // st + 1 for s, k, st, d, (lo, hi)
+                in zip(shape[1:-1], kernel, strides, dilation, pads))
+    return (shape[0],) + out + (math.prod(kernel) * shape[-1],)
+
+
+@pytest.mark.parametrize("trial", range(30))
+def test_random_im2col(gpu, rng, trial):
+    r = 1 + trial % 3
+    dtype = BYTE_DTYPES[int(rng.integers(len(BYTE_DTYPES)))]
+    shape, kernel, strides, dilation, pads = _geometry(rng, r, trial % 2 == 0, dtype)
+    order = "channel_major" if trial % 5 == 4 else "tap_major"
+    x = random_array(rng, shape, dtype)
+    got = poisoned(jax_tma.im2col, x, _out_shape(shape, kernel, strides, dilation, pads),
+                   kernel, gpu, strides=strides, padding=pads, dilation=dilation, order=order)
+    assert_bits_equal(got, im2col_reference(x, kernel, strides, pads, dilation, order))
+
+
+@pytest.mark.parametrize("trial", range(15))
+def test_forced_tma_on_friendly_geometries(gpu, rng, trial):
+    r = 1 + trial % 3
+    dtype = BYTE_DTYPES[int(rng.integers(len(BYTE_DTYPES)))]
+    shape, kernel, strides, dilation, pads = _geometry(rng, r, True, dtype)
+    x = random_array(rng, shape, dtype)
+    got = poisoned(jax_tma.im2col, x, _out_shape(shape, kernel, strides, dilation, pads),
+                   kernel, gpu, strides=strides, padding=pads, dilation=dilation, method="tma")
+    assert_bits_equal(got, im2col_reference(x, kernel, strides, pads, dilation))
+
+
+@pytest.mark.parametrize("shape,kernel,pads", [
+    ((4, 56, 56, 64), (3, 3), ((1, 1), (1, 1))),
+    ((2, 28, 28, 256), (3, 3), ((1, 1), (1, 1))),
+    ((2, 30, 31, 4), (3, 3), ((1, 1), (1, 1))),
+    ((3, 9, 10, 11, 8), (3, 3, 3), ((1, 1), (2, 0), (0, 2))),
+    ((5, 300, 24), (7,), ((6, 0),)),
+    ((2, 40, 33, 16), (5, 5), ((9, 4), (0, 11))),   # padding larger than the kernel
+])
+def test_conv_shapes_every_method(gpu, rng, shape, kernel, pads):
+    x = random_array(rng, shape, jnp.bfloat16)
+    want = im2col_reference(x, kernel, (1,) * len(kernel), pads, (1,) * len(kernel))
+    tma_ok = shape[-1] * x.dtype.itemsize % 16 == 0  # else forced TMA names the rule
+    for method in ("auto", "tma", "simt") if tma_ok else ("auto", "simt"):
+        got = poisoned(jax_tma.im2col, x, want.shape, kernel, gpu, padding=pads, method=method)
+        assert_bits_equal(got, want)
+
+
+@pytest.mark.parametrize("trial", range(12))
+def test_random_col2im_matches_the_cpu_handler(gpu, rng, trial):
+    r = 1 + trial % 3
+    dtype = SUMMABLE[int(rng.integers(len(SUMMABLE)))]
+    shape, kernel, strides, dilation, pads = _geometry(rng, r, trial % 2 == 0, dtype)
+    order = "channel_major" if trial % 4 == 3 else "tap_major"
+    p = random_array(rng, _out_shape(shape, kernel, strides, dilation, pads), dtype)
+    geo = dict(strides=strides, padding=pads, dilation=dilation, order=order)
+    got = poisoned(lambda a, k, **kw: jax_tma.col2im(a, shape, k, **kw), p, shape, kernel, gpu,
+                   **geo)
+    want = jax_tma.col2im(jax.device_put(p, cpu_device()), shape, kernel, **geo)
+    assert_bits_equal(got, want)
+
+
+def test_grad_on_gpu_matches_xla(gpu, rng):
+    x = jax.device_put(rng.standard_normal((4, 20, 18, 16)).astype(np.float32), gpu)
+    geo = dict(strides=(2, 1), padding=((2, 1), (1, 3)), dilation=(1, 2))
+    y = jax_tma.im2col(x, (3, 3), **geo)
+    w = jax.device_put(rng.standard_normal(y.shape).astype(np.float32), gpu)
+    k = 9
+
+    def ours(a):
+        return (jax_tma.im2col(a, (3, 3), **geo) * w).sum()
+
+    def xla(a):
+        p = lax.conv_general_dilated_patches(a, (3, 3), (2, 1), ((2, 1), (1, 3)),
+                                             rhs_dilation=(1, 2),
+                                             dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                             precision=lax.Precision.HIGHEST)
+        p = jnp.swapaxes(p.reshape(p.shape[:-1] + (16, k)), -1, -2).reshape(p.shape)
+        return (p * w).sum()
+
+    np.testing.assert_allclose(jax.jit(jax.grad(ours))(x), jax.jit(jax.grad(xla))(x),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_of_patches_is_the_convolution(gpu, rng):
+    x = jax.device_put(rng.standard_normal((8, 16, 16, 32)).astype(np.float32), gpu)
+    w = jax.device_put(rng.standard_normal((3, 3, 32, 24)).astype(np.float32), gpu)
+    hi = lax.Precision.HIGHEST
+    want = lax.conv_general_dilated(x, w, (1, 1), "SAME", precision=hi,
+                                    dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    got = jnp.matmul(jax_tma.im2col(x, 3, padding="SAME"), w.reshape(-1, 24), precision=hi)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape,kwargs,pattern", [
+    ((2, 8, 8, 3), dict(), r"a pixel's channels \(3 x 4 B = 12 B\) are not a multiple of 16 B"),
+    ((2, 40, 8, 4), dict(strides=(9, 1)),
+     r"strides\[0\] = 9 is over the hardware's traversal-stride limit 8"),
+    ((2, 8, 8, 4), dict(order="channel_major"), r"order='channel_major' has no TMA path"),
+    ((1, 8, 8, 4), dict(padding=((130, 0), (0, 0))),
+     r"padding low 130 of spatial dim 0 is over the hardware's pixel-box corner limit 128 "
+     r"for a rank-4 input"),
+    ((1, 6, 6, 6, 4), dict(padding=((0, 0), (0, 0), (0, 20))),
+     r"padding high 20 minus the kernel's dilated extent 2 along spatial dim 2 \(18\) is "
+     r"outside the hardware's pixel-box corner range \[-16, 15\] for a rank-5 input"),
+])
+def test_forced_tma_names_the_rule(gpu, shape, kwargs, pattern):
+    x = jax.device_put(jnp.ones(shape, jnp.float32), gpu)
+    with pytest.raises(Exception, match=r"jax_tma\.im2col: method='tma' cannot run this "
+                                        r"im2col: " + pattern):
+        jax.block_until_ready(jax_tma.im2col(x, 3, method="tma", **kwargs))
+    # auto takes the SIMT kernel instead, with the same result
+    want = im2col_reference(np.ones(shape, np.float32), (3,) * (len(shape) - 2),
+                            kwargs.get("strides", (1,) * (len(shape) - 2)),
+                            kwargs.get("padding", ((0, 0),) * (len(shape) - 2)),
+                            (1,) * (len(shape) - 2), kwargs.get("order", "tap_major"))
+    assert_bits_equal(jax_tma.im2col(x, 3, **kwargs), want)
