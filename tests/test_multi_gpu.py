@@ -49,6 +49,10 @@ CASES = {
                        P("x", None, None), (8, 96, 128)),
     "broadcast-after-dim0": (lambda a: jax_tma.broadcast(a, 3, axis=1), P("x", None), (64, 256)),
     "broadcast-after-dim1": (lambda a: jax_tma.broadcast(a, 2, axis=2), P(None, "x"), (64, 256)),
+    "im2col-batch": (lambda a: jax_tma.im2col(a, (3, 3), padding="SAME"),
+                     P("x", None, None, None), (4, 12, 10, 8)),
+    "col2im-batch": (lambda a: jax_tma.col2im(a, (a.shape[0], 6, 5, 8), (3, 3), padding="SAME"),
+                     P("x", None, None, None), (4, 6, 5, 72)),
 }
 
 
