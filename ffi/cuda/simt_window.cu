@@ -15,35 +15,29 @@ struct Bytes16 {
   uint64_t lo, hi;
 };
 
-// A warp step covers kWindowStep consecutive elements of one window row:
-// each lane holds kPerLane independent loads in flight before its stores.
-constexpr int kPerLane = 4;
-constexpr int kWindowStep = 32 * kPerLane;
+// One warp covers kWindowSegment consecutive elements of one window row per
+// step: the row's src offset is decoded once per step (the divisions), the
+// lanes then read and write consecutive elements (coalesced when the
+// innermost stride is 1).
+constexpr int kWindowSegment = 128;
 
-// One warp item is `segment` consecutive elements (a multiple of
-// kWindowStep) of one window row. The row's source offset is decoded once per
-// item (several 64-bit divisions), so the host makes items as long as
-// parallelism allows: decoded every 128 elements, as first written, the
-// divisions took more issue slots than the copy of those elements.
 template <typename T>
 __global__ void __launch_bounds__(kWindowThreads)
     SimtWindowKernel(const WindowGeometry g, const T* __restrict__ src,
-                     const void* __restrict__ start, T* __restrict__ dst, T fill,
-                     int64_t segment) {
+                     const void* __restrict__ start, T* __restrict__ dst, T fill) {
   const int last = g.rank - 1;
   const int64_t inner = g.dst_dims[last];
-  const int64_t rows_per_batch = g.dst_spatial / inner;
-  const int64_t rows = g.batch * rows_per_batch;
-  const int64_t segments = (inner + segment - 1) / segment;
+  const int64_t rows = g.batch * (g.dst_spatial / inner);
+  const int64_t segments = (inner + kWindowSegment - 1) / kWindowSegment;
   const int lane = threadIdx.x % 32;
   const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
+  const int64_t rows_per_batch = g.dst_spatial / inner;
   int64_t s[kMaxWindowRank];
   int64_t loaded_bt = -1;
   for (int64_t item = warp; item < rows * segments; item += warps) {
     const int64_t row = item / segments;
-    const int64_t begin = (item - row * segments) * segment;
-    const int64_t end = min(inner, begin + segment);
+    const int64_t first = (item - row * segments) * kWindowSegment;
     const int64_t b = row / rows_per_batch;
     const int64_t bt = g.start_batched ? b : 0;
     if (bt != loaded_bt) {
@@ -53,19 +47,19 @@ __global__ void __launch_bounds__(kWindowThreads)
     const int64_t base = WindowRowSource(g, s, row - b * rows_per_batch);
     const T* sb = src + (g.src_batched ? b : 0) * g.src_spatial;
     T* drow = dst + row * inner;
-    for (int64_t first = begin; first < end; first += kWindowStep) {
-      T v[kPerLane];
+    // Four independent loads in flight per lane before the stores.
+    constexpr int kPer = kWindowSegment / 32;
+    T v[kPer];
 #pragma unroll
-      for (int u = 0; u < kPerLane; ++u) {
-        const int64_t i = first + u * 32 + lane;
-        const int64_t c = (base < 0 || i >= end) ? -1 : MapCoord(g, last, i, s[last]);
-        v[u] = c >= 0 ? sb[base + c] : fill;
-      }
+    for (int u = 0; u < kPer; ++u) {
+      const int64_t i = first + u * 32 + lane;
+      const int64_t c = (base < 0 || i >= inner) ? -1 : MapCoord(g, last, i, s[last]);
+      v[u] = c >= 0 ? sb[base + c] : fill;
+    }
 #pragma unroll
-      for (int u = 0; u < kPerLane; ++u) {
-        const int64_t i = first + u * 32 + lane;
-        if (i < end) drow[i] = v[u];
-      }
+    for (int u = 0; u < kPer; ++u) {
+      const int64_t i = first + u * 32 + lane;
+      if (i < inner) drow[i] = v[u];
     }
   }
 }
@@ -74,20 +68,14 @@ template <typename T>
 ffi::Error Launch(const WindowGeometry& g, const void* src, const void* start, void* dst,
                   T fill, cudaStream_t stream, const DeviceInfo& info) {
   const int64_t inner = g.dst_dims[g.rank - 1];
-  const int64_t rows = g.batch * (g.dst_spatial / inner);
+  const int64_t items = g.batch * (g.dst_spatial / inner) *
+                        ((inner + kWindowSegment - 1) / kWindowSegment);
   const int64_t warps_per_block = kWindowThreads / 32;
-  const int64_t max_blocks = static_cast<int64_t>(info.sm_count) * 16;
-  // Items long enough to amortise the row decode, short enough that every
-  // resident warp (64 per SM at 256-thread CTAs) gets about two.
-  const int64_t want_items = 2 * 64 * static_cast<int64_t>(info.sm_count);
-  const int64_t steps_per_row = (inner + kWindowStep - 1) / kWindowStep;
-  const int64_t steps = std::clamp<int64_t>(rows * steps_per_row / want_items, 1, steps_per_row);
-  const int64_t segment = steps * kWindowStep;
-  const int64_t items = rows * ((inner + segment - 1) / segment);
   const int grid = static_cast<int>(std::clamp<int64_t>(
-      (items + warps_per_block - 1) / warps_per_block, 1, max_blocks));
+      (items + warps_per_block - 1) / warps_per_block, 1,
+      static_cast<int64_t>(info.sm_count) * 16));
   SimtWindowKernel<T><<<grid, kWindowThreads, 0, stream>>>(
-      g, static_cast<const T*>(src), start, static_cast<T*>(dst), fill, segment);
+      g, static_cast<const T*>(src), start, static_cast<T*>(dst), fill);
   JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ffi::Error::Success();
 }
