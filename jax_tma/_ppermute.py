@@ -23,8 +23,9 @@ PpermuteDirection = Literal["auto", "pull", "push"]
 _METHODS = ("auto", "bulk", "simt")
 _DIRECTIONS = ("auto", "pull", "push")
 # direction="auto": on two NVLink-connected H200s (NV18) pushing measured
-# 1.02-1.11x the pull bandwidth from 4 MiB to 1 GiB (368 vs 336 GB/s per
-# direction at 1 GiB): a write crosses the link once, a read makes a round trip.
+# 1.01-1.11x the pull bandwidth from 4 MiB to 1 GiB in two runs (368 vs 336
+# GB/s per direction at 1 GiB): a write crosses the link once, a read makes a
+# round trip.
 _AUTO_DIRECTION = "push"
 _OP = "jax_tma.ppermute"
 
