@@ -89,14 +89,7 @@ inline ffi::Error DecodeBroadcast(const ffi::AnyBuffer& x, ffi::Result<ffi::AnyB
   if (static_cast<int64_t>(yd.size()) != r + 1) {
     return InvalidArgument(op, "output rank ", yd.size(), " is not the input rank ", r, " + 1");
   }
-  if (x.element_type() != y->element_type()) {
-    return InvalidArgument(op, "output element type ", DataTypeName(y->element_type()),
-                           " differs from input element type ", DataTypeName(x.element_type()));
-  }
-  if (IsSubByte(x.element_type())) {
-    return InvalidArgument(op, "sub-byte element type ", DataTypeName(x.element_type()),
-                           " must be widened before the call");
-  }
+  JAX_TMA_RETURN_IF_FAILED(CheckElementTypes(op, x.element_type(), y->element_type()));
   g->n = yd[axis];
   g->outer = 1;
   g->inner_bytes = static_cast<int64_t>(ffi::ByteWidth(x.element_type()));

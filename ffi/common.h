@@ -13,6 +13,13 @@
 
 #include "xla/ffi/api/ffi.h"
 
+// Returns the ffi::Error of `expr` from the enclosing handler if it failed.
+#define JAX_TMA_RETURN_IF_FAILED(expr)                                      \
+  do {                                                                      \
+    ::xla::ffi::Error jax_tma_error_ = (expr);                              \
+    if (jax_tma_error_.failure()) return jax_tma_error_;                    \
+  } while (0)
+
 namespace jax_tma {
 
 namespace ffi = xla::ffi;
@@ -98,6 +105,20 @@ inline ffi::Error ParseCopyMethodAttr(std::string_view op, std::string_view name
                          "' (expected 'auto', 'bulk' or 'simt')");
 }
 
+// The element-type rules every handler shares: the output has the input's
+// type, and that type is not a sub-byte one (Python widens those).
+inline ffi::Error CheckElementTypes(std::string_view op, ffi::DataType in, ffi::DataType out) {
+  if (in != out) {
+    return InvalidArgument(op, "output element type ", DataTypeName(out),
+                           " differs from input element type ", DataTypeName(in));
+  }
+  if (IsSubByte(in)) {
+    return InvalidArgument(op, "sub-byte element type ", DataTypeName(in),
+                           " must be widened before the call");
+  }
+  return ffi::Error::Success();
+}
+
 // The byte range a whole-buffer copy moves, after re-checking what the kernels
 // rely on: same dtype, same element count, real pointers for non-empty data.
 struct ByteCopy {
@@ -108,17 +129,7 @@ struct ByteCopy {
 
 inline ffi::Error CheckWholeCopy(std::string_view op, const ffi::AnyBuffer& x,
                                  ffi::Result<ffi::AnyBuffer>& y, ByteCopy* out) {
-  if (IsSubByte(x.element_type())) {
-    return InvalidArgument(op, "sub-byte element type ",
-                           DataTypeName(x.element_type()),
-                           " must be widened before the call");
-  }
-  if (x.element_type() != y->element_type()) {
-    return InvalidArgument(op, "output element type ",
-                           DataTypeName(y->element_type()),
-                           " differs from input element type ",
-                           DataTypeName(x.element_type()));
-  }
+  JAX_TMA_RETURN_IF_FAILED(CheckElementTypes(op, x.element_type(), y->element_type()));
   if (x.element_count() != y->element_count()) {
     return InvalidArgument(op, "output has ", y->element_count(),
                            " elements but input has ", x.element_count());
@@ -131,12 +142,5 @@ inline ffi::Error CheckWholeCopy(std::string_view op, const ffi::AnyBuffer& x,
 }
 
 }  // namespace jax_tma
-
-// Returns the ffi::Error of `expr` from the enclosing handler if it failed.
-#define JAX_TMA_RETURN_IF_FAILED(expr)                                      \
-  do {                                                                      \
-    ::xla::ffi::Error jax_tma_error_ = (expr);                              \
-    if (jax_tma_error_.failure()) return jax_tma_error_;                    \
-  } while (0)
 
 #endif  // JAX_TMA_FFI_COMMON_H_

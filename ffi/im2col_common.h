@@ -127,15 +127,7 @@ inline ffi::Error DecodeIm2col(const ffi::AnyBuffer& src, ffi::Result<ffi::AnyBu
                              " spatial dims");
     }
   }
-  if (src.element_type() != dst->element_type()) {
-    return InvalidArgument(op, "output element type ", DataTypeName(dst->element_type()),
-                           " differs from input element type ",
-                           DataTypeName(src.element_type()));
-  }
-  if (IsSubByte(src.element_type())) {
-    return InvalidArgument(op, "sub-byte element type ", DataTypeName(src.element_type()),
-                           " must be widened before the call");
-  }
+  JAX_TMA_RETURN_IF_FAILED(CheckElementTypes(op, src.element_type(), dst->element_type()));
   if (transpose && !SumKindOf(src.element_type(), &g->sum, &g->components)) {
     return InvalidArgument(op, "element type ", DataTypeName(src.element_type()),
                            " cannot be summed (integer, f16, bf16, f32, f64, c64 or c128)");

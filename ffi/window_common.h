@@ -101,15 +101,7 @@ inline ffi::Error DecodeWindow(const ffi::AnyBuffer& src,
   if (static_cast<int64_t>(sd.size()) != r && static_cast<int64_t>(sd.size()) != nb + r) {
     return InvalidArgument(op, "input rank ", sd.size(), " is neither ", r, " nor ", nb + r);
   }
-  if (src.element_type() != dst->element_type()) {
-    return InvalidArgument(op, "output element type ", DataTypeName(dst->element_type()),
-                           " differs from input element type ",
-                           DataTypeName(src.element_type()));
-  }
-  if (IsSubByte(src.element_type())) {
-    return InvalidArgument(op, "sub-byte element type ", DataTypeName(src.element_type()),
-                           " must be widened before the call");
-  }
+  JAX_TMA_RETURN_IF_FAILED(CheckElementTypes(op, src.element_type(), dst->element_type()));
   g->rank = static_cast<int>(r);
   g->transpose = transpose;
   g->fill_bits = fill_bits;

@@ -319,12 +319,10 @@ bool PlanClusterBroadcast(const BroadcastGeometry& g, BroadcastMethod method, in
   }
   p->dst = U64Map<4>(g.dst, {c, r, g.n, g.outer}, {row_bytes, bytes, dst_outer_stride},
                      {c, rows, 1, outers});
-  for (const TiledMapSpec* m : {&p->tile, &p->piece, &p->dst}) {
-    const std::string broken = CheckTiledMap(*m);
-    if (!broken.empty()) {
-      os << "tensor-map rule broken: " << broken << " (" << DescribeTiledMap(*m) << ")";
-      return fail();
-    }
+  const std::string broken = CheckTiledMaps({&p->tile, &p->piece, &p->dst});
+  if (!broken.empty()) {
+    os << "tensor-map rule broken: " << broken;
+    return fail();
   }
   return true;
 }

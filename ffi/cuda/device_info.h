@@ -6,6 +6,7 @@
 
 #include <array>
 #include <mutex>
+#include <string>
 
 #include "cuda_status.h"
 
@@ -18,6 +19,12 @@ struct DeviceInfo {
   int smem_per_block_optin = 0;  // bytes
   int smem_per_sm = 0;           // bytes
   bool has_tma() const { return cc_major >= 9; }
+  // Empty where the device has TMA, else why not (for error messages).
+  std::string NoTmaReason(int device) const {
+    if (has_tma()) return "";
+    return "device " + std::to_string(device) + " has compute capability " +
+           std::to_string(cc_major) + "." + std::to_string(cc_minor) + " (TMA needs >= 9.0)";
+  }
 };
 
 // Up to this many device ordinals are cached; the rest are queried per call.

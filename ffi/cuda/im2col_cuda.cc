@@ -33,9 +33,7 @@ static ffi::Error Im2colCudaImpl(cudaStream_t stream, int32_t device, ffi::AnyBu
     JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
     std::string why;
     if (!info.has_tma()) {
-      why = "device " + std::to_string(device) + " has compute capability " +
-            std::to_string(info.cc_major) + "." + std::to_string(info.cc_minor) +
-            " (TMA needs >= 9.0)";
+      why = info.NoTmaReason(device);
     } else if (TmaIm2colFits(g, x.untyped_data(), y->untyped_data(), &why)) {
       return LaunchTmaIm2col(g, x.untyped_data(), y->untyped_data(), stream, device);
     }

@@ -226,6 +226,14 @@ std::string CheckTiledMap(const TiledMapSpec& s) {
   return std::string();
 }
 
+std::string CheckTiledMaps(std::initializer_list<const TiledMapSpec*> specs) {
+  for (const TiledMapSpec* s : specs) {
+    const std::string broken = CheckTiledMap(*s);
+    if (!broken.empty()) return broken + " (" + DescribeTiledMap(*s) + ")";
+  }
+  return std::string();
+}
+
 std::string DescribeTiledMap(const TiledMapSpec& s) {
   std::ostringstream os;
   const int r = s.rank < 0 ? 0 : (s.rank > kMaxTensorMapRank ? kMaxTensorMapRank : s.rank);

@@ -9,6 +9,7 @@
 #include <cuda.h>  // CUtensorMap and its enums only; libcuda is never linked
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -49,6 +50,10 @@ struct TiledMapSpec {
 // `spec` breaks, with its values, e.g. "row stride 18 B is not a multiple of
 // 16"; empty when every rule holds. Pure host arithmetic, no CUDA calls.
 std::string CheckTiledMap(const TiledMapSpec& spec);
+
+// CheckTiledMap over several maps: the first broken rule followed by that
+// map's description, or empty when every map holds every rule.
+std::string CheckTiledMaps(std::initializer_list<const TiledMapSpec*> specs);
 
 // "type=u32 rank=2 address=0x... dims=[...] ..." for error messages.
 std::string DescribeTiledMap(const TiledMapSpec& spec);

@@ -604,12 +604,10 @@ bool PlanTiledWindow(const WindowGeometry& g, const void* src, const void* dst,
 
   // Everything above implies the driver's rules; re-check them anyway so that
   // Fits and the encoder can never disagree.
-  for (const TiledMapSpec* m : {&p->src, &p->wide, &p->dst}) {
-    const std::string broken = CheckTiledMap(*m);
-    if (!broken.empty()) {
-      os << "internal tensor-map rule broken: " << broken << " (" << DescribeTiledMap(*m) << ")";
-      return fail();
-    }
+  const std::string broken = CheckTiledMaps({&p->src, &p->wide, &p->dst});
+  if (!broken.empty()) {
+    os << "internal tensor-map rule broken: " << broken;
+    return fail();
   }
   return true;
 }
@@ -639,10 +637,7 @@ ffi::Error LaunchTiledWindow(const WindowGeometry& g, const void* src,
 
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  if (!info.has_tma()) {
-    return InvalidArgument(kOp, "device ", device, " (compute capability ", info.cc_major, ".",
-                           info.cc_minor, ") has no TMA");
-  }
+  if (!info.has_tma()) return InvalidArgument(kOp, info.NoTmaReason(device));
   static PerDevice<bool> smem_limit_set;
   bool set = false;
   JAX_TMA_RETURN_IF_FAILED(smem_limit_set.Get(device, SetTiledWindowSmemLimit, &set));

@@ -342,10 +342,7 @@ ffi::Error LaunchTmaIm2col(const Im2colGeometry& g, const void* x, void* out,
   if (plan.empty) return ffi::Error::Success();
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  if (!info.has_tma()) {
-    return InvalidArgument(kOp, "device ", device, " (compute capability ", info.cc_major, ".",
-                           info.cc_minor, ") has no TMA");
-  }
+  if (!info.has_tma()) return InvalidArgument(kOp, info.NoTmaReason(device));
   static PerDevice<bool> smem_limit_set;
   bool set = false;
   JAX_TMA_RETURN_IF_FAILED(smem_limit_set.Get(device, SetSmemLimit, &set));

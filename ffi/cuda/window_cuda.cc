@@ -30,11 +30,7 @@ static ffi::Error WindowCudaImpl(cudaStream_t stream, int32_t device, ffi::AnyBu
                                stream, device);
     }
     if (method == "tma") {
-      if (!info.has_tma()) {
-        why = "device " + std::to_string(device) + " has compute capability " +
-              std::to_string(info.cc_major) + "." + std::to_string(info.cc_minor) +
-              " (TMA needs >= 9.0)";
-      }
+      if (!info.has_tma()) why = info.NoTmaReason(device);
       return InvalidArgument(kWindowOp, "method='tma' cannot run this window: ", why);
     }
   }
