@@ -13,6 +13,13 @@
 
 #include "xla/ffi/api/ffi.h"
 
+// Marks helpers shared by host code and CUDA kernels.
+#if defined(__CUDACC__)
+#define JAX_TMA_HOST_DEVICE __host__ __device__
+#else
+#define JAX_TMA_HOST_DEVICE
+#endif
+
 // Returns the ffi::Error of `expr` from the enclosing handler if it failed.
 #define JAX_TMA_RETURN_IF_FAILED(expr)                                      \
   do {                                                                      \

@@ -21,12 +21,6 @@
 
 #include "common.h"
 
-#if defined(__CUDACC__)
-#define JAX_TMA_HOST_DEVICE __host__ __device__
-#else
-#define JAX_TMA_HOST_DEVICE
-#endif
-
 namespace jax_tma {
 
 inline constexpr int kMaxWindowRank = 16;
