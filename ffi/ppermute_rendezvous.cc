@@ -19,7 +19,7 @@ constexpr std::chrono::seconds kWait{120};
 struct Slot {
   int64_t calls = 0;       // calls this participant has started
   int64_t published = -1;  // generation of `block`
-  int64_t departed = -1;   // generation whose read finished
+  int64_t departed = -1;   // generation whose copy finished
   PermuteBlock block;
 };
 
