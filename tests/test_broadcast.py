@@ -84,8 +84,10 @@ def test_grad_sums_over_the_replica_axis(rng):
     np.testing.assert_allclose(t, ct.sum(axis=0), rtol=1e-5, atol=1e-6)
     y, ty = jax.jvp(lambda a: jax_tma.broadcast(a, 2, axis=-1), (x,), (w[:, 0],))
     assert_bits_equal(ty, broadcast_reference(np.asarray(w[:, 0]), 2, 2))
-    check_grads(lambda a: jax_tma.broadcast(a, 3, axis=1), (x,), order=2,
-                              modes=("fwd", "rev"))
+    # float64: finite differences in float32 miss check_grads' tolerance at
+    # random points now and then (0.897 vs 0.902 seen in CI).
+    check_grads(lambda a: jax_tma.broadcast(a, 3, axis=1), (x.astype(jnp.float64),), order=2,
+                modes=("fwd", "rev"))
 
 
 def test_grad_of_vmap_and_vmap_of_grad(rng):
