@@ -175,6 +175,41 @@ JAX_TMA_HOST_DEVICE inline int64_t MapCoord(const WindowGeometry& g, int d, int6
   return c >= 0 && c < g.src_dims[d] ? c : -1;
 }
 
+// n / d rounded up, for d > 0 and any sign of n.
+JAX_TMA_HOST_DEVICE inline int64_t CeilDiv(int64_t n, int64_t d) {
+  return n / d + (n % d > 0 ? 1 : 0);
+}
+
+// The part of the innermost-dim run [first, first + len) that reads src, when
+// it is one arithmetic progression: coordinates i in [*lo, *hi) read src at
+// *c_lo + (i - *lo) * *step and the rest of the run is fill (*lo == *hi when
+// none reads src). False for a strided transpose, whose src elements
+// interleave with zeros: map each element (MapCoord) then. `s` is the
+// innermost start; the row itself must read src (WindowRowSource >= 0).
+JAX_TMA_HOST_DEVICE inline bool InnerSpan(const WindowGeometry& g, int64_t s, int64_t first,
+                                          int64_t len, int64_t* lo, int64_t* hi,
+                                          int64_t* c_lo, int64_t* step) {
+  const int d = g.rank - 1;
+  const int64_t end = first + len;
+  int64_t a;  // [a, b): the coordinates that read src, before clipping to the run
+  int64_t b;
+  if (g.transpose) {
+    if (g.strides[d] != 1) return false;
+    a = s;  // c = i - s in [0, dim)
+    b = s + g.src_dims[d];
+    *step = 1;
+  } else {
+    *step = g.strides[d];  // c = s + i * stride in [0, dim)
+    a = CeilDiv(-s, *step);
+    b = CeilDiv(g.src_dims[d] - s, *step);
+  }
+  *lo = a < first ? first : (a > end ? end : a);
+  *hi = b > end ? end : (b < *lo ? *lo : b);
+  // |s| <= 2^62 and lo * stride < 2^62 (forward lo < 2^31): no overflow.
+  *c_lo = g.transpose ? *lo - s : s + *lo * *step;
+  return true;
+}
+
 // Offset into one src batch entry of the first element of window row `row`
 // (row-major over all dims but the innermost), or -1 when that row reads
 // no src element. The innermost dim then adds MapCoord(g, rank-1, ...).

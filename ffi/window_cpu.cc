@@ -31,9 +31,22 @@ static ffi::Error WindowCpuImpl(ffi::AnyBuffer x, ffi::AnyBuffer start,
     const int64_t inner = g.dst_dims[g.rank - 1];
     for (int64_t row = 0; row < g.dst_spatial / inner; ++row) {
       const int64_t base = WindowRowSource(g, s, row);
+      uint8_t* drow = db + row * inner * eb;
+      int64_t lo = 0;
+      int64_t hi = 0;
+      int64_t c_lo = 0;
+      int64_t step = 0;
+      if (base < 0 || InnerSpan(g, s[g.rank - 1], 0, inner, &lo, &hi, &c_lo, &step)) {
+        for (int64_t i = 0; i < inner; ++i) {
+          const bool reads = base >= 0 && i >= lo && i < hi;
+          std::memcpy(drow + i * eb, reads ? sb + (base + c_lo + (i - lo) * step) * eb : fill,
+                      static_cast<size_t>(eb));
+        }
+        continue;
+      }
       for (int64_t i = 0; i < inner; ++i) {
         const int64_t c = base < 0 ? -1 : MapCoord(g, g.rank - 1, i, s[g.rank - 1]);
-        std::memcpy(db + (row * inner + i) * eb, c >= 0 ? sb + (base + c) * eb : fill,
+        std::memcpy(drow + i * eb, c >= 0 ? sb + (base + c) * eb : fill,
                     static_cast<size_t>(eb));
       }
     }

@@ -282,3 +282,22 @@ def test_handler_revalidates():
     with pytest.raises(Exception, match=r"jax_tma\.window: input rank 2 is neither 3 nor 4"):
         _raw_window(x, jnp.zeros(3, jnp.int32), (1, 2, 2, 2),
                     strides=np.ones(3, np.int64))
+
+
+@pytest.mark.parametrize("start, dtype, want", [
+    ((3, 4), jnp.float32, "auto"),      # 16 B into the row: the TMA path may run
+    ((3, 1), jnp.float32, "simt"),      # 4 B: a TMA box would start misaligned
+    ((0, 8), jnp.bfloat16, "auto"),
+    ((0, 4), jnp.bfloat16, "simt"),
+    ((1, 0), jnp.float32, "auto"),      # whole rows fold: start 1 * 64 elements
+])
+def test_auto_takes_simt_unless_the_inner_start_is_static_and_aligned(start, dtype, want):
+    """auto leaves the TMA-or-SIMT choice to the handler only where the
+    innermost start is a static multiple of 16 B; a traced or unaligned one
+    takes the SIMT kernel (measured faster there)."""
+    x = jnp.zeros((32, 64), dtype)
+    full = (31, 64) if start[1] == 0 else (8, 8)
+    text = jax.jit(lambda a: jax_tma.window(a, start, full)).lower(x).as_text()
+    assert f'method = "{want}"' in text
+    traced = jax.jit(lambda a, s: jax_tma.window(a, (3, s), (8, 8))).lower(x, 4).as_text()
+    assert 'method = "simt"' in traced

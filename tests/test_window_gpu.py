@@ -78,7 +78,7 @@ def test_random_windows(gpu, rng, method, trial):
 @pytest.mark.parametrize("dtype", BYTE_DTYPES, ids=str)
 def test_every_dtype(gpu, rng, dtype):
     x = random_array(rng, (37, 64), dtype)
-    for method in ("auto", "simt"):
+    for method in ("auto", "simt", "tma"):
         got = window_poisoned(x, (-3, 16), (40, 64), (1, 1), 0, method, gpu)
         assert_bits_equal(got, window_reference(x, (-3, 16), (40, 64)))
 
@@ -86,9 +86,35 @@ def test_every_dtype(gpu, rng, dtype):
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 def test_nan_fill_bits(gpu, rng, dtype):
     x = random_array(rng, (24, 64), dtype)
-    for method in ("auto", "simt"):
+    for method in ("auto", "simt", "tma"):
         got = window_poisoned(x, (10, 32), (32, 64), (1, 1), "nan", method, gpu)
         assert_bits_equal(got, window_reference(x, (10, 32), (32, 64), fill_nan=True))
+
+
+VECTOR_DTYPES = [next(d for d in BYTE_DTYPES if d.itemsize == w) for w in (1, 2, 4, 8)]
+
+
+@pytest.mark.parametrize("dtype", VECTOR_DTYPES, ids=str)
+def test_simt_rows_at_every_alignment(gpu, rng, dtype):
+    """The SIMT kernel's contiguous spans at every source offset modulo 16 B
+    (aligned vectors, or vectors shifted into place) and output rows of
+    every alignment (scalar heads and tails), lengths around the vector
+    boundaries; rows that hang over both edges."""
+    x = random_array(rng, (5, 400), dtype)
+    per = 16 // dtype.itemsize
+    for width in (1, per - 1, per, per + 1, 3 * per + 1, 333, 400):
+        for col in list(range(-1, 2 * per + 1)) + [400 - width, 401 - width]:
+            got = window_poisoned(x, (1, col), (3, width), (1, 1), 0, "simt", gpu)
+            assert_bits_equal(got, window_reference(x, (1, col), (3, width)))
+
+
+def test_auto_with_static_starts(gpu, rng):
+    """Static starts reach the handler's own choice (TMA where the
+    innermost start is 16-B aligned, else SIMT)."""
+    x = random_array(rng, (40, 96), np.float32)
+    for start in [(3, 4), (3, 5), (-2, -8), (30, 80)]:
+        got = jax.jit(lambda a: jax_tma.window(a, start, (16, 32)))(jax.device_put(x, gpu))
+        assert_bits_equal(got, window_reference(x, start, (16, 32)))
 
 
 def test_large_window_and_traced_start(gpu, rng):
