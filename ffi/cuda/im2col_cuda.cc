@@ -2,7 +2,7 @@
 // then runs the TMA im2col kernel where asked (method="tma"; an error naming
 // the broken hardware rule where it cannot run), else the SIMT kernels.
 // method="auto" takes the SIMT kernel: on an H100 (2026-11-22) the TMA
-// kernel took 1.14-1.20x its time with 128-512-byte channel runs and 8.5x
+// kernel took 1.13-1.21x its time with 128-512-byte channel runs and 8.5x
 // with 16-byte runs (benchmarks/results/im2col_h100_2026-11-22.json): the TMA
 // unit moves one pixel's channel run per request in each direction.
 // col2im always takes the deterministic SIMT gather kernel.

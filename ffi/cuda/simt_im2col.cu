@@ -1,6 +1,6 @@
 // The SIMT im2col and col2im kernels: every geometry and order, every dtype.
 // im2col (tap-major): one thread per (output pixel, vector of a channel run)
-// walks the kernel taps, eight loads in flight, 16-B accesses where the
+// walks the kernel taps, twelve loads in flight, 16-B accesses where the
 // channel run allows, streaming stores; channel runs that are not whole 32-B
 // sectors take one thread per output unit in output order instead.
 // im2col (channel-major): one thread per output element.
@@ -16,7 +16,9 @@ namespace jax_tma {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kTapsInFlight = 8;        // im2col loads issued before their stores
+// im2col loads issued before their stores. 12 measured 1.4% faster than 8
+// (and than 9, one round for 3x3) on (64, 56, 56, 64) bf16, H100, 2026-11-22.
+constexpr int kTapsInFlight = 12;
 constexpr int kSumTapsInFlight = 4;     // col2im loads issued before they are added
 
 // The patch matrix is written once and never read here: streaming stores
