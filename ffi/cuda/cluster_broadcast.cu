@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "broadcast_launch.h"
+#include "cluster_launch.h"
 #include "cuda_status.h"
 #include "device_helpers.cuh"
 #include "device_info.h"
@@ -181,20 +182,10 @@ ffi::Error QueryClusterCaps(int device, ClusterCaps* caps) {
         cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     for (int c = 0; c < 4; ++c) {
       const unsigned size = 2u << c;
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(size);
-      cfg.blockDim = dim3(kThreads);
-      cfg.dynamicSmemBytes = kDynamicSmem;
-      cudaLaunchAttribute attr = {};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = size;
-      attr.val.clusterDim.y = 1;
-      attr.val.clusterDim.z = 1;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
+      const ClusterLaunch launch(size, kThreads, kDynamicSmem, size);
       int active = 0;
       // An unsupported size is an answer (0), not a failure of the handler.
-      if (cudaOccupancyMaxActiveClusters(&active, fn, &cfg) != cudaSuccess) {
+      if (cudaOccupancyMaxActiveClusters(&active, fn, &launch.config) != cudaSuccess) {
         (void)cudaGetLastError();
         active = 0;
       }
@@ -385,20 +376,10 @@ ffi::Error LaunchClusterBroadcast(const BroadcastGeometry& g, BroadcastMethod me
   JAX_TMA_RETURN_IF_FAILED(EncodeTiled(op, plan.piece, &piece_map));
   JAX_TMA_RETURN_IF_FAILED(EncodeTiled(op, plan.dst, &dst_map));
 
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(plan.grid));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kDynamicSmem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(cluster_size);
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = clustered ? 1 : 0;
-  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&cfg, KernelFor(method), tile_map, piece_map,
-                                                  dst_map, plan.args));
+  const ClusterLaunch launch(static_cast<unsigned>(plan.grid), kThreads, kDynamicSmem,
+                             clustered ? static_cast<unsigned>(cluster_size) : 0, stream);
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&launch.config, KernelFor(method), tile_map,
+                                                  piece_map, dst_map, plan.args));
   return ffi::Error::Success();
 }
 

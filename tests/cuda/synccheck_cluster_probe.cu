@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "cuda/cluster_launch.h"
 #include "cuda/device_helpers.cuh"
 
 namespace {
@@ -60,18 +61,9 @@ int main(int argc, char** argv) {
   cudaMemcpy(src, h_src.data(), h_src.size(), cudaMemcpyHostToDevice);
   cudaMemset(out, 0, grid * sizeof(uint32_t));
   cudaFuncSetAttribute(ProbeKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(32);
-  cfg.dynamicSmemBytes = kSmem;
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = cluster;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  const cudaError_t launch = cudaLaunchKernelEx(&cfg, ProbeKernel, static_cast<const uint8_t*>(src), out);
+  const jax_tma::ClusterLaunch config(grid, 32, kSmem, cluster);
+  const cudaError_t launch =
+      cudaLaunchKernelEx(&config.config, ProbeKernel, static_cast<const uint8_t*>(src), out);
   const cudaError_t sync = cudaDeviceSynchronize();
   std::vector<uint32_t> h_out(grid);
   cudaMemcpy(h_out.data(), out, grid * sizeof(uint32_t), cudaMemcpyDeviceToHost);
