@@ -26,13 +26,23 @@ namespace jax_tma {
 inline constexpr int kMaxWindowRank = 16;
 inline constexpr std::string_view kWindowOp = "jax_tma.window";
 
+// Where the start indices are (device memory on the GPU). `split`: ptr[d]
+// holds start d alone, so that XLA passes traced starts to the call as the
+// scalars they are, without a kernel that stacks them first. Otherwise ptr[0]
+// holds them all, (r,) or, when `batched`, (batch, r).
+struct WindowStarts {
+  const void* ptr[kMaxWindowRank] = {};
+  bool split = false;
+  bool batched = false;
+  bool is64 = false;            // int64 (else int32)
+};
+
 struct WindowGeometry {
   int rank = 0;                 // spatial rank r
   int64_t batch = 1;            // product of dst's leading (batch) dims
   bool src_batched = false;     // src carries the batch dims too
-  bool start_batched = false;   // start is (batch, r) rather than (r,)
   bool transpose = false;
-  bool start_is_64 = false;     // start buffer is int64 (else int32)
+  WindowStarts starts;
   int64_t elem_bytes = 0;       // 1, 2, 4, 8 or 16
   uint64_t fill_bits = 0;       // fill pattern, one element (16-B: repeated)
   int64_t src_dims[kMaxWindowRank] = {};
@@ -48,10 +58,12 @@ struct WindowGeometry {
 inline constexpr int64_t kStartClamp = int64_t{1} << 62;
 inline constexpr int64_t kMaxWindowStride = (int64_t{1} << 31) - 1;
 
-// Reads start entry k (int32 or int64 buffer), clamped to +-kStartClamp.
-JAX_TMA_HOST_DEVICE inline int64_t ReadStart(const void* start, bool is64, int64_t k) {
-  const int64_t v = is64 ? static_cast<const int64_t*>(start)[k]
-                         : static_cast<const int32_t*>(start)[k];
+// Start d of batch entry b of a window of rank `rank`, clamped to
+// +-kStartClamp.
+JAX_TMA_HOST_DEVICE inline int64_t ReadStart(const WindowStarts& s, int rank, int64_t b, int d) {
+  const void* p = s.split ? s.ptr[d] : s.ptr[0];
+  const int64_t k = s.split ? 0 : (s.batched ? b : 0) * rank + d;
+  const int64_t v = s.is64 ? static_cast<const int64_t*>(p)[k] : static_cast<const int32_t*>(p)[k];
   return v < -kStartClamp ? -kStartClamp : (v > kStartClamp ? kStartClamp : v);
 }
 
@@ -60,7 +72,7 @@ JAX_TMA_HOST_DEVICE inline int64_t ReadStart(const void* start, bool is64, int64
 template <typename Binding>
 auto BindWindowCall(Binding binding) {
   return std::move(binding).template Arg<ffi::AnyBuffer>()     // x
-      .template Arg<ffi::AnyBuffer>()                          // start
+      .RemainingArgs()                                         // start(s): WindowStarts
       .template Ret<ffi::AnyBuffer>()                          // y
       .template Attr<ffi::Span<const int64_t>>("strides")      // strides
       .template Attr<uint64_t>("fill_bits")                    // fill_bits
@@ -71,7 +83,7 @@ auto BindWindowCall(Binding binding) {
 // Re-validates a call of "jax_tma_window" (method name included) and fills
 // in its geometry.
 inline ffi::Error DecodeWindow(const ffi::AnyBuffer& src,
-                               const ffi::AnyBuffer& start,
+                               const ffi::RemainingArgs& starts,
                                ffi::Result<ffi::AnyBuffer>& dst,
                                ffi::Span<const int64_t> strides,
                                uint64_t fill_bits, bool transpose,
@@ -135,16 +147,42 @@ inline ffi::Error DecodeWindow(const ffi::AnyBuffer& src,
     g->src_spatial *= g->src_dims[i];
     g->dst_spatial *= g->dst_dims[i];
   }
-  if (start.element_type() != ffi::DataType::S32 && start.element_type() != ffi::DataType::S64) {
-    return InvalidArgument(op, "start must be s32 or s64, got ", DataTypeName(start.element_type()));
+  // One array of every start, or one one-element buffer per dim.
+  const int64_t n_ops = static_cast<int64_t>(starts.size());
+  if (n_ops != 1 && n_ops != r) {
+    return InvalidArgument(op, "got ", n_ops, " start operands; expected 1 (an array) or ", r,
+                           " (one scalar per dim)");
   }
-  g->start_is_64 = start.element_type() == ffi::DataType::S64;
-  const int64_t starts = static_cast<int64_t>(start.element_count());
-  if (starts != r && starts != g->batch * r) {
-    return InvalidArgument(op, "start has ", starts, " entries; expected ", r, " or ",
+  WindowStarts& ws = g->starts;
+  ws = WindowStarts{};
+  ws.split = n_ops > 1;
+  int64_t count = 0;
+  for (int64_t i = 0; i < n_ops; ++i) {
+    ffi::ErrorOr<ffi::AnyBuffer> buf = starts.get<ffi::AnyBuffer>(static_cast<size_t>(i));
+    if (!buf.has_value()) return buf.error();
+    const ffi::DataType type = buf->element_type();
+    if (type != ffi::DataType::S32 && type != ffi::DataType::S64) {
+      return InvalidArgument(op, "start must be s32 or s64, got ", DataTypeName(type));
+    }
+    if (i == 0) ws.is64 = type == ffi::DataType::S64;
+    if ((type == ffi::DataType::S64) != ws.is64) {
+      return InvalidArgument(op, "start operands mix s32 and s64");
+    }
+    if (ws.split && buf->element_count() != 1) {
+      return InvalidArgument(op, "start operand ", i, " has ", buf->element_count(),
+                             " elements; one per dim expected");
+    }
+    if (buf->element_count() != 0 && buf->untyped_data() == nullptr) {
+      return InvalidArgument(op, "null start buffer");
+    }
+    ws.ptr[i] = buf->untyped_data();
+    count += static_cast<int64_t>(buf->element_count());
+  }
+  if (count != r && count != g->batch * r) {
+    return InvalidArgument(op, "start has ", count, " entries; expected ", r, " or ",
                            g->batch * r, " (batch x rank)");
   }
-  g->start_batched = starts != r;
+  ws.batched = count != r;
   if (src.element_count() != 0 && src.untyped_data() == nullptr) {
     return InvalidArgument(op, "null input buffer");
   }

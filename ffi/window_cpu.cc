@@ -8,12 +8,12 @@
 
 namespace jax_tma {
 
-static ffi::Error WindowCpuImpl(ffi::AnyBuffer x, ffi::AnyBuffer start,
+static ffi::Error WindowCpuImpl(ffi::AnyBuffer x, ffi::RemainingArgs starts,
                                 ffi::Result<ffi::AnyBuffer> y,
                                 ffi::Span<const int64_t> strides, uint64_t fill_bits,
                                 bool transpose, std::string_view method) {
   WindowGeometry g;
-  JAX_TMA_RETURN_IF_FAILED(DecodeWindow(x, start, y, strides, fill_bits, transpose, method, &g));
+  JAX_TMA_RETURN_IF_FAILED(DecodeWindow(x, starts, y, strides, fill_bits, transpose, method, &g));
   const auto* src = static_cast<const uint8_t*>(x.untyped_data());
   auto* dst = static_cast<uint8_t*>(y->untyped_data());
   const int64_t eb = g.elem_bytes;
@@ -24,8 +24,7 @@ static ffi::Error WindowCpuImpl(ffi::AnyBuffer x, ffi::AnyBuffer start,
   }
   int64_t s[kMaxWindowRank];
   for (int64_t b = 0; b < g.batch; ++b) {
-    const int64_t bt = g.start_batched ? b : 0;
-    for (int d = 0; d < g.rank; ++d) s[d] = ReadStart(start.untyped_data(), g.start_is_64, bt * g.rank + d);
+    for (int d = 0; d < g.rank; ++d) s[d] = ReadStart(g.starts, g.rank, b, d);
     const uint8_t* sb = src + (g.src_batched ? b : 0) * g.src_spatial * eb;
     uint8_t* db = dst + b * g.dst_spatial * eb;
     const int64_t inner = g.dst_dims[g.rank - 1];

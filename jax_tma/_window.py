@@ -92,10 +92,24 @@ def _ffi_rule(ctx, src, start, *, strides, fill_nan, transpose, method):
                 mlir.dense_int_array([nb]))
             ctx = ctx.replace(avals_in=[src_aval, start_aval])
         rule = _ffi.batch_partitioned_lowering("jax_tma_window", nb)
+        starts = [start]
+    elif start_aval.ndim == 1:
+        # One scalar operand per dim: XLA folds these slices of the stacked
+        # start back into the scalars it was built from, so traced starts
+        # reach the call as they are, with no kernel to stack them first.
+        scalar = start_aval.update(shape=())
+        scalar_type = mlir.aval_to_ir_type(ctx.module_context, scalar)
+        starts = [hlo.reshape(scalar_type, hlo.slice(start, mlir.dense_int_array([d]),
+                                                     mlir.dense_int_array([d + 1]),
+                                                     mlir.dense_int_array([1])))
+                  for d in range(r)]
+        ctx = ctx.replace(avals_in=[src_aval] + [scalar] * r)
+    else:
+        starts = [start]
     return rule(
         ctx,
         src,
-        start,
+        *starts,
         strides=np.asarray(strides, np.int64),
         fill_bits=np.uint64(_fill_bits(np.dtype(src_aval.dtype), fill_nan)),
         transpose=bool(transpose),

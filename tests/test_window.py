@@ -3,6 +3,7 @@
 vmap with batched x and/or start, the transpose and AD, and every error."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -261,11 +262,14 @@ def test_errors_name_the_op_rule_and_values():
 
 
 def _raw_window(x, start, out_shape, **attrs):
+    """The target called directly; `start` is one array or a tuple of
+    per-dim start operands."""
     call = jax.ffi.ffi_call("jax_tma_window", jax.ShapeDtypeStruct(out_shape, x.dtype))
     base = dict(strides=np.ones(len(out_shape), np.int64), fill_bits=np.uint64(0),
                 transpose=False, method="auto")
     base.update(attrs)
-    return jax.jit(lambda a, s: call(a, s, **base))(on_cpu(x), on_cpu(start))
+    starts = start if isinstance(start, tuple) else (start,)
+    return jax.jit(lambda a, *s: call(a, *s, **base))(on_cpu(x), *map(on_cpu, starts))
 
 
 def test_handler_revalidates():
@@ -282,6 +286,30 @@ def test_handler_revalidates():
     with pytest.raises(Exception, match=r"jax_tma\.window: input rank 2 is neither 3 nor 4"):
         _raw_window(x, jnp.zeros(3, jnp.int32), (1, 2, 2, 2),
                     strides=np.ones(3, np.int64))
+    # One start operand per dim (what the lowering passes for unbatched starts).
+    one = jnp.zeros((), jnp.int32)
+    with pytest.raises(Exception, match=r"jax_tma\.window: got 3 start operands; expected 1 "
+                                        r"\(an array\) or 2 \(one scalar per dim\)"):
+        _raw_window(x, (one, one, one), (2, 2))
+    with pytest.raises(Exception, match=r"jax_tma\.window: start operands mix s32 and s64"):
+        _raw_window(x, (one, jnp.zeros((), jnp.int64)), (2, 2))
+    with pytest.raises(Exception, match=r"jax_tma\.window: start operand 1 has 2 elements; "
+                                        r"one per dim expected"):
+        _raw_window(x, (one, jnp.zeros(2, jnp.int32)), (2, 2))
+
+
+def test_traced_starts_reach_the_call_as_scalars():
+    """No kernel stacks traced starts: each is its own operand of the call,
+    and the split form computes what the one-array form does."""
+    x = random_array(np.random.default_rng(3), (9, 11), np.float32)
+    f = jax.jit(lambda a, i, j: jax_tma.window(a, (i, j), (4, 5)))
+    text = f.lower(on_cpu(x), 2, -1).compile().as_text()
+    operands = re.search(r"custom-call\(([^)]*)\)", text).group(1).split(",")
+    assert len(operands) == 3 and "concatenate" not in text and "fusion" not in text
+    split = _raw_window(x, (jnp.int32(2), jnp.int32(-1)), (4, 5))
+    whole = _raw_window(x, jnp.array([2, -1], jnp.int32), (4, 5))
+    assert_bits_equal(split, window_reference(x, (2, -1), (4, 5)))
+    assert_bits_equal(whole, split)
 
 
 @pytest.mark.parametrize("start, dtype, want", [

@@ -82,8 +82,8 @@ __device__ __forceinline__ void CopySpan(const T* __restrict__ src, int64_t step
 
 template <typename T, bool kMapEach>
 __global__ void __launch_bounds__(kWindowThreads, kWindowMinBlocks)
-    SimtWindowKernel(const WindowGeometry g, const T* __restrict__ src,
-                     const void* __restrict__ start, T* __restrict__ dst, T fill) {
+    SimtWindowKernel(const WindowGeometry g, const T* __restrict__ src, T* __restrict__ dst,
+                     T fill) {
   const int last = g.rank - 1;
   const int64_t inner = g.dst_dims[last];
   const int64_t rows_per_batch = g.dst_spatial / inner;
@@ -99,9 +99,9 @@ __global__ void __launch_bounds__(kWindowThreads, kWindowMinBlocks)
     const int64_t first = (item - row * runs) * kWindowRun<T>;
     const int64_t len = min(kWindowRun<T>, inner - first);
     const int64_t b = row / rows_per_batch;
-    const int64_t bt = g.start_batched ? b : 0;
+    const int64_t bt = g.starts.batched ? b : 0;
     if (bt != loaded_bt) {
-      for (int d = 0; d < g.rank; ++d) s[d] = ReadStart(start, g.start_is_64, bt * g.rank + d);
+      for (int d = 0; d < g.rank; ++d) s[d] = ReadStart(g.starts, g.rank, bt, d);
       loaded_bt = bt;
     }
     const int64_t base = WindowRowSource(g, s, row - b * rows_per_batch);
@@ -135,8 +135,8 @@ __global__ void __launch_bounds__(kWindowThreads, kWindowMinBlocks)
 }
 
 template <typename T>
-ffi::Error Launch(const WindowGeometry& g, const void* src, const void* start, void* dst,
-                  T fill, cudaStream_t stream, const DeviceInfo& info) {
+ffi::Error Launch(const WindowGeometry& g, const void* src, void* dst, T fill,
+                  cudaStream_t stream, const DeviceInfo& info) {
   const int64_t inner = g.dst_dims[g.rank - 1];
   const int64_t items = g.batch * (g.dst_spatial / inner) *
                         ((inner + kWindowRun<T> - 1) / kWindowRun<T>);
@@ -147,7 +147,7 @@ ffi::Error Launch(const WindowGeometry& g, const void* src, const void* start, v
   // Strided transposes interleave src elements with zeros: no span form.
   const bool map_each = g.transpose && g.strides[g.rank - 1] != 1;
   auto kernel = map_each ? SimtWindowKernel<T, true> : SimtWindowKernel<T, false>;
-  kernel<<<grid, kWindowThreads, 0, stream>>>(g, static_cast<const T*>(src), start,
+  kernel<<<grid, kWindowThreads, 0, stream>>>(g, static_cast<const T*>(src),
                                               static_cast<T*>(dst), fill);
   JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ffi::Error::Success();
@@ -155,18 +155,18 @@ ffi::Error Launch(const WindowGeometry& g, const void* src, const void* start, v
 
 }  // namespace
 
-ffi::Error LaunchSimtWindow(const WindowGeometry& g, const void* src, const void* start,
-                            void* dst, cudaStream_t stream, int device) {
+ffi::Error LaunchSimtWindow(const WindowGeometry& g, const void* src, void* dst,
+                            cudaStream_t stream, int device) {
   if (g.batch * g.dst_spatial == 0) return ffi::Error::Success();
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   const uint64_t f = g.fill_bits;
   switch (g.elem_bytes) {
-    case 1: return Launch<uint8_t>(g, src, start, dst, static_cast<uint8_t>(f), stream, info);
-    case 2: return Launch<uint16_t>(g, src, start, dst, static_cast<uint16_t>(f), stream, info);
-    case 4: return Launch<uint32_t>(g, src, start, dst, static_cast<uint32_t>(f), stream, info);
-    case 8: return Launch<uint64_t>(g, src, start, dst, f, stream, info);
-    case 16: return Launch<Bytes16>(g, src, start, dst, Bytes16{f, f}, stream, info);
+    case 1: return Launch<uint8_t>(g, src, dst, static_cast<uint8_t>(f), stream, info);
+    case 2: return Launch<uint16_t>(g, src, dst, static_cast<uint16_t>(f), stream, info);
+    case 4: return Launch<uint32_t>(g, src, dst, static_cast<uint32_t>(f), stream, info);
+    case 8: return Launch<uint64_t>(g, src, dst, f, stream, info);
+    case 16: return Launch<Bytes16>(g, src, dst, Bytes16{f, f}, stream, info);
     default:
       return InvalidArgument(kWindowOp, "element size ", g.elem_bytes, " B is not supported");
   }

@@ -42,7 +42,7 @@ constexpr uint32_t kPatch = 2;     // partly out of bounds and the fill is not z
 constexpr uint32_t kFillAll = 4;   // entirely out of bounds, fill not zero: no load
 
 struct TiledWindowArgs {
-  const void* start;
+  WindowStarts starts;
   uint64_t fill_bits;
   int64_t total_tiles;             // batch x tiles per batch entry
   int64_t tiles_per_cta;
@@ -60,8 +60,6 @@ struct TiledWindowArgs {
   uint32_t tile_bytes;             // dense tile in shared memory
   uint32_t wide_bytes;             // tile loaded through the wide map
   uint32_t stage_bytes;            // >= wide_bytes, multiple of kStageAlign
-  bool start_is_64;
-  bool start_batched;
   bool patch_fill;                 // fill_bits != 0: hardware zero fill is patched
 };
 
@@ -288,10 +286,10 @@ __global__ void __launch_bounds__(kThreads)
 
   auto issue = [&](int j) {
     const int st = j % kStages;
-    const int64_t entry = a.start_batched ? load_at.b : 0;
+    const int64_t entry = a.starts.batched ? load_at.b : 0;
     if (entry != start_entry) {
 #pragma unroll
-      for (int d = 0; d < R; ++d) s[d] = ReadStart(a.start, a.start_is_64, entry * R + d);
+      for (int d = 0; d < R; ++d) s[d] = ReadStart(a.starts, R, entry, d);
       start_entry = entry;
     }
     StageFix f;
@@ -574,8 +572,7 @@ bool PlanTiledWindow(const WindowGeometry& g, const void* src, const void* dst,
     a.stride[d] = static_cast<int32_t>(g.strides[d]);
     tiles *= a.ntiles[d];
   }
-  a.start_is_64 = g.start_is_64;
-  a.start_batched = g.start_batched;
+  a.starts = g.starts;
   a.fill_bits = g.fill_bits;
   a.patch_fill = g.fill_bits != 0;
   a.total_tiles = tiles;
@@ -623,9 +620,8 @@ bool TiledWindowFits(const WindowGeometry& g, const void* src, const void* dst,
   return fits;
 }
 
-ffi::Error LaunchTiledWindow(const WindowGeometry& g, const void* src,
-                             const void* start, void* dst, cudaStream_t stream,
-                             int device) {
+ffi::Error LaunchTiledWindow(const WindowGeometry& g, const void* src, void* dst,
+                             cudaStream_t stream, int device) {
   constexpr std::string_view kOp = "jax_tma.window(method='tma')";
   TiledWindowPlan plan;
   std::string why;
@@ -633,7 +629,6 @@ ffi::Error LaunchTiledWindow(const WindowGeometry& g, const void* src,
     return InvalidArgument(kOp, why);
   }
   if (plan.empty) return ffi::Error::Success();
-  if (start == nullptr) return InvalidArgument(kOp, "null start buffer");
 
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
@@ -652,7 +647,6 @@ ffi::Error LaunchTiledWindow(const WindowGeometry& g, const void* src,
   JAX_TMA_RETURN_IF_FAILED(EncodeTiled(kOp, plan.dst, &dst_map));
 
   TiledWindowArgs& a = plan.args;
-  a.start = start;
   const int smem = static_cast<int>(kStages * a.stage_bytes + kStageAlign);
   // Static shared memory (barriers, fix-ups) and the per-CTA reservation
   // come on top of the dynamic part.

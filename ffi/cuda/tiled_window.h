@@ -24,14 +24,13 @@ namespace jax_tma {
 bool TiledWindowFits(const WindowGeometry& g, const void* src, const void* dst,
                      std::string* why);
 
-// Computes the window of `src` at the device-resident start indices `start`
-// (int32 or int64 per g.start_is_64) into `dst` on `stream`. Encodes the
+// Computes the window of `src` at the device-resident start indices
+// g.starts into `dst` on `stream`. Encodes the
 // tensor maps on every call; no allocation, no synchronisation, no host read
 // of device memory (CUDA-graph safe). InvalidArgument when the window does
 // not fit (the TiledWindowFits reason) or `device` has no TMA.
-ffi::Error LaunchTiledWindow(const WindowGeometry& g, const void* src,
-                             const void* start, void* dst, cudaStream_t stream,
-                             int device);
+ffi::Error LaunchTiledWindow(const WindowGeometry& g, const void* src, void* dst,
+                             cudaStream_t stream, int device);
 
 }  // namespace jax_tma
 

@@ -9,9 +9,9 @@
 
 namespace jax_tma {
 
-// Any geometry, forward or transpose; `start` is device memory.
-ffi::Error LaunchSimtWindow(const WindowGeometry& g, const void* src, const void* start,
-                            void* dst, cudaStream_t stream, int device);
+// Any geometry, forward or transpose; g.starts point to device memory.
+ffi::Error LaunchSimtWindow(const WindowGeometry& g, const void* src, void* dst,
+                            cudaStream_t stream, int device);
 
 }  // namespace jax_tma
 

@@ -1,5 +1,6 @@
 // Standalone driver of the window kernels (TMA tiled and SIMT, forward and
-// transpose) for compute-sanitizer, without JAX: random geometries checked
+// transpose; every start layout: one array, a batched array, one buffer per
+// dim) for compute-sanitizer, without JAX: random geometries checked
 // against the host evaluation of window_common.h, destinations poisoned.
 // Exit status 1 on any mismatch or launch error.
 #include <cuda_runtime_api.h>
@@ -26,10 +27,12 @@ std::vector<uint8_t> HostWindow(const WindowGeometry& g, const std::vector<uint8
   for (int64_t k = 0; k < eb; k += 8) std::memcpy(fill + k, &g.fill_bits, eb < 8 ? eb : 8);
   const int64_t inner = g.dst_dims[g.rank - 1];
   for (int64_t b = 0; b < g.batch; ++b) {
+    jax_tma::WindowStarts host;  // the same values, one array on the host
+    host.ptr[0] = start.data();
+    host.batched = g.starts.batched;
+    host.is64 = true;
     int64_t s[jax_tma::kMaxWindowRank];
-    for (int d = 0; d < g.rank; ++d) {
-      s[d] = jax_tma::ReadStart(start.data(), true, (g.start_batched ? b : 0) * g.rank + d);
-    }
+    for (int d = 0; d < g.rank; ++d) s[d] = jax_tma::ReadStart(host, g.rank, b, d);
     const uint8_t* sb = src.data() + (g.src_batched ? b : 0) * g.src_spatial * eb;
     for (int64_t row = 0; row < g.dst_spatial / inner; ++row) {
       const int64_t base = jax_tma::WindowRowSource(g, s, row);
@@ -60,12 +63,12 @@ bool RunCase(WindowGeometry g, bool tiled, std::mt19937_64& gen) {
   }
   std::vector<uint8_t> src((g.src_batched ? g.batch : 1) * g.src_spatial * eb);
   for (auto& v : src) v = static_cast<uint8_t>(gen());
-  std::vector<int64_t> start((g.start_batched ? g.batch : 1) * g.rank);
+  std::vector<int64_t> start((g.starts.batched ? g.batch : 1) * g.rank);
   for (size_t k = 0; k < start.size(); ++k) {
     const int64_t dim = g.transpose ? g.dst_dims[k % g.rank] : g.src_dims[k % g.rank];
     start[k] = static_cast<int64_t>(gen() % (dim + 24)) - 12;
   }
-  g.start_is_64 = true;
+  g.starts.is64 = true;
   const std::vector<uint8_t> want = HostWindow(g, src, start);
   uint8_t *d_src = nullptr, *d_dst = nullptr;
   int64_t* d_start = nullptr;
@@ -75,13 +78,15 @@ bool RunCase(WindowGeometry g, bool tiled, std::mt19937_64& gen) {
             Check(cudaMemcpy(d_src, src.data(), src.size(), cudaMemcpyHostToDevice), "h2d") &&
             Check(cudaMemcpy(d_start, start.data(), start.size() * 8, cudaMemcpyHostToDevice), "h2d") &&
             Check(cudaMemset(d_dst, 0xA5, want.size()), "memset");
+  // Split starts: one one-element buffer per dim (here consecutive ones).
+  for (int d = 0; d < (g.starts.split ? g.rank : 1); ++d) g.starts.ptr[d] = d_start + d;
   std::string why;
   if (ok && tiled && !jax_tma::TiledWindowFits(g, d_src, d_dst, &why)) {
     tiled = false;  // the SIMT kernel then covers this geometry
   }
   if (ok) {
-    xla::ffi::Error err = tiled ? jax_tma::LaunchTiledWindow(g, d_src, d_start, d_dst, nullptr, 0)
-                                : jax_tma::LaunchSimtWindow(g, d_src, d_start, d_dst, nullptr, 0);
+    xla::ffi::Error err = tiled ? jax_tma::LaunchTiledWindow(g, d_src, d_dst, nullptr, 0)
+                                : jax_tma::LaunchSimtWindow(g, d_src, d_dst, nullptr, 0);
     if (err.failure()) {
       std::fprintf(stderr, "launch failed: %s\n", err.message().c_str());
       ok = false;
@@ -115,7 +120,9 @@ int main() {
     const bool friendly = trial % 2 == 0 && !g.transpose;
     g.batch = 1 + static_cast<int64_t>(gen() % 3);
     g.src_batched = g.transpose || gen() % 2;
-    g.start_batched = gen() % 2;
+    const int layout = static_cast<int>(gen() % 3);  // array, batched array, split
+    g.starts.batched = layout == 1;
+    g.starts.split = layout == 2;
     g.fill_bits = g.transpose || gen() % 2 ? 0 : 0x7ff8000000000001ull;
     for (int d = 0; d < g.rank; ++d) {
       const bool inner = d == g.rank - 1;
