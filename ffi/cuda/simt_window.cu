@@ -1,6 +1,8 @@
-// The SIMT window kernel: one thread per output element evaluates the
-// window_common.h mapping (any rank, any strides, any alignment, and the
-// transpose). The path for every geometry the TMA tiled kernel cannot take.
+// The SIMT window kernel: any rank, strides, alignment and start, forward
+// and transpose (window_common.h). Warps copy runs of output rows; what
+// lies inside the input moves as one strided copy, the rest is fill. The
+// path for every geometry the TMA tiled kernel cannot take, and for traced
+// or unaligned starts under method="auto" (jax_tma/_window.py says why).
 #include <algorithm>
 #include <cstdint>
 
