@@ -24,16 +24,18 @@ struct Bytes16 {
 // checks: lane-strided loads, kPer per lane in flight, then the stores
 // (coalesced when the innermost stride is 1); the rest is fill. Strided
 // transposes map each element (MapCoord), kSlowPer in flight. Measured on
-// H100 (f32 windows of 8192^2, 2026-11-22, each comparison on one machine):
-// 8 per lane, runs of 1024 and registers capped for three 256-thread blocks
-// per SM (80 registers) beat two blocks (96: traced unaligned start 2.0 vs
-// 2.4 TB/s) and four (64: spills, 1.8), 16 per lane, and shorter runs.
+// H100 (4096^2 f32 windows of 8192^2, 2026-11-22, each comparison on one
+// machine): 8 elements (or 16-B vectors) per lane, runs of 1024 and
+// registers capped for two 256-thread blocks per SM beat three blocks (by
+// 3.5% at an unaligned start, 5.5% at an aligned one), one block (14%),
+// four (spills), 128-thread blocks (9%), 16 per lane and longer runs (3%),
+// and 2 or 4 vectors per lane (1-4%).
 template <typename T>
 constexpr int kWindowPer = sizeof(T) <= 4 ? 8 : 4;
 template <typename T>
 constexpr int64_t kWindowRun = int64_t{32} * kWindowPer<T> * 4;
 constexpr int kSlowPer = 4;
-constexpr int kWindowMinBlocks = 3;
+constexpr int kWindowMinBlocks = 2;
 
 // dst[i] = src[i * step] for i in [0, n): lane `lane` of a warp, kPer
 // loads per lane in flight.
@@ -74,7 +76,7 @@ __device__ __forceinline__ void CopySpan(const T* __restrict__ src, int64_t step
     const int64_t nvec = (n - head) / kPerVec;
     const int64_t tail = head + nvec * kPerVec;
     for (int64_t i = lane; i < head; i += 32) dst[i] = src[i];
-    CopyStrided<uint4, 4>(reinterpret_cast<const uint4*>(src + head), 1,
+    CopyStrided<uint4, 8>(reinterpret_cast<const uint4*>(src + head), 1,
                           reinterpret_cast<uint4*>(dst + head), nvec, lane);
     for (int64_t i = tail + lane; i < n; i += 32) dst[i] = src[i];
     return;
