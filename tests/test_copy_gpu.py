@@ -110,7 +110,7 @@ def test_every_alignment_pair(gpu, rng, method):
     # Same and different misalignment modulo 16, short and long copies.
     for src_off in range(0, 17, 3):
         for dst_off in range(0, 17, 3):
-            for n in (0, 1, 15, 16, 17, 100, 4099, 300_001):
+            for n in (0, 1, 15, 16, 17, 100, 4099, 300_001, (1 << 22) + 4099):
                 _raw_case(gpu, rng, method, src_off, dst_off, n)
 
 

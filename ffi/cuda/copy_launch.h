@@ -28,7 +28,7 @@ inline constexpr BulkCopyConfig kDefaultBulkCopyConfig{32 * 1024, 4, 4};
 inline constexpr int kMaxBulkStages = 8;
 
 // method="auto" uses the bulk kernel from this size up (see LaunchCopy).
-inline constexpr std::size_t kAutoBulkMinBytes = std::size_t{16} << 20;
+inline constexpr std::size_t kAutoBulkMinBytes = std::size_t{64} << 20;
 
 ffi::Error LaunchBulkCopy(const void* src, void* dst, std::size_t bytes,
                           cudaStream_t stream, int device,
