@@ -39,21 +39,23 @@ void CheckCuda(cudaError_t err, const char* what) {
 }
 
 // Copies `nbytes` from address `src` to address `dst` on `device` with the
-// given method and pipeline shape, then synchronises. Test/benchmark use only:
+// given method and pipeline shape (the dynamic schedule on the raw hook's
+// counter slot), then synchronises. Test/benchmark use only:
 // it works on raw device addresses, so misaligned offsets can be exercised.
 void RawCopy(const std::string& method, int device, std::uintptr_t dst,
              std::uintptr_t src, std::size_t nbytes, uint32_t chunk_bytes,
-             int stages, int64_t chunks_per_cta) {
+             int stages, int64_t chunks_per_cta, bool dynamic) {
   jax_tma::CopyMethod parsed;
   if (!jax_tma::ParseCopyMethod(method, &parsed)) {
     throw nb::value_error(("unknown method '" + method + "'").c_str());
   }
   CheckCuda(cudaSetDevice(device), "cudaSetDevice");
   CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before)");
-  jax_tma::BulkCopyConfig config{chunk_bytes, stages, chunks_per_cta};
+  jax_tma::BulkCopyConfig config{chunk_bytes, stages, chunks_per_cta, dynamic};
   xla::ffi::Error err = jax_tma::LaunchCopy(
       "jax_tma._raw_copy", parsed, reinterpret_cast<const void*>(src),
-      reinterpret_cast<void*>(dst), nbytes, /*stream=*/nullptr, device, config);
+      reinterpret_cast<void*>(dst), nbytes, /*stream=*/nullptr, device,
+      jax_tma::kRawCounterSlot, &config);
   if (err.failure()) throw std::runtime_error(err.message());
   CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after)");
 }
@@ -86,13 +88,29 @@ NB_MODULE(_jax_tma, m) {
   m.def("cuda_registrations", []() {
     nb::dict d;
 #if JAX_TMA_WITH_CUDA
-    d["jax_tma_copy"] = Capsule(JaxTmaCopyCuda);
+    nb::dict copy;
+    copy["instantiate"] = Capsule(JaxTmaCopyCudaInstantiate);
+    copy["execute"] = Capsule(JaxTmaCopyCuda);
+    d["jax_tma_copy"] = copy;
     d["jax_tma_window"] = Capsule(JaxTmaWindowCuda);
     d["jax_tma_ppermute"] = Capsule(JaxTmaPpermuteCuda);
     d["jax_tma_broadcast"] = Capsule(JaxTmaBroadcastCuda);
     d["jax_tma_im2col"] = Capsule(JaxTmaIm2colCuda);
     d["jax_tma_bench_memcpy"] = Capsule(JaxTmaBenchMemcpyCuda);
     d["jax_tma_bench_seed_copy"] = Capsule(JaxTmaBenchSeedCopyCuda);
+#endif
+    return d;
+  });
+
+  // FFI types of the CUDA targets' per-call-site state, registered before
+  // the targets.
+  m.def("cuda_types", []() {
+    nb::dict d;
+#if JAX_TMA_WITH_CUDA
+    nb::dict site;
+    site["type_id"] = nb::capsule(jax_tma::CopySiteTypeId());
+    site["type_info"] = nb::capsule(jax_tma::CopySiteTypeInfo());
+    d["jax_tma_copy_site"] = site;
 #endif
     return d;
   });
@@ -108,7 +126,7 @@ NB_MODULE(_jax_tma, m) {
   m.def("_raw_copy", &RawCopy, nb::arg("method"), nb::arg("device"),
         nb::arg("dst"), nb::arg("src"), nb::arg("nbytes"),
         nb::arg("chunk_bytes") = d.chunk_bytes, nb::arg("stages") = d.stages,
-        nb::arg("chunks_per_cta") = d.chunks_per_cta);
+        nb::arg("chunks_per_cta") = d.chunks_per_cta, nb::arg("dynamic") = false);
   m.def("can_access_peer", &CanAccessPeer, nb::arg("device"), nb::arg("peer"));
 #endif
 }

@@ -22,6 +22,10 @@ _BATCH_PARTITIONABLE = ("jax_tma_copy", "jax_tma_window", "jax_tma_im2col")
 @functools.cache
 def register() -> None:
     """Registers every CPU target and, when compiled, every CUDA target; once."""
+    # Types of per-call-site state first: XLA rejects a handler whose state
+    # type it does not know yet.
+    for name, registration in _ext.cuda_types().items():
+        jax.ffi.register_ffi_type(name, registration, platform="CUDA")
     for name, capsule in _ext.cpu_registrations().items():
         jax.ffi.register_ffi_target(name, capsule, platform="cpu")
     for name, capsule in _ext.cuda_registrations().items():

@@ -1,10 +1,18 @@
-// The bulk TMA copy: each CTA streams a contiguous run of 16-B-aligned chunks
-// global -> shared -> global with cp.async.bulk, several stages in flight.
-// The grid holds many more CTAs than fit at once, so the hardware block
-// scheduler balances work across SMs (32 rounds per CTA, close to a
-// persistent grid, measured 2-5% slower on H100: SMs finish unevenly). Unaligned head/tail bytes are
-// copied by CTA 0 in the same launch.
+// The bulk TMA copy: each CTA streams 16-B-aligned chunks global -> shared ->
+// global with cp.async.bulk, several stages in flight. Two schedules share the
+// kernel:
+// - static: CTA b copies the contiguous chunks [b * per_cta, (b+1) * per_cta);
+//   the grid holds many more CTAs than fit at once, so the block scheduler
+//   hands them to whichever SM is free (one round per CTA measured best);
+// - dynamic: one CTA per free CTA slot of the GPU; each copies its first
+//   per_cta chunks as above, then claims chunks one at a time from a work
+//   counter in device memory, so that every SM keeps its stages in flight
+//   until the copy ends (H100, 2026-11-22: 0.8-3.5% faster than static from
+//   64 MiB up).
+// Unaligned head/tail bytes are copied by CTA 0 in the same launch.
 #include <algorithm>
+#include <mutex>
+#include <vector>
 
 #include "copy_launch.h"
 #include "device_helpers.cuh"
@@ -16,16 +24,25 @@ namespace {
 constexpr int kBulkThreads = 32;
 constexpr std::uintptr_t kBulkAlign = 16;  // cp.async.bulk address/size rule
 
+// Per counter slot: [0] chunks claimed past the static round, [1] CTAs
+// finished. The last CTA of a launch zeroes both, so every launch starts from
+// zero; launches that share a slot must not overlap in time (see
+// AcquireBulkCounterSlot). One array per device (module globals are per
+// context).
+__device__ unsigned long long g_bulk_counters[kBulkCounterSlots][2];
+
 // Bytes [0, head) and [head + body, bytes) are edges; the body starts 16-B
-// aligned in both buffers and its length is a multiple of 16.
+// aligned in both buffers and its length is a multiple of 16. counter_slot < 0
+// selects the static schedule.
 __global__ void __launch_bounds__(kBulkThreads)
     BulkCopyKernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst,
                    int64_t bytes, int64_t head, int64_t body, uint32_t chunk,
-                   int stages, int64_t chunks_per_cta) {
+                   int stages, int64_t chunks_per_cta, int counter_slot) {
 #if JAX_TMA_HAS_BULK_COPY
   using namespace device;
   extern __shared__ __align__(128) uint8_t stage_buf[];
   __shared__ uint64_t full[kMaxBulkStages];
+  __shared__ int64_t chunk_of[kMaxBulkStages];  // chunk held by each stage
 
   // The edges are written with ordinary stores; they never overlap the body
   // the async proxy writes, so no proxy fence is needed between them.
@@ -38,48 +55,82 @@ __global__ void __launch_bounds__(kBulkThreads)
   // One thread drives the whole pipeline: the copy engine does the moving.
   if (threadIdx.x != 0) return;
   const int64_t nchunks = (body + chunk - 1) / chunk;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * chunks_per_cta;
-  if (first >= nchunks) return;
-  const int64_t nlocal = min(chunks_per_cta, nchunks - first);
   const int64_t body_end = head + body;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * chunks_per_cta;
+  const int64_t static_end = min(first + chunks_per_cta, nchunks);
+  const int64_t claimed_from = static_cast<int64_t>(gridDim.x) * chunks_per_cta;
+  unsigned long long* counters =
+      counter_slot >= 0 ? g_bulk_counters[counter_slot] : nullptr;
+
+  // Chunk index of this CTA's next chunk (>= nchunks: none left). Claims
+  // come in order, so once one comes back empty every later one would too.
+  int64_t taken = 0;
+  auto next_chunk = [&]() -> int64_t {
+    const int64_t j = taken++;
+    if (first + j < static_end) return first + j;
+    if (counters == nullptr || claimed_from >= nchunks) return nchunks;
+    return claimed_from + static_cast<int64_t>(atomicAdd(&counters[0], 1ull));
+  };
+  auto size_of = [&](int64_t k) {
+    return static_cast<uint32_t>(min(static_cast<int64_t>(chunk), body_end - (head + k * chunk)));
+  };
+  // Stages are used round robin; stage indices and each stage's barrier
+  // parity are kept as running values: with 64-bit divisions for them the
+  // issuing thread made the dynamic schedule 2.5% slower at 1 GiB (H100).
+  int load_stage = 0, wait_stage = 0;
+  uint32_t parity = 0;  // bit s: parity of the next phase of stage s
+  auto load = [&](int64_t k) {
+    const int s = load_stage;
+    load_stage = s + 1 == stages ? 0 : s + 1;
+    chunk_of[s] = k;
+    expect_tx(&full[s], size_of(k));
+    bulk_load(stage_buf + static_cast<size_t>(s) * chunk, src + head + k * chunk,
+              size_of(k), &full[s]);
+  };
 
   for (int s = 0; s < stages; ++s) mbarrier_init(&full[s], 1);
   fence_mbarrier_init();
-
-  auto offset_of = [&](int64_t k) {
-    return head + (first + k) * chunk;
-  };
-  auto size_at = [&](int64_t off) {
-    return static_cast<uint32_t>(min(static_cast<int64_t>(chunk), body_end - off));
-  };
-  // Local chunk k always lives in stage k % stages; its barrier completes
-  // phase k / stages, so the wait parity is (k / stages) & 1.
-  auto load = [&](int64_t k) {
-    const int s = static_cast<int>(k % stages);
-    const int64_t off = offset_of(k);
-    const uint32_t n = size_at(off);
-    expect_tx(&full[s], n);
-    bulk_load(stage_buf + static_cast<size_t>(s) * chunk, src + off, n, &full[s]);
-  };
-
-  const int64_t prologue = min(static_cast<int64_t>(stages), nlocal);
-  for (int64_t k = 0; k < prologue; ++k) load(k);
-  for (int64_t k = 0; k < nlocal; ++k) {
-    const int s = static_cast<int>(k % stages);
-    mbarrier_wait(&full[s], static_cast<uint32_t>((k / stages) & 1));
-    const int64_t off = offset_of(k);
-    bulk_store(dst + off, stage_buf + static_cast<size_t>(s) * chunk, size_at(off));
+  int64_t in_flight = 0;
+  // The next chunk is fetched one load ahead, so a claim's round trip
+  // overlaps the wait for data already in flight.
+  int64_t pending = next_chunk();
+  while (in_flight < stages && pending < nchunks) {
+    load(pending);
+    ++in_flight;
+    pending = next_chunk();
+  }
+  for (int64_t waited = 0; in_flight > 0; ++waited) {
+    const int s = wait_stage;
+    wait_stage = s + 1 == stages ? 0 : s + 1;
+    const int64_t k = chunk_of[s];  // this thread's own write: read ahead of the wait
+    mbarrier_wait(&full[s], (parity >> s) & 1u);
+    parity ^= 1u << s;
+    bulk_store(dst + head + k * chunk, stage_buf + static_cast<size_t>(s) * chunk, size_of(k));
     store_commit_group();
-    // Refill the stage of chunk k-1 once its store has finished reading it
-    // (at most one group, chunk k's, may still read shared memory).
-    if (k >= 1 && k - 1 + stages < nlocal) {
+    --in_flight;
+    // From the second chunk on, refill the previous chunk's stage once its
+    // store has finished reading it (at most one group, this chunk's, may
+    // still read shared memory). Only a full pipeline refills, so that stage
+    // is always the next one round robin.
+    if (waited > 0 && pending < nchunks) {
       store_wait_read<1>();
-      load(k - 1 + stages);
+      load(pending);
+      ++in_flight;
+      pending = next_chunk();
     }
   }
   // Shared memory must outlive every store that reads it; the writes
   // themselves are complete when the grid is.
   store_wait_read<0>();
+  if (counters != nullptr) {
+    // Every CTA's claims precede its finish count; the last one to finish
+    // sees all claims done and resets the slot for the next launch.
+    __threadfence();
+    if (atomicAdd(&counters[1], 1ull) == gridDim.x - 1) {
+      atomicExch(&counters[0], 0ull);
+      atomicExch(&counters[1], 0ull);
+    }
+  }
 #endif
 }
 
@@ -93,11 +144,41 @@ ffi::Error SetBulkSmemLimit(int device, int* limit) {
   return ffi::Error::Success();
 }
 
+// Slots 1.. are handed to call sites; kRawCounterSlot is the raw hook's.
+struct SlotPool {
+  std::mutex mu;
+  std::vector<int> free;
+  int next = kRawCounterSlot + 1;
+};
+
+SlotPool& Pool() {
+  static auto* pool = new SlotPool();
+  return *pool;
+}
+
 }  // namespace
+
+int AcquireBulkCounterSlot() {
+  SlotPool& p = Pool();
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (!p.free.empty()) {
+    const int slot = p.free.back();
+    p.free.pop_back();
+    return slot;
+  }
+  return p.next < kBulkCounterSlots ? p.next++ : kNoCounterSlot;
+}
+
+void ReleaseBulkCounterSlot(int slot) {
+  if (slot <= kRawCounterSlot || slot >= kBulkCounterSlots) return;
+  SlotPool& p = Pool();
+  std::lock_guard<std::mutex> lock(p.mu);
+  p.free.push_back(slot);
+}
 
 ffi::Error LaunchBulkCopy(const void* src, void* dst, std::size_t bytes,
                           cudaStream_t stream, int device,
-                          const BulkCopyConfig& config) {
+                          const BulkCopyConfig& config, int counter_slot) {
   constexpr std::string_view kOp = "jax_tma.copy(method='bulk')";
   if (bytes == 0) return ffi::Error::Success();
   const auto s = reinterpret_cast<std::uintptr_t>(src);
@@ -117,6 +198,10 @@ ffi::Error LaunchBulkCopy(const void* src, void* dst, std::size_t bytes,
                            config.stages, " (2..", kMaxBulkStages,
                            ") chunks_per_cta=", config.chunks_per_cta, " (>= 1)");
   }
+  if (config.dynamic && (counter_slot < 0 || counter_slot >= kBulkCounterSlots)) {
+    return InvalidArgument(kOp, "the dynamic schedule needs a counter slot in [0, ",
+                           kBulkCounterSlots, "), got ", counter_slot);
+  }
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   static PerDevice<int> smem_limit;
@@ -127,29 +212,43 @@ ffi::Error LaunchBulkCopy(const void* src, void* dst, std::size_t bytes,
   const int64_t head = std::min<int64_t>(
       n, static_cast<int64_t>((kBulkAlign - (s & (kBulkAlign - 1))) & (kBulkAlign - 1)));
   const int64_t body = (n - head) / kBulkAlign * kBulkAlign;
-
-  // Small bodies use smaller chunks and fewer per CTA, so that every SM
-  // gets a full pipeline's worth of them.
   const int64_t sms = info.sm_count;
-  const int64_t even = (body + sms * config.stages - 1) / (sms * config.stages);
-  const uint32_t chunk = static_cast<uint32_t>(std::clamp<int64_t>(
-      (even + 127) / 128 * 128, 1024, config.chunk_bytes));
-  const int64_t nchunks = (body + chunk - 1) / chunk;
-  const int64_t per_cta = std::clamp<int64_t>((nchunks + sms - 1) / sms, 1, config.chunks_per_cta);
-  const int64_t blocks = std::max<int64_t>(1, (nchunks + per_cta - 1) / per_cta);
-  if (blocks > 0x7fffffff) {
-    return InvalidArgument(kOp, bytes, " B need ", blocks, " CTAs, over the grid limit");
+
+  uint32_t chunk = config.chunk_bytes;
+  int64_t per_cta = config.chunks_per_cta;
+  int64_t blocks = 0;
+  if (config.dynamic) {
+    // chunks_per_cta static chunks per CTA, then claims; as many CTAs as
+    // fit on the GPU at once.
+    const std::size_t smem = static_cast<std::size_t>(config.stages) * chunk;
+    int per_sm = 0;
+    JAX_TMA_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, BulkCopyKernel, kBulkThreads, smem));
+    const int64_t nchunks = (body + chunk - 1) / chunk;
+    blocks = std::clamp<int64_t>((nchunks + per_cta - 1) / per_cta, 1,
+                                 sms * std::max(per_sm, 1));
+  } else {
+    // Small bodies use smaller chunks and fewer per CTA, so that every SM
+    // gets a full pipeline's worth of them.
+    const int64_t even = (body + sms * config.stages - 1) / (sms * config.stages);
+    chunk = static_cast<uint32_t>(std::clamp<int64_t>(
+        (even + 127) / 128 * 128, 1024, config.chunk_bytes));
+    const int64_t nchunks = (body + chunk - 1) / chunk;
+    per_cta = std::clamp<int64_t>((nchunks + sms - 1) / sms, 1, config.chunks_per_cta);
+    blocks = std::max<int64_t>(1, (nchunks + per_cta - 1) / per_cta);
+    if (blocks > 0x7fffffff) {
+      return InvalidArgument(kOp, bytes, " B need ", blocks, " CTAs, over the grid limit");
+    }
   }
-  const int grid = static_cast<int>(blocks);
   const std::size_t smem = static_cast<std::size_t>(config.stages) * chunk;
   if (smem > static_cast<std::size_t>(limit)) {
     return InvalidArgument(kOp, config.stages, " stages of ", chunk,
                            " B need ", smem, " B of shared memory; device ",
                            device, " allows ", limit, " B");
   }
-  BulkCopyKernel<<<grid, kBulkThreads, smem, stream>>>(
+  BulkCopyKernel<<<static_cast<int>(blocks), kBulkThreads, smem, stream>>>(
       static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), n, head,
-      body, chunk, config.stages, per_cta);
+      body, chunk, config.stages, per_cta, config.dynamic ? counter_slot : -1);
   JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ffi::Error::Success();
 }

@@ -14,36 +14,61 @@
 namespace jax_tma {
 
 // Shape of the bulk pipeline: each CTA streams `chunks_per_cta` chunks of
-// `chunk_bytes` through `stages` shared-memory buffers.
+// `chunk_bytes` through `stages` shared-memory buffers (static schedule), or
+// `chunks_per_cta` chunks and then chunks claimed from a work counter
+// (dynamic).
 struct BulkCopyConfig {
   uint32_t chunk_bytes;
   int stages;
   int64_t chunks_per_cta;
+  bool dynamic = false;
 };
 
 // Measured on H100 (jax_tma.bench tune-bulk, 2026-11-22): one round of
 // 4 x 32 KiB per CTA, with the block scheduler handing out CTAs, beat every
-// multi-round (persistent) shape at 64 MiB and 1 GiB.
+// multi-round static shape at 64 MiB and 1 GiB.
 inline constexpr BulkCopyConfig kDefaultBulkCopyConfig{32 * 1024, 4, 4};
-inline constexpr int kMaxBulkStages = 8;
+// The dynamic schedule, from kDynamicBulkMinBytes up where a counter slot is
+// available. H100 (2026-11-22, profiler-timed dev harness, x cudaMemcpyAsync):
+// 8 KiB x 16 stages, 16 static chunks per CTA: 1.001 / 1.000 / 1.001 at
+// 64 MiB / 256 MiB / 1 GiB, against 0.967 / 0.985 / 0.993 for the static
+// default. With 8 KiB x 8, 16 KiB x 8 or 32 KiB x 4 stages the dynamic
+// schedule was 0.2-1.5% slower at 256 MiB and 1 GiB.
+inline constexpr BulkCopyConfig kDynamicBulkCopyConfig{8 * 1024, 16, 16, true};
+inline constexpr std::size_t kDynamicBulkMinBytes = std::size_t{64} << 20;
+inline constexpr int kMaxBulkStages = 16;
+
+// Work counters of the dynamic schedule. A launch that uses a slot must not
+// overlap in time with another launch on the same slot and device: each FFI
+// call site owns one (an XLA executable never runs concurrently with itself
+// on a device), the raw hook (which synchronises) uses kRawCounterSlot.
+inline constexpr int kBulkCounterSlots = 1024;
+inline constexpr int kRawCounterSlot = 0;
+inline constexpr int kNoCounterSlot = -1;
+// A free slot for a call site, or kNoCounterSlot when all are taken (the call
+// site then copies with the static schedule).
+int AcquireBulkCounterSlot();
+void ReleaseBulkCounterSlot(int slot);
 
 // method="auto" uses the bulk kernel from this size up (see LaunchCopy).
 inline constexpr std::size_t kAutoBulkMinBytes = std::size_t{64} << 20;
 
 ffi::Error LaunchBulkCopy(const void* src, void* dst, std::size_t bytes,
                           cudaStream_t stream, int device,
-                          const BulkCopyConfig& config);
+                          const BulkCopyConfig& config, int counter_slot);
 
 ffi::Error LaunchSimtCopy(const void* src, void* dst, std::size_t bytes,
                           cudaStream_t stream, int device);
 
 // Picks the kernel for `method` on `device` (auto: bulk where TMA exists
 // and the copy is at least kAutoBulkMinBytes, else SIMT) and launches it.
-// Errors name `op`.
+// Without `config`, bulk copies of at least kDynamicBulkMinBytes take the
+// dynamic schedule on `counter_slot` when one is given, else the default
+// static one. Errors name `op`.
 ffi::Error LaunchCopy(std::string_view op, CopyMethod method, const void* src,
                       void* dst, std::size_t bytes, cudaStream_t stream,
-                      int device,
-                      const BulkCopyConfig& config = kDefaultBulkCopyConfig);
+                      int device, int counter_slot = kNoCounterSlot,
+                      const BulkCopyConfig* config = nullptr);
 
 }  // namespace jax_tma
 

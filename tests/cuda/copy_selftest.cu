@@ -1,12 +1,16 @@
 // Standalone driver of the copy kernels for compute-sanitizer (memcheck,
 // racecheck, synccheck), without JAX in the process: every method, source
-// and destination misalignments, several pipeline shapes, poisoned
-// destinations with guard bytes on both sides. Exit status 1 on any mismatch.
+// and destination misalignments, several pipeline shapes of both bulk
+// schedules (the dynamic ones small enough that CTAs claim chunks at the
+// larger sizes, on one counter slot reused by every case), poisoned
+// destinations with guard bytes on both sides; and the counter-slot pool.
+// Exit status 1 on any failure.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda/copy_launch.h"
@@ -39,7 +43,7 @@ bool RunCase(jax_tma::CopyMethod method, std::size_t so, std::size_t d_o,
             Check(cudaMemset(d_dst, kPoison, total), "memset");
   if (ok) {
     xla::ffi::Error err = jax_tma::LaunchCopy("selftest", method, d_src + so, d_dst + d_o, n,
-                                              nullptr, 0, config);
+                                              nullptr, 0, jax_tma::kRawCounterSlot, &config);
     if (err.failure()) {
       std::fprintf(stderr, "launch failed: %s\n", err.message().c_str());
       ok = false;
@@ -50,11 +54,50 @@ bool RunCase(jax_tma::CopyMethod method, std::size_t so, std::size_t d_o,
   cudaFree(d_src);
   cudaFree(d_dst);
   if (ok && got != want) {
-    std::fprintf(stderr, "mismatch: method=%d so=%zu do=%zu n=%zu stages=%d chunk=%u\n",
-                 static_cast<int>(method), so, d_o, n, config.stages, config.chunk_bytes);
+    std::fprintf(stderr, "mismatch: method=%d so=%zu do=%zu n=%zu stages=%d chunk=%u dynamic=%d\n",
+                 static_cast<int>(method), so, d_o, n, config.stages, config.chunk_bytes,
+                 static_cast<int>(config.dynamic));
     ok = false;
   }
   return ok;
+}
+
+// Every slot but the raw hook's can be taken once; then none is left until
+// one is released.
+int CheckSlotPool() {
+  std::vector<int> taken;
+  for (int slot = jax_tma::AcquireBulkCounterSlot(); slot != jax_tma::kNoCounterSlot;
+       slot = jax_tma::AcquireBulkCounterSlot()) {
+    taken.push_back(slot);
+  }
+  if (static_cast<int>(taken.size()) != jax_tma::kBulkCounterSlots - 1) {
+    std::fprintf(stderr, "counter-slot pool: %zu slots taken\n", taken.size());
+    return 1;
+  }
+  int failures = 0;
+  const int back = taken.back();
+  jax_tma::ReleaseBulkCounterSlot(back);
+  failures += jax_tma::AcquireBulkCounterSlot() != back;
+  failures += jax_tma::AcquireBulkCounterSlot() != jax_tma::kNoCounterSlot;
+  for (int slot : taken) jax_tma::ReleaseBulkCounterSlot(slot);
+  if (failures) std::fprintf(stderr, "counter-slot pool: release/acquire mismatch\n");
+  return failures;
+}
+
+// The dynamic schedule without a counter slot is refused, naming the rule.
+int CheckDynamicNeedsSlot() {
+  uint8_t* buf = nullptr;
+  if (!Check(cudaMalloc(&buf, 1 << 16), "cudaMalloc")) return 1;
+  const xla::ffi::Error err = jax_tma::LaunchBulkCopy(
+      buf, buf + (1 << 15), 1 << 15, nullptr, 0, jax_tma::kDynamicBulkCopyConfig,
+      jax_tma::kNoCounterSlot);
+  cudaFree(buf);
+  const std::string want = "the dynamic schedule needs a counter slot in [0, 1024), got -1";
+  if (!err.failure() || err.message().find(want) == std::string::npos) {
+    std::fprintf(stderr, "dynamic without a slot: got '%s'\n", err.message().c_str());
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -62,7 +105,8 @@ bool RunCase(jax_tma::CopyMethod method, std::size_t so, std::size_t d_o,
 int main() {
   std::mt19937_64 gen(std::random_device{}());
   const jax_tma::BulkCopyConfig configs[] = {
-      jax_tma::kDefaultBulkCopyConfig, {1024, 2, 1}, {4096, 3, 7}, {65536, 4, 100}};
+      jax_tma::kDefaultBulkCopyConfig, {1024, 2, 1}, {4096, 3, 7}, {65536, 4, 100},
+      jax_tma::kDynamicBulkCopyConfig, {1024, 2, 1, true}, {4096, 4, 1, true}};
   const std::size_t sizes[] = {0, 1, 15, 16, 17, 4099, 1 << 20, (3 << 20) + 48, (9 << 20) + 5};
   int cases = 0, failures = 0;
   for (auto method : {jax_tma::CopyMethod::kBulk, jax_tma::CopyMethod::kSimt,
@@ -78,6 +122,9 @@ int main() {
       }
     }
   }
+  cases += 2;
+  failures += CheckSlotPool();
+  failures += CheckDynamicNeedsSlot();
   std::printf("copy_selftest: %d cases, %d failures\n", cases, failures);
   return failures == 0 ? 0 : 1;
 }
