@@ -11,7 +11,8 @@
 Times device work, not Python dispatch: each case runs under
 ``jax.profiler`` and its duration is the span of its GPU activity (kernels
 and memcpys, read from the trace) per call; the median over calls is
-reported. Bandwidth counts every byte read plus every byte written.
+reported (copy: the cases take turns, see time_cases). Bandwidth counts
+every byte read plus every byte written.
 """
 
 from __future__ import annotations
@@ -86,19 +87,43 @@ def _split_runs(events: list[tuple[int, int]], runs: int, busy: bool) -> list[fl
     return out
 
 
-def time_device(fn: Callable[..., Any], inputs: Sequence[tuple], calls: int,
-                busy: bool = False) -> float:
-    """Median device seconds per call of `fn`, cycling through `inputs`: the
-    span of its GPU activity, or with `busy` only the time the GPU was busy."""
-    for args in inputs:
-        jax.block_until_ready(fn(*args))
+def time_cases(cases: dict[str, Callable[..., Any]], inputs: Sequence[tuple], rounds: int,
+               rep: int = 1, busy: bool = False,
+               before: Callable[[], Any] | None = None) -> dict[str, float]:
+    """Median device seconds per call of each case: the span of its GPU
+    activity, or with `busy` only the time the GPU was busy.
+
+    The cases take turns: each round runs every case `rep` times in a row,
+    cycling through `inputs`, so that slow drift (clocks, temperature) hits
+    every case alike. With rep > 1 the first call of each turn, which pays
+    for what the previous case left in L2, is not counted. `before`, if
+    given, runs (untimed) ahead of every call, e.g. to set the L2 state."""
+    for fn in cases.values():
+        for args in inputs:
+            jax.block_until_ready(fn(*args))
+    plan = [name for _ in range(rounds) for name in cases for _ in range(rep)]
     with tempfile.TemporaryDirectory() as d:
         jax.profiler.start_trace(d)
-        for i in range(calls):
-            jax.block_until_ready(fn(*inputs[i % len(inputs)]))
+        for i, name in enumerate(plan):
+            if before is not None:
+                jax.block_until_ready(before())
+            jax.block_until_ready(cases[name](*inputs[i % len(inputs)]))
         jax.profiler.stop_trace()
         events = _device_events(d)
-    return statistics.median(_split_runs(events, calls, busy))
+    stride = 1 if before is None else 2
+    runs = _split_runs(events, stride * len(plan), busy)[stride - 1::stride]
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for i, (name, seconds) in enumerate(zip(plan, runs)):
+        if rep == 1 or i % rep:
+            samples[name].append(seconds)
+    return {name: statistics.median(x) for name, x in samples.items()}
+
+
+def time_device(fn: Callable[..., Any], inputs: Sequence[tuple], calls: int,
+                busy: bool = False) -> float:
+    """Median device seconds per call of `fn` over `calls` calls, cycling
+    through `inputs` (see time_cases)."""
+    return time_cases({"": fn}, inputs, calls, busy=busy)[""]
 
 
 def _ffi_reference(target: str) -> Callable[[jax.Array], jax.Array]:
@@ -121,9 +146,19 @@ def copy_cases() -> dict[str, Callable[[jax.Array], jax.Array]]:
     }
 
 
+# Written ahead of each call in the "after a write" regime: more than L2
+# holds, so the copy starts with L2 full of another buffer's dirty lines.
+_DIRTY_L2_BYTES = 192 * MIB
+
+
 def bench_copy(sizes_mib: Sequence[int], chain_ops: int = 100) -> dict[str, Any]:
+    """Every copy case at each size, in two L2 regimes: `repeat` (the case
+    called again and again, so L2 holds its own previous output) and
+    `after_write` (each call preceded by an unrelated 192 MiB write, as in a
+    program where the copy follows other work)."""
     _ffi.register()
     cases = copy_cases()
+    dirty = jax.jit(lambda: jnp.full((_DIRTY_L2_BYTES // 4,), 7, jnp.uint32))
     rows = []
     for mib in sizes_mib:
         nbytes = mib * MIB
@@ -134,14 +169,15 @@ def bench_copy(sizes_mib: Sequence[int], chain_ops: int = 100) -> dict[str, Any]
             (jax.random.bits(k, (nbytes // 4,), jnp.uint32),)
             for k in jax.random.split(key, copies)
         ]
-        calls = 30 if nbytes <= 256 * MIB else 10
+        rounds = 8 if nbytes <= 256 * MIB else 3
         row: dict[str, Any] = {"bytes": nbytes}
-        for name, fn in cases.items():
-            seconds = time_device(fn, inputs, calls)
-            row[name] = {"us": seconds * 1e6, "tbps": 2 * nbytes / seconds / 1e12}
-        for name in cases:
-            row[name]["vs_memcpy"] = row["memcpy"]["us"] / row[name]["us"]
-            row[name]["vs_xla"] = row["xla_copy"]["us"] / row[name]["us"]
+        for regime, before in (("repeat", None), ("after_write", dirty)):
+            times = time_cases(cases, inputs, rounds, rep=4, before=before)
+            row[regime] = {
+                name: {"us": t * 1e6, "tbps": 2 * nbytes / t / 1e12,
+                       "vs_memcpy": times["memcpy"] / t, "vs_xla": times["xla_copy"] / t}
+                for name, t in times.items()
+            }
         rows.append(row)
         del inputs
         print(_row_text(row), flush=True)
@@ -527,31 +563,39 @@ def tune_bulk(sizes_mib: Sequence[int]) -> dict[str, Any]:
     return {"rows": out}
 
 
+_COPY_CASES = ("auto", "bulk", "simt", "seed_tma", "xla_copy", "memcpy")
+
+
 def _row_text(row: dict[str, Any]) -> str:
     size = f"{row['bytes'] // MIB} MiB"
     cells = [f"{size:>9}"]
-    for name in ("auto", "bulk", "simt", "seed_tma", "xla_copy", "memcpy"):
-        r = row[name]
+    for name in _COPY_CASES:
+        r = row["repeat"][name]
         cells.append(f"{r['tbps']:6.3f} ({r['vs_memcpy']:.3f}x)")
+    cells.append(f"auto/XLA {row['repeat']['auto']['vs_xla']:.3f}x, after a write "
+                 f"{row['after_write']['auto']['vs_xla']:.3f}x")
     return " | ".join(cells)
 
 
 def table(result: dict[str, Any]) -> str:
     head = ["size", "auto TB/s (x memcpy)", "bulk", "simt", "seed-style TMA", "XLA jnp.copy",
-            "cudaMemcpyAsync"]
+            "cudaMemcpyAsync", "auto x XLA", "after a write: auto x XLA (bulk x memcpy)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in result["rows"]:
         cells = [f"{row['bytes'] // MIB} MiB"]
-        for name in ("auto", "bulk", "simt", "seed_tma", "xla_copy", "memcpy"):
-            r = row[name]
-            cells.append(f"{r['tbps']:.3f} ({r['vs_memcpy']:.3f}x)")
+        for name in _COPY_CASES:
+            r = row["repeat"][name]
+            cells.append(f"{r['tbps']:.2f} ({r['vs_memcpy']:.3f}×)")
+        after = row["after_write"]
+        cells.append(f"{row['repeat']['auto']['vs_xla']:.3f}×")
+        cells.append(f"{after['auto']['vs_xla']:.3f}× ({after['bulk']['vs_memcpy']:.3f}×)")
         lines.append("| " + " | ".join(cells) + " |")
     chain = result["chained_tiny_copies"]
     lines.append("")
     lines.append(
-        "Chained tiny copies (1 KiB, "
-        f"{chain['bulk']['ops']} in one jit): bulk {chain['bulk']['us_per_op']:.2f} us/op, "
-        f"simt {chain['simt']['us_per_op']:.2f} us/op"
+        f"{chain['bulk']['ops']} chained 1 KiB copies inside one `jit`: "
+        f"{chain['bulk']['us_per_op']:.2f} µs per op (bulk), "
+        f"{chain['simt']['us_per_op']:.2f} µs per op (simt)."
     )
     return "\n".join(lines)
 
@@ -602,7 +646,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         jax=jax.__version__,
         build=jax_tma.build_info(),
         bytes_convention="read + write (every byte read once plus every byte written once)",
-        timing=("median per call from a jax.profiler trace: device span (copy; ppermute, "
+        timing=("median per call from a jax.profiler trace: device span (copy: cases "
+                "interleaved, 4 calls per turn, the first not counted; ppermute, "
                 "over both GPUs, divided by the ops chained in the program); "
                 "GPU busy time, span also recorded (window, broadcast); GPU busy time (im2col)"),
     )

@@ -1,6 +1,6 @@
-// The SIMT copy: a vectorised grid-stride loop, the fallback below sm_90, the
-// kernel of method="auto" below kAutoBulkMinBytes, and the copy of buffers
-// whose addresses differ modulo 16. Vectors are the widest that both
+// The SIMT copy: a vectorised loop over block-wide spans, the fallback below
+// sm_90, the kernel of method="auto" below kAutoBulkMinBytes, and the copy of
+// buffers whose addresses differ modulo 16. Vectors are the widest that both
 // addresses share an alignment for; the edge bytes (fewer than one vector at
 // each end) are copied by one extra block of the same launch.
 #include <algorithm>
@@ -12,16 +12,24 @@ namespace jax_tma {
 namespace {
 
 constexpr int kSimtThreads = 256;
-// From this many vectors up each thread keeps 8 loads in flight, below it 4.
-// H100 (2026-11-22, cold input): 8 is 2-4% faster at 4, 16 and 32 MiB of
-// 16-B vectors; at 1 and 2 MiB it leaves SMs idle and is 10-25% slower.
-constexpr int64_t kDeepMinVectors = int64_t{1} << 18;
+// Each thread loads kSimtUnroll vectors, a block apart, before storing any:
+// each block copies contiguous spans of kSimtThreads * kSimtUnroll vectors.
+// Against 8 loads a grid stride apart per thread (the kernel from 4 MiB up
+// until then), H100, 2026-11-22, profiler-timed dev harness, x
+// cudaMemcpyAsync in the same run, repeated calls / each call after an
+// unrelated 192 MiB write:
+//   4 MiB: 0.982 / 1.007 against 1.029 / 0.967
+//   8 MiB: 1.024 / 1.048 against 1.012 / 0.994
+//  16 MiB: 0.976 / 1.139 against 0.990 / 1.017
+//  32 MiB: 1.010 / 1.007 against 0.999 / 0.999
+//  48 MiB: 0.967 / 0.985 against 0.936 / 0.956
+constexpr int kSimtUnroll = 4;
 
 // Blocks [0, body_blocks) copy the nvec vectors of the body; block
 // body_blocks, present only when there are edge bytes, copies bytes
 // [0, head) and [tail, bytes). The body kernel has no edge code ahead of its
 // loop: a predicated edge copy there made the whole copy 5% slower at 16 MiB.
-template <typename V, int kUnroll>
+template <typename V>
 __global__ void __launch_bounds__(kSimtThreads)
     SimtCopyKernel(const V* __restrict__ src, V* __restrict__ dst, int64_t nvec,
                    int body_blocks, const uint8_t* __restrict__ src_bytes,
@@ -33,16 +41,21 @@ __global__ void __launch_bounds__(kSimtThreads)
     if (t < bytes - tail) dst_bytes[tail + t] = src_bytes[tail + t];
     return;
   }
-  const int64_t nthreads = static_cast<int64_t>(body_blocks) * kSimtThreads;
-  int64_t i = static_cast<int64_t>(blockIdx.x) * kSimtThreads + threadIdx.x;
-  for (; i + (kUnroll - 1) * nthreads < nvec; i += kUnroll * nthreads) {
-    V r[kUnroll];
+  constexpr int64_t kSpan = int64_t{kSimtThreads} * kSimtUnroll;
+  const int64_t stride = static_cast<int64_t>(body_blocks) * kSpan;
+  int64_t i = static_cast<int64_t>(blockIdx.x) * kSpan + threadIdx.x;
+  for (; i + (kSimtUnroll - 1) * kSimtThreads < nvec; i += stride) {
+    V r[kSimtUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) r[u] = src[i + u * nthreads];
+    for (int u = 0; u < kSimtUnroll; ++u) r[u] = src[i + u * kSimtThreads];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) dst[i + u * nthreads] = r[u];
+    for (int u = 0; u < kSimtUnroll; ++u) dst[i + u * kSimtThreads] = r[u];
   }
-  for (; i < nvec; i += nthreads) dst[i] = src[i];
+  // The last, partial span.
+#pragma unroll
+  for (int u = 0; u < kSimtUnroll - 1; ++u) {
+    if (i + u * kSimtThreads < nvec) dst[i + u * kSimtThreads] = src[i + u * kSimtThreads];
+  }
 }
 
 template <typename V>
@@ -53,16 +66,14 @@ ffi::Error LaunchSimtWidth(const void* src, void* dst, int64_t bytes,
   const int64_t head = std::min<int64_t>(bytes, (w - static_cast<int64_t>(s % w)) % w);
   const int64_t nvec = (bytes - head) / w;
   const int64_t tail = head + nvec * w;
-  const bool deep = nvec >= kDeepMinVectors;
-  const int64_t per_block = static_cast<int64_t>(kSimtThreads) * (deep ? 8 : 4);
+  const int64_t per_block = int64_t{kSimtThreads} * kSimtUnroll;
   // At most 8 blocks per SM (a full SM at 256 threads); larger bodies loop.
   const int body_blocks = static_cast<int>(std::min<int64_t>(
       (nvec + per_block - 1) / per_block, static_cast<int64_t>(info.sm_count) * 8));
   const bool edges = head > 0 || tail < bytes;
   const auto* sv = reinterpret_cast<const V*>(static_cast<const uint8_t*>(src) + head);
   auto* dv = reinterpret_cast<V*>(static_cast<uint8_t*>(dst) + head);
-  auto kernel = deep ? SimtCopyKernel<V, 8> : SimtCopyKernel<V, 4>;
-  kernel<<<body_blocks + (edges ? 1 : 0), kSimtThreads, 0, stream>>>(
+  SimtCopyKernel<V><<<body_blocks + (edges ? 1 : 0), kSimtThreads, 0, stream>>>(
       sv, dv, nvec, body_blocks, static_cast<const uint8_t*>(src),
       static_cast<uint8_t*>(dst), static_cast<int>(head), tail, bytes);
   JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
