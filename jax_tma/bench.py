@@ -111,9 +111,16 @@ def time_cases(cases: dict[str, Callable[..., Any]], inputs: Sequence[tuple], ro
         jax.profiler.stop_trace()
         events = _device_events(d)
     stride = 1 if before is None else 2
-    runs = _split_runs(events, stride * len(plan), busy)[stride - 1::stride]
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    for i, (name, seconds) in enumerate(zip(plan, runs)):
+    return _case_medians(plan, _split_runs(events, stride * len(plan), busy)[stride - 1::stride],
+                         rep)
+
+
+def _case_medians(plan: Sequence[str], runs: Sequence[float], rep: int) -> dict[str, float]:
+    """Median of each case's runs, `plan` naming the case of each run in
+    turns of `rep`; with rep > 1 the first run of every turn is left out."""
+    samples: dict[str, list[float]] = {}
+    for i, (name, seconds) in enumerate(zip(plan, runs, strict=True)):
+        samples.setdefault(name, [])
         if rep == 1 or i % rep:
             samples[name].append(seconds)
     return {name: statistics.median(x) for name, x in samples.items()}
