@@ -98,6 +98,8 @@ NB_MODULE(_jax_tma, m) {
     d["jax_tma_im2col"] = Capsule(JaxTmaIm2colCuda);
     d["jax_tma_bench_memcpy"] = Capsule(JaxTmaBenchMemcpyCuda);
     d["jax_tma_bench_seed_copy"] = Capsule(JaxTmaBenchSeedCopyCuda);
+    d["jax_tma_bench_read"] = Capsule(JaxTmaBenchReadCuda);
+    d["jax_tma_bench_write"] = Capsule(JaxTmaBenchWriteCuda);
 #endif
     return d;
   });
@@ -128,5 +130,6 @@ NB_MODULE(_jax_tma, m) {
         nb::arg("chunk_bytes") = d.chunk_bytes, nb::arg("stages") = d.stages,
         nb::arg("chunks_per_cta") = d.chunks_per_cta, nb::arg("dynamic") = false);
   m.def("can_access_peer", &CanAccessPeer, nb::arg("device"), nb::arg("peer"));
+  m.attr("_dynamic_bulk_min_bytes") = jax_tma::kDynamicBulkMinBytes;
 #endif
 }

@@ -74,7 +74,7 @@ def copy(x: jax.Array | np.ndarray, *, method: CopyMethod = "auto") -> jax.Array
       x: an array of any dtype (sub-byte types are widened around the copy)
         and any shape, including 0-d and zero-size.
       method: ``"auto"`` (bulk TMA where the GPU has it and the copy is at
-        least 64 MiB; below that the SIMT kernel measured faster),
+        least 32 MiB; below that the SIMT kernel measured faster),
         ``"bulk"`` (TMA; an error on GPUs below compute capability 9.0),
         ``"simt"`` (a plain vectorised CUDA copy) or ``"tiled"`` (the
         tensor-map machinery of :func:`jax_tma.window` over the whole array;

@@ -157,6 +157,18 @@ def copy_cases() -> dict[str, Callable[[jax.Array], jax.Array]]:
 # holds, so the copy starts with L2 full of another buffer's dirty lines.
 _DIRTY_L2_BYTES = 192 * MIB
 
+# From this size up the copy bench also times a read-only and a write-only
+# stream of the same bytes. A DRAM channel carries reads and writes in turn,
+# so no copy of n bytes takes less than t_read + t_write: the serial bound
+# 2n / (t_read + t_write) (read + write counted).
+_BOUND_MIN_BYTES = 256 * MIB
+
+
+@jax.jit
+def _read_stream(x: jax.Array) -> jax.Array:
+    """The read-only reference: a 16-B XOR checksum of x (CUDA only)."""
+    return jax.ffi.ffi_call("jax_tma_bench_read", jax.ShapeDtypeStruct((4,), jnp.uint32))(x)
+
 
 def bench_copy(sizes_mib: Sequence[int], chain_ops: int = 100) -> dict[str, Any]:
     """Every copy case at each size, in two L2 regimes: `repeat` (the case
@@ -165,6 +177,7 @@ def bench_copy(sizes_mib: Sequence[int], chain_ops: int = 100) -> dict[str, Any]
     program where the copy follows other work)."""
     _ffi.register()
     cases = copy_cases()
+    stream_cases = {"read": _read_stream, "write": _ffi_reference("jax_tma_bench_write")}
     dirty = jax.jit(lambda: jnp.full((_DIRTY_L2_BYTES // 4,), 7, jnp.uint32))
     rows = []
     for mib in sizes_mib:
@@ -176,7 +189,8 @@ def bench_copy(sizes_mib: Sequence[int], chain_ops: int = 100) -> dict[str, Any]
             (jax.random.bits(k, (nbytes // 4,), jnp.uint32),)
             for k in jax.random.split(key, copies)
         ]
-        rounds = 8 if nbytes <= 256 * MIB else 3
+        # Small copies cost little: more rounds there steady their medians.
+        rounds = 16 if nbytes <= 64 * MIB else 8 if nbytes <= 256 * MIB else 3
         row: dict[str, Any] = {"bytes": nbytes}
         for regime, before in (("repeat", None), ("after_write", dirty)):
             times = time_cases(cases, inputs, rounds, rep=4, before=before)
@@ -184,6 +198,16 @@ def bench_copy(sizes_mib: Sequence[int], chain_ops: int = 100) -> dict[str, Any]
                 name: {"us": t * 1e6, "tbps": 2 * nbytes / t / 1e12,
                        "vs_memcpy": times["memcpy"] / t, "vs_xla": times["xla_copy"] / t}
                 for name, t in times.items()
+            }
+        if nbytes >= _BOUND_MIN_BYTES:
+            streams = time_cases(stream_cases, inputs, rounds, rep=4)
+            bound = 2 * nbytes / (streams["read"] + streams["write"]) / 1e12
+            row["serial_bound"] = {
+                "read_tbps": nbytes / streams["read"] / 1e12,
+                "write_tbps": nbytes / streams["write"] / 1e12,
+                "copy_tbps": bound,
+                **{f"{name}_fraction": row["repeat"][name]["tbps"] / bound
+                   for name in ("bulk", "seed_tma", "memcpy")},
             }
         rows.append(row)
         del inputs
@@ -597,6 +621,17 @@ def table(result: dict[str, Any]) -> str:
         cells.append(f"{row['repeat']['auto']['vs_xla']:.3f}×")
         cells.append(f"{after['auto']['vs_xla']:.3f}× ({after['bulk']['vs_memcpy']:.3f}×)")
         lines.append("| " + " | ".join(cells) + " |")
+    bounded = [row for row in result["rows"] if "serial_bound" in row]
+    if bounded:
+        lines += ["", "| size | read-only TB/s | write-only TB/s | serial bound "
+                  "2n/(t_read+t_write) | bulk ÷ bound | seed-style ÷ bound | "
+                  "cudaMemcpyAsync ÷ bound |", "|---|---|---|---|---|---|---|"]
+        for row in bounded:
+            b = row["serial_bound"]
+            lines.append(f"| {row['bytes'] // MIB} MiB | {b['read_tbps']:.2f} | "
+                         f"{b['write_tbps']:.2f} | {b['copy_tbps']:.2f} | "
+                         f"{b['bulk_fraction']:.3f} | {b['seed_tma_fraction']:.3f} | "
+                         f"{b['memcpy_fraction']:.3f} |")
     chain = result["chained_tiny_copies"]
     lines.append("")
     lines.append(
@@ -612,7 +647,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("op", choices=["copy", "window", "im2col", "tune-bulk", "broadcast",
                                        "broadcast-once", "ppermute"])
     parser.add_argument("--sizes-mib", type=int, nargs="+",
-                        default=[1, 4, 16, 64, 256, 1024, 4096])
+                        default=[1, 4, 16, 32, 48, 64, 256, 1024, 4096])
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
     gpus = jax.devices("cuda") if any(d.platform == "gpu" for d in jax.devices()) else []
@@ -652,7 +687,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         date=datetime.date.today().isoformat(),
         jax=jax.__version__,
         build=jax_tma.build_info(),
-        bytes_convention="read + write (every byte read once plus every byte written once)",
+        bytes_convention=("read + write (every byte read once plus every byte written once); "
+                          "the copy bench's read-only and write-only rates count one direction"),
         timing=("median per call from a jax.profiler trace: device span (copy: cases "
                 "interleaved, 4 calls per turn, the first not counted; ppermute, "
                 "over both GPUs, divided by the ops chained in the program); "

@@ -1,6 +1,7 @@
 """jax_tma.copy on a CUDA GPU: every dtype and method bit-exact into
 poisoned outputs, every alignment of source and destination through the raw
-launch hook, the pipeline configurations, random sizes, and > 4 GiB."""
+launch hook, the pipeline configurations, random sizes, and > 4 GiB; and the
+benchmark's stream references."""
 
 import functools
 import re
@@ -128,10 +129,11 @@ def test_bulk_pipeline_configs(gpu, rng, stages, chunk, per_cta, dynamic):
 
 
 def test_dynamic_schedule_call_sites(gpu, rng):
-    # From 64 MiB up a call site's bulk copy claims chunks from its own work
-    # counter, which the last CTA zeroes: running a site again, and two sites
-    # in one program, must stay exact.
-    n = (64 << 20) + 4099
+    # From _dynamic_bulk_min_bytes up (where auto takes bulk too) a call
+    # site's bulk copy claims chunks from its own work counter, which the last
+    # CTA zeroes: running a site again, and two sites in one program, must
+    # stay exact.
+    n = _ffi._ext._dynamic_bulk_min_bytes + 4099
     for method in ("bulk", "auto"):
         for _ in range(2):
             x = random_array(rng, (n,), np.uint8)
@@ -171,3 +173,19 @@ def test_build_info_sees_a_tma_gpu(gpu):
     info = jax_tma.build_info()
     assert info["cuda_compiled"]
     assert info["gpus"] and all(g["tma"] for g in info["gpus"]), info
+
+
+def test_bench_stream_references(gpu, rng):
+    # The copy bench's serial bound times these: the read stream must read
+    # every byte (its checksum is the XOR of all 16-B vectors) and the write
+    # stream must write every byte.
+    from jax_tma import bench
+    _ffi.register()
+    for n in (0, 16, 4096 + 48, (3 << 20) + 16):
+        x = random_array(rng, (n,), np.uint8)
+        want = np.bitwise_xor.reduce(x.view(np.uint32).reshape(-1, 4), axis=0) if n else \
+            np.zeros(4, np.uint32)
+        np.testing.assert_array_equal(np.asarray(bench._read_stream(jax.device_put(x, gpu))),
+                                      want)
+        y = bench._ffi_reference("jax_tma_bench_write")(jax.device_put(x, gpu))
+        assert (np.asarray(y) == 0x5A).all()

@@ -1,7 +1,9 @@
 // Reference targets that exist only for the benchmark: cudaMemcpyAsync D2D
-// (the copy ceiling) and the "seed-style" TMA copy (one 32-thread CTA per
+// (the copy ceiling), the "seed-style" TMA copy (one 32-thread CTA per
 // 48 KiB chunk, one cp.async.bulk each way, no pipelining) that the bulk
-// kernel must beat.
+// kernel must beat, and a read-only and a write-only stream, whose rates
+// bound what any copy can reach when DRAM serves reads and writes in turn.
+#include <algorithm>
 #include <string_view>
 
 #include "copy_cuda.h"
@@ -78,6 +80,113 @@ ffi::Error MemcpyImpl(cudaStream_t stream, ffi::AnyBuffer x,
   return ffi::Error::Success();
 }
 
+// Read-only stream: XORs the 16-B vectors of x into a 16-B checksum, in one
+// kernel (a separate zeroing launch would add its gap to the span): each
+// block leaves its partial in g_read_partials, the last block to finish
+// folds them and resets g_read_done for the next launch. One launch at a time
+// per device, which the benchmark's single stream guarantees.
+constexpr int kReadThreads = 256;
+constexpr int kReadUnroll = 8;
+constexpr int kReadMaxBlocks = 4096;
+__device__ uint4 g_read_partials[kReadMaxBlocks];
+__device__ unsigned int g_read_done;
+
+__device__ inline void Fold(uint4& acc, const uint4& v) {
+  acc.x ^= v.x;
+  acc.y ^= v.y;
+  acc.z ^= v.z;
+  acc.w ^= v.w;
+}
+
+// The XOR of `acc` over the block, in thread 0.
+__device__ inline uint4 BlockXor(uint4 acc) {
+  for (int lane_mask = 16; lane_mask > 0; lane_mask >>= 1) {
+    Fold(acc, {__shfl_xor_sync(~0u, acc.x, lane_mask), __shfl_xor_sync(~0u, acc.y, lane_mask),
+               __shfl_xor_sync(~0u, acc.z, lane_mask), __shfl_xor_sync(~0u, acc.w, lane_mask)});
+  }
+  __shared__ uint4 warp_sums[kReadThreads / 32];
+  __syncthreads();  // warp_sums may still be read from a previous call
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
+  __syncthreads();
+  for (int w = 1; w < kReadThreads / 32; ++w) Fold(acc, warp_sums[w]);
+  return acc;
+}
+
+__global__ void __launch_bounds__(kReadThreads)
+    ReadStreamKernel(const uint4* __restrict__ src, int64_t nvec, uint4* __restrict__ sum) {
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * kReadThreads;
+  uint4 acc = {0, 0, 0, 0};
+  int64_t i = static_cast<int64_t>(blockIdx.x) * kReadThreads + threadIdx.x;
+  for (; i + (kReadUnroll - 1) * threads < nvec; i += kReadUnroll * threads) {
+    uint4 r[kReadUnroll];
+#pragma unroll
+    for (int u = 0; u < kReadUnroll; ++u) r[u] = src[i + u * threads];
+#pragma unroll
+    for (int u = 0; u < kReadUnroll; ++u) Fold(acc, r[u]);
+  }
+  for (; i < nvec; i += threads) Fold(acc, src[i]);
+  acc = BlockXor(acc);
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    g_read_partials[blockIdx.x] = acc;
+    __threadfence();
+    last = atomicAdd(&g_read_done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  uint4 total = {0, 0, 0, 0};
+  for (unsigned b = threadIdx.x; b < gridDim.x; b += kReadThreads) {
+    Fold(total, __ldcg(&g_read_partials[b]));
+  }
+  total = BlockXor(total);
+  if (threadIdx.x == 0) {
+    *sum = total;
+    g_read_done = 0;
+  }
+}
+
+ffi::Error ReadStreamBlocks(int device, int* blocks) {
+  DeviceInfo info;
+  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
+  int per_sm = 0;
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &per_sm, ReadStreamKernel, kReadThreads, 0));
+  // One wave: a second, partial one would leave a tail of few blocks.
+  *blocks = std::clamp(per_sm * info.sm_count, 1, kReadMaxBlocks);
+  return ffi::Error::Success();
+}
+
+ffi::Error ReadStreamImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
+                          ffi::Result<ffi::Buffer<ffi::U32>> sum) {
+  constexpr std::string_view kOp = "jax_tma_bench_read";
+  const auto bytes = static_cast<int64_t>(x.size_bytes());
+  if (sum->element_count() != 4) return InvalidArgument(kOp, "the checksum has 4 uint32 words");
+  if ((reinterpret_cast<std::uintptr_t>(x.untyped_data()) | bytes) % 16 != 0) {
+    return InvalidArgument(kOp, "address and size must be multiples of 16 B");
+  }
+  static PerDevice<int> grid;
+  int blocks;
+  JAX_TMA_RETURN_IF_FAILED(grid.Get(device, ReadStreamBlocks, &blocks));
+  ReadStreamKernel<<<blocks, kReadThreads, 0, stream>>>(
+      static_cast<const uint4*>(x.untyped_data()), bytes / 16,
+      reinterpret_cast<uint4*>(sum->typed_data()));
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ffi::Error::Success();
+}
+
+// Write-only stream: y, shaped like x, filled with 0x5a bytes.
+ffi::Error WriteStreamImpl(cudaStream_t stream, ffi::AnyBuffer x,
+                           ffi::Result<ffi::AnyBuffer> y) {
+  if (y->size_bytes() != x.size_bytes()) {
+    return InvalidArgument("jax_tma_bench_write", "y must have the size of x");
+  }
+  if (y->size_bytes() == 0) return ffi::Error::Success();
+  JAX_TMA_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(y->untyped_data(), 0x5a, y->size_bytes(), stream));
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace jax_tma
 
@@ -92,6 +201,23 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxTmaBenchMemcpyCuda, jax_tma::MemcpyImpl,
+    xla::ffi::Ffi::Bind()
+        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // stream
+        .Arg<xla::ffi::AnyBuffer>()                     // x
+        .Ret<xla::ffi::AnyBuffer>(),                    // y
+    {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxTmaBenchReadCuda, jax_tma::ReadStreamImpl,
+    xla::ffi::Ffi::Bind()
+        .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // stream
+        .Ctx<xla::ffi::DeviceOrdinal>()                 // device
+        .Arg<xla::ffi::AnyBuffer>()                     // x
+        .Ret<xla::ffi::Buffer<xla::ffi::U32>>(),        // checksum
+    {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxTmaBenchWriteCuda, jax_tma::WriteStreamImpl,
     xla::ffi::Ffi::Bind()
         .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()  // stream
         .Arg<xla::ffi::AnyBuffer>()                     // x

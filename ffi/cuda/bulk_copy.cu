@@ -7,8 +7,8 @@
 // - dynamic: one CTA per free CTA slot of the GPU; each copies its first
 //   per_cta chunks as above, then claims chunks one at a time from a work
 //   counter in device memory, so that every SM keeps its stages in flight
-//   until the copy ends (H100, 2026-11-22: 0.8-3.5% faster than static from
-//   64 MiB up).
+//   until the copy ends (H100, 2026-11-22: 0.8-3.5% faster than static at
+//   64 MiB and up).
 // Unaligned head/tail bytes are copied by CTA 0 in the same launch.
 #include <algorithm>
 #include <mutex>

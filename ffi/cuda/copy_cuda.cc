@@ -25,8 +25,7 @@ ffi::Error LaunchCopy(std::string_view op, CopyMethod method, const void* src,
                            info.cc_minor);
   }
   // auto: the SIMT kernel below kAutoBulkMinBytes, the bulk pipeline from
-  // there up. H100 (2026-11-22, cold input, x cudaMemcpyAsync): SIMT 0.99-1.0x
-  // at 32 MiB against bulk's 0.97x; at 64 MiB bulk 0.97x against SIMT's 0.93x.
+  // there up (measurements at kAutoBulkMinBytes).
   const bool simt = method == CopyMethod::kSimt || !info.has_tma() ||
                     (method == CopyMethod::kAuto && bytes < kAutoBulkMinBytes);
   if (simt) return LaunchSimtCopy(src, dst, bytes, stream, device);

@@ -33,9 +33,13 @@ inline constexpr BulkCopyConfig kDefaultBulkCopyConfig{32 * 1024, 4, 4};
 // 8 KiB x 16 stages, 16 static chunks per CTA: 1.001 / 1.000 / 1.001 at
 // 64 MiB / 256 MiB / 1 GiB, against 0.967 / 0.985 / 0.993 for the static
 // default. With 8 KiB x 8, 16 KiB x 8 or 32 KiB x 4 stages the dynamic
-// schedule was 0.2-1.5% slower at 256 MiB and 1 GiB.
-inline constexpr BulkCopyConfig kDynamicBulkCopyConfig{8 * 1024, 16, 16, true};
-inline constexpr std::size_t kDynamicBulkMinBytes = std::size_t{64} << 20;
+// schedule was 0.2-1.5% slower at 256 MiB and 1 GiB. 4 static chunks per
+// CTA against 16 (later run, same harness, repeated / after a 192 MiB write):
+// 0.989 / 1.012 against 0.979 / 0.999 at 32 MiB, 0.990 / 0.995 against
+// 0.977 / 0.995 at 48 MiB, 0.980 / 0.990 against 0.973 / 0.983 at 64 MiB,
+// 0.998 against 0.996 at 256 MiB and 1.004 against 1.002 at 1 GiB.
+inline constexpr BulkCopyConfig kDynamicBulkCopyConfig{8 * 1024, 16, 4, true};
+inline constexpr std::size_t kDynamicBulkMinBytes = std::size_t{32} << 20;
 inline constexpr int kMaxBulkStages = 16;
 
 // Work counters of the dynamic schedule. A launch that uses a slot must not
@@ -51,7 +55,13 @@ int AcquireBulkCounterSlot();
 void ReleaseBulkCounterSlot(int slot);
 
 // method="auto" uses the bulk kernel from this size up (see LaunchCopy).
-inline constexpr std::size_t kAutoBulkMinBytes = std::size_t{64} << 20;
+// H100 (2026-11-22, dev harness, x cudaMemcpyAsync, repeated / after a
+// 192 MiB write), SIMT against the dynamic bulk schedule: 0.999 / 0.987
+// against 0.989 / 1.012 at 32 MiB, 0.962 / 0.979 against 0.984 / 0.999 at
+// 40 MiB, 0.935 / 0.953 against 0.990 / 0.995 at 48 MiB, 0.914 / 0.942
+// against 0.980 / 0.990 at 64 MiB. Below 32 MiB SIMT leads: 0.97-1.01 /
+// 1.03-1.12 against 0.77-0.88 / 0.97-1.02 at 12-24 MiB.
+inline constexpr std::size_t kAutoBulkMinBytes = kDynamicBulkMinBytes;
 
 ffi::Error LaunchBulkCopy(const void* src, void* dst, std::size_t bytes,
                           cudaStream_t stream, int device,
