@@ -189,3 +189,22 @@ def test_bench_stream_references(gpu, rng):
                                       want)
         y = bench._ffi_reference("jax_tma_bench_write")(jax.device_put(x, gpu))
         assert (np.asarray(y) == 0x5A).all()
+
+
+def test_bench_references_reject_bad_input(gpu):
+    from jax_tma import bench
+    _ffi.register()
+    odd = jax.device_put(np.zeros(20, np.uint8), gpu)
+    with pytest.raises(Exception, match=r"jax_tma_bench_seed_copy: addresses and size must be "
+                                        r"multiples of 16 B"):
+        bench._ffi_reference("jax_tma_bench_seed_copy")(odd).block_until_ready()
+    with pytest.raises(Exception, match=r"jax_tma_bench_read: address and size must be "
+                                        r"multiples of 16 B"):
+        bench._read_stream(odd).block_until_ready()
+    x = jax.device_put(np.zeros(32, np.uint8), gpu)
+    with pytest.raises(Exception, match=r"jax_tma_bench_read: the checksum has 4 uint32 words"):
+        jax.ffi.ffi_call("jax_tma_bench_read",
+                         jax.ShapeDtypeStruct((3,), jnp.uint32))(x).block_until_ready()
+    with pytest.raises(Exception, match=r"jax_tma_bench_write: y must have the size of x"):
+        jax.ffi.ffi_call("jax_tma_bench_write",
+                         jax.ShapeDtypeStruct((16,), jnp.uint8))(x).block_until_ready()
