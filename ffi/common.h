@@ -6,11 +6,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include "message.h"
 #include "xla/ffi/api/ffi.h"
 
 // Marks helpers shared by host code and CUDA kernels.
@@ -31,14 +31,14 @@ namespace jax_tma {
 
 namespace ffi = xla::ffi;
 
-// Builds "op: message" from streamable parts, e.g.
+// Builds "op: message" from parts that Message formats, e.g.
 // InvalidArgument("jax_tma.copy", "input has ", n, " bytes").
 template <typename... Parts>
-ffi::Error InvalidArgument(std::string_view op, Parts&&... parts) {
-  std::ostringstream os;
-  os << op << ": ";
-  (os << ... << std::forward<Parts>(parts));
-  return ffi::Error::InvalidArgument(os.str());
+ffi::Error InvalidArgument(std::string_view op, const Parts&... parts) {
+  Message m;
+  m << op << ": ";
+  (m << ... << parts);
+  return ffi::Error::InvalidArgument(m.str());
 }
 
 // Sub-byte types have no defined byte layout at the FFI boundary (ByteWidth

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <sstream>
 
 #include "broadcast_launch.h"
 #include "cluster_launch.h"
@@ -231,7 +230,7 @@ TiledMapSpec U64Map(const void* address, const int64_t (&dims)[R],
 // the first broken rule in *why.
 bool PlanClusterBroadcast(const BroadcastGeometry& g, BroadcastMethod method, int cluster,
                           BroadcastPlan* p, std::string* why) {
-  std::ostringstream os;
+  Message os;
   auto fail = [&] {
     *why = os.str();
     return false;

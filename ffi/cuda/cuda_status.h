@@ -12,7 +12,7 @@ namespace jax_tma {
 
 inline ffi::Error CudaError(const char* expr, cudaError_t err, const char* file,
                             int line) {
-  std::ostringstream os;
+  Message os;
   os << file << ":" << line << ": operation " << expr
      << " failed: " << cudaGetErrorName(err) << " (" << cudaGetErrorString(err)
      << ")";

@@ -7,7 +7,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <sstream>
 #include <string>
 
 #include "cuda_status.h"  // JAX_TMA_RETURN_IF_FAILED
@@ -32,7 +31,7 @@ Encoder<Fn> ResolveEncoder(const char* name) {
   const cudaError_t err =
       cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &qres);
   if (err != cudaSuccess || qres != cudaDriverEntryPointSuccess || fn == nullptr) {
-    std::ostringstream os;
+    Message os;
     os << "cannot resolve the driver entry point " << name << " (v12000): "
        << "cudaGetDriverEntryPointByVersion returned " << cudaGetErrorName(err)
        << " with query result "
@@ -74,7 +73,7 @@ ffi::Error BeforeEncode(std::string_view op, const std::string& broken, Describe
                            " is not 64-B aligned");
   }
   if (enc.fn == nullptr) {
-    std::ostringstream os;
+    Message os;
     os << op << ": " << enc.error;
     return ffi::Error::Internal(os.str());
   }
@@ -94,7 +93,7 @@ const char* CuResultName(CUresult r) {
 }
 
 template <typename T>
-void PrintArray(std::ostream& os, const T* v, int n) {
+void PrintArray(Message& os, const T* v, int n) {
   os << "[";
   for (int i = 0; i < n; ++i) os << (i ? ", " : "") << v[i];
   os << "]";
@@ -165,7 +164,7 @@ CUtensorMapDataType UnsignedTensorMapType(int bytes) {
 }
 
 std::string CheckTiledMap(const TiledMapSpec& s) {
-  std::ostringstream os;
+  Message os;
   if (s.rank < 1 || s.rank > kMaxTensorMapRank) {
     os << "rank " << s.rank << " is outside the hardware's [1, " << kMaxTensorMapRank << "]";
     return os.str();
@@ -235,7 +234,7 @@ std::string CheckTiledMaps(std::initializer_list<const TiledMapSpec*> specs) {
 }
 
 std::string DescribeTiledMap(const TiledMapSpec& s) {
-  std::ostringstream os;
+  Message os;
   const int r = s.rank < 0 ? 0 : (s.rank > kMaxTensorMapRank ? kMaxTensorMapRank : s.rank);
   os << "type=" << TensorMapDataTypeName(s.type) << " rank=" << s.rank
      << " address=" << s.address << " dims=";
@@ -279,7 +278,7 @@ ffi::Error EncodeTiled(std::string_view op, const TiledMapSpec& spec, CUtensorMa
       spec.nan_fill ? CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA
                     : CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS) {
-    std::ostringstream os;
+    Message os;
     os << op << ": cuTensorMapEncodeTiled failed with CUresult " << static_cast<int>(res)
        << " (" << CuResultName(res) << ") for " << DescribeTiledMap(spec);
     return ffi::Error::Internal(os.str());
@@ -292,7 +291,7 @@ int32_t Im2colCornerMax(int rank) {
 }
 
 std::string CheckIm2colMap(const Im2colMapSpec& s) {
-  std::ostringstream os;
+  Message os;
   if (s.rank < 3 || s.rank > kMaxTensorMapRank) {
     os << "im2col rank " << s.rank << " is outside the hardware's [3, " << kMaxTensorMapRank
        << "]";
@@ -351,7 +350,7 @@ std::string CheckIm2colMap(const Im2colMapSpec& s) {
 }
 
 std::string DescribeIm2colMap(const Im2colMapSpec& s) {
-  std::ostringstream os;
+  Message os;
   const int r = s.rank < 3 ? 3 : (s.rank > kMaxTensorMapRank ? kMaxTensorMapRank : s.rank);
   os << "type=" << TensorMapDataTypeName(s.type) << " rank=" << s.rank
      << " address=" << s.address << " dims=";
@@ -387,7 +386,7 @@ ffi::Error EncodeIm2col(std::string_view op, const Im2colMapSpec& spec, CUtensor
       spec.pixels_per_column, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
       CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS) {
-    std::ostringstream os;
+    Message os;
     os << op << ": cuTensorMapEncodeIm2col failed with CUresult " << static_cast<int>(res)
        << " (" << CuResultName(res) << ") for " << DescribeIm2colMap(spec);
     return ffi::Error::Internal(os.str());

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <sstream>
 
 #include "device_helpers.cuh"
 #include "device_info.h"
@@ -407,7 +406,7 @@ struct TiledWindowPlan {
 // the first broken rule in *why.
 bool PlanTiledWindow(const WindowGeometry& g, const void* src, const void* dst,
                      TiledWindowPlan* p, std::string* why) {
-  std::ostringstream os;
+  Message os;
   auto fail = [&] {
     *why = os.str();
     return false;

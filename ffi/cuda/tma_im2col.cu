@@ -7,7 +7,6 @@
 // never passes through registers. One thread per CTA issues everything.
 #include <algorithm>
 #include <cstdint>
-#include <sstream>
 
 #include "device_helpers.cuh"
 #include "device_info.h"
@@ -163,7 +162,7 @@ struct TmaIm2colPlan {
 
 bool PlanTmaIm2col(const Im2colGeometry& g, const void* x, const void* out, TmaIm2colPlan* p,
                    std::string* why) {
-  std::ostringstream os;
+  Message os;
   auto fail = [&] {
     *why = os.str();
     return false;
