@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Everything the GPU machine is for, in one call: install the carried wheel
-# (dist/*cp312*.whl, built on a machine without a GPU) into a fresh target,
-# run the test suite against the installed package with GPU skips turned
-# into failures, run compute-sanitizer (memcheck, racecheck, synccheck) on
-# the copy kernels, run the benchmark; logs and JSON under $OUT, a short
-# summary last.
+# Everything the GPU machine is for, in one call. Two installs of jax_tma:
+#  - wheel:  the carried cp312-abi3 wheel (dist/, built by scripts/build_dist.sh
+#            on a machine without a GPU, as CI builds it);
+#  - source: a build from this checkout with the machine's own compiler
+#            (pip install --no-build-isolation, the path of a GPU user
+#            without a wheel).
+# Then the test suite against each install with GPU skips turned into
+# failures, compute-sanitizer (memcheck, racecheck, synccheck) on the kernels'
+# self-tests, and the benchmarks (against the wheel). Logs and JSON under
+# $OUT, a short summary last; the exit status is non-zero if any step failed.
 #   usage: bash scripts/gpu_check.sh [tests|sanitize|bench|ncu|multi]...
 #   (default: tests sanitize bench; `multi` needs two GPUs)
+#   INSTALLS (default "wheel source") picks the installs `tests` runs against;
 #   TESTS, SELFTESTS and BENCH_OPS narrow a stage, e.g. TESTS=tests/test_im2col_gpu.py
 #   SELFTESTS=im2col BENCH_OPS=im2col; ncu: DRAM bytes per broadcast method
 #   (ncu --clock-control none).
@@ -17,25 +22,46 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONUNBUFFERED=1
 stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(tests sanitize bench)
 summary=()
+failed=0
+# record RC TEXT: one summary line; a non-zero RC fails the whole check.
+record() {
+  summary+=("$([ "$1" -eq 0 ] && echo ok || echo FAIL) rc=$1: $2")
+  [ "$1" -eq 0 ] || failed=1
+}
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+env | grep -E '^(CC|CXX|CUDAHOSTCXX)=' || true
 
-wheel=$(ls dist/jax_tma-*cp312*.whl 2>/dev/null | head -1)
-if [ -z "$wheel" ]; then echo "no dist/jax_tma-*cp312*.whl carried"; exit 2; fi
-rm -rf /tmp/jax_tma_site
-python3 -m pip install -q --no-deps --no-index --target /tmp/jax_tma_site "$wheel" || exit 2
-export PYTHONPATH=/tmp/jax_tma_site
-# -P keeps the source tree off sys.path: the installed wheel is what runs.
-python3 -P -c 'import jax_tma, json; print(json.dumps(jax_tma.build_info())); print(jax_tma.__file__)'
+declare -A site=([wheel]=/tmp/jax_tma_wheel [source]=/tmp/jax_tma_source)
+wheel=$(ls dist/jax_tma-*cp312-abi3*.whl 2>/dev/null | head -1)
+rm -rf "${site[wheel]}" "${site[source]}"
+if [ -n "$wheel" ]; then
+  python3 -m pip install -q --no-deps --no-index --target "${site[wheel]}" "$wheel"
+  record $? "install $(basename "$wheel")"
+else
+  record 1 "no dist/jax_tma-*cp312-abi3*.whl carried (scripts/build_dist.sh makes it)"
+fi
+JAX_TMA_CUDA=ON SKBUILD_BUILD_DIR=/tmp/jax_tma_source_build python3 -m pip install -v \
+  --no-build-isolation --no-deps --target "${site[source]}" . > "$OUT/source_build.log" 2>&1
+record $? "source build: $(grep -E -- '-- jax_tma: (GNU|Clang)' "$OUT/source_build.log" | sed 's/.*-- //')"
+for install in wheel source; do
+  # -P keeps the source tree off sys.path: the installed package is what runs.
+  PYTHONPATH=${site[$install]} python3 -P -c \
+    'import jax_tma, json; print(json.dumps(jax_tma.build_info())); print(jax_tma.__file__)'
+done
+export PYTHONPATH=${site[wheel]}
 
 for stage in "${stages[@]}"; do
   case $stage in
   tests)
-    JAX_TMA_REQUIRE_GPU=1 timeout 400 python3 -P -m pytest ${TESTS:-tests} -q -rfE -p no:cacheprovider \
-      > "$OUT/tests.log" 2>&1
-    rc=$?
-    tail -25 "$OUT/tests.log"
-    summary+=("tests rc=$rc: $(tail -1 "$OUT/tests.log")")
+    for install in ${INSTALLS:-wheel source}; do
+      log=$OUT/tests_$install.log
+      PYTHONPATH=${site[$install]} JAX_TMA_REQUIRE_GPU=1 timeout 500 python3 -P -m pytest \
+        ${TESTS:-tests} -q -rfE -p no:cacheprovider > "$log" 2>&1
+      rc=$?
+      tail -15 "$log"
+      record $rc "tests ($install install): $(tail -1 "$log")"
+    done
     ;;
   sanitize)
     inc=$(python3 -c 'import jaxlib, os; print(os.path.join(os.path.dirname(jaxlib.__file__), "include"))')
@@ -49,10 +75,11 @@ for stage in "${stages[@]}"; do
     # synccheck tracks a fixed number of mbarriers per block (CUDA 13.0);
     # below 64 it reported "Detected overflow of tracked cuda::barrier
     # structures" on 16-CTA clusters.
-    nvcc "${nvcc_args[@]}" tests/cuda/synccheck_cluster_probe.cu -o /tmp/synccheck_cluster_probe \
-      >> "$OUT/selftest_build.log" 2>&1
     sync_opts=(--num-cuda-barriers 64)
     largest_synccheck_cluster=16
+    nvcc "${nvcc_args[@]}" tests/cuda/synccheck_cluster_probe.cu -o /tmp/synccheck_cluster_probe \
+      >> "$OUT/selftest_build.log" 2>&1
+    record $? "build synccheck_cluster_probe"
     if ! timeout 60 compute-sanitizer --tool synccheck "${sync_opts[@]}" \
         /tmp/synccheck_cluster_probe 16 > /tmp/probe.log 2>&1; then
       largest_synccheck_cluster=8
@@ -64,8 +91,11 @@ for stage in "${stages[@]}"; do
       # shellcheck disable=SC2086
       nvcc "${nvcc_args[@]}" tests/cuda/$prog.cu ${sources[$op]} ffi/cuda/device_info.cc \
         -o /tmp/$prog >> "$OUT/selftest_build.log" 2>&1 \
-        || { summary+=("$prog build FAILED"); continue; }
-      /tmp/$prog
+        || { record 1 "$prog build"; continue; }
+      /tmp/$prog > /tmp/selftest.log 2>&1
+      rc=$?
+      cat /tmp/selftest.log >> "$OUT/selftests.log"
+      record $rc "$prog: $(tail -1 /tmp/selftest.log)"
       for tool in memcheck racecheck synccheck; do
         opts=()
         args=()
@@ -75,7 +105,7 @@ for stage in "${stages[@]}"; do
           "${args[@]}" > /tmp/sanitizer.log 2>&1
         rc=$?
         cat /tmp/sanitizer.log >> "$OUT/sanitizer.log"
-        summary+=("compute-sanitizer $tool $prog rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|_selftest:|overflow' /tmp/sanitizer.log | tr '\n' ' ')")
+        record $rc "compute-sanitizer $tool $prog: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|_selftest:|overflow' /tmp/sanitizer.log | tr '\n' ' ')"
       done
     done
     ;;
@@ -88,21 +118,21 @@ for stage in "${stages[@]}"; do
       -p no:cacheprovider > "$OUT/multi_tests.log" 2>&1
     rc=$?
     tail -15 "$OUT/multi_tests.log"
-    summary+=("multi-GPU tests rc=$rc: $(tail -1 "$OUT/multi_tests.log")")
+    record $rc "multi-GPU tests: $(tail -1 "$OUT/multi_tests.log")"
     JAX_TMA_REQUIRE_MULTI_GPU=1 timeout 300 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
       python3 -P -m pytest tests/test_multi_gpu.py -q -p no:cacheprovider \
       -k "ppermute_partial or (ppermute_matches_reference and bulk)" > /tmp/sanitizer.log 2>&1
     rc=$?
     cat /tmp/sanitizer.log >> "$OUT/sanitizer.log"
-    summary+=("compute-sanitizer memcheck ppermute (2 GPUs) rc=$rc: $(grep -E 'ERROR SUMMARY|passed|failed' /tmp/sanitizer.log | tr '\n' ' ')")
+    record $rc "compute-sanitizer memcheck ppermute (2 GPUs): $(grep -E 'ERROR SUMMARY|passed|failed' /tmp/sanitizer.log | tr '\n' ' ')"
     timeout 400 python3 -P -m jax_tma.bench ppermute --sizes-mib 1 4 16 64 256 1024 \
       --out "$OUT/ppermute.json" 2>&1 | tee "$OUT/bench_ppermute.log" | grep -v "^WARNING"
-    summary+=("bench ppermute rc=${PIPESTATUS[0]}")
+    record "${PIPESTATUS[0]}" "bench ppermute"
     ;;
   bench)
     for op in ${BENCH_OPS:-copy window broadcast im2col}; do
       timeout 300 python3 -P -m jax_tma.bench $op --out "$OUT/$op.json" 2>&1 | tee "$OUT/bench_$op.log" | grep -v "^WARNING"
-      summary+=("bench $op rc=${PIPESTATUS[0]}")
+      record "${PIPESTATUS[0]}" "bench $op"
     done
     ;;
   ncu)
@@ -114,10 +144,11 @@ for stage in "${stages[@]}"; do
       > "$OUT/ncu_broadcast.log" 2>&1
     rc=$?
     grep -E "^ran |Broadcast|broadcast|dram__|gpu__time" "$OUT/ncu_broadcast.log" | grep -v "^==PROF==" | tail -80
-    summary+=("ncu broadcast rc=$rc")
+    record $rc "ncu broadcast"
     ;;
   esac
 done
 
 echo; echo "== summary =="
 printf '%s\n' "${summary[@]}"
+exit $failed
