@@ -5,7 +5,10 @@
 // x is (N, *S, C) channels-last with r = 1..3 spatial dims; the patch matrix
 // is (N, *O, K * C) with K = prod(kernel) taps and
 //   O[d] = (S[d] + pad_lo[d] + pad_hi[d] - dilation[d] * (kernel[d] - 1) - 1)
-//          / strides[d] + 1.
+//          / strides[d] + 1,
+// or 0 where the dilated kernel is larger than the padded input (as in
+// lax.conv_general_dilated_patches): the patch matrix is then empty and
+// col2im writes zeros.
 // Tap t (row-major over the kernel dims, index k[d] per dim) of output pixel
 // o reads input pixel i[d] = o[d] * strides[d] - pad_lo[d] + k[d] * dilation[d],
 // zero where that lies outside x. Patch column: t * C + c (tap-major) or
@@ -27,6 +30,7 @@ inline constexpr int kMaxIm2colRank = 3;  // spatial dims: NWC, NHWC, NDHWC
 inline constexpr std::string_view kIm2colOp = "jax_tma.im2col";
 inline constexpr std::string_view kCol2imOp = "jax_tma.col2im";
 inline constexpr int64_t kMaxIm2colValue = (int64_t{1} << 31) - 1;
+inline constexpr int64_t kMaxIm2colTaps = INT64_MAX;  // taps and patch columns fit int64
 
 // How col2im adds one component of an element (complex: two components).
 enum class SumKind : int32_t { kU8, kU16, kU32, kU64, kF16, kBF16, kF32, kF64 };
@@ -51,6 +55,18 @@ struct Im2colGeometry {
   SumKind sum = SumKind::kU8;          // col2im only
   int components = 1;                  // col2im: 2 for complex
 };
+
+// Output pixels along one spatial dim (O[d] above): 0 where the dilated
+// kernel does not fit the padded input. The caller has checked kernel,
+// stride, dilation in [1, 2^31) and paddings in [0, 2^31), so the span
+// (< 2^62) and the padded size (a buffer dim plus < 2^32) do not overflow.
+JAX_TMA_HOST_DEVICE inline int64_t Im2colOutDim(int64_t size, int64_t pad_lo, int64_t pad_hi,
+                                               int64_t kernel, int64_t stride,
+                                               int64_t dilation) {
+  const int64_t padded = size + pad_lo + pad_hi;
+  const int64_t span = dilation * (kernel - 1) + 1;
+  return padded < span ? 0 : (padded - span) / stride + 1;
+}
 
 // The operands and attributes of "jax_tma_im2col", appended to a binding
 // that starts with the platform's context (none on the CPU).
@@ -148,15 +164,16 @@ inline ffi::Error DecodeIm2col(const ffi::AnyBuffer& src, ffi::Result<ffi::AnyBu
                              " is outside [0, 2^31 - 1]");
     }
     const int64_t size = xd[d + 1];
-    const int64_t span = dl * (k - 1) + 1;
-    if (span > size + pad_lo[d] + pad_hi[d]) {
-      return InvalidArgument(op, "the kernel spans ", span, " pixels along spatial dim ", d,
-                             " but the padded input has ", size + pad_lo[d] + pad_hi[d]);
-    }
-    const int64_t o = (size + pad_lo[d] + pad_hi[d] - span) / s + 1;
+    const int64_t o = Im2colOutDim(size, pad_lo[d], pad_hi[d], k, s, dl);
     if (pd[d + 1] != o) {
-      return InvalidArgument(op, "patches dim ", d + 1, " is ", pd[d + 1], "; the geometry gives ",
-                             o);
+      return InvalidArgument(op, "patches dim ", d + 1, " is ", pd[d + 1], " but spatial dim ", d,
+                             " gives ", o, " output pixels (input ", size, " + padding (",
+                             pad_lo[d], ", ", pad_hi[d], "), dilated kernel ",
+                             dl * (k - 1) + 1, ", stride ", s, ")");
+    }
+    if (k > kMaxIm2colTaps / g->taps) {
+      return InvalidArgument(op, "the kernel has over 2^63 - 1 taps (kernel[", d, "] = ", k,
+                             " after ", g->taps, " taps of the dims before it)");
     }
     g->in_dims[d] = size;
     g->out_dims[d] = o;
@@ -168,6 +185,10 @@ inline ffi::Error DecodeIm2col(const ffi::AnyBuffer& src, ffi::Result<ffi::AnyBu
     g->taps *= k;
     g->in_pixels *= size;
     g->out_pixels *= o;
+  }
+  if (g->channels != 0 && g->taps > kMaxIm2colTaps / g->channels) {
+    return InvalidArgument(op, "a patch row has over 2^63 - 1 columns (", g->taps, " taps x ",
+                           g->channels, " channels)");
   }
   if (pd[0] != g->batch || pd[rank - 1] != g->taps * g->channels) {
     return InvalidArgument(op, "patches have batch ", pd[0], " and ", pd[rank - 1],

@@ -4,15 +4,41 @@ helpers shared by every op (batch-partitionable custom calls)."""
 from __future__ import annotations
 
 import functools
+import importlib.machinery
+import os
 from collections.abc import Sequence
 
 import jax
 from jax.extend.mlir.dialects import stablehlo as hlo
 from jax.interpreters import mlir
 
-from jax_tma import _jax_tma
 
-_ext = _jax_tma
+def _source_tree_error(package_dir: str) -> ImportError:
+    return ImportError(
+        f"jax_tma's compiled extension _jax_tma is not in {package_dir}: this looks like a "
+        "source checkout without a build, imported instead of an installed jax_tma because "
+        "the checkout is first on sys.path (python -m pytest and python run from the "
+        "checkout root put it there). Install the package (pip install .) and run from "
+        "outside the source tree, or keep the checkout off sys.path: "
+        "`python -P -m pytest tests` or `pytest tests`.")
+
+
+def _load_extension():
+    package_dir = os.path.dirname(os.path.abspath(__file__))
+    try:
+        from jax_tma import _jax_tma
+    except ImportError:
+        # Without the file, Python's own message is a misleading "partially
+        # initialized module ... circular import".
+        names = os.listdir(package_dir)
+        if not any(n.startswith("_jax_tma.") and n.endswith(tuple(
+                importlib.machinery.EXTENSION_SUFFIXES)) for n in names):
+            raise _source_tree_error(package_dir) from None
+        raise  # the file is there but does not load: its own error says why
+    return _jax_tma
+
+
+_ext = _load_extension()
 
 # Targets whose handlers treat their leading (batch) dims independently; XLA
 # partitions those dims without collectives (batch_partitioned_lowering).

@@ -27,6 +27,7 @@ _ORDERS = ("tap_major", "channel_major")
 _OP = "jax_tma.im2col"
 _OP_T = "jax_tma.col2im"
 _MAX_DIM = 2**31 - 1
+_MAX_ROW = 2**63 - 1  # XLA dims are int64
 
 # Both primitives carry the static geometry: kernel, strides, dilation and
 # padding (pairs) per spatial dim, the patch order and the method.
@@ -37,8 +38,9 @@ col2im_p = Primitive("jax_tma_col2im")
 
 
 def out_spatial(in_spatial, kernel, strides, padding, dilation) -> tuple[int, ...]:
-    """Output extent per spatial dim: floor((S + lo + hi - d(k-1) - 1) / s) + 1."""
-    return tuple((s + lo + hi - d * (k - 1) - 1) // st + 1
+    """Output extent per spatial dim: floor((S + lo + hi - d(k-1) - 1) / s) + 1,
+    or 0 where the dilated kernel is larger than the padded input (lax's rule)."""
+    return tuple(max(0, (s + lo + hi - d * (k - 1) - 1) // st + 1)
                  for s, k, st, (lo, hi), d in zip(in_spatial, kernel, strides, padding, dilation))
 
 
@@ -197,13 +199,13 @@ def _geometry(op: str, shape, kernel_size, strides, padding, dilation):
     strides = _per_dim(op, "strides", strides, r)
     dilation = _per_dim(op, "dilation", dilation, r)
     pads = _pads(op, padding, spatial, kernel, strides, dilation)
-    for i, (s, k, d, (lo, hi)) in enumerate(zip(spatial, kernel, dilation, pads)):
-        span = d * (k - 1) + 1
-        if span > s + lo + hi:
-            raise ValueError(
-                f"{op}: the kernel spans {span} pixels along spatial dim {i} (kernel_size "
-                f"{k}, dilation {d}) but the padded input has {s + lo + hi} ({s} + padding "
-                f"{(lo, hi)}; x.shape={tuple(shape)})")
+    # A dilated kernel larger than the padded input is allowed: that output
+    # dim is 0 and the patch matrix empty, as in lax.conv_general_dilated_patches.
+    # Its row length must still be an XLA dimension (int64).
+    if math.prod(kernel) * max(shape[-1], 1) > _MAX_ROW:
+        raise ValueError(f"{op}: a patch row has prod(kernel_size) * C = {math.prod(kernel)} * "
+                         f"{shape[-1]} entries, over 2^63 - 1 (kernel_size={kernel}, "
+                         f"x.shape={tuple(shape)})")
     return kernel, strides, pads, dilation, out_spatial(spatial, kernel, strides, pads, dilation)
 
 
@@ -244,7 +246,9 @@ def im2col(
     equals ``lax.conv_general_dilated(x, w, ...)`` for HWIO weights ``w``;
     ``order="channel_major"`` gives ``lax.conv_general_dilated_patches``'s
     (channel, taps...) order. Padded pixels read as zero; values are moved
-    bit for bit (any dtype).
+    bit for bit (any dtype). Where the dilated kernel is larger than the
+    padded input, that output dim is 0 and the result is empty, as with
+    ``lax.conv_general_dilated_patches``.
 
     On a GPU, ``method="tma"`` loads the patches with the TMA engine in
     im2col mode (``cuTensorMapEncodeIm2col``) and stores them with tiled
@@ -312,7 +316,8 @@ def col2im(
     (integers wrap; subnormals kept); a NaN sum is stored as the positive
     quiet NaN (``np.nan``'s bits), so CPU and GPU results are identical bit
     for bit.
-    ``jax.grad`` of ``im2col`` is this op.
+    ``jax.grad`` of ``im2col`` is this op. An empty ``patches`` (an output
+    dim of 0: the dilated kernel is larger than the padded input) gives zeros.
 
     Args:
       patches: ``(N, *O, prod(kernel_size) * C)``; integer, float16,

@@ -1,8 +1,20 @@
-"""Test session set-up: 8 forced host devices for the sharding tests, 64-bit
-types on, and the `gpu` marker (skipped without a GPU unless
-JAX_TMA_REQUIRE_GPU=1, which turns the skip into a failure)."""
+"""Test session set-up: the installed jax_tma, not the source tree; 8 forced
+host devices for the sharding tests, 64-bit types on, and the `gpu` marker
+(skipped without a GPU unless JAX_TMA_REQUIRE_GPU=1, which turns the skip
+into a failure)."""
 
+import glob
 import os
+import sys
+
+# `python -m pytest` puts the working directory first on sys.path. From the
+# checkout root that is the source tree, whose jax_tma/ has no compiled
+# extension (builds install it elsewhere) and would shadow the installed
+# package. Drop the checkout root from sys.path then, before any test module
+# imports jax_tma; an in-place build (an extension in jax_tma/) stays usable.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if not glob.glob(os.path.join(_ROOT, "jax_tma", "_jax_tma.*")):
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT]
 
 _flag = "--xla_force_host_platform_device_count=8"
 if _flag not in os.environ.get("XLA_FLAGS", ""):

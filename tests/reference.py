@@ -112,13 +112,34 @@ def _tap_slices(kernel, strides, dilation, out_spatial):
     """Per tap (row-major over the kernel): the strided slices of the padded
     input that the tap reads for every output pixel."""
     for tap in np.ndindex(*kernel):
-        yield tuple(slice(k * d, k * d + (o - 1) * s + 1, s)
+        # o == 0: an empty slice (k * d - s + 1 as a stop could be negative,
+        # which NumPy reads from the end)
+        yield tuple(slice(k * d, k * d + (o - 1) * s + 1, s) if o else slice(0, 0)
                     for k, s, d, o in zip(tap, strides, dilation, out_spatial))
 
 
 def _out_spatial(spatial, kernel, strides, pads, dilation):
-    return tuple((n + lo + hi - d * (k - 1) - 1) // s + 1
+    """0 where the dilated kernel is larger than the padded input (lax's rule)."""
+    return tuple(max(0, (n + lo + hi - d * (k - 1) - 1) // s + 1)
                  for n, k, s, (lo, hi), d in zip(spatial, kernel, strides, pads, dilation))
+
+
+# (x shape, kernel, strides, dilation, padding, lax's patch shape): some
+# spatial output dim is 0 where the dilated kernel spans more pixels than the
+# padded input has; lax.conv_general_dilated_patches returns an empty array.
+IM2COL_EMPTY_CASES = [
+    ((2, 3, 4, 5, 5), 3, 1, 2, "VALID", (2, 0, 0, 1, 135)),            # the issue's case
+    ((2, 4, 3), 5, 1, 1, "VALID", (2, 0, 15)),                        # 1D
+    ((1, 2, 3), 3, 3, 2, ((1, 0),), (1, 0, 9)),                       # 1D, padded, strided
+    ((3, 2, 4), 7, 2, 3, "VALID", (3, 0, 28)),                        # 1D, kernel 19 > 2
+    ((2, 5, 3, 2), (2, 3), 1, (1, 2), ((0, 0), (1, 0)), (2, 4, 0, 12)),  # 2D, last dim empty
+    ((1, 2, 6, 3), (3, 2), (2, 1), 1, ((0, 0), (1, 1)), (1, 0, 7, 18)),  # 2D, first dim empty
+    ((2, 5, 4, 5, 2), (2, 3, 2), 1, (1, 2, 1), ((1, 0), (0, 0), (0, 1)),
+     (2, 5, 0, 5, 24)),                                               # 3D, middle dim empty
+    ((1, 1, 1, 1, 4), 2, 1, 1, "VALID", (1, 0, 0, 0, 32)),             # 3D, every dim empty
+    ((2, 0, 3), 3, 1, 1, "SAME", (2, 0, 9)),                           # empty input, SAME
+]
+IM2COL_EMPTY_IDS = [f"{len(c[0]) - 2}d-{'x'.join(map(str, c[5]))}" for c in IM2COL_EMPTY_CASES]
 
 
 def im2col_reference(x, kernel, strides, pads, dilation, order="tap_major") -> np.ndarray:
@@ -133,7 +154,7 @@ def im2col_reference(x, kernel, strides, pads, dilation, order="tap_major") -> n
     p = np.stack(taps, axis=-2)  # (N, *O, K, C)
     if order == "channel_major":
         p = np.swapaxes(p, -1, -2)
-    return p.reshape(p.shape[:-2] + (-1,))
+    return p.reshape(p.shape[:-2] + (p.shape[-2] * p.shape[-1],))  # -1 fails when empty
 
 
 def col2im_reference(patches, input_shape, kernel, strides, pads, dilation,

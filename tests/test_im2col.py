@@ -13,8 +13,8 @@ import pytest
 from jax import lax
 
 import jax_tma
-from reference import (ALL_DTYPES, assert_bits_equal, col2im_reference, cpu_device,
-                       im2col_reference, random_array)
+from reference import (ALL_DTYPES, IM2COL_EMPTY_CASES, IM2COL_EMPTY_IDS, assert_bits_equal,
+                       col2im_reference, cpu_device, im2col_reference, random_array)
 
 SUMMABLE = [d for d in ALL_DTYPES if d.name in (
     "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
@@ -192,6 +192,134 @@ def test_padding_larger_than_the_kernel_and_empty_batch(rng):
                           2).shape == empty.shape
 
 
+# ---- empty results: a dilated kernel larger than the padded input ----
+
+EMPTY_CASES = IM2COL_EMPTY_CASES
+EMPTY_IDS = IM2COL_EMPTY_IDS
+
+
+def _as_tuple(v, r):
+    return (v,) * r if isinstance(v, int) else tuple(v)
+
+
+def _lax_patches(x, kernel, strides, dilation, padding):
+    r = x.ndim - 2
+    return lax.conv_general_dilated_patches(
+        x, _as_tuple(kernel, r), _as_tuple(strides, r), padding,
+        rhs_dilation=_as_tuple(dilation, r), dimension_numbers=SPECS[x.ndim - 2],
+        precision=lax.Precision.HIGHEST)
+
+
+@pytest.mark.parametrize("shape,kernel,strides,dilation,padding,want_shape", EMPTY_CASES,
+                         ids=EMPTY_IDS)
+def test_empty_results_match_lax(rng, shape, kernel, strides, dilation, padding, want_shape):
+    x = on_cpu(jnp.asarray(rng.standard_normal(shape), jnp.float32))
+    want = _lax_patches(x, kernel, strides, dilation, padding)
+    assert want.shape == want_shape
+    geo = dict(strides=strides, padding=padding, dilation=dilation)
+    got = jax_tma.im2col(x, kernel, order="channel_major", **geo)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    jitted = jax.jit(lambda a: jax_tma.im2col(a, kernel, **geo))(x)
+    assert jitted.shape == want_shape
+    # every patch order, every dtype family, and vmap (folded into N) agree
+    for dtype in (np.uint8, np.int64, jnp.bfloat16, np.complex64):
+        xd = random_array(rng, shape, dtype)
+        for order in ("tap_major", "channel_major"):
+            got = jax_tma.im2col(on_cpu(xd), kernel, order=order, **geo)
+            assert got.shape == want_shape and got.dtype == xd.dtype
+            if padding != "SAME":  # the NumPy reference agrees (explicit padding only)
+                r = len(shape) - 2
+                pads = ((0, 0),) * r if padding == "VALID" else padding
+                assert_bits_equal(got, im2col_reference(
+                    xd, _as_tuple(kernel, r), _as_tuple(strides, r), pads,
+                    _as_tuple(dilation, r), order))
+    xs = random_array(rng, (3,) + shape, np.float32)
+    ys = jax.vmap(lambda a: jax_tma.im2col(a, kernel, **geo))(on_cpu(xs))
+    assert ys.shape == (3,) + want_shape
+
+
+@functools.cache
+def _col2im_into_donated(input_shape, kernel, geo):
+    def f(p, poison):
+        return jax_tma.col2im(p, input_shape, kernel, **dict(geo))
+    return jax.jit(f, donate_argnums=1, keep_unused=True)
+
+
+@pytest.mark.parametrize("shape,kernel,strides,dilation,padding,want_shape", EMPTY_CASES,
+                         ids=EMPTY_IDS)
+def test_col2im_of_an_empty_patch_matrix_is_zeros(rng, shape, kernel, strides, dilation,
+                                                  padding, want_shape):
+    geo = dict(strides=strides, padding=padding, dilation=dilation)
+    for dtype, order in [(np.float32, "tap_major"), (np.int32, "channel_major"),
+                         (jnp.bfloat16, "tap_major"), (np.complex128, "channel_major")]:
+        p = np.zeros(want_shape, dtype)
+        got = jax_tma.col2im(on_cpu(p), shape, kernel, order=order, **geo)
+        assert_bits_equal(got, np.zeros(shape, dtype))
+        # Into a donated, poisoned buffer: the handler itself writes the zeros.
+        g = tuple(sorted(dict(geo, order=order).items()))
+        f = _col2im_into_donated(shape, kernel, g)
+        poison = on_cpu(jnp.array(random_array(rng, shape, dtype), copy=True))
+        assert "input_output_alias" in f.lower(on_cpu(p), poison).compile().as_text()
+        ptr = poison.unsafe_buffer_pointer()
+        got = f(on_cpu(p), poison)
+        assert got.unsafe_buffer_pointer() == ptr or math.prod(shape) == 0
+        assert_bits_equal(got, np.zeros(shape, dtype))
+    if padding != "SAME":  # the NumPy reference agrees (explicit padding only)
+        r = len(shape) - 2
+        pads = ((0, 0),) * r if padding == "VALID" else padding
+        assert_bits_equal(col2im_reference(np.zeros(want_shape, np.float32), shape,
+                                           _as_tuple(kernel, r), _as_tuple(strides, r), pads,
+                                           _as_tuple(dilation, r)),
+                          np.zeros(shape, np.float32))
+
+
+@pytest.mark.parametrize("shape,kernel,strides,dilation,padding,want_shape", EMPTY_CASES,
+                         ids=EMPTY_IDS)
+def test_grad_through_empty_results_matches_lax(rng, shape, kernel, strides, dilation,
+                                                padding, want_shape):
+    geo = dict(strides=strides, padding=padding, dilation=dilation)
+    x = on_cpu(jnp.asarray(rng.standard_normal(shape), jnp.float32))
+    w = on_cpu(jnp.zeros(want_shape, jnp.float32))
+
+    def ours(a):
+        return (jax_tma.im2col(a, kernel, order="channel_major", **geo) * w).sum()
+
+    def xla(a):
+        return (_lax_patches(a, kernel, strides, dilation, padding) * w).sum()
+
+    want = jax.grad(xla)(x)
+    assert want.shape == shape
+    for f in (jax.grad(ours), jax.jit(jax.grad(ours))):
+        assert_bits_equal(f(x), np.asarray(want))
+    xs = on_cpu(jnp.asarray(rng.standard_normal((2,) + shape), jnp.float32))
+    assert_bits_equal(jax.jit(jax.vmap(jax.grad(ours)))(xs), np.zeros((2,) + shape, np.float32))
+    # im2col's VJP is col2im (of an empty cotangent: zeros) and col2im's is im2col.
+    y, pull = jax.vjp(lambda a: jax_tma.im2col(a, kernel, **geo), x)
+    assert y.shape == want_shape
+    assert_bits_equal(pull(w)[0], np.zeros(shape, np.float32))
+
+    def back(p):
+        return (jax_tma.col2im(p, shape, kernel, **geo) * x).sum()
+
+    g = jax.jit(jax.grad(back))(w)
+    assert g.shape == want_shape
+    (t,) = jax.linear_transpose(lambda a: jax_tma.im2col(a, kernel, **geo), x)(w)
+    assert_bits_equal(t, np.zeros(shape, np.float32))
+
+
+def test_empty_input_with_padding_reads_only_zeros(rng):
+    # An empty spatial dim of x whose padding fits the kernel: non-empty
+    # patches, all padding (lax agrees), and their col2im is empty.
+    x = on_cpu(jnp.zeros((2, 0, 4, 3), jnp.float32))
+    want = _lax_patches(x, (2, 2), 1, 1, ((1, 1), (0, 0)))
+    got = jax_tma.im2col(x, 2, padding=((1, 1), (0, 0)), order="channel_major")
+    assert got.shape == want.shape == (2, 1, 3, 12)
+    np.testing.assert_array_equal(got, want)
+    p = on_cpu(jnp.asarray(rng.standard_normal(got.shape), jnp.float32))
+    assert jax_tma.col2im(p, x.shape, 2, padding=((1, 1), (0, 0))).shape == x.shape
+
+
 # ---- errors ----
 
 def test_errors_name_the_op_rule_and_values():
@@ -215,11 +343,13 @@ def test_errors_name_the_op_rule_and_values():
          lambda: jax_tma.im2col(x, 2, strides=(1, 1.5))),
         (TypeError, r"im2col: kernel_size must be an int or a sequence of 2 ints, got '3'",
          lambda: jax_tma.im2col(x, "3")),
-        (ValueError, r"im2col: the kernel spans 7 pixels along spatial dim 0 \(kernel_size 4, "
-                     r"dilation 2\) but the padded input has 6 \(5 \+ padding \(1, 0\)",
-         lambda: jax_tma.im2col(x, (4, 1), dilation=(2, 1), padding=((1, 0), (0, 0)))),
-        (ValueError, r"im2col: the kernel spans 7 pixels along spatial dim 1",
-         lambda: jax_tma.im2col(x, (1, 7))),
+        (ValueError, r"im2col: a patch row has prod\(kernel_size\) \* C = "
+                     r"4611686014132420609 \* 3 entries, over 2\^63 - 1 \(kernel_size="
+                     r"\(2147483647, 2147483647\), x.shape=\(2, 5, 6, 3\)\)",
+         lambda: jax_tma.im2col(x, 2**31 - 1)),
+        (ValueError, r"col2im: a patch row has prod\(kernel_size\) \* C = "
+                     r"4611686014132420609 \* 3 entries, over 2\^63 - 1",
+         lambda: jax_tma.col2im(p, x.shape, 2**31 - 1)),
         (ValueError, r"im2col: padding must be 'VALID', 'SAME' or 2 \(low, high\) pairs, "
                      r"got 'FULL'", lambda: jax_tma.im2col(x, 2, padding="FULL")),
         (ValueError, r"im2col: padding must be .* got \(\(1, 1\),\)",
@@ -251,7 +381,10 @@ def test_errors_name_the_op_rule_and_values():
 
 
 def _raw(x, out_shape, **attrs):
-    call = jax.ffi.ffi_call("jax_tma_im2col", jax.ShapeDtypeStruct(out_shape, x.dtype))
+    # has_side_effect: XLA drops a pure call whose result has no elements
+    # (zero-sized HLO elimination); this one reaches the handler every time.
+    call = jax.ffi.ffi_call("jax_tma_im2col", jax.ShapeDtypeStruct(out_shape, x.dtype),
+                            has_side_effect=True)
     r = len(out_shape) - 2
     base = dict(kernel=np.ones(r, np.int64), strides=np.ones(r, np.int64),
                 dilation=np.ones(r, np.int64), pad_lo=np.zeros(r, np.int64),
@@ -272,15 +405,46 @@ def test_handler_revalidates():
         _raw(x, (2, 5, 3), strides=np.zeros(1, np.int64))
     with pytest.raises(Exception, match=r"jax_tma\.im2col: padding \(-1, 0\) of dim 0"):
         _raw(x, (2, 5, 3), pad_lo=-one)
-    with pytest.raises(Exception, match=r"jax_tma\.im2col: the kernel spans 9 pixels along "
-                                        r"spatial dim 0 but the padded input has 5"):
+    with pytest.raises(Exception, match=r"jax_tma\.im2col: patches dim 1 is 1 but spatial "
+                                        r"dim 0 gives 0 output pixels \(input 5 \+ padding "
+                                        r"\(0, 0\), dilated kernel 9, stride 1\)"):
         _raw(x, (2, 1, 27), kernel=9 * one)
-    with pytest.raises(Exception, match=r"jax_tma\.im2col: patches dim 1 is 4; the "
-                                        r"geometry gives 5"):
+    with pytest.raises(Exception, match=r"jax_tma\.im2col: patches dim 1 is 4 but spatial "
+                                        r"dim 0 gives 5 output pixels"):
         _raw(x, (2, 4, 3))
+    big = np.full(3, 2**31 - 1, np.int64)
+    with pytest.raises(Exception, match=r"jax_tma\.im2col: the kernel has over 2\^63 - 1 taps "
+                                        r"\(kernel\[2\] = 2147483647 after "
+                                        r"4611686014132420609 taps"):
+        _raw(jnp.ones((1, 1, 1, 1, 1)), (1, 0, 0, 0, 1), kernel=big)
+    with pytest.raises(Exception, match=r"jax_tma\.col2im: a patch row has over 2\^63 - 1 "
+                                        r"columns \(4611686014132420609 taps x 3 channels\)"):
+        _raw(jnp.ones((1, 0, 0, 1)), (1, 1, 1, 3), kernel=big[:2], transpose=True)
     with pytest.raises(Exception, match=r"jax_tma\.im2col: x has rank 2"):
         _raw(jnp.ones((5, 3)), (5, 3), kernel=np.ones(0, np.int64))
     with pytest.raises(Exception, match=r"jax_tma\.im2col: strides has 2 entries but x has 1"):
         _raw(x, (2, 5, 3), strides=np.ones(2, np.int64))
     with pytest.raises(Exception, match=r"jax_tma\.col2im: element type pred cannot be summed"):
         _raw(jnp.ones((2, 5, 3), bool), (2, 5, 3), transpose=True)
+
+
+def test_handler_accepts_empty_output_dims(rng):
+    # The raw target (no Python checks): an output dim of 0 where the dilated
+    # kernel is larger than the padded input.
+    x = on_cpu(jnp.asarray(rng.standard_normal((2, 4, 3)), jnp.float32))
+    five = np.full(1, 5, np.int64)
+    # An invalid method fails in the handler: empty calls do reach it.
+    with pytest.raises(Exception, match=r"jax_tma\.im2col: unknown method 'fast'"):
+        _raw(x, (2, 0, 15), kernel=five, method="fast")
+    assert _raw(x, (2, 0, 15), kernel=five).shape == (2, 0, 15)
+    for order in (False, True):
+        got = _raw(jnp.zeros((2, 0, 15), jnp.float32), (2, 4, 3), kernel=five,
+                   channel_major=order, transpose=True)
+        assert_bits_equal(got, np.zeros((2, 4, 3), np.float32))
+    # 3D, one dim empty, padded and dilated
+    x3 = on_cpu(jnp.asarray(rng.standard_normal((1, 5, 4, 5, 2)), jnp.float32))
+    geo = dict(kernel=np.array([2, 3, 2]), dilation=np.array([1, 2, 1]),
+               pad_lo=np.array([1, 0, 0]), pad_hi=np.array([0, 0, 1]))
+    assert _raw(x3, (1, 5, 0, 5, 24), **geo).shape == (1, 5, 0, 5, 24)
+    assert_bits_equal(_raw(jnp.ones((1, 5, 0, 5, 24), jnp.float32), x3.shape, transpose=True,
+                           **geo), np.zeros(x3.shape, np.float32))

@@ -1,7 +1,8 @@
 """jax_tma.im2col / col2im on a CUDA GPU: random 1D/2D/3D geometries (every
 method that can run them) into poisoned outputs against the NumPy reference,
 bit-exact; col2im bit-identical to the CPU handler; grad against XLA; the
-forced-TMA errors."""
+forced-TMA errors; empty patch matrices (a dilated kernel larger than the
+padded input) through the ops and the raw target."""
 
 import functools
 import math
@@ -14,8 +15,8 @@ import pytest
 from jax import lax
 
 import jax_tma
-from reference import (ALL_DTYPES, assert_bits_equal, cpu_device, im2col_reference,
-                       random_array)
+from reference import (ALL_DTYPES, IM2COL_EMPTY_CASES, IM2COL_EMPTY_IDS, assert_bits_equal,
+                       cpu_device, im2col_reference, random_array)
 
 pytestmark = pytest.mark.gpu
 POISON = 0xA5
@@ -179,3 +180,86 @@ def test_forced_tma_names_the_rule(gpu, shape, kwargs, pattern):
                             kwargs.get("padding", ((0, 0),) * (len(shape) - 2)),
                             (1,) * (len(shape) - 2), kwargs.get("order", "tap_major"))
     assert_bits_equal(jax_tma.im2col(x, 3, **kwargs), want)
+
+
+# ---- empty results: a dilated kernel larger than the padded input ----
+
+SPECS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
+
+
+def _per_dim(v, r):
+    return (v,) * r if isinstance(v, int) else tuple(v)
+
+
+@pytest.mark.parametrize("shape,kernel,strides,dilation,padding,want_shape",
+                         IM2COL_EMPTY_CASES, ids=IM2COL_EMPTY_IDS)
+def test_empty_results_on_gpu(gpu, rng, shape, kernel, strides, dilation, padding, want_shape):
+    r = len(shape) - 2
+    geo = dict(strides=strides, padding=padding, dilation=dilation)
+    x = jax.device_put(rng.standard_normal(shape).astype(np.float32), gpu)
+    want = lax.conv_general_dilated_patches(
+        x, _per_dim(kernel, r), _per_dim(strides, r), padding,
+        rhs_dilation=_per_dim(dilation, r), dimension_numbers=SPECS[r],
+        precision=lax.Precision.HIGHEST)
+    assert want.shape == want_shape
+    for method in ("auto", "simt"):
+        got = jax_tma.im2col(x, kernel, order="channel_major", method=method, **geo)
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    for method in ("auto", "tma", "simt"):
+        got = jax.jit(lambda a, m=method: jax_tma.im2col(a, kernel, method=m, **geo))(x)
+        assert got.shape == want_shape and got.devices() == {gpu}
+    # col2im of the empty patch matrix: zeros over a poisoned output
+    if math.prod(shape):
+        for dtype in (np.float32, jnp.bfloat16, np.complex64, np.int8):
+            for order in ("tap_major", "channel_major"):
+                p = np.zeros(want_shape, dtype)
+                got = poisoned(lambda a, k, **kw: jax_tma.col2im(a, shape, k, **kw), p, shape,
+                               kernel, gpu, order=order, **geo)
+                assert_bits_equal(got, np.zeros(shape, dtype))
+    # grad (im2col's VJP is col2im), under jit and vmap
+    w = jax.device_put(np.zeros(want_shape, np.float32), gpu)
+
+    def loss(a):
+        return (jax_tma.im2col(a, kernel, **geo) * w).sum()
+
+    assert_bits_equal(jax.jit(jax.grad(loss))(x), np.zeros(shape, np.float32))
+    xs = jax.device_put(rng.standard_normal((2,) + shape).astype(np.float32), gpu)
+    assert_bits_equal(jax.jit(jax.vmap(jax.grad(loss)))(xs), np.zeros((2,) + shape, np.float32))
+    g = jax.jit(jax.grad(lambda p: (jax_tma.col2im(p, shape, kernel, **geo) * x).sum()))(w)
+    assert g.shape == want_shape
+
+
+def _raw_gpu(x, out_shape, gpu, **attrs):
+    # has_side_effect: XLA drops a pure call whose result has no elements;
+    # this one reaches the CUDA handler every time.
+    call = jax.ffi.ffi_call("jax_tma_im2col", jax.ShapeDtypeStruct(out_shape, x.dtype),
+                            has_side_effect=True)
+    r = len(out_shape) - 2
+    base = dict(kernel=np.ones(r, np.int64), strides=np.ones(r, np.int64),
+                dilation=np.ones(r, np.int64), pad_lo=np.zeros(r, np.int64),
+                pad_hi=np.zeros(r, np.int64), channel_major=False, transpose=False,
+                method="auto")
+    base.update(attrs)
+    return jax.block_until_ready(jax.jit(lambda a: call(a, **base))(jax.device_put(x, gpu)))
+
+
+def test_cuda_handler_accepts_empty_output_dims(gpu, rng):
+    # The raw target: no empty grid is launched (that would be a launch
+    # error), col2im writes zeros.
+    x = random_array(rng, (2, 5, 4, 5, 8), np.float32)
+    geo = dict(kernel=np.array([2, 3, 2]), dilation=np.array([1, 2, 1]),
+               pad_lo=np.array([1, 0, 0]), pad_hi=np.array([0, 0, 1]))
+    with pytest.raises(Exception, match=r"jax_tma\.im2col: unknown method 'fast'"):
+        _raw_gpu(x, (2, 5, 0, 5, 96), gpu, method="fast", **geo)  # the handler is reached
+    for method in ("auto", "tma", "simt"):
+        assert _raw_gpu(x, (2, 5, 0, 5, 96), gpu, method=method, **geo).shape == (2, 5, 0, 5, 96)
+    assert _raw_gpu(x, (2, 5, 0, 5, 96), gpu, channel_major=True, **geo).shape == (2, 5, 0, 5, 96)
+    for order in (False, True):
+        got = _raw_gpu(np.ones((2, 5, 0, 5, 96), np.float32), x.shape, gpu, transpose=True,
+                       channel_major=order, **geo)
+        assert_bits_equal(got, np.zeros(x.shape, np.float32))
+    # empty input with padding that fits the kernel: patches of padding only
+    assert_bits_equal(_raw_gpu(np.ones((2, 0, 8), np.float32), (2, 1, 16), gpu,
+                               kernel=np.array([2]), pad_lo=np.array([1]),
+                               pad_hi=np.array([1])), np.zeros((2, 1, 16), np.float32))

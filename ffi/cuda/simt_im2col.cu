@@ -364,7 +364,15 @@ ffi::Error LaunchSimtIm2col(const Im2colGeometry& g, const void* src, void* dst,
                             cudaStream_t stream, int device) {
   const int64_t out_elems = g.transpose ? g.batch * g.in_pixels * g.channels
                                         : g.batch * g.out_pixels * g.taps * g.channels;
-  if (out_elems == 0) return ffi::Error::Success();
+  if (out_elems == 0) return ffi::Error::Success();  // no empty grid: a launch error
+  if (g.transpose && g.out_pixels == 0) {  // batch, channels > 0 here
+    // An empty patch matrix (an output dim of 0: the dilated kernel is larger
+    // than the padded input) adds nothing: x is zeros. A memset node is
+    // graph-safe, and the gather kernel would walk every tap for nothing.
+    JAX_TMA_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(dst, 0, static_cast<size_t>(out_elems * g.elem_bytes), stream));
+    return ffi::Error::Success();
+  }
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   const auto addr = reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst);

@@ -65,8 +65,8 @@ bool Check(cudaError_t err, const char* what) {
 bool RunCase(Im2colGeometry g, bool tma, std::mt19937_64& gen, bool* used_tma) {
   g.taps = g.in_pixels = g.out_pixels = 1;
   for (int d = 0; d < g.rank; ++d) {
-    g.out_dims[d] = (g.in_dims[d] + g.pad_lo[d] + g.pad_hi[d] -
-                     g.dilation[d] * (g.kernel[d] - 1) - 1) / g.strides[d] + 1;
+    g.out_dims[d] = jax_tma::Im2colOutDim(g.in_dims[d], g.pad_lo[d], g.pad_hi[d], g.kernel[d],
+                                          g.strides[d], g.dilation[d]);
     g.taps *= g.kernel[d];
     g.in_pixels *= g.in_dims[d];
     g.out_pixels *= g.out_dims[d];
@@ -125,7 +125,11 @@ int main() {
                            SumKind::kF16, SumKind::kBF16, SumKind::kF32, SumKind::kF64};
   const int64_t kind_bytes[] = {1, 2, 4, 8, 2, 2, 4, 8};
   int cases = 0, failures = 0, tma_cases = 0;
-  for (int trial = 0; trial < 90; ++trial) {
+  // Trials from 90 on have one spatial dim whose dilated kernel is larger
+  // than the padded input: an empty patch matrix (im2col writes nothing,
+  // col2im writes zeros over the poison).
+  int empty_cases = 0;
+  for (int trial = 0; trial < 108; ++trial) {
     Im2colGeometry g;
     g.rank = 1 + trial % 3;
     g.transpose = trial % 3 == 2;
@@ -151,12 +155,21 @@ int main() {
       const int64_t span = g.dilation[d] * (g.kernel[d] - 1) + 1;
       g.in_dims[d] = std::max<int64_t>(span, 1 + static_cast<int64_t>(gen() % (g.rank == 3 ? 7 : 20)));
     }
+    if (trial >= 90) {
+      const int d = static_cast<int>(gen() % g.rank);
+      g.kernel[d] = 3;
+      g.dilation[d] = 2;  // spans 5 pixels
+      g.pad_lo[d] = static_cast<int64_t>(gen() % 2);
+      g.pad_hi[d] = static_cast<int64_t>(gen() % 2);
+      g.in_dims[d] = static_cast<int64_t>(gen() % (5 - g.pad_lo[d] - g.pad_hi[d]));
+      ++empty_cases;
+    }
     ++cases;
     bool used_tma = false;
     failures += !RunCase(g, friendly, gen, &used_tma);
     tma_cases += used_tma;
   }
-  std::printf("im2col_selftest: %d cases (%d through the TMA kernel), %d failures\n", cases,
-              tma_cases, failures);
+  std::printf("im2col_selftest: %d cases (%d through the TMA kernel, %d with an empty patch "
+              "matrix), %d failures\n", cases, tma_cases, empty_cases, failures);
   return failures == 0 && tma_cases > 0 ? 0 : 1;
 }
