@@ -1,7 +1,7 @@
 // Error-message text without iostreams. Handlers format numbers with
 // std::to_chars, which touches no locale state: a module whose toolchain links
 // libstdc++ statically carries a second copy of the locale machinery, and
-// streams there can fail or crash (README, "Building from source").
+// streams there can fail or crash (README, "Installing").
 #ifndef JAX_TMA_FFI_MESSAGE_H_
 #define JAX_TMA_FFI_MESSAGE_H_
 
