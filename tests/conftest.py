@@ -1,7 +1,8 @@
 """Test session set-up: the installed jax_tma, not the source tree; 8 forced
-host devices for the sharding tests, 64-bit types on, and the `gpu` marker
+host devices for the sharding tests, 64-bit types on, the `gpu` marker
 (skipped without a GPU unless JAX_TMA_REQUIRE_GPU=1, which turns the skip
-into a failure)."""
+into a failure), and the `rng` fixture: a fresh seed per test, named in
+every failure report of a test that uses it; JAX_TMA_SEED=<seed> replays it."""
 
 import glob
 import os
@@ -24,6 +25,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+import reference  # noqa: E402  (tests/, on sys.path as the rootdir conftest's folder)
+
 jax.config.update("jax_enable_x64", True)
 
 
@@ -43,10 +46,25 @@ def pytest_runtest_setup(item):
 
 @pytest.fixture
 def rng(record_property):
-    """Fresh random inputs on every run; the seed is kept in the test report."""
-    seed = np.random.SeedSequence().entropy
+    """Fresh random inputs on every run (JAX_TMA_SEED=<seed> repeats one):
+    a Generator that carries its seed (`rng.seed`). The seed is kept in the
+    test report, named by reference.assert_bits_equal's failures and added to
+    the report of any failing test that uses this fixture."""
+    fixed = os.environ.get("JAX_TMA_SEED")
+    seed = int(fixed) if fixed else np.random.SeedSequence().entropy
     record_property("seed", seed)
-    return np.random.default_rng(seed)
+    reference.set_active_seed(seed)
+    yield reference.SeededGenerator(seed)
+    reference.set_active_seed(None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    seed = getattr(getattr(item, "funcargs", {}).get("rng"), "seed", None)
+    if report.failed and seed is not None:
+        report.sections.append(("random inputs", f"rng seed {seed}: rerun with "
+                                                 f"JAX_TMA_SEED={seed}"))
 
 
 @pytest.fixture

@@ -1,11 +1,19 @@
-"""Test references: fresh random inputs for every dtype JAX has, and
-bit-level comparison (as unsigned integers of the same width)."""
+"""Test references: fresh random inputs for every dtype JAX has (uniform bits
+with special values mixed in), bit-level comparison (as unsigned integers of
+the same width) whose failures name the random seed, and the list of
+collective ops that the sharding tests forbid."""
 
 from __future__ import annotations
 
+import functools
+import os
+import re
+
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
+import pytest
 
 _CANDIDATES = (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
@@ -22,8 +30,162 @@ SUB_BYTE_BITS = {"int2": 2, "uint2": 2, "int4": 4, "uint4": 4, "float4_e2m1fn": 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    """Random bits (NaN payloads, -0.0, subnormals included) of `dtype`."""
+# ---- seeds: every random input of a test comes from the `rng` fixture ------
+
+class SeededGenerator(np.random.Generator):
+    """A NumPy Generator that knows the seed it started from."""
+
+    def __init__(self, seed: int):
+        super().__init__(np.random.PCG64(seed))
+        self.seed = seed
+
+
+_active_seed: int | None = None
+
+
+def set_active_seed(seed: int | None) -> None:
+    """The seed of the running test's `rng` fixture (None outside one); the
+    comparison helpers below name it in their failure messages."""
+    global _active_seed
+    _active_seed = seed
+
+
+def seed_note() -> str:
+    """' [rng seed S: rerun with JAX_TMA_SEED=S]' while a test's `rng` is live."""
+    if _active_seed is None:
+        return ""
+    return f" [rng seed {_active_seed}: rerun with JAX_TMA_SEED={_active_seed}]"
+
+
+def skip_unless_required(reason: str) -> None:
+    """pytest.skip, except on a GPU run (JAX_TMA_REQUIRE_GPU=1), which must run
+    every GPU test: there the missing feature is a failure."""
+    if os.environ.get("JAX_TMA_REQUIRE_GPU") == "1":
+        pytest.fail(f"JAX_TMA_REQUIRE_GPU=1 but this test cannot run: {reason}")
+    pytest.skip(reason)
+
+
+# ---- random inputs with special values -------------------------------------
+
+# Share of the elements (of the words, for complex: each part on its own)
+# that random_array replaces with special values, at random positions.
+SPECIAL_FRACTION = 0.05
+
+
+def _float_layout(dtype: np.dtype) -> tuple[int, int, bool]:
+    """(bits, mantissa bits, has a sign bit) of a float format."""
+    bits = SUB_BYTE_BITS.get(dtype.name, dtype.itemsize * 8)
+    info = ml_dtypes.finfo(dtype)
+    return bits, int(info.nmant), float(info.min) < 0
+
+
+@functools.cache
+def _float_specials(name: str, finite: bool) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """The special values of float format `name` as bit patterns (unsigned
+    words of its storage width), by category; random_array picks a category
+    uniformly, then a member. Categories (each only where the format has
+    members): "zero" (+0, -0), "inf", "nan" (per sign, quiet and signalling:
+    the smallest and largest payload), "subnormal" (smallest and largest, both
+    signs), "extreme" (largest finite and smallest normal, both signs).
+    Also, for formats up to 16 bits, every NaN pattern (random payloads are
+    drawn from it); None for 32/64 bits (see _random_nans). `finite` leaves
+    out "inf" and "nan"."""
+    dtype = np.dtype(getattr(jnp, name))
+    bits, nmant, signed = _float_layout(dtype)
+    store = _UINT[dtype.itemsize]
+    sign_bit = (1 << (bits - 1)) if signed else 0
+    if bits <= 16:  # every pattern
+        pats = np.arange(1 << bits, dtype=np.uint64)
+    else:  # IEEE binary32/64: the candidates, from the layout
+        expm = ((1 << (bits - 1 - nmant)) - 1) << nmant  # exponent all ones
+        mant = (1 << nmant) - 1
+        quiet = 1 << (nmant - 1)  # the top mantissa bit: set in a quiet NaN
+        base = [0, expm, 1, mant, 1 << nmant, expm - 1,
+                expm | quiet, expm | quiet | mant, expm | 1, expm | (quiet - 1)]
+        pats = np.array(base + [p | sign_bit for p in base], np.uint64)
+    with np.errstate(invalid="ignore"):
+        vals = pats.astype(store).view(dtype).astype(np.float64)
+    neg = (pats & np.uint64(sign_bit)) != 0
+    is_quiet = (((pats >> np.uint64(nmant - 1)) & np.uint64(1)) == 1 if nmant
+                else np.zeros(pats.size, bool))
+    info = ml_dtypes.finfo(dtype)
+    tiny = float(info.smallest_normal)
+    nan = np.isnan(vals)
+    sub = np.isfinite(vals) & (vals != 0) & (np.abs(vals) < tiny)
+    cats = {"zero": pats[vals == 0]}
+    if not finite:
+        cats["inf"] = pats[np.isinf(vals)]
+        cats["nan"] = np.array([g[i] for s in (False, True) for q in (False, True)
+                                for g in [np.sort(pats[nan & (neg == s) & (is_quiet == q)])]
+                                if g.size for i in (0, -1)], np.uint64)
+    cats["subnormal"] = np.array([pats[m][f(np.abs(vals[m]))] for s in (False, True)
+                                  for m in [sub & (neg == s)] if m.any()
+                                  for f in (np.argmin, np.argmax)], np.uint64)
+    extreme = (vals == float(info.max)) | (vals == float(info.min)) | (np.abs(vals) == tiny)
+    cats["extreme"] = pats[np.isfinite(vals) & extreme]
+    cats = {k: np.unique(v).astype(store) for k, v in cats.items() if v.size}
+    pool = pats[nan].astype(store) if bits <= 16 and not finite else None
+    return cats, pool
+
+
+def _random_nans(rng: np.random.Generator, name: str, k: int, pool) -> np.ndarray:
+    """k NaN bit patterns with random signs and payloads (quiet or signalling)."""
+    if pool is not None:
+        return pool[rng.integers(0, pool.size, k)]
+    dtype = np.dtype(getattr(jnp, name))
+    bits, m, _ = _float_layout(dtype)
+    u = _UINT[dtype.itemsize]
+    expm = u(((1 << (bits - 1 - m)) - 1) << m)
+    sign = rng.integers(0, 2, k, dtype=u) << u(bits - 1)
+    return sign | expm | rng.integers(1, 1 << m, k, dtype=u)
+
+
+def _mix_float_specials(rng: np.random.Generator, words: np.ndarray, name: str,
+                        finite: bool) -> None:
+    """Replaces about SPECIAL_FRACTION of `words` (float format `name`, as
+    unsigned words) in place with special values; `finite` first redraws
+    the infinities and NaNs of the uniform draw."""
+    dtype = np.dtype(getattr(jnp, name))
+    if finite:
+        top = ((1 << SUB_BYTE_BITS[name]) - 1 if name in SUB_BYTE_BITS
+               else np.iinfo(words.dtype).max)
+        with np.errstate(invalid="ignore"):
+            while (bad := np.flatnonzero(~np.isfinite(words.view(dtype).astype(np.float64)))).size:
+                words[bad] = rng.integers(0, top, bad.size, dtype=words.dtype, endpoint=True)
+    cats, pool = _float_specials(name, finite)
+    k = int(rng.binomial(words.size, SPECIAL_FRACTION)) if words.size else 0
+    if not k:
+        return
+    names = list(cats)
+    which = rng.integers(0, len(names), k)
+    vals = np.empty(k, words.dtype)
+    for c, label in enumerate(names):
+        sel = np.flatnonzero(which == c)
+        vals[sel] = cats[label][rng.integers(0, cats[label].size, sel.size)]
+        if label == "nan":  # half of the NaNs get random payloads
+            sel = sel[rng.random(sel.size) < 0.5]
+            vals[sel] = _random_nans(rng, name, sel.size, pool)
+    words[rng.integers(0, words.size, k)] = vals
+
+
+def _mix_int_specials(rng: np.random.Generator, values: np.ndarray, lo: int, hi: int) -> None:
+    """Replaces about SPECIAL_FRACTION of `values` in place with the range's
+    edges and the values next to zero: lo, hi, 0, 1 and -1 (when signed)."""
+    specials = np.array(sorted({lo, hi, 0, 1} | ({-1} if lo < 0 else set())), values.dtype)
+    k = int(rng.binomial(values.size, SPECIAL_FRACTION)) if values.size else 0
+    if k:
+        values[rng.integers(0, values.size, k)] = specials[rng.integers(0, specials.size, k)]
+
+
+def random_array(rng: np.random.Generator, shape, dtype, *, finite: bool = False) -> np.ndarray:
+    """Random bits of `dtype`, with about SPECIAL_FRACTION of the elements
+    (complex: of each part) replaced at random positions by special values:
+    floats get +-0, +-inf, NaNs (quiet and signalling, both signs, varied
+    payloads), the smallest and largest subnormals, the largest finite and
+    smallest normal values, as far as the format has them; integers their
+    minimum, maximum, 0, 1 and -1. `finite=True` (for tests that compute
+    with the values) leaves out infinities and NaNs, the special ones and
+    those of the uniform draw."""
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64))
     if dtype == np.bool_:
@@ -32,14 +194,24 @@ def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
     if bits is not None:
         if dtype.name.startswith("float"):
             raw = rng.integers(0, 1 << bits, n, dtype=np.uint8)
+            _mix_float_specials(rng, raw, dtype.name, finite)
             return raw.view(dtype).reshape(shape)
         signed = dtype.name.startswith("int")
         lo, hi = (-(1 << (bits - 1)), 1 << (bits - 1)) if signed else (0, 1 << bits)
-        return rng.integers(lo, hi, n).astype(dtype).reshape(shape)
+        values = rng.integers(lo, hi, n)
+        _mix_int_specials(rng, values, lo, hi - 1)
+        return values.astype(dtype).reshape(shape)
     width = dtype.itemsize if dtype.kind != "c" else dtype.itemsize // 2
     words = n * (dtype.itemsize // width)
     raw = rng.integers(0, np.iinfo(_UINT[width]).max, words, dtype=_UINT[width],
                        endpoint=True)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        _mix_int_specials(rng, raw.view(dtype), int(info.min), int(info.max))
+    elif dtype.kind == "c":
+        _mix_float_specials(rng, raw, "float32" if width == 4 else "float64", finite)
+    else:
+        _mix_float_specials(rng, raw, dtype.name, finite)
     return raw.view(dtype).reshape(shape)
 
 
@@ -56,16 +228,40 @@ def as_bits(a) -> np.ndarray:
 
 
 def assert_bits_equal(actual, expected) -> None:
+    """actual == expected bit for bit (dtype, shape and every word); a
+    failure names the running test's rng seed."""
     actual, expected = np.asarray(actual), np.asarray(expected)
-    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    assert actual.dtype == expected.dtype, \
+        f"dtype {actual.dtype}, want {expected.dtype}{seed_note()}"
+    assert actual.shape == expected.shape, \
+        f"shape {actual.shape}, want {expected.shape}{seed_note()}"
     a, e = as_bits(actual), as_bits(expected)
     if not np.array_equal(a, e):
         bad = np.flatnonzero(a != e)
         raise AssertionError(
             f"{bad.size} of {a.size} words differ; first at flat index "
-            f"{bad[0]}: got {a[bad[0]]:#x}, want {e[bad[0]]:#x}"
+            f"{bad[0]}: got {a[bad[0]]:#x}, want {e[bad[0]]:#x}{seed_note()}"
         )
+
+
+# Every HLO op that moves data between devices, as it appears in compiled
+# HLO text; the async forms (all-gather-start, send-done, ...) and
+# ragged-all-to-all contain these names.
+COLLECTIVE_OPS = ("all-gather", "all-reduce", "all-to-all", "reduce-scatter",
+                  "collective-permute", "collective-broadcast", "send", "recv")
+# A whole word (so "send" does not match inside "sender"), -start/-done allowed.
+_COLLECTIVE_RE = re.compile(r"(?<![\w])(" + "|".join(map(re.escape, COLLECTIVE_OPS))
+                            + r")(?:-start|-done)?(?![\w])")
+
+
+def collectives_in(hlo_text: str) -> list[str]:
+    """The collective ops (COLLECTIVE_OPS, async forms included) in HLO text."""
+    return sorted({m.group(0) for m in _COLLECTIVE_RE.finditer(hlo_text)})
+
+
+def assert_no_collectives(hlo_text: str) -> None:
+    found = collectives_in(hlo_text)
+    assert not found, f"collectives in the compiled HLO: {found}"
 
 
 def cpu_device():

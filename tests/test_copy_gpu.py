@@ -13,7 +13,8 @@ import pytest
 
 import jax_tma
 from jax_tma import _ffi
-from reference import ALL_DTYPES, assert_bits_equal, random_array
+from reference import (ALL_DTYPES, assert_bits_equal, random_array, seed_note,
+                       skip_unless_required)
 
 pytestmark = pytest.mark.gpu
 METHODS = ["auto", "bulk", "simt"]
@@ -63,7 +64,7 @@ def test_every_dtype_into_poison(gpu, rng, dtype, method):
 @pytest.mark.parametrize("name", ["int2", "uint2", "int4", "uint4", "float4_e2m1fn"])
 def test_sub_byte_dtypes(gpu, rng, name):
     if not hasattr(jnp, name):
-        pytest.skip(f"this jax has no {name}")
+        skip_unless_required(f"this jax has no {name}")
     x = random_array(rng, (1001,), getattr(jnp, name))
     assert_bits_equal(jax.jit(jax_tma.copy)(jax.device_put(x, gpu)), x)
 
@@ -103,7 +104,7 @@ def _raw_case(gpu, rng, method, src_off, dst_off, nbytes, **config):
     bad = np.flatnonzero(got != want)
     assert bad.size == 0, (
         f"{method} src_off={src_off} dst_off={dst_off} n={nbytes}: {bad.size} bytes wrong, "
-        f"first at {bad[0]} (dst region starts at {dst_off})")
+        f"first at {bad[0]} (dst region starts at {dst_off}){seed_note()}")
 
 
 @pytest.mark.parametrize("method", ["bulk", "simt"])
@@ -156,11 +157,10 @@ def test_raw_hook_rejects_bad_config(gpu):
 
 
 @pytest.mark.parametrize("method", ["bulk", "simt"])
-def test_over_4_gib_and_2_pow_31_elements(gpu, method):
+def test_over_4_gib_and_2_pow_31_elements(gpu, rng, method):
     # 2^31 + 7 uint16 elements: more than 2^31 elements and more than 4 GiB.
     n = (1 << 31) + 7
-    x = jax.random.bits(jax.random.key(np.random.SeedSequence().entropy % 2**31), (n,),
-                        jnp.uint16)
+    x = jax.random.bits(jax.random.key(int(rng.integers(2**31))), (n,), jnp.uint16)
     x = jax.device_put(x, gpu)
     y = jax.jit(functools.partial(jax_tma.copy, method=method))(x)
     assert bool(jax.jit(lambda a, b: jnp.array_equal(a, b))(x, y))

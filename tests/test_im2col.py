@@ -134,27 +134,54 @@ def test_grad_matches_xla(rng, r, order):
 
 
 def test_col2im_is_the_grad_of_im2col(rng):
+    """im2col's VJP adds every patch element back onto its pixel: bit for bit
+    the NumPy col2im (special values included), and close to XLA's VJP of
+    lax.conv_general_dilated_patches (which sums in another order)."""
     x = on_cpu(jnp.asarray(rng.standard_normal((2, 6, 5, 3)), jnp.float32))
-    geo = dict(strides=(2, 1), padding="SAME", dilation=(1, 2))
-    y, pull = jax.vjp(lambda a: jax_tma.im2col(a, (3, 3), **geo), x)
+    kernel, strides, dilation = (3, 3), (2, 1), (1, 2)
+    pads = lax.padtype_to_pads((6, 5), (3, 5), strides, "SAME")  # dilated kernel (3, 5)
+    geo = dict(strides=strides, padding="SAME", dilation=dilation)
+    pulls = {}
+    for order in ("tap_major", "channel_major"):
+        y, pulls[order] = jax.vjp(functools.partial(jax_tma.im2col, kernel_size=kernel,
+                                                    order=order, **geo), x)
+        ct = random_array(rng, y.shape, np.float32)
+        assert_bits_equal(pulls[order](on_cpu(ct))[0],
+                          col2im_reference(ct, x.shape, kernel, strides, pads, dilation, order))
     ct = on_cpu(jnp.asarray(rng.standard_normal(y.shape), jnp.float32))
-    assert_bits_equal(pull(ct)[0], jax_tma.col2im(ct, x.shape, (3, 3), **geo))
+    want = jax.vjp(lambda a: _lax_patches(a, kernel, strides, dilation, "SAME"), x)[1](ct)[0]
+    np.testing.assert_allclose(pulls["channel_major"](ct)[0], want, rtol=1e-5, atol=1e-5)
 
 
-def test_linear_transpose_and_its_transpose(rng):
-    x = on_cpu(jnp.asarray(rng.standard_normal((2, 7, 3)), jnp.float64))
-    f = functools.partial(jax_tma.im2col, kernel_size=3, strides=2, padding=((4, 1),),
-                          dilation=2)
-    ct = on_cpu(jnp.asarray(rng.standard_normal(f(x).shape), jnp.float64))
-    (t,) = jax.linear_transpose(f, x)(ct)
-    np.testing.assert_allclose(jnp.vdot(f(x), ct), jnp.vdot(x, t), rtol=1e-12)
-    (tt,) = jax.linear_transpose(lambda c: jax.linear_transpose(f, x)(c)[0], ct)(x)
-    assert_bits_equal(tt, f(x))
+@pytest.mark.parametrize("order", ["tap_major", "channel_major"])
+def test_linear_transpose_and_its_transpose(rng, order):
+    """im2col's transpose is col2im and col2im's is im2col: against NumPy bit
+    for bit (special values included), and against XLA's transpose of
+    lax.conv_general_dilated_patches."""
+    geo = dict(kernel_size=3, strides=2, padding=((4, 1),), dilation=2, order=order)
+    ref = dict(kernel=(3,), strides=(2,), pads=((4, 1),), dilation=(2,), order=order)
+    x = random_array(rng, (2, 7, 3), np.float64)
+    f = functools.partial(jax_tma.im2col, **geo)
+    ct = random_array(rng, f(on_cpu(x)).shape, np.float64)
+    transpose = jax.linear_transpose(f, on_cpu(x))
+    (t,) = transpose(on_cpu(ct))
+    assert_bits_equal(t, col2im_reference(ct, x.shape, **ref))
+    (tt,) = jax.linear_transpose(lambda c: transpose(c)[0], on_cpu(ct))(on_cpu(x))
+    assert_bits_equal(tt, im2col_reference(x, **ref))
     # The JVP of col2im is col2im; its transpose is im2col.
-    g = functools.partial(jax_tma.col2im, input_shape=x.shape, kernel_size=3, strides=2,
-                          padding=((4, 1),), dilation=2)
-    _, tangent = jax.jvp(g, (ct,), (ct,))
-    assert_bits_equal(tangent, g(ct))
+    g = functools.partial(jax_tma.col2im, input_shape=x.shape, **geo)
+    _, tangent = jax.jvp(g, (on_cpu(ct),), (on_cpu(ct),))
+    assert_bits_equal(tangent, col2im_reference(ct, x.shape, **ref))
+    (gt,) = jax.linear_transpose(g, on_cpu(ct))(on_cpu(x))
+    assert_bits_equal(gt, im2col_reference(x, **ref))
+    if order == "channel_major":  # lax's patch order; finite values (XLA sums in another order)
+        xf = on_cpu(jnp.asarray(rng.standard_normal(x.shape)))
+        cf = on_cpu(jnp.asarray(rng.standard_normal(ct.shape)))
+        lax_f = functools.partial(_lax_patches, kernel=3, strides=2, dilation=2,
+                                  padding=((4, 1),))
+        np.testing.assert_allclose(jax.linear_transpose(f, xf)(cf)[0],
+                                   jax.linear_transpose(lax_f, xf)(cf)[0],
+                                   rtol=1e-12, atol=1e-12)
 
 
 def test_vmap_folds_into_the_batch(rng):

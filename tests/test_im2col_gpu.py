@@ -169,16 +169,17 @@ def test_matmul_of_patches_is_the_convolution(gpu, rng):
      r"padding high 20 minus the kernel's dilated extent 2 along spatial dim 2 \(18\) is "
      r"outside the hardware's pixel-box corner range \[-16, 15\] for a rank-5 input"),
 ])
-def test_forced_tma_names_the_rule(gpu, shape, kwargs, pattern):
-    x = jax.device_put(jnp.ones(shape, jnp.float32), gpu)
+def test_forced_tma_names_the_rule(gpu, rng, shape, kwargs, pattern):
+    host = random_array(rng, shape, np.float32)
+    x = jax.device_put(host, gpu)
     with pytest.raises(Exception, match=r"jax_tma\.im2col: method='tma' cannot run this "
                                         r"im2col: " + pattern):
         jax.block_until_ready(jax_tma.im2col(x, 3, method="tma", **kwargs))
     # auto takes the SIMT kernel instead, with the same result
-    want = im2col_reference(np.ones(shape, np.float32), (3,) * (len(shape) - 2),
-                            kwargs.get("strides", (1,) * (len(shape) - 2)),
-                            kwargs.get("padding", ((0, 0),) * (len(shape) - 2)),
-                            (1,) * (len(shape) - 2), kwargs.get("order", "tap_major"))
+    r = len(shape) - 2
+    want = im2col_reference(host, (3,) * r, kwargs.get("strides", (1,) * r),
+                            kwargs.get("padding", ((0, 0),) * r), (1,) * r,
+                            kwargs.get("order", "tap_major"))
     assert_bits_equal(jax_tma.im2col(x, 3, **kwargs), want)
 
 

@@ -14,11 +14,10 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_tma
-from reference import assert_bits_equal, ppermute_reference, random_array
+from reference import (assert_bits_equal, assert_no_collectives, ppermute_reference,
+                       random_array)
 
 pytestmark = pytest.mark.gpu
-COLLECTIVES = ("all-gather", "all-to-all", "collective-permute", "all-reduce",
-               "reduce-scatter")
 
 
 @pytest.fixture
@@ -33,9 +32,7 @@ def mesh():
 
 
 def _no_collectives(f, *args):
-    text = f.lower(*args).compile().as_text()
-    found = [c for c in COLLECTIVES if c in text]
-    assert not found, f"collectives in the compiled HLO: {found}"
+    assert_no_collectives(f.lower(*args).compile().as_text())
 
 
 CASES = {
@@ -87,7 +84,8 @@ def test_ppermute_matches_reference(mesh, rng, method, block_bytes, direction):
     host = random_array(rng, (n * block_bytes,), np.uint8)
     x = jax.device_put(host, NamedSharding(mesh, P("x")))
     text = ours.lower(x).compile().as_text()
-    assert "jax_tma_ppermute" in text and "collective-permute" not in text
+    assert "jax_tma_ppermute" in text
+    assert_no_collectives(text)
     assert_bits_equal(ours(x), ppermute_reference(host, n, perm))
 
 
@@ -147,3 +145,29 @@ def test_ppermute_without_peer_access_falls_back_to_nccl(mesh, rng, monkeypatch)
     text = ours.lower(x).compile().as_text()
     assert "collective-permute" in text and "jax_tma_ppermute" not in text
     assert_bits_equal(ours(x), ppermute_reference(host, n, perm))
+
+
+def test_ppermute_handler_names_a_pair_without_peer_access(mesh, rng):
+    """The raw target (as exported HLO reaches it; Python would fall back to
+    lax.ppermute) between two GPUs that cannot map each other's memory.
+    Reachable only where such a pair exists: GPUs on an NVLink or P2P-capable
+    PCIe switch (the 2 x H200 machine) all have peer access."""
+    from jax_tma._ppermute import peer_access
+    gpus = list(mesh.devices.flat)
+    ids = [d.local_hardware_id for d in gpus]
+    pair = next(((a, b) for a in range(len(gpus)) for b in range(len(gpus))
+                 if a != b and not peer_access(ids[a], ids[b])), None)
+    if pair is None:
+        pytest.skip(f"every pair of GPUs {ids} has peer access")
+    a, b = pair
+    jax_tma._ffi.register()
+    call = jax.ffi.ffi_call("jax_tma_ppermute", jax.ShapeDtypeStruct((64,), np.float32))
+    f = jax.jit(lambda x: call(x, instance=np.int64(rng.integers(10**12, 10**13)),
+                               devices=np.array([ids[a], ids[b]], np.int64),
+                               sources=np.array([1, -1], np.int64), push=False,
+                               method="auto"))
+    x = jax.device_put(random_array(rng, (64,), np.float32), gpus[a])
+    with pytest.raises(Exception, match=rf"jax_tma\.ppermute: device {ids[a]} cannot access "
+                                        rf"device {ids[b]}'s memory \(no peer access between "
+                                        rf"them\)"):
+        jax.block_until_ready(f(x))

@@ -2,9 +2,12 @@
 for every dtype and many permutations, jit/vmap/grad, repeated and looped
 calls (the devices' meeting must pair calls up), the compiled program's
 collectives, the lax.ppermute fallback, and every validation rule in Python
-and in the C++ handler."""
+and in the C++ handler (the CUDA handler's peer-access rule needs two GPUs
+without peer access: tests/test_multi_gpu.py)."""
 
+import concurrent.futures
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +18,8 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import jax_tma
-from reference import ALL_DTYPES, assert_bits_equal, ppermute_reference, random_array
+from reference import (ALL_DTYPES, assert_bits_equal, assert_no_collectives, ppermute_reference,
+                       random_array)
 
 
 def _mesh(shape, names):
@@ -56,8 +60,7 @@ def test_matches_lax_ppermute_1d_mesh(rng, perm_name, direction):
     assert_bits_equal(ours(x), ppermute_reference(x, 8, perm))
     text = _hlo(ours, x)
     assert "jax_tma_ppermute" in text
-    for c in ("collective-permute", "all-gather", "all-to-all", "all-reduce"):
-        assert c not in text, c
+    assert_no_collectives(text)
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
@@ -125,19 +128,23 @@ def test_vmap_inside_shard_map(rng):
 def test_grad_and_jvp_match_lax(rng):
     mesh = _mesh((8,), ("i",))
     perm = PERMS["partial"](8)
-    w = random_array(rng, (8 * 2, 3), np.float32)
 
-    def loss(pp, x):
+    def loss(pp, w, x):
         f = jax.shard_map(lambda b: pp(b, "i", perm), mesh=mesh, in_specs=P("i"), out_specs=P("i"))
         return jnp.sum(f(x) * w)
 
+    # The gradient moves w's blocks back: any bits, compared exactly.
+    w = random_array(rng, (8 * 2, 3), np.float32)
     x = random_array(rng, (8 * 2, 3), np.float32)
-    g_ours = jax.jit(jax.grad(functools.partial(loss, jax_tma.ppermute)))(x)
-    g_ref = jax.jit(jax.grad(functools.partial(loss, lax.ppermute)))(x)
+    g_ours = jax.jit(jax.grad(functools.partial(loss, jax_tma.ppermute, w)))(x)
+    g_ref = jax.jit(jax.grad(functools.partial(loss, lax.ppermute, w)))(x)
     assert_bits_equal(g_ours, g_ref)
-    t = random_array(rng, x.shape, np.float32)
-    _, jvp_ours = jax.jvp(functools.partial(loss, jax_tma.ppermute), (x,), (t,))
-    _, jvp_ref = jax.jvp(functools.partial(loss, lax.ppermute), (x,), (t,))
+    # The JVP sums products: normal values, else the sum is inf or NaN on both
+    # sides and the comparison says nothing.
+    w, x, t = (rng.standard_normal(x.shape).astype(np.float32) for _ in range(3))
+    _, jvp_ours = jax.jvp(functools.partial(loss, jax_tma.ppermute, w), (x,), (t,))
+    _, jvp_ref = jax.jvp(functools.partial(loss, lax.ppermute, w), (x,), (t,))
+    assert np.isfinite(jvp_ref)
     np.testing.assert_allclose(jvp_ours, jvp_ref, rtol=1e-6)
 
 
@@ -235,14 +242,19 @@ def test_bad_x():
 _raw_instances = iter(range(10**12, 10**13))
 
 
-def _raw(devices, sources, method="auto", y_shape=(4,), push=False):
+def _raw(devices, sources, method="auto", y_shape=(4,), push=False, x=None, instance=None,
+         device=0):
+    """The target called directly on one CPU device, as a program of its own,
+    with the given attributes; x defaults to 4 float32 ones."""
     jax_tma._ffi.register()
-    call = jax.ffi.ffi_call("jax_tma_ppermute", jax.ShapeDtypeStruct(y_shape, np.float32))
-    return jax.jit(lambda x: call(x, instance=np.int64(next(_raw_instances)),
+    x = np.ones(4, np.float32) if x is None else x
+    instance = next(_raw_instances) if instance is None else instance
+    call = jax.ffi.ffi_call("jax_tma_ppermute", jax.ShapeDtypeStruct(y_shape, x.dtype))
+    return jax.jit(lambda a: call(a, instance=np.int64(instance),
                                   devices=np.array(devices, np.int64),
                                   sources=np.array(sources, np.int64), push=push,
                                   method=method))(
-        jax.device_put(np.ones(4, np.float32), jax.devices("cpu")[0]))
+        jax.device_put(x, jax.devices("cpu")[device]))
 
 
 @pytest.mark.parametrize("devices, sources, method, y_shape, match", [
@@ -260,6 +272,55 @@ def test_handler_rejects_bad_attributes(devices, sources, method, y_shape, match
 
 
 @pytest.mark.parametrize("push", [False, True])
-def test_handler_single_device_self_copy(push):
-    assert_bits_equal(_raw([0], [0], push=push), np.ones(4, np.float32))
-    assert_bits_equal(_raw([0], [-1], push=push), np.zeros(4, np.float32))
+def test_handler_single_device_self_copy(rng, push):
+    x = random_array(rng, (4, 3), np.float32)
+    assert_bits_equal(_raw([0], [0], push=push, x=x, y_shape=x.shape), x)
+    assert_bits_equal(_raw([0], [-1], push=push, x=x, y_shape=x.shape),
+                      np.zeros(x.shape, np.float32))
+
+
+def test_handler_rejects_an_instance_on_another_device_count(rng):
+    """The devices of one lowered ppermute (one `instance`) meet in a table
+    sized on first use; the same instance over another number of devices
+    is an error, not a meeting that waits for devices that never come."""
+    x = random_array(rng, (4,), np.float32)
+    instance = next(_raw_instances)
+    assert_bits_equal(_raw([0], [0], x=x, instance=instance), x)
+    with pytest.raises(Exception, match=rf"jax_tma\.ppermute: instance {instance} was first "
+                                        r"run on 1 devices and now on 2"):
+        jax.block_until_ready(_raw([0, 1], [-1, -1], x=x, instance=instance))
+
+
+@pytest.mark.parametrize("push", [False, True])
+def test_handler_rejects_calls_of_different_runs(rng, push):
+    """Two programs launched apart (two runs, as exported HLO run once per
+    device could be) whose calls carry one instance: device 1 sends to
+    device 0, so their k-th calls meet, and the run ids differ. The device
+    that copies (pull: 0 reads 1's input; push: 1 writes 0's output) names
+    both runs; the other learns that it failed. Neither waits for a timeout."""
+    x = random_array(rng, (2, 4), np.float32)
+    instance = next(_raw_instances)
+
+    def part(device):
+        try:
+            jax.block_until_ready(_raw([0, 1], [1, -1], push=push, x=x, y_shape=x.shape,
+                                       instance=instance, device=device))
+        except Exception as e:  # noqa: BLE001 (the handler's error, whatever XLA wraps it in)
+            return str(e)
+        return None
+
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    parts = [pool.submit(part, d) for d in (0, 1)]
+    done, _ = concurrent.futures.wait(parts, timeout=60)
+    pool.shutdown(wait=False)  # a hung handler gives up after the rendezvous' 120 s
+    assert len(done) == 2, "the two runs' calls did not meet (a handler waits for its peer)"
+    errors = [p.result() for p in parts]
+    mismatch = (r"jax_tma\.ppermute: call 0 on device (\d) belongs to run -?\d+ but on device "
+                r"(\d) to run -?\d+; executions of this program reached the devices in "
+                r"different orders")
+    copier = 1 if push else 0
+    assert errors[copier] is not None and re.search(mismatch, errors[copier]), errors
+    other = errors[1 - copier]
+    assert other is not None and re.search(
+        rf"jax_tma\.ppermute: device {copier} failed \({mismatch}\); this ppermute cannot run "
+        r"again in this process", other), errors
