@@ -1,7 +1,6 @@
 // The one extension module, jax_tma._jax_tma: hands Python the FFI handler
-// capsules (CPU always, CUDA when built), what was compiled, and a raw launch
-// hook the GPU tests use to reach kernel paths XLA's aligned buffers never hit.
-#include <cstdint>
+// capsules (CPU always, CUDA when built) and what was compiled. Benchmark
+// targets and the raw launch hook live in benchmarks/ffi/ (_jax_tma_bench).
 #include <string>
 
 #include <nanobind/nanobind.h>
@@ -19,7 +18,7 @@
 
 #include "cuda/broadcast_cuda.h"
 #include "cuda/copy_cuda.h"
-#include "cuda/copy_launch.h"
+#include "cuda/copy_launch.h"  // kDynamicBulkMinBytes
 #endif
 
 namespace nb = nanobind;
@@ -36,28 +35,6 @@ void CheckCuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
   }
-}
-
-// Copies `nbytes` from address `src` to address `dst` on `device` with the
-// given method and pipeline shape (the dynamic schedule on the raw hook's
-// counter slot), then synchronises. Test/benchmark use only:
-// it works on raw device addresses, so misaligned offsets can be exercised.
-void RawCopy(const std::string& method, int device, std::uintptr_t dst,
-             std::uintptr_t src, std::size_t nbytes, uint32_t chunk_bytes,
-             int stages, int64_t chunks_per_cta, bool dynamic) {
-  jax_tma::CopyMethod parsed;
-  if (!jax_tma::ParseCopyMethod(method, &parsed)) {
-    throw nb::value_error(("unknown method '" + method + "'").c_str());
-  }
-  CheckCuda(cudaSetDevice(device), "cudaSetDevice");
-  CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before)");
-  jax_tma::BulkCopyConfig config{chunk_bytes, stages, chunks_per_cta, dynamic};
-  xla::ffi::Error err = jax_tma::LaunchCopy(
-      "jax_tma._raw_copy", parsed, reinterpret_cast<const void*>(src),
-      reinterpret_cast<void*>(dst), nbytes, /*stream=*/nullptr, device,
-      jax_tma::kRawCounterSlot, &config);
-  if (err.failure()) throw std::runtime_error(err.message());
-  CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after)");
 }
 
 // Whether `device` can map `peer`'s memory (what jax_tma.ppermute reads
@@ -96,10 +73,6 @@ NB_MODULE(_jax_tma, m) {
     d["jax_tma_ppermute"] = Capsule(JaxTmaPpermuteCuda);
     d["jax_tma_broadcast"] = Capsule(JaxTmaBroadcastCuda);
     d["jax_tma_im2col"] = Capsule(JaxTmaIm2colCuda);
-    d["jax_tma_bench_memcpy"] = Capsule(JaxTmaBenchMemcpyCuda);
-    d["jax_tma_bench_seed_copy"] = Capsule(JaxTmaBenchSeedCopyCuda);
-    d["jax_tma_bench_read"] = Capsule(JaxTmaBenchReadCuda);
-    d["jax_tma_bench_write"] = Capsule(JaxTmaBenchWriteCuda);
 #endif
     return d;
   });
@@ -124,11 +97,6 @@ NB_MODULE(_jax_tma, m) {
 
 #if JAX_TMA_WITH_CUDA
   m.attr("cuda_runtime_version") = CUDART_VERSION;
-  const auto& d = jax_tma::kDefaultBulkCopyConfig;
-  m.def("_raw_copy", &RawCopy, nb::arg("method"), nb::arg("device"),
-        nb::arg("dst"), nb::arg("src"), nb::arg("nbytes"),
-        nb::arg("chunk_bytes") = d.chunk_bytes, nb::arg("stages") = d.stages,
-        nb::arg("chunks_per_cta") = d.chunks_per_cta, nb::arg("dynamic") = false);
   m.def("can_access_peer", &CanAccessPeer, nb::arg("device"), nb::arg("peer"));
   m.attr("_dynamic_bulk_min_bytes") = jax_tma::kDynamicBulkMinBytes;
 #endif

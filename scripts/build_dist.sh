@@ -5,7 +5,8 @@
 # Each wheel has the CUDA kernels forced on, libstdc++ linked in, is repaired
 # by auditwheel to the lowest manylinux tag this machine's glibc allows, and is
 # checked: PyInit__jax_tma the only export, no libstdc++ or libcuda needed,
-# stripped; abi3audit on the abi3 wheel.
+# stripped, no benchmark module (_jax_tma_bench, JAX_TMA_BENCH stays OFF);
+# abi3audit on the abi3 wheel.
 #   usage: bash scripts/build_dist.sh   (needs python3.11, python3.12, nvcc, clang)
 #   PY311 / PY312 name the interpreters; TOOLS_PY runs build, auditwheel, abi3audit.
 set -euo pipefail
@@ -27,7 +28,7 @@ echo "== sdist"
 sdist=$(ls "$WORK"/sdist/jax_tma-*.tar.gz)
 cp "$sdist" dist/
 
-export JAX_TMA_CUDA=ON JAX_TMA_STATIC_LIBSTDCXX=ON
+export JAX_TMA_CUDA=ON JAX_TMA_STATIC_LIBSTDCXX=ON JAX_TMA_BENCH=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 
 # build_wheel PYTHON LABEL [ENV=VALUE...]: a wheel from the sdist, in a
@@ -61,6 +62,8 @@ for whl in dist/*.whl; do
   [[ "$needed" != *libstdc++* && "$needed" != *libcuda.so* ]] \
     || { echo "  FAIL: needs libstdc++ or libcuda"; status=1; }
   file "$so" | grep -q ", stripped" || { echo "  FAIL: not stripped"; status=1; }
+  bench_files=$(find "$WORK/unpacked" -name '*bench*' | tr '\n' ' ')
+  [[ -z "$bench_files" ]] || { echo "  FAIL: carries benchmark files: $bench_files"; status=1; }
   [[ "$name" == *manylinux* ]] || { echo "  FAIL: no manylinux tag"; status=1; }
   if [[ "$name" == *abi3* ]]; then
     abi3audit --strict "$whl" || status=1

@@ -4,11 +4,15 @@
 #            on a machine without a GPU, as CI builds it);
 #  - source: a build from this checkout with the machine's own compiler
 #            (pip install --no-build-isolation, the path of a GPU user
-#            without a wheel).
+#            without a wheel), with the benchmarks' extension _jax_tma_bench
+#            (JAX_TMA_BENCH=ON), which is then moved to a folder of its own
+#            and put on PYTHONPATH next to either install: the raw-hook and
+#            reference tests and the benchmarks need it, the wheel lacks it.
 # Then the test suite against each install with GPU skips turned into
 # failures, compute-sanitizer (memcheck, racecheck, synccheck) on the kernels'
-# self-tests, and the benchmarks (against the wheel). Logs and JSON under
-# $OUT, a short summary last; the exit status is non-zero if any step failed.
+# self-tests, and the benchmarks (benchmarks/run.py, against the wheel). Logs
+# and JSON under $OUT, a short summary last; the exit status is non-zero if
+# any step failed.
 #   usage: bash scripts/gpu_check.sh [tests|sanitize|bench|ncu|multi]...
 #   (default: tests sanitize bench; `multi` needs two GPUs)
 #   INSTALLS (default "wheel source") picks the installs `tests` runs against;
@@ -33,30 +37,35 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 env | grep -E '^(CC|CXX|CUDAHOSTCXX)=' || true
 
 declare -A site=([wheel]=/tmp/jax_tma_wheel [source]=/tmp/jax_tma_source)
+bench_site=/tmp/jax_tma_bench
 wheel=$(ls dist/jax_tma-*cp312-abi3*.whl 2>/dev/null | head -1)
-rm -rf "${site[wheel]}" "${site[source]}"
+rm -rf "${site[wheel]}" "${site[source]}" "$bench_site"
 if [ -n "$wheel" ]; then
   python3 -m pip install -q --no-deps --no-index --target "${site[wheel]}" "$wheel"
   record $? "install $(basename "$wheel")"
 else
   record 1 "no dist/jax_tma-*cp312-abi3*.whl carried (scripts/build_dist.sh makes it)"
 fi
-JAX_TMA_CUDA=ON SKBUILD_BUILD_DIR=/tmp/jax_tma_source_build python3 -m pip install -v \
+JAX_TMA_CUDA=ON JAX_TMA_BENCH=ON SKBUILD_BUILD_DIR=/tmp/jax_tma_source_build python3 -m pip install -v \
   --no-build-isolation --no-deps --target "${site[source]}" . > "$OUT/source_build.log" 2>&1
 record $? "source build: $(grep -E -- '-- jax_tma: (GNU|Clang)' "$OUT/source_build.log" | sed 's/.*-- //')"
+# The benchmarks' extension out of the source install, so that each install
+# is tested with it but neither shadows the other.
+mkdir -p "$bench_site" && mv "${site[source]}"/_jax_tma_bench*.so "$bench_site"/
+record $? "benchmarks' extension: $(ls "$bench_site")"
 for install in wheel source; do
   # -P keeps the source tree off sys.path: the installed package is what runs.
-  PYTHONPATH=${site[$install]} python3 -P -c \
-    'import jax_tma, json; print(json.dumps(jax_tma.build_info())); print(jax_tma.__file__)'
+  PYTHONPATH=${site[$install]}:$bench_site python3 -P -c \
+    'import jax_tma, json, _jax_tma_bench; print(json.dumps(jax_tma.build_info())); print(jax_tma.__file__, _jax_tma_bench.__file__)'
 done
-export PYTHONPATH=${site[wheel]}
+export PYTHONPATH=${site[wheel]}:$bench_site
 
 for stage in "${stages[@]}"; do
   case $stage in
   tests)
     for install in ${INSTALLS:-wheel source}; do
       log=$OUT/tests_$install.log
-      PYTHONPATH=${site[$install]} JAX_TMA_REQUIRE_GPU=1 timeout 500 python3 -P -m pytest \
+      PYTHONPATH=${site[$install]}:$bench_site JAX_TMA_REQUIRE_GPU=1 timeout 500 python3 -P -m pytest \
         ${TESTS:-tests} -q -rfE -p no:cacheprovider > "$log" 2>&1
       rc=$?
       tail -15 "$log"
@@ -125,13 +134,13 @@ for stage in "${stages[@]}"; do
     rc=$?
     cat /tmp/sanitizer.log >> "$OUT/sanitizer.log"
     record $rc "compute-sanitizer memcheck ppermute (2 GPUs): $(grep -E 'ERROR SUMMARY|passed|failed' /tmp/sanitizer.log | tr '\n' ' ')"
-    timeout 400 python3 -P -m jax_tma.bench ppermute --sizes-mib 1 4 16 64 256 1024 \
+    timeout 400 python3 -P benchmarks/run.py ppermute --sizes-mib 1 4 16 64 256 1024 \
       --out "$OUT/ppermute.json" 2>&1 | tee "$OUT/bench_ppermute.log" | grep -v "^WARNING"
     record "${PIPESTATUS[0]}" "bench ppermute"
     ;;
   bench)
     for op in ${BENCH_OPS:-copy window broadcast im2col}; do
-      timeout 300 python3 -P -m jax_tma.bench $op --out "$OUT/$op.json" 2>&1 | tee "$OUT/bench_$op.log" | grep -v "^WARNING"
+      timeout 300 python3 -P benchmarks/run.py $op --out "$OUT/$op.json" 2>&1 | tee "$OUT/bench_$op.log" | grep -v "^WARNING"
       record "${PIPESTATUS[0]}" "bench $op"
     done
     ;;
@@ -140,7 +149,7 @@ for stage in "${stages[@]}"; do
     # (8 x 4096^2 bf16: 32 MiB in, 256 MiB out), kernels in the order printed.
     timeout 300 ncu --clock-control none --metrics \
       dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \
-      -k regex:'Broadcast|broadcast' python3 -P -m jax_tma.bench broadcast-once \
+      -k regex:'Broadcast|broadcast' python3 -P benchmarks/run.py broadcast-once \
       > "$OUT/ncu_broadcast.log" 2>&1
     rc=$?
     grep -E "^ran |Broadcast|broadcast|dram__|gpu__time" "$OUT/ncu_broadcast.log" | grep -v "^==PROF==" | tail -80

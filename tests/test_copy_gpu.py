@@ -1,10 +1,13 @@
 """jax_tma.copy on a CUDA GPU: every dtype and method bit-exact into
 poisoned outputs, every alignment of source and destination through the raw
 launch hook, the pipeline configurations, random sizes, and > 4 GiB; and the
-benchmark's stream references."""
+benchmark's stream references. The raw hook and the references come from the
+benchmarks' extension _jax_tma_bench (built with JAX_TMA_BENCH=ON)."""
 
 import functools
+import os
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +18,12 @@ import jax_tma
 from jax_tma import _ffi
 from reference import (ALL_DTYPES, assert_bits_equal, random_array, seed_note,
                        skip_unless_required)
+
+_BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "benchmarks")
+if _BENCHMARKS not in sys.path:
+    sys.path.insert(0, _BENCHMARKS)
+import references  # noqa: E402  (benchmarks/references.py)
 
 pytestmark = pytest.mark.gpu
 METHODS = ["auto", "bulk", "simt"]
@@ -84,11 +93,24 @@ def test_transformations_on_gpu(gpu, rng):
     np.testing.assert_array_equal(g, 2 * np.asarray(x))
 
 
-def _raw(method, dst, src, nbytes, **config):
-    _ffi._ext._raw_copy(method, 0, dst, src, nbytes, **config)
+@pytest.fixture
+def bench_ext(gpu):
+    """The benchmarks' extension: a failure under JAX_TMA_REQUIRE_GPU=1 when it
+    is missing (a GPU run must not pass by skipping), else a skip."""
+    try:
+        return references.load_extension()
+    except ImportError as e:
+        if os.environ.get("JAX_TMA_REQUIRE_GPU") == "1":
+            pytest.fail(f"JAX_TMA_REQUIRE_GPU=1 but {e}")
+        pytest.skip(str(e))
 
 
-def _raw_case(gpu, rng, method, src_off, dst_off, nbytes, **config):
+def _raw(ext, method, dst, src, nbytes, **config):
+    ext.raw_copy(method, 0, dst, src, nbytes, **config)
+    ext.synchronize(0)  # the hook returns at once
+
+
+def _raw_case(ext, gpu, rng, method, src_off, dst_off, nbytes, **config):
     """Copies nbytes from src+src_off to dst+dst_off inside larger buffers;
     checks the bytes and that nothing around the destination changed."""
     pad = 64
@@ -96,7 +118,7 @@ def _raw_case(gpu, rng, method, src_off, dst_off, nbytes, **config):
     src = jax.device_put(src_host, gpu)
     dst = jax.device_put(np.full(nbytes + 2 * pad, POISON, np.uint8), gpu)
     jax.block_until_ready((src, dst))
-    _raw(method, dst.unsafe_buffer_pointer() + dst_off, src.unsafe_buffer_pointer() + src_off,
+    _raw(ext, method, dst.unsafe_buffer_pointer() + dst_off, src.unsafe_buffer_pointer() + src_off,
          nbytes, **config)
     want = np.full(nbytes + 2 * pad, POISON, np.uint8)
     want[dst_off:dst_off + nbytes] = src_host[src_off:src_off + nbytes]
@@ -108,14 +130,14 @@ def _raw_case(gpu, rng, method, src_off, dst_off, nbytes, **config):
 
 
 @pytest.mark.parametrize("method", ["bulk", "simt"])
-def test_every_alignment_pair(gpu, rng, method):
+def test_every_alignment_pair(gpu, bench_ext, rng, method):
     # Same and different misalignment modulo 16, short and long copies.
     for src_off in range(0, 17, 3):
         for dst_off in range(0, 17, 3):
             for n in (0, 1, 15, 16, 17, 100, 4099, 300_001, (1 << 22) + 4099):
-                _raw_case(gpu, rng, method, src_off, dst_off, n)
+                _raw_case(bench_ext, gpu, rng, method, src_off, dst_off, n)
             if method == "simt":  # more 16-B vectors than one pass of the grid copies
-                _raw_case(gpu, rng, method, src_off, dst_off, (20 << 20) + 4099)
+                _raw_case(bench_ext, gpu, rng, method, src_off, dst_off, (20 << 20) + 4099)
 
 
 @pytest.mark.parametrize("stages,chunk,per_cta,dynamic", [
@@ -123,9 +145,9 @@ def test_every_alignment_pair(gpu, rng, method):
     (4, 32768, 64, False), (2, 65536, 3, False),
     # dynamic: small enough that CTAs claim chunks past their first ones
     (2, 1024, 1, True), (4, 4096, 1, True), (16, 8192, 16, True)])
-def test_bulk_pipeline_configs(gpu, rng, stages, chunk, per_cta, dynamic):
+def test_bulk_pipeline_configs(gpu, bench_ext, rng, stages, chunk, per_cta, dynamic):
     for n in (16, 1024 * 1024 + 48, 7_000_016, 33_554_432 + 5):
-        _raw_case(gpu, rng, "bulk", 5, 5, n, chunk_bytes=chunk, stages=stages,
+        _raw_case(bench_ext, gpu, rng, "bulk", 5, 5, n, chunk_bytes=chunk, stages=stages,
                   chunks_per_cta=per_cta, dynamic=dynamic)
 
 
@@ -147,13 +169,13 @@ def test_dynamic_schedule_call_sites(gpu, rng):
         assert_bits_equal(yb, b)
 
 
-def test_raw_hook_rejects_bad_config(gpu):
+def test_raw_hook_rejects_bad_config(gpu, bench_ext):
     x = jax.device_put(np.zeros(64, np.uint8), gpu)
     p = x.unsafe_buffer_pointer()
     with pytest.raises(Exception, match=r"bad pipeline config: chunk_bytes=100 "):
-        _raw("bulk", p, p, 32, chunk_bytes=100)
+        _raw(bench_ext, "bulk", p, p, 32, chunk_bytes=100)
     with pytest.raises(Exception, match=r"stages=1 \(2\.\.16\)"):
-        _raw("bulk", p, p, 32, stages=1)
+        _raw(bench_ext, "bulk", p, p, 32, stages=1)
 
 
 @pytest.mark.parametrize("method", ["bulk", "simt"])
@@ -175,32 +197,30 @@ def test_build_info_sees_a_tma_gpu(gpu):
     assert info["gpus"] and all(g["tma"] for g in info["gpus"]), info
 
 
-def test_bench_stream_references(gpu, rng):
+def test_bench_stream_references(gpu, bench_ext, rng):
     # The copy bench's serial bound times these: the read stream must read
     # every byte (its checksum is the XOR of all 16-B vectors) and the write
     # stream must write every byte.
-    from jax_tma import bench
-    _ffi.register()
+    references.register()
     for n in (0, 16, 4096 + 48, (3 << 20) + 16):
         x = random_array(rng, (n,), np.uint8)
         want = np.bitwise_xor.reduce(x.view(np.uint32).reshape(-1, 4), axis=0) if n else \
             np.zeros(4, np.uint32)
-        np.testing.assert_array_equal(np.asarray(bench._read_stream(jax.device_put(x, gpu))),
-                                      want)
-        y = bench._ffi_reference("jax_tma_bench_write")(jax.device_put(x, gpu))
+        np.testing.assert_array_equal(
+            np.asarray(references.read_stream(jax.device_put(x, gpu))), want)
+        y = references.ffi_reference("jax_tma_bench_write")(jax.device_put(x, gpu))
         assert (np.asarray(y) == 0x5A).all()
 
 
-def test_bench_references_reject_bad_input(gpu):
-    from jax_tma import bench
-    _ffi.register()
+def test_bench_references_reject_bad_input(gpu, bench_ext):
+    references.register()
     odd = jax.device_put(np.zeros(20, np.uint8), gpu)
     with pytest.raises(Exception, match=r"jax_tma_bench_seed_copy: addresses and size must be "
                                         r"multiples of 16 B"):
-        bench._ffi_reference("jax_tma_bench_seed_copy")(odd).block_until_ready()
+        references.ffi_reference("jax_tma_bench_seed_copy")(odd).block_until_ready()
     with pytest.raises(Exception, match=r"jax_tma_bench_read: address and size must be "
                                         r"multiples of 16 B"):
-        bench._read_stream(odd).block_until_ready()
+        references.read_stream(odd).block_until_ready()
     x = jax.device_put(np.zeros(32, np.uint8), gpu)
     with pytest.raises(Exception, match=r"jax_tma_bench_read: the checksum has 4 uint32 words"):
         jax.ffi.ffi_call("jax_tma_bench_read",

@@ -6,10 +6,6 @@
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaCopyCuda);          // "jax_tma_copy"
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaCopyCudaInstantiate);  // its instantiate stage
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaBenchMemcpyCuda);   // "jax_tma_bench_memcpy"
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaBenchSeedCopyCuda); // "jax_tma_bench_seed_copy"
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaBenchReadCuda);     // "jax_tma_bench_read"
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaBenchWriteCuda);    // "jax_tma_bench_write"
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaWindowCuda);        // "jax_tma_window"
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaPpermuteCuda);      // "jax_tma_ppermute"
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaIm2colCuda);        // "jax_tma_im2col"

@@ -1,6 +1,6 @@
 // Host launchers of the whole-buffer copy kernels (bulk TMA pipeline and SIMT
 // fallback) and the method dispatch shared by the FFI handler and the raw
-// test/benchmark hook.
+// launch hook of the benchmarks' module (benchmarks/ffi/bench_module.cc).
 #ifndef JAX_TMA_FFI_CUDA_COPY_LAUNCH_H_
 #define JAX_TMA_FFI_CUDA_COPY_LAUNCH_H_
 
@@ -24,7 +24,7 @@ struct BulkCopyConfig {
   bool dynamic = false;
 };
 
-// Measured on H100 (jax_tma.bench tune-bulk, 2026-11-22): one round of
+// Measured on H100 (benchmarks/bench_tune_bulk.py, 2026-11-22): one round of
 // 4 x 32 KiB per CTA, with the block scheduler handing out CTAs, beat every
 // multi-round static shape at 64 MiB and 1 GiB.
 inline constexpr BulkCopyConfig kDefaultBulkCopyConfig{32 * 1024, 4, 4};
@@ -45,7 +45,8 @@ inline constexpr int kMaxBulkStages = 16;
 // Work counters of the dynamic schedule. A launch that uses a slot must not
 // overlap in time with another launch on the same slot and device: each FFI
 // call site owns one (an XLA executable never runs concurrently with itself
-// on a device), the raw hook (which synchronises) uses kRawCounterSlot.
+// on a device); the raw hook, whose launches its callers keep on one stream,
+// uses kRawCounterSlot (in its own module, so its own copy of the counters).
 inline constexpr int kBulkCounterSlots = 1024;
 inline constexpr int kRawCounterSlot = 0;
 inline constexpr int kNoCounterSlot = -1;

@@ -3,13 +3,14 @@
 // 48 KiB chunk, one cp.async.bulk each way, no pipelining) that the bulk
 // kernel must beat, and a read-only and a write-only stream, whose rates
 // bound what any copy can reach when DRAM serves reads and writes in turn.
+#include "bench_reference.h"
+
 #include <algorithm>
 #include <string_view>
 
-#include "copy_cuda.h"
-#include "cuda_status.h"
-#include "device_helpers.cuh"
-#include "device_info.h"
+#include "cuda/cuda_status.h"
+#include "cuda/device_helpers.cuh"
+#include "cuda/device_info.h"
 
 namespace jax_tma {
 namespace {

@@ -1,0 +1,84 @@
+// The benchmarks' extension module _jax_tma_bench (built with JAX_TMA_BENCH=ON,
+// never part of a jax_tma wheel): the capsules of the reference targets the
+// benchmarks time jax_tma against, and a raw launch hook of jax_tma's copy
+// kernels (the same objects as the product's) for the bulk-pipeline sweep and
+// the GPU tests of addresses that XLA's aligned buffers never have.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include <cuda_runtime_api.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include "bench_reference.h"
+#include "common.h"
+#include "cuda/copy_launch.h"
+#include "xla/ffi/api/c_api.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+template <typename Fn>
+nb::capsule Capsule(Fn* fn) {
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+void CheckCuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+  }
+}
+
+// Launches a copy of `nbytes` from address `src` to address `dst` on
+// `device` with the given method and pipeline shape, on `stream` (0: the
+// default stream), and returns without waiting: call Synchronize before
+// reading `dst`. Raw device addresses, so any misaligned offset can be
+// exercised. The dynamic schedule claims chunks from this module's counter
+// slot, so dynamic launches must not overlap: keep them on one stream.
+void RawCopy(const std::string& method, int device, std::uintptr_t dst,
+             std::uintptr_t src, std::size_t nbytes, uint32_t chunk_bytes,
+             int stages, int64_t chunks_per_cta, bool dynamic, std::uintptr_t stream) {
+  jax_tma::CopyMethod parsed;
+  if (!jax_tma::ParseCopyMethod(method, &parsed)) {
+    throw nb::value_error(("unknown method '" + method + "'").c_str());
+  }
+  CheckCuda(cudaSetDevice(device), "cudaSetDevice");
+  jax_tma::BulkCopyConfig config{chunk_bytes, stages, chunks_per_cta, dynamic};
+  xla::ffi::Error err = jax_tma::LaunchCopy(
+      "_jax_tma_bench.raw_copy", parsed, reinterpret_cast<const void*>(src),
+      reinterpret_cast<void*>(dst), nbytes, reinterpret_cast<cudaStream_t>(stream),
+      device, jax_tma::kRawCounterSlot, &config);
+  if (err.failure()) throw std::runtime_error(err.message());
+}
+
+// Waits for all work on `device`; raises the first error a kernel left.
+void Synchronize(int device) {
+  CheckCuda(cudaSetDevice(device), "cudaSetDevice");
+  CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+}  // namespace
+
+NB_MODULE(_jax_tma_bench, m) {
+  m.doc() = "jax_tma's benchmark reference targets and raw launch hook (benchmarks/references.py)";
+
+  m.def("cuda_registrations", []() {
+    nb::dict d;
+    d["jax_tma_bench_memcpy"] = Capsule(JaxTmaBenchMemcpyCuda);
+    d["jax_tma_bench_seed_copy"] = Capsule(JaxTmaBenchSeedCopyCuda);
+    d["jax_tma_bench_read"] = Capsule(JaxTmaBenchReadCuda);
+    d["jax_tma_bench_write"] = Capsule(JaxTmaBenchWriteCuda);
+    return d;
+  });
+
+  const auto& d = jax_tma::kDefaultBulkCopyConfig;
+  m.def("raw_copy", &RawCopy, nb::arg("method"), nb::arg("device"),
+        nb::arg("dst"), nb::arg("src"), nb::arg("nbytes"),
+        nb::arg("chunk_bytes") = d.chunk_bytes, nb::arg("stages") = d.stages,
+        nb::arg("chunks_per_cta") = d.chunks_per_cta, nb::arg("dynamic") = false,
+        nb::arg("stream") = 0);
+  m.def("synchronize", &Synchronize, nb::arg("device"));
+  m.attr("ffi_api_version") = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
+}
