@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string_view>
 
 #include "common.h"
@@ -27,6 +28,7 @@ inline constexpr int kMaxIm2colRank = 3;  // spatial dims: NWC, NHWC, NDHWC
 inline constexpr std::string_view kIm2colOp = "jax_tma.im2col";
 inline constexpr std::string_view kCol2imOp = "jax_tma.col2im";
 inline constexpr int64_t kMaxIm2colValue = (int64_t{1} << 31) - 1;
+inline constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
 
 // How col2im adds one component of an element (complex: two components).
 enum class SumKind : int32_t { kU8, kU16, kU32, kU64, kF16, kBF16, kF32, kF64 };
@@ -158,6 +160,12 @@ inline ffi::Error DecodeIm2col(const ffi::AnyBuffer& src, ffi::Result<ffi::AnyBu
       return InvalidArgument(op, "patches dim ", d + 1, " is ", pd[d + 1], "; the geometry gives ",
                              o);
     }
+    // A kernel of 2^31 - 1 per dim has up to 2^93 taps: checked, so that the
+    // row check below cannot pass on a wrapped product.
+    if (g->taps > kMaxInt64 / k) {
+      return InvalidArgument(op, "the kernel has over 2^63 - 1 taps (kernel dim ", d, " = ", k,
+                             " after ", g->taps, " taps)");
+    }
     g->in_dims[d] = size;
     g->out_dims[d] = o;
     g->kernel[d] = k;
@@ -168,6 +176,10 @@ inline ffi::Error DecodeIm2col(const ffi::AnyBuffer& src, ffi::Result<ffi::AnyBu
     g->taps *= k;
     g->in_pixels *= size;
     g->out_pixels *= o;
+  }
+  if (g->channels != 0 && g->taps > kMaxInt64 / g->channels) {
+    return InvalidArgument(op, "a patch row of ", g->taps, " taps x ", g->channels,
+                           " channels has over 2^63 - 1 elements");
   }
   if (pd[0] != g->batch || pd[rank - 1] != g->taps * g->channels) {
     return InvalidArgument(op, "patches have batch ", pd[0], " and ", pd[rank - 1],
