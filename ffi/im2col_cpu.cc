@@ -96,11 +96,13 @@ ffi::Error Im2colCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
       err.failure()) {
     return err;
   }
+  // Nothing to write (the loops below would still walk every tap: up to 2^63).
+  if (y->element_count() == 0) return ffi::Error::Success();
   if (transpose && x.element_count() == 0) {
     // An empty patch matrix (an output dim of 0: the dilated kernel is
     // larger than the padded input) adds nothing: x is zeros. Not the loop
     // below, which would still walk every tap of every input element.
-    if (y->size_bytes() != 0) std::memset(y->untyped_data(), 0, y->size_bytes());
+    std::memset(y->untyped_data(), 0, y->size_bytes());
   } else if (transpose) {
     KeepSubnormals keep;
     DispatchSumKind(g.sum, Col2imHost{g, x.untyped_data(), y->untyped_data()});

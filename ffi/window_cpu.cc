@@ -14,6 +14,8 @@ static ffi::Error WindowCpuImpl(ffi::AnyBuffer x, ffi::RemainingArgs starts,
                                 bool transpose, std::string_view method) {
   WindowGeometry g;
   JAX_TMA_RETURN_IF_FAILED(DecodeWindow(x, starts, y, strides, fill_bits, transpose, method, &g));
+  // Nothing to write; a zero-size window dim would also divide by zero below.
+  if (g.batch == 0 || g.dst_spatial == 0) return ffi::Error::Success();
   const auto* src = static_cast<const uint8_t*>(x.untyped_data());
   auto* dst = static_cast<uint8_t*>(y->untyped_data());
   const int64_t eb = g.elem_bytes;

@@ -1,0 +1,579 @@
+"""Fuzz at the FFI boundary: every registered jax_tma target is called raw, the
+way exported HLO reaches a handler (jax.ffi.ffi_call, none of the Python
+wrappers' checks), first correctly, then with one random mutation of that call
+(shapes, ranks, dtypes, attribute values and types, attributes, operands and
+results missing or extra) and a few hand-picked nasty calls. Every call must
+give the reference result or raise a Python exception: the handler's own
+errors name the op; XLA's binding layer rejects some calls before the handler
+runs with messages that name neither target nor op (_XLA_REJECTS). Inputs must
+come back bit for bit. Calls run in-process, so a crash fails the run and an
+ASan build catches out-of-bounds access. Rerun a failure with
+JAX_TMA_FUZZ_SEED=<seed from its message>."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+
+from jax_tma import _ffi, _jax_tma
+from reference import (ALL_DTYPES, SUB_BYTE_BITS, as_bits, assert_bits_equal,
+                       broadcast_reference, col2im_reference, im2col_reference, random_array)
+
+S = jax.ShapeDtypeStruct
+CASES = 40
+
+# XLA's own rejections, before the handler runs (the same in jaxlib 0.10.2 and
+# 0.12.0.1): operand, result and attribute counts and types at execute,
+# attribute kinds it cannot encode at compile. None names the target or op.
+_XLA_REJECTS = re.compile(
+    r"Wrong number of (arguments|results|attributes): expected"
+    r"|Failed to decode all FFI handler operands"
+    r"|Unsupported (array element )?(attribute )?type for attribute"
+)
+# JAX's own rejection while lowering: a uint64 attribute >= 2^63 (a fill
+# pattern with the top bit set) fails in its MLIR attribute builder with
+# RuntimeError("std::bad_cast"); such a value never reaches a handler.
+_BAD_CAST = "std::bad_cast"
+
+_BYTE_DTYPES = tuple(d for d in ALL_DTYPES if d.name not in SUB_BYTE_BITS)
+_SUMMABLE = tuple(d for d in _BYTE_DTYPES  # what col2im adds
+                  if d.kind in "iuc" or d.name in ("float16", "bfloat16", "float32", "float64"))
+# Baselines take the methods that run on every device; the forced hardware
+# methods (which may refuse a geometry, naming the rule) come in as mutations.
+_PORTABLE = ("auto", "simt")
+_NASTY_INTS = (-1, 0, 1, 2, 3, 2**31 - 1, 2**31, -2**31, 2**32 + 1, 2**62, 2**63 - 1, -2**63)
+_NASTY_STRS = ("", "AUTO", "auto ", "auto\0", "tma", "simt", "bulk", "multicast", "dsmem",
+               "store", "x" * 300)
+# The ppermute meeting state is per instance id and lives as long as the
+# process; lowerings number theirs from 1 and test_ppermute's raw calls from
+# 10^12, so the fuzz takes its own range and never mutates the value.
+_instances = itertools.count(2**62)
+
+
+@dataclasses.dataclass
+class Call:
+    operands: list[np.ndarray]
+    results: list[S]
+    attrs: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    ops: tuple[str, ...]                                  # names the handler's errors start with
+    baseline: Callable[[np.random.Generator], Call]       # a correct call
+    reference: Callable[[Call], list[np.ndarray]]         # the results of an accepted call
+    nasty: tuple[Callable[[Call], Call], ...] = ()        # hand-picked, from a baseline
+    keep: tuple[str, ...] = ()                            # attributes never mutated
+    waits_for_peer: Callable[[Call], bool] = lambda call: False  # would block 120 s
+
+
+def _dtype(rng, pool=_BYTE_DTYPES) -> np.dtype:
+    return pool[int(rng.integers(len(pool)))]
+
+
+def _pick(rng, options):
+    return options[int(rng.integers(len(options)))]
+
+
+def _with(call: Call, operands=None, results=None, **attrs) -> Call:
+    return Call(list(call.operands if operands is None else operands),
+                list(call.results if results is None else results), {**call.attrs, **attrs})
+
+
+def _i64(*values) -> np.ndarray:
+    return np.array(values, np.int64)
+
+
+# ---- copy, and the CUDA-only benchmark references shaped like it -------------
+
+def _copy_call(rng, methods=_PORTABLE, multiple=1, min_dim=0) -> Call:
+    dtype = _dtype(rng)
+    shape = tuple(int(v) for v in rng.integers(min_dim, 5, int(rng.integers(0, 4))))
+    if math.prod(shape) * dtype.itemsize % multiple:
+        shape = (multiple,)
+    x = random_array(rng, shape, dtype)
+    attrs = {"method": _pick(rng, methods)} if methods else {}
+    return Call([x], [S(shape[::-1], dtype)], attrs)
+
+
+def _copy_reference(call: Call) -> list[np.ndarray]:
+    return [call.operands[0].reshape(call.results[0].shape)]
+
+
+def _write_reference(call: Call) -> list[np.ndarray]:
+    y = call.results[0]
+    return [np.full(math.prod(y.shape) * y.dtype.itemsize, 0x5A, np.uint8).view(y.dtype)
+            .reshape(y.shape)]
+
+
+def _read_reference(call: Call) -> list[np.ndarray]:
+    return [np.bitwise_xor.reduce(call.operands[0].view(np.uint32).reshape(-1, 4), axis=0)]
+
+
+_COPY_NASTY = (
+    lambda c: _with(c, [np.ones(c.operands[0].shape, jax.numpy.int4)],
+                    [S(c.results[0].shape, jax.numpy.int4)]),
+    lambda c: _with(c, results=[S((2**20,), c.results[0].dtype)]),
+    lambda c: _with(c, [np.zeros((0, 3), c.operands[0].dtype)], [S((3, 0), c.results[0].dtype)]),
+)
+
+
+# ---- window -------------------------------------------------------------------
+
+def _window_call(rng) -> Call:
+    """A forward window or its transpose, with 0-2 batch dims, src batched or
+    shared, and the start as one scalar per dim, a shared (r,) array or a
+    batched (*batch, r) array: every layout the handler accepts."""
+    r = int(rng.integers(1, 4))
+    batch = tuple(int(v) for v in rng.integers(1, 3, int(rng.integers(0, 3))))
+    x_shape = tuple(int(v) for v in rng.integers(1, 6, r))
+    box = tuple(int(v) for v in rng.integers(1, 5, r))
+    transpose = bool(rng.integers(2))
+    src_batched = transpose or bool(rng.integers(2))
+    src_shape, dst_shape = (box, x_shape) if transpose else (x_shape, box)
+    dtype = _dtype(rng)
+    src = random_array(rng, (batch if src_batched else ()) + src_shape, dtype)
+    start_dtype = _pick(rng, (np.int32, np.int64))
+    layout = int(rng.integers(3)) if batch else int(rng.integers(2))
+    shape = (batch if layout == 2 else ()) + (r,)
+    start = rng.integers(-3, max(x_shape) + 3, shape).astype(start_dtype)
+    starts = list(start.reshape(r, 1)) if layout == 0 else [start]
+    fill = 0 if transpose else _pick(rng, (0, int(rng.integers(2**63))))
+    return Call([src] + starts, [S(batch + dst_shape, dtype)],
+                dict(strides=rng.integers(1, 4, r), fill_bits=np.uint64(fill),
+                     transpose=transpose, method=_pick(rng, _PORTABLE)))
+
+
+def _window_reference(call: Call) -> list[np.ndarray]:
+    """dst[b, i] = src[b, start + i * strides] (transpose: src[b, (i - start) /
+    strides] where that divides), else the fill pattern; bytes throughout."""
+    x, *starts = call.operands
+    y = call.results[0]
+    strides, transpose = call.attrs["strides"], call.attrs["transpose"]
+    r = len(strides)
+    eb = x.dtype.itemsize
+    start = np.concatenate([s.astype(np.int64).reshape(-1) for s in starts]).reshape(-1, r)
+    start = start.clip(-2**62, 2**62)
+    src = x.view(np.uint8).reshape((math.prod(x.shape[:x.ndim - r]),) + x.shape[x.ndim - r:]
+                                   + (eb,))
+    fill = np.frombuffer(int(call.attrs["fill_bits"]).to_bytes(8, "little") * 2, np.uint8)[:eb]
+    box = y.shape[len(y.shape) - r:]
+    out = np.empty((math.prod(y.shape[:len(y.shape) - r]),) + box + (eb,), np.uint8)
+    for b in range(len(out)):
+        s, xb = start[b % len(start)], src[b % len(src)]
+        coords, inside = [], np.ones(box, bool)
+        for d in range(r):
+            i = np.arange(box[d])
+            if transpose:
+                rel = i - s[d]
+                c = np.where(rel % strides[d] == 0, rel // strides[d], -1)
+            else:
+                c = s[d] + i * strides[d]
+            ok = (c >= 0) & (c < xb.shape[d])
+            inside &= ok.reshape((-1,) + (1,) * (r - 1 - d))
+            coords.append(np.where(ok, c, 0))
+        out[b] = fill
+        if xb.size:
+            out[b][inside] = xb[np.ix_(*coords)][inside]
+    return [out.reshape(y.shape + (eb,)).view(y.dtype).reshape(y.shape)]
+
+
+def _zero_box(c: Call) -> Call:  # regression: divided by zero (SIGFPE)
+    y = c.results[0]
+    return _with(c, results=[S(y.shape[:-1] + (0,), y.dtype)])
+
+
+def _extreme_starts(c: Call) -> Call:  # the handler clamps them to +-2^62
+    ends = itertools.cycle((-2**63, 2**63 - 1))
+    return _with(c, c.operands[:1] + [np.full(s.shape, next(ends), np.int64)
+                                      for s in c.operands[1:]])
+
+
+_WINDOW_NASTY = (
+    _zero_box,
+    lambda c: _with(c, strides=np.full(len(c.attrs["strides"]), 2**31 - 1)),
+    lambda c: _with(c, strides=np.full(17, 1)),
+    lambda c: _with(c, fill_bits=np.uint64(2**63)),
+    _extreme_starts,
+    lambda c: _with(c, c.operands + c.operands[1:]),
+)
+
+
+# ---- im2col / col2im ------------------------------------------------------------
+
+def _im2col_call(rng) -> Call:
+    r = int(rng.integers(1, 4))
+    kernel = rng.integers(1, 4, r)
+    strides = rng.integers(1, 3, r)
+    dilation = rng.integers(1, 3, r)
+    lo, hi = rng.integers(0, 3, r), rng.integers(0, 3, r)
+    span = dilation * (kernel - 1) + 1
+    spatial = np.maximum(span - lo - hi, 0) + rng.integers(0, 3, r)
+    out = (spatial + lo + hi - span) // strides + 1
+    n, ch = int(rng.integers(1, 3)), int(rng.integers(1, 4))
+    x_shape = (n, *spatial.tolist(), ch)
+    p_shape = (n, *out.tolist(), int(np.prod(kernel)) * ch)
+    transpose = bool(rng.integers(2))
+    dtype = _dtype(rng, _SUMMABLE if transpose else _BYTE_DTYPES)
+    src, dst = (p_shape, x_shape) if transpose else (x_shape, p_shape)
+    return Call([random_array(rng, src, dtype)], [S(dst, dtype)],
+                dict(kernel=kernel, strides=strides, dilation=dilation, pad_lo=lo, pad_hi=hi,
+                     channel_major=bool(rng.integers(2)), transpose=transpose,
+                     method=_pick(rng, _PORTABLE)))
+
+
+def _im2col_reference(call: Call) -> list[np.ndarray]:
+    a = call.attrs
+    pads = tuple(zip(a["pad_lo"].tolist(), a["pad_hi"].tolist()))
+    geometry = (a["kernel"].tolist(), a["strides"].tolist(), pads, a["dilation"].tolist(),
+                "channel_major" if a["channel_major"] else "tap_major")
+    x = call.operands[0]
+    if a["transpose"]:
+        return [col2im_reference(x, call.results[0].shape, *geometry)]
+    return [im2col_reference(x, *geometry)]
+
+
+def _taps_overflow(transpose: bool) -> Callable[[Call], Call]:
+    """Regression: 2^62 taps x 4 channels wrapped to 0 columns, so the patch
+    buffer was empty while the loops wrote (im2col: SIGSEGV) or read and
+    spun over 2^62 taps (col2im)."""
+    x, p = S((1, 1, 1, 1, 4), np.float32), S((1, 1, 1, 1, 0), np.float32)
+    src, dst = (p, x) if transpose else (x, p)
+    return lambda c: Call([np.ones(src.shape, src.dtype)], [dst], dict(
+        kernel=_i64(2**30, 2**30, 4), strides=_i64(1, 1, 1), dilation=_i64(1, 1, 1),
+        pad_lo=_i64(0, 0, 0), pad_hi=_i64(2**30 - 1, 2**30 - 1, 3), channel_major=False,
+        transpose=transpose, method="auto"))
+
+
+def _huge_kernel_no_channels(r: int) -> Callable[[Call], Call]:
+    """C = 0 under a kernel of (2^31 - 1)^r taps. r = 2: the loops spun over
+    2^62 empty taps (regression); r = 3: too many taps to count."""
+    big = _i64(*[2**31 - 1] * r)
+    return lambda c: Call([np.ones((1,) * (r + 1) + (0,), np.float32)],
+                          [S((1,) * (r + 1) + (0,), np.float32)],
+                          dict(kernel=big, strides=big, dilation=_i64(*[1] * r), pad_lo=big,
+                               pad_hi=_i64(*[0] * r), channel_major=False, transpose=False,
+                               method="auto"))
+
+
+_IM2COL_NASTY = (
+    _taps_overflow(False),
+    _taps_overflow(True),
+    _huge_kernel_no_channels(2),
+    _huge_kernel_no_channels(3),
+    lambda c: _with(c, kernel=np.full(len(c.attrs["kernel"]), 2**31 - 1)),
+    lambda c: _with(c, dilation=np.full(len(c.attrs["kernel"]), 2**62)),
+    lambda c: _with(c, pad_lo=np.full(len(c.attrs["kernel"]), -2**63)),
+    lambda c: _with(c, transpose=not c.attrs["transpose"]),
+)
+
+
+# ---- broadcast ----------------------------------------------------------------
+
+def _broadcast_call(rng) -> Call:
+    dtype = _dtype(rng)
+    x = random_array(rng, tuple(int(v) for v in rng.integers(0, 4, int(rng.integers(0, 4)))),
+                     dtype)
+    axis = int(rng.integers(x.ndim + 1))
+    method, cluster = _pick(rng, (("auto", 0), ("simt", 0), ("simt", 1)))
+    y = x.shape[:axis] + (int(rng.integers(0, 4)),) + x.shape[axis:]
+    return Call([x], [S(y, dtype)], dict(axis=np.int64(axis), method=method,
+                                          cluster_size=np.int64(cluster)))
+
+
+def _broadcast_reference(call: Call) -> list[np.ndarray]:
+    axis = int(call.attrs["axis"])
+    return [broadcast_reference(call.operands[0], call.results[0].shape[axis], axis)]
+
+
+_BROADCAST_NASTY = (
+    lambda c: _with(c, axis=np.int64(-1)),
+    lambda c: _with(c, axis=np.int64(2**63 - 1)),
+    lambda c: _with(c, method="multicast", cluster_size=np.int64(32)),
+    lambda c: _with(c, method="multicast", cluster_size=np.int64(16)),
+    lambda c: _with(c, method="dsmem", cluster_size=np.int64(2)),
+    lambda c: _with(c, method="store", cluster_size=np.int64(1)),
+    lambda c: _with(c, results=[S((0,) + c.operands[0].shape, c.operands[0].dtype)],
+                    axis=np.int64(0)),
+)
+
+
+# ---- ppermute (one device: a raw call reaches the handler's own checks) -------
+
+def _ppermute_call(rng) -> Call:
+    """This device (ordinal 0) receiving its own block or zeros, alone or
+    beside devices that it exchanges nothing with."""
+    c = _copy_call(rng, min_dim=1)  # non-empty: the call reaches the meeting
+    c.results[0] = S(c.operands[0].shape, c.results[0].dtype)
+    n = int(rng.integers(1, 4))
+    me = int(rng.integers(n))
+    sources = np.full(n, -1, np.int64)
+    sources[me] = _pick(rng, (me, -1))
+    return _with(c, instance=np.int64(next(_instances)),
+                 devices=np.insert(rng.choice(np.arange(1, 64), n - 1, replace=False), me, 0),
+                 sources=sources, push=bool(rng.integers(2)))
+
+
+def _ppermute_plan(call: Call) -> tuple[int, np.ndarray] | None:
+    """(this device's position, sources) when the handler would accept the
+    devices and sources attributes, else None."""
+    devices, sources = (call.attrs.get(k) for k in ("devices", "sources"))
+    if not all(isinstance(v, np.ndarray) and v.dtype == np.int64 for v in (devices, sources)):
+        return None
+    devices, sources = devices.reshape(-1), sources.reshape(-1)
+    n = len(devices)
+    taken = sources[sources >= 0]
+    ok = (n > 0 and len(sources) == n and len(set(devices.tolist())) == n and 0 in devices
+          and ((sources >= -1) & (sources < n)).all() and len(set(taken.tolist())) == len(taken))
+    return (devices.tolist().index(0), sources) if ok else None
+
+
+def _ppermute_waits_for_peer(call: Call) -> bool:
+    """Whether device 0 would wait for a peer that never runs (120 s, then an
+    error): its source or its receiver is another device."""
+    plan = _ppermute_plan(call)
+    if plan is None:
+        return False
+    me, sources = plan
+    return sources[me] not in (-1, me) or any(s == me for i, s in enumerate(sources) if i != me)
+
+
+def _ppermute_reference(call: Call) -> list[np.ndarray]:
+    me, sources = _ppermute_plan(call)
+    y = _copy_reference(call)[0]
+    return [y if sources[me] == me else np.zeros_like(y)]
+
+
+def _reused_instance(c: Call) -> Call:
+    """The instance of the last baseline, which ran, now among one device
+    more: the handler's meeting state refuses the other size."""
+    return _with(c, devices=np.append(c.attrs["devices"], 64),
+                 sources=np.append(c.attrs["sources"], -1))
+
+
+_PPERMUTE_NASTY = (
+    _reused_instance,
+    lambda c: _with(c, instance=np.int64(-2**63), devices=_i64(0), sources=_i64(0)),
+    lambda c: _with(c, devices=_i64(2**63 - 1, 0), sources=_i64(-2**63, 1)),
+    lambda c: _with(c, devices=_i64(), sources=_i64()),
+)
+
+
+SPECS: dict[str, Spec] = {
+    "jax_tma_copy": Spec(("jax_tma.copy",), _copy_call, _copy_reference, _COPY_NASTY),
+    "jax_tma_window": Spec(("jax_tma.window",), _window_call, _window_reference, _WINDOW_NASTY),
+    "jax_tma_im2col": Spec(("jax_tma.im2col", "jax_tma.col2im"), _im2col_call,
+                           _im2col_reference, _IM2COL_NASTY),
+    "jax_tma_broadcast": Spec(("jax_tma.broadcast",), _broadcast_call, _broadcast_reference,
+                              _BROADCAST_NASTY),
+    "jax_tma_ppermute": Spec(("jax_tma.ppermute",), _ppermute_call, _ppermute_reference,
+                             _PPERMUTE_NASTY, keep=("instance",),
+                             waits_for_peer=_ppermute_waits_for_peer),
+    # CUDA only, from the benchmarks' module: their references, errors named by target.
+    "jax_tma_bench_memcpy": Spec(("jax_tma_bench_memcpy",), lambda rng: _copy_call(rng, ()),
+                                 _copy_reference, _COPY_NASTY),
+    "jax_tma_bench_seed_copy": Spec(("jax_tma_bench_seed_copy",),
+                                    lambda rng: _copy_call(rng, (), multiple=16),
+                                    _copy_reference, _COPY_NASTY),
+    "jax_tma_bench_write": Spec(("jax_tma_bench_write",), lambda rng: _copy_call(rng, ()),
+                                _write_reference, _COPY_NASTY),
+    "jax_tma_bench_read": Spec(("jax_tma_bench_read",), lambda rng: _with(
+        _copy_call(rng, (), multiple=16), results=[S((4,), np.uint32)]), _read_reference),
+}
+
+
+# ---- the mutation engine ----------------------------------------------------------
+
+def _bad_attr(value, rng):
+    """A wrong value of the attribute's own kind, or a value of another kind."""
+    nasty = np.int64(_pick(rng, _NASTY_INTS))
+    if isinstance(value, str):
+        options = [_pick(rng, _NASTY_STRS), nasty, True]
+    elif isinstance(value, bool):
+        options = [not value, np.int64(1), "true"]
+    elif isinstance(value, np.uint64):
+        options = [np.uint64(_pick(rng, (0, 1, 2**31, 2**63 - 1, 2**63, 2**64 - 1))), nasty]
+    elif isinstance(value, np.integer):
+        options = [nasty, np.int64(int(rng.integers(-3, 9))), np.int32(value), np.float64(0.5),
+                   np.array([value]), "0"]
+    else:  # an int64 array
+        wrong = value.copy()
+        if wrong.size:
+            wrong[rng.integers(wrong.size)] = nasty
+        options = [wrong, np.full(value.size, nasty), _i64(), value[:-1], np.append(value, nasty),
+                   value.astype(np.int32), value.astype(np.float64), (1, 2),
+                   np.array(value, np.float16), nasty]
+    return _pick(rng, options)
+
+
+def _new_shape(shape, rng) -> tuple[int, ...]:
+    """A rank one off, a dim a little off, or any small shape."""
+    s = list(shape)
+    how = int(rng.integers(4))
+    if how == 0 and s:
+        del s[rng.integers(len(s))]
+    elif how == 1:
+        s.insert(int(rng.integers(len(s) + 1)), int(rng.integers(0, 4)))
+    elif how == 2 and s:
+        i = int(rng.integers(len(s)))
+        s[i] = max(0, s[i] + _pick(rng, (-1, 1, 2)))
+    else:
+        s = rng.integers(0, 5, int(rng.integers(0, 7))).tolist()
+    return tuple(int(v) for v in s)
+
+
+def _mutate(call: Call, spec: Spec, rng) -> tuple[str, Call]:
+    """One random mutation of `call` and a description of it."""
+    c = _with(call)
+    ops, res = c.operands, c.results
+    attrs = [k for k in c.attrs if k not in spec.keep]
+    kind = _pick(rng, ("shape", "dtype", "dtype all", "attr value", "attr value", "attr value",
+                       "missing attr", "extra attr", "missing operand", "extra operand",
+                       "missing result", "extra result"))
+    if kind == "shape" or kind == "dtype":
+        i = int(rng.integers(len(ops) + len(res)))
+        old = ops[i] if i < len(ops) else res[i - len(ops)]
+        shape = _new_shape(old.shape, rng) if kind == "shape" else old.shape
+        dtype = _dtype(rng, ALL_DTYPES) if kind == "dtype" else old.dtype
+        if i < len(ops):
+            ops[i] = random_array(rng, shape, dtype)
+            where = f"operand {i}"
+        else:
+            res[i - len(ops)] = S(shape, dtype)
+            where = f"result {i - len(ops)}"
+        return f"{kind} of {where}: {old.shape} {old.dtype} -> {shape} {dtype}", c
+    if kind == "dtype all":  # every array of the first operand's dtype, alike
+        old, new = (ops or res)[0].dtype, _dtype(rng, ALL_DTYPES)
+        c.operands = [random_array(rng, a.shape, new) if a.dtype == old else a for a in ops]
+        c.results = [S(r.shape, new) if r.dtype == old else r for r in res]
+        return f"dtype {old} -> {new} everywhere", c
+    if kind == "attr value" and attrs:
+        k = _pick(rng, attrs)
+        c.attrs[k] = _bad_attr(c.attrs[k], rng)
+        return f"attribute {k}: {call.attrs[k]!r} -> {c.attrs[k]!r:.80}", c
+    if kind == "missing attr" and attrs:
+        k = _pick(rng, attrs)
+        del c.attrs[k]
+        return f"no attribute {k}", c
+    if kind == "extra attr":
+        c.attrs["extra"] = _pick(rng, (np.int64(1), "auto", True, _i64(1, 2), np.float32(1)))
+        return f"extra attribute {c.attrs['extra']!r}", c
+    if kind == "missing operand" and ops:
+        del ops[rng.integers(len(ops))]
+        return "an operand fewer", c
+    if kind == "extra operand":
+        ops.insert(int(rng.integers(len(ops) + 1)),
+                   random_array(rng, _new_shape((), rng), _dtype(rng, ALL_DTYPES)))
+        return "an operand more", c
+    if kind == "missing result" and res:
+        del res[rng.integers(len(res))]
+        return "a result fewer", c
+    res.append(S(_new_shape((), rng), _dtype(rng, ALL_DTYPES)))
+    return "a result more", c
+
+
+# ---- running a call -----------------------------------------------------------
+
+def _run(platform: str, target: str, call: Call, what: str) -> list[np.ndarray]:
+    """Runs the call on the platform's first device (has_side_effect keeps XLA
+    from dropping calls whose results are empty); checks that the inputs are
+    unchanged, whether it succeeds or raises."""
+    device = jax.devices(platform)[0]
+    args = [jax.device_put(a, device) for a in call.operands]
+    fn = jax.ffi.ffi_call(target, call.results, has_side_effect=True)
+    try:
+        with jax.default_device(device):
+            return [np.asarray(y) for y in jax.jit(lambda *a: fn(*a, **call.attrs))(*args)]
+    finally:
+        for i, (before, after) in enumerate(zip(call.operands, args)):
+            assert np.array_equal(as_bits(before), as_bits(after)), \
+                f"{what}: operand {i} was modified"
+
+
+def _check(platform: str, target: str, spec: Spec, call: Call, what: str,
+           must_run: bool = False) -> None:
+    """The call gives the reference results or (unless `must_run`) raises an
+    exception that names the op or is one of XLA's or JAX's own rejections."""
+    try:
+        got = _run(platform, target, call, what)
+    except AssertionError:
+        raise
+    except Exception as e:
+        msg = str(e)
+        allowed = (type(e) is RuntimeError and msg == _BAD_CAST) or (
+            isinstance(e, jax.errors.JaxRuntimeError)
+            and (any(f"{op}: " in msg for op in spec.ops) or _XLA_REJECTS.search(msg)))
+        assert allowed and not must_run, f"{what}: {type(e).__name__}: {msg}"
+        return
+    if all(math.prod(r.shape) == 0 for r in call.results):  # geometry beyond the reference
+        want = [np.zeros(r.shape, r.dtype) for r in call.results]
+    else:
+        want = spec.reference(call)
+    assert len(got) == len(want), f"{what}: {len(got)} results, want {len(want)}"
+    for g, w in zip(got, want):
+        try:
+            assert_bits_equal(g, w)
+        except AssertionError as e:
+            raise AssertionError(f"{what}: wrong result: {e}") from None
+
+
+# ---- the tests ----------------------------------------------------------------------
+
+PLATFORMS = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _registered(platform: str) -> set[str]:
+    """jax_tma's targets on `platform` and, on CUDA, the benchmarks' reference
+    targets where their optional module _jax_tma_bench (JAX_TMA_BENCH=ON) is
+    importable; every one registered with XLA."""
+    _ffi.register()
+    if platform == "cpu":
+        return set(_jax_tma.cpu_registrations())
+    names = set(_jax_tma.cuda_registrations())
+    try:
+        import _jax_tma_bench
+    except ImportError:
+        return names
+    for name, capsule in _jax_tma_bench.cuda_registrations().items():
+        jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+        names.add(name)
+    return names
+
+
+@pytest.fixture
+def seed(rng) -> int:
+    return int(os.environ.get("JAX_TMA_FUZZ_SEED", rng.bit_generator.seed_seq.entropy))
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_every_registered_target_has_a_spec(platform):
+    missing = _registered(platform) - set(SPECS)
+    assert not missing, f"registered {platform} targets without a fuzz spec in SPECS: {missing}"
+
+
+@pytest.mark.parametrize("target", sorted(SPECS))
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_fuzz(platform, target, seed):
+    if target not in _registered(platform):
+        pytest.skip(f"{target} is not registered for {platform}")
+    spec = SPECS[target]
+    rng = np.random.default_rng(seed)
+    where = f"{platform} {target}, seed {seed}"
+    for case in range(CASES):
+        base = spec.baseline(rng)
+        _check(platform, target, spec, base, f"{where}, case {case}: baseline", must_run=True)
+        what, call = _mutate(base, spec, rng)
+        while spec.waits_for_peer(call):
+            what, call = _mutate(base, spec, rng)
+        _check(platform, target, spec, call, f"{where}, case {case}: {what}")
+    for i, nasty in enumerate(spec.nasty):  # from the last baseline, which ran
+        _check(platform, target, spec, nasty(base), f"{where}, nasty case {i}")
