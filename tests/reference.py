@@ -380,3 +380,18 @@ def col2im_reference(patches, input_shape, kernel, strides, pads, dilation,
     elif out.dtype.kind != "i" and out.dtype.kind != "u":
         out[np.isnan(out)] = np.nan
     return out
+
+
+def raw_im2col(x, out_shape, device, **attrs):
+    """The raw jax_tma_im2col target on `device`, as exported HLO reaches it:
+    identity geometry unless `attrs` say otherwise. has_side_effect: XLA
+    drops a pure call whose result has no elements; this one always runs."""
+    call = jax.ffi.ffi_call("jax_tma_im2col", jax.ShapeDtypeStruct(out_shape, x.dtype),
+                            has_side_effect=True)
+    r = len(out_shape) - 2
+    base = dict(kernel=np.ones(r, np.int64), strides=np.ones(r, np.int64),
+                dilation=np.ones(r, np.int64), pad_lo=np.zeros(r, np.int64),
+                pad_hi=np.zeros(r, np.int64), channel_major=False, transpose=False,
+                method="auto")
+    base.update(attrs)
+    return jax.block_until_ready(jax.jit(lambda a: call(a, **base))(jax.device_put(x, device)))

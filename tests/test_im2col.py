@@ -14,7 +14,8 @@ from jax import lax
 
 import jax_tma
 from reference import (ALL_DTYPES, IM2COL_EMPTY_CASES, IM2COL_EMPTY_IDS, assert_bits_equal,
-                       col2im_reference, cpu_device, im2col_reference, random_array)
+                       col2im_reference, cpu_device, im2col_reference, random_array,
+                       raw_im2col)
 
 SUMMABLE = [d for d in ALL_DTYPES if d.name in (
     "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
@@ -408,17 +409,7 @@ def test_errors_name_the_op_rule_and_values():
 
 
 def _raw(x, out_shape, **attrs):
-    # has_side_effect: XLA drops a pure call whose result has no elements
-    # (zero-sized HLO elimination); this one reaches the handler every time.
-    call = jax.ffi.ffi_call("jax_tma_im2col", jax.ShapeDtypeStruct(out_shape, x.dtype),
-                            has_side_effect=True)
-    r = len(out_shape) - 2
-    base = dict(kernel=np.ones(r, np.int64), strides=np.ones(r, np.int64),
-                dilation=np.ones(r, np.int64), pad_lo=np.zeros(r, np.int64),
-                pad_hi=np.zeros(r, np.int64), channel_major=False, transpose=False,
-                method="auto")
-    base.update(attrs)
-    return jax.jit(lambda a: call(a, **base))(on_cpu(x))
+    return raw_im2col(x, out_shape, jax.devices("cpu")[0], **attrs)
 
 
 def test_handler_revalidates():

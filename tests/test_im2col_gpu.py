@@ -16,7 +16,7 @@ from jax import lax
 
 import jax_tma
 from reference import (ALL_DTYPES, IM2COL_EMPTY_CASES, IM2COL_EMPTY_IDS, assert_bits_equal,
-                       cpu_device, im2col_reference, random_array)
+                       cpu_device, im2col_reference, random_array, raw_im2col)
 
 pytestmark = pytest.mark.gpu
 POISON = 0xA5
@@ -231,20 +231,6 @@ def test_empty_results_on_gpu(gpu, rng, shape, kernel, strides, dilation, paddin
     assert g.shape == want_shape
 
 
-def _raw_gpu(x, out_shape, gpu, **attrs):
-    # has_side_effect: XLA drops a pure call whose result has no elements;
-    # this one reaches the CUDA handler every time.
-    call = jax.ffi.ffi_call("jax_tma_im2col", jax.ShapeDtypeStruct(out_shape, x.dtype),
-                            has_side_effect=True)
-    r = len(out_shape) - 2
-    base = dict(kernel=np.ones(r, np.int64), strides=np.ones(r, np.int64),
-                dilation=np.ones(r, np.int64), pad_lo=np.zeros(r, np.int64),
-                pad_hi=np.zeros(r, np.int64), channel_major=False, transpose=False,
-                method="auto")
-    base.update(attrs)
-    return jax.block_until_ready(jax.jit(lambda a: call(a, **base))(jax.device_put(x, gpu)))
-
-
 def test_cuda_handler_accepts_empty_output_dims(gpu, rng):
     # The raw target: no empty grid is launched (that would be a launch
     # error), col2im writes zeros.
@@ -252,15 +238,15 @@ def test_cuda_handler_accepts_empty_output_dims(gpu, rng):
     geo = dict(kernel=np.array([2, 3, 2]), dilation=np.array([1, 2, 1]),
                pad_lo=np.array([1, 0, 0]), pad_hi=np.array([0, 0, 1]))
     with pytest.raises(Exception, match=r"jax_tma\.im2col: unknown method 'fast'"):
-        _raw_gpu(x, (2, 5, 0, 5, 96), gpu, method="fast", **geo)  # the handler is reached
+        raw_im2col(x, (2, 5, 0, 5, 96), gpu, method="fast", **geo)  # the handler is reached
     for method in ("auto", "tma", "simt"):
-        assert _raw_gpu(x, (2, 5, 0, 5, 96), gpu, method=method, **geo).shape == (2, 5, 0, 5, 96)
-    assert _raw_gpu(x, (2, 5, 0, 5, 96), gpu, channel_major=True, **geo).shape == (2, 5, 0, 5, 96)
+        assert raw_im2col(x, (2, 5, 0, 5, 96), gpu, method=method, **geo).shape == (2, 5, 0, 5, 96)
+    assert raw_im2col(x, (2, 5, 0, 5, 96), gpu, channel_major=True, **geo).shape == (2, 5, 0, 5, 96)
     for order in (False, True):
-        got = _raw_gpu(np.ones((2, 5, 0, 5, 96), np.float32), x.shape, gpu, transpose=True,
+        got = raw_im2col(np.ones((2, 5, 0, 5, 96), np.float32), x.shape, gpu, transpose=True,
                        channel_major=order, **geo)
         assert_bits_equal(got, np.zeros(x.shape, np.float32))
     # empty input with padding that fits the kernel: patches of padding only
-    assert_bits_equal(_raw_gpu(np.ones((2, 0, 8), np.float32), (2, 1, 16), gpu,
+    assert_bits_equal(raw_im2col(np.ones((2, 0, 8), np.float32), (2, 1, 16), gpu,
                                kernel=np.array([2]), pad_lo=np.array([1]),
                                pad_hi=np.array([1])), np.zeros((2, 1, 16), np.float32))
