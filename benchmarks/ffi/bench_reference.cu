@@ -161,6 +161,8 @@ ffi::Error ReadStreamBlocks(int device, int* blocks) {
 ffi::Error ReadStreamImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                           ffi::Result<ffi::Buffer<ffi::U32>> sum) {
   constexpr std::string_view kOp = "jax_tma_bench_read";
+  // Sub-byte buffers are packed: size_bytes() would overstate them.
+  JAX_TMA_RETURN_IF_FAILED(CheckElementTypes(kOp, x.element_type(), x.element_type()));
   const auto bytes = static_cast<int64_t>(x.size_bytes());
   if (sum->element_count() != 4) return InvalidArgument(kOp, "the checksum has 4 uint32 words");
   if ((reinterpret_cast<std::uintptr_t>(x.untyped_data()) | bytes) % 16 != 0) {
@@ -179,6 +181,8 @@ ffi::Error ReadStreamImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
 // Write-only stream: y, shaped like x, filled with 0x5a bytes.
 ffi::Error WriteStreamImpl(cudaStream_t stream, ffi::AnyBuffer x,
                            ffi::Result<ffi::AnyBuffer> y) {
+  JAX_TMA_RETURN_IF_FAILED(
+      CheckElementTypes("jax_tma_bench_write", x.element_type(), y->element_type()));
   if (y->size_bytes() != x.size_bytes()) {
     return InvalidArgument("jax_tma_bench_write", "y must have the size of x");
   }
