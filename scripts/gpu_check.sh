@@ -69,7 +69,8 @@ for stage in "${stages[@]}"; do
         ${TESTS:-tests} -q -rfE -p no:cacheprovider > "$log" 2>&1
       rc=$?
       tail -15 "$log"
-      record $rc "tests ($install install): $(tail -1 "$log")"
+      # The last line pytest wrote: JAX may print after it at exit.
+      record $rc "tests ($install install): $(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed|error)' "$log" | tail -1)"
     done
     ;;
   sanitize)
