@@ -16,6 +16,9 @@
 #   usage: bash scripts/gpu_check.sh [tests|sanitize|bench|ncu|multi]...
 #   (default: tests sanitize bench; `multi` needs two GPUs)
 #   INSTALLS (default "wheel source") picks the installs `tests` runs against;
+#   the full suite takes about 5 min an install on an H100 (2026-11-23), so
+#   within the device tool's 10-min call use one install a call:
+#   INSTALLS=wheel bash scripts/gpu_check.sh tests; INSTALLS=source ... tests sanitize
 #   TESTS, SELFTESTS and BENCH_OPS narrow a stage, e.g. TESTS=tests/test_im2col_gpu.py
 #   SELFTESTS=im2col BENCH_OPS=im2col; ncu: DRAM bytes per broadcast method
 #   (ncu --clock-control none).
@@ -66,7 +69,7 @@ for stage in "${stages[@]}"; do
     for install in ${INSTALLS:-wheel source}; do
       log=$OUT/tests_$install.log
       PYTHONPATH=${site[$install]}:$bench_site JAX_TMA_REQUIRE_GPU=1 timeout 500 python3 -P -m pytest \
-        ${TESTS:-tests} -q -rfE -p no:cacheprovider > "$log" 2>&1
+        ${TESTS:-tests} -q -rfE --durations=15 -p no:cacheprovider > "$log" 2>&1
       rc=$?
       tail -15 "$log"
       # The last line pytest wrote: JAX may print after it at exit.
