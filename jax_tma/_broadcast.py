@@ -10,22 +10,19 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_tma import _ffi
-from jax_tma._dtypes import SUB_BYTE_WIDE
+from jax_tma import _checks, _ffi
 
 BroadcastMethod = Literal["auto", "multicast", "dsmem", "store", "simt"]
 _METHODS = ("auto", "multicast", "dsmem", "store", "simt")
 _CLUSTERED = ("multicast", "dsmem")
 _CLUSTER_SIZES = (2, 4, 8, 16)
 _OP = "jax_tma.broadcast"
-_MAX_N = 2**31 - 1
 
 # broadcast_p(x): y = x with a replica dim of size n inserted at axis.
 # cluster_size is 0 when the launcher chooses. Its lowering partitions every
@@ -45,14 +42,7 @@ def _abstract(x, *, n, axis, method, cluster_size):
 
 broadcast_p.def_abstract_eval(_abstract)
 broadcast_local_p.def_abstract_eval(_abstract)
-
-
-@functools.cache
-def _jitted(params):
-    return jax.jit(functools.partial(broadcast_p.bind, **dict(params)))
-
-
-broadcast_p.def_impl(lambda x, **p: _jitted(tuple(sorted(p.items())))(x))
+_ffi.def_jitted_impl(broadcast_p)
 
 
 def _local_lowering(ctx, x, *, n, axis, method, cluster_size):
@@ -104,14 +94,8 @@ def _lowering(ctx, x, *, n, axis, method, cluster_size):
 
 def _cuda_lowering(ctx, x, *, n, axis, method, cluster_size):
     if method in ("multicast", "dsmem", "store"):
-        for i, cap in enumerate(_ffi.gpu_compute_capabilities()):
-            if cap < (9, 0):
-                need = "thread-block clusters and TMA" if method in _CLUSTERED else "TMA"
-                raise RuntimeError(
-                    f"{_OP}: method={method!r} needs {need} (compute capability >= 9.0), "
-                    f"but GPU {i} has compute capability {cap[0]}.{cap[1]}; "
-                    "use method='auto' or 'simt'"
-                )
+        _checks.require_tma(
+            _OP, method, "thread-block clusters and TMA" if method in _CLUSTERED else "TMA")
     return _lowering(ctx, x, n=n, axis=axis, method=method, cluster_size=cluster_size)
 
 
@@ -196,20 +180,12 @@ def broadcast(
       ...       == jnp.broadcast_to(x, (4, 2, 3))).all())
       True
     """
-    if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
-        raise TypeError(
-            f"{_OP}: x must be an array (jax.Array or numpy.ndarray), got "
-            f"{type(x).__name__} {x!r:.80}; wrap Python values in jnp.asarray"
-        )
+    x = _checks.as_array(_OP, "x", x)
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
         raise TypeError(f"{_OP}: n must be an int, got {n!r}")
-    if not 1 <= n <= _MAX_N:
+    if not 1 <= n <= _checks.MAX_DIM:
         raise ValueError(f"{_OP}: n = {n} is outside [1, 2^31 - 1]")
-    if not isinstance(method, str) or method not in _METHODS:
-        raise ValueError(
-            f"{_OP}: method must be one of {', '.join(map(repr, _METHODS))}, got {method!r}"
-        )
-    x = jnp.asarray(x)
+    _checks.check_choice(_OP, "method", method, _METHODS)
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"{_OP}: axis must be an int, got {axis!r}")
     if not -(x.ndim + 1) <= axis <= x.ndim:
@@ -230,8 +206,4 @@ def broadcast(
         )
     _ffi.register()
     params = dict(n=int(n), axis=axis, method=method, cluster_size=int(cluster_size or 0))
-    wide = SUB_BYTE_WIDE.get(x.dtype.name)
-    if wide is not None:
-        y = broadcast_p.bind(lax.convert_element_type(x, wide), **params)
-        return lax.convert_element_type(y, x.dtype)
-    return broadcast_p.bind(x, **params)
+    return _checks.narrow(broadcast_p.bind(_checks.widen(x), **params), x.dtype)

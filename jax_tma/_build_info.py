@@ -28,11 +28,7 @@ def build_info() -> dict[str, Any]:
     """
     ext = _ffi._ext
     gpus = []
-    try:
-        devices = jax.devices("cuda")
-    except RuntimeError:
-        devices = []
-    for d, (major, minor) in zip(devices, _ffi.gpu_compute_capabilities()):
+    for d, (major, minor) in zip(_ffi.cuda_devices(), _ffi.gpu_compute_capabilities()):
         gpus.append(
             {
                 "id": d.id,

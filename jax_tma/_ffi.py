@@ -60,6 +60,17 @@ def register() -> None:
         jax.ffi.register_ffi_target_as_batch_partitionable(name)
 
 
+@functools.cache
+def _jitted_bind(prim, params: tuple):
+    return jax.jit(functools.partial(prim.bind, **dict(params)))
+
+
+def def_jitted_impl(prim) -> None:
+    """Gives `prim` an eager implementation that runs it under jit: the FFI
+    call exists only as a lowering. One compiled program per set of params."""
+    prim.def_impl(lambda *args, **params: _jitted_bind(prim, tuple(sorted(params.items())))(*args))
+
+
 def cuda_compiled() -> bool:
     return bool(_ext.cuda_compiled)
 
@@ -133,14 +144,18 @@ def elementwise_lowering(target: str):
     return rule
 
 
-def gpu_compute_capabilities() -> list[tuple[int, int]]:
-    """(major, minor) of every visible CUDA device; empty without one."""
+def cuda_devices() -> list:
+    """Every visible CUDA device; empty without one."""
     try:
-        devices = jax.devices("cuda")
+        return jax.devices("cuda")
     except RuntimeError:
         return []
+
+
+def gpu_compute_capabilities() -> list[tuple[int, int]]:
+    """(major, minor) of every visible CUDA device; empty without one."""
     caps = []
-    for d in devices:
+    for d in cuda_devices():
         major, _, minor = str(getattr(d, "compute_capability", "0.0")).partition(".")
         caps.append((int(major), int(minor or 0)))
     return caps

@@ -5,19 +5,16 @@ directions, the batch dim N partitioned without collectives)."""
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import jax
 import numpy as np
-from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax_tma import _ffi
-from jax_tma._dtypes import SUB_BYTE_WIDE
+from jax_tma import _checks, _ffi
 
 Im2colMethod = Literal["auto", "tma", "simt"]
 PatchOrder = Literal["tap_major", "channel_major"]
@@ -26,7 +23,6 @@ _METHODS = ("auto", "tma", "simt")
 _ORDERS = ("tap_major", "channel_major")
 _OP = "jax_tma.im2col"
 _OP_T = "jax_tma.col2im"
-_MAX_DIM = 2**31 - 1
 _MAX_ROW = 2**63 - 1  # XLA dims are int64
 
 # Both primitives carry the static geometry: kernel, strides, dilation and
@@ -56,15 +52,8 @@ def _col2im_abstract(p, *, in_spatial, kernel, strides, padding, dilation, order
 
 im2col_p.def_abstract_eval(_im2col_abstract)
 col2im_p.def_abstract_eval(_col2im_abstract)
-
-
-@functools.cache
-def _jitted(prim, params):
-    return jax.jit(functools.partial(prim.bind, **dict(params)))
-
-
-im2col_p.def_impl(lambda x, **p: _jitted(im2col_p, tuple(sorted(p.items())))(x))
-col2im_p.def_impl(lambda x, **p: _jitted(col2im_p, tuple(sorted(p.items())))(x))
+_ffi.def_jitted_impl(im2col_p)
+_ffi.def_jitted_impl(col2im_p)
 
 
 def _lowering(ctx, x, *, kernel, strides, padding, dilation, order, method, transpose):
@@ -133,25 +122,6 @@ batching.primitive_batchers[col2im_p] = _fold_batcher(col2im_p)
 
 # ---- argument checks ----------------------------------------------------------
 
-def _per_dim(op: str, name: str, value: Any, r: int) -> tuple[int, ...]:
-    """An int (every spatial dim) or a sequence of r ints, each in [1, 2^31)."""
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        value = (value,) * r
-    if not isinstance(value, Sequence) or isinstance(value, str):
-        raise TypeError(f"{op}: {name} must be an int or a sequence of {r} ints, got {value!r}")
-    if len(value) != r:
-        raise ValueError(f"{op}: {name} has {len(value)} entries but x has {r} spatial "
-                         f"dims ({name}={tuple(value)})")
-    for i, v in enumerate(value):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{op}: {name}[{i}] must be an int, got {v!r}")
-        if v < 1:
-            raise ValueError(f"{op}: {name}[{i}] = {v} is below 1 ({name}={tuple(value)})")
-        if v > _MAX_DIM:
-            raise ValueError(f"{op}: {name}[{i}] = {v} is over 2^31 - 1 ({name}={tuple(value)})")
-    return tuple(int(v) for v in value)
-
-
 def _pads(op: str, padding: Any, spatial, kernel, strides, dilation) -> tuple[tuple[int, int], ...]:
     r = len(spatial)
     if isinstance(padding, str):
@@ -180,7 +150,7 @@ def _pads(op: str, padding: Any, spatial, kernel, strides, dilation) -> tuple[tu
         if lo < 0 or hi < 0:
             raise ValueError(f"{op}: padding[{i}] = {(lo, hi)} is negative (padding must be "
                              f">= 0; crop x first)")
-        if lo > _MAX_DIM or hi > _MAX_DIM:
+        if lo > _checks.MAX_DIM or hi > _checks.MAX_DIM:
             raise ValueError(f"{op}: padding[{i}] = {(lo, hi)} is over 2^31 - 1")
         out.append((lo, hi))
     return tuple(out)
@@ -195,9 +165,10 @@ def _geometry(op: str, shape, kernel_size, strides, padding, dilation):
                          f"{rank} (x.shape={tuple(shape)})")
     r = rank - 2
     spatial = tuple(shape[1:-1])
-    kernel = _per_dim(op, "kernel_size", kernel_size, r)
-    strides = _per_dim(op, "strides", strides, r)
-    dilation = _per_dim(op, "dilation", dilation, r)
+    dims = f"{r} spatial dims (x.shape={tuple(shape)})"
+    kernel = _checks.per_dim_ints(op, "kernel_size", kernel_size, r, dims, scalar_ok=True)
+    strides = _checks.per_dim_ints(op, "strides", strides, r, dims, scalar_ok=True)
+    dilation = _checks.per_dim_ints(op, "dilation", dilation, r, dims, scalar_ok=True)
     pads = _pads(op, padding, spatial, kernel, strides, dilation)
     # A dilated kernel larger than the padded input is allowed: that output
     # dim is 0 and the patch matrix empty, as in lax.conv_general_dilated_patches.
@@ -210,19 +181,8 @@ def _geometry(op: str, shape, kernel_size, strides, padding, dilation):
 
 
 def _options(op: str, order: Any, method: Any) -> None:
-    if not isinstance(order, str) or order not in _ORDERS:
-        raise ValueError(f"{op}: order must be one of {', '.join(map(repr, _ORDERS))}, "
-                         f"got {order!r}")
-    if not isinstance(method, str) or method not in _METHODS:
-        raise ValueError(f"{op}: method must be one of {', '.join(map(repr, _METHODS))}, "
-                         f"got {method!r}")
-
-
-def _array(op: str, name: str, x: Any) -> jax.Array:
-    if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
-        raise TypeError(f"{op}: {name} must be an array (jax.Array or numpy.ndarray), got "
-                        f"{type(x).__name__} {x!r:.80}")
-    return jax.numpy.asarray(x)
+    _checks.check_choice(op, "order", order, _ORDERS)
+    _checks.check_choice(op, "method", method, _METHODS)
 
 
 # ---- the public ops -----------------------------------------------------------
@@ -279,16 +239,14 @@ def im2col(
       >>> jax_tma.im2col(x, 2, strides=2)[0].tolist()
       [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
     """
-    x = _array(_OP, "x", x)
+    x = _checks.as_array(_OP, "x", x)
     kernel, strides, pads, dilation, _ = _geometry(_OP, x.shape, kernel_size, strides,
                                                    padding, dilation)
     _options(_OP, order, method)
     _ffi.register()
-    wide = SUB_BYTE_WIDE.get(x.dtype.name)
-    src = lax.convert_element_type(x, wide) if wide is not None else x
-    y = im2col_p.bind(src, kernel=kernel, strides=strides, padding=pads, dilation=dilation,
-                      order=order, method=method)
-    return lax.convert_element_type(y, x.dtype) if wide is not None else y
+    y = im2col_p.bind(_checks.widen(x), kernel=kernel, strides=strides, padding=pads,
+                      dilation=dilation, order=order, method=method)
+    return _checks.narrow(y, x.dtype)
 
 
 _SUMMABLE = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -336,7 +294,7 @@ def col2im(
       >>> jax_tma.col2im(p, (1, 4, 1), 2)[0, :, 0].tolist()
       [1.0, 2.0, 2.0, 1.0]
     """
-    patches = _array(_OP_T, "patches", patches)
+    patches = _checks.as_array(_OP_T, "patches", patches)
     if (not isinstance(input_shape, Sequence) or isinstance(input_shape, str)
             or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0
                    for v in input_shape)):

@@ -15,8 +15,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax_tma import _ffi
-from jax_tma._dtypes import SUB_BYTE_WIDE
+from jax_tma import _checks, _ffi
 
 PpermuteMethod = Literal["auto", "bulk", "simt"]
 PpermuteDirection = Literal["auto", "pull", "push"]
@@ -209,10 +208,7 @@ def ppermute(x: jax.Array, axis_name: str | Sequence[str],
       >>> jax.jit(f)(jnp.arange(4.0)).tolist()
       [0.0, 1.0, 2.0, 3.0]
     """
-    if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
-        raise TypeError(
-            f"{_OP}: x must be an array (jax.Array or numpy.ndarray), got {type(x).__name__} {x!r:.80}"
-        )
+    x = _checks.as_array(_OP, "x", x)
     names = (axis_name,) if isinstance(axis_name, str) else axis_name
     if not isinstance(names, (tuple, list)) or not names or not all(isinstance(a, str) for a in names):
         raise TypeError(f"{_OP}: axis_name must be a mesh axis name or a tuple of them, got {axis_name!r}")
@@ -230,19 +226,10 @@ def ppermute(x: jax.Array, axis_name: str | Sequence[str],
             f"{_OP}: axis_name {tuple(names)} must list the mesh axes in the mesh's order "
             f"{tuple(in_order)} (positions along several axes run in mesh order)"
         )
-    if not isinstance(method, str) or method not in _METHODS:
-        raise ValueError(f"{_OP}: method must be one of {', '.join(map(repr, _METHODS))}, got {method!r}")
-    if not isinstance(direction, str) or direction not in _DIRECTIONS:
-        raise ValueError(
-            f"{_OP}: direction must be one of {', '.join(map(repr, _DIRECTIONS))}, got {direction!r}"
-        )
+    _checks.check_choice(_OP, "method", method, _METHODS)
+    _checks.check_choice(_OP, "direction", direction, _DIRECTIONS)
     pairs = _check_perm(perm, size)
     _ffi.register()
-    x = jax.numpy.asarray(x)
     params = dict(axis_name=tuple(names), perm=pairs, method=method,
                   direction=_AUTO_DIRECTION if direction == "auto" else direction)
-    wide = SUB_BYTE_WIDE.get(x.dtype.name)
-    if wide is not None:
-        y = ppermute_p.bind(lax.convert_element_type(x, wide), **params)
-        return lax.convert_element_type(y, x.dtype)
-    return ppermute_p.bind(x, **params)
+    return _checks.narrow(ppermute_p.bind(_checks.widen(x), **params), x.dtype)

@@ -4,7 +4,6 @@ partitioning of batch and fully-covered leading dimensions)."""
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -12,18 +11,15 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.extend.core import Primitive
 from jax.extend.mlir.dialects import stablehlo as hlo
 from jax.interpreters import ad, batching, mlir
 
-from jax_tma import _ffi
-from jax_tma._dtypes import SUB_BYTE_WIDE
+from jax_tma import _checks, _ffi
 
 WindowMethod = Literal["auto", "tma", "simt"]
 _METHODS = ("auto", "tma", "simt")
 _OP = "jax_tma.window"
-_MAX_DIM = 2**31 - 1
 
 # window_p(x, start): x has the spatial dims last (len(shape) of them) and
 # optionally batch dims before; start is (r,) or (*batch, r). The output is
@@ -51,17 +47,8 @@ def _transpose_abstract(ct, start, *, x_shape, strides, method):
 
 window_p.def_abstract_eval(_window_abstract)
 window_transpose_p.def_abstract_eval(_transpose_abstract)
-
-
-@functools.cache
-def _jitted(prim, params):
-    return jax.jit(functools.partial(prim.bind, **dict(params)))
-
-
-window_p.def_impl(lambda *a, **p: _jitted(window_p, tuple(sorted(p.items())))(*a))
-window_transpose_p.def_impl(
-    lambda *a, **p: _jitted(window_transpose_p, tuple(sorted(p.items())))(*a)
-)
+_ffi.def_jitted_impl(window_p)
+_ffi.def_jitted_impl(window_transpose_p)
 
 
 def _fill_bits(dtype: np.dtype, fill_nan: bool) -> int:
@@ -242,24 +229,6 @@ def _check_length(name: str, n: int, rank: int, x_shape) -> None:
         )
 
 
-def _ints(name: str, value: Any, rank: int, x_shape, *, low: int, allow_none=False):
-    if value is None and allow_none:
-        return (1,) * rank
-    if isinstance(value, (int, np.integer)) or not isinstance(value, Sequence):
-        raise TypeError(f"{_OP}: {name} must be a sequence of {rank} ints, got {value!r}")
-    _check_length(name, len(value), rank, x_shape)
-    out = []
-    for i, v in enumerate(value):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{_OP}: {name}[{i}] must be an int, got {v!r}")
-        if v < low:
-            raise ValueError(f"{_OP}: {name}[{i}] = {v} is below {low} ({name}={tuple(value)})")
-        if v > _MAX_DIM:
-            raise ValueError(f"{_OP}: {name}[{i}] = {v} is over 2^31 - 1 ({name}={tuple(value)})")
-        out.append(int(v))
-    return tuple(out)
-
-
 def _start_array(start: Any, rank: int, x_shape) -> jax.Array:
     if isinstance(start, (jax.Array, np.ndarray)) and np.ndim(start) == 1:
         _check_length("start", start.shape[0], rank, x_shape)
@@ -357,26 +326,19 @@ def window(
       >>> jax_tma.window(x, (-1, 1), (2, 2)).tolist()
       [[0, 0], [1, 2]]
     """
-    if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
-        raise TypeError(
-            f"{_OP}: x must be an array (jax.Array or numpy.ndarray), got "
-            f"{type(x).__name__} {x!r:.80}"
-        )
-    if not isinstance(method, str) or method not in _METHODS:
-        raise ValueError(
-            f"{_OP}: method must be one of {', '.join(map(repr, _METHODS))}, got {method!r}"
-        )
-    x = jnp.asarray(x)
+    x = _checks.as_array(_OP, "x", x)
+    _checks.check_choice(_OP, "method", method, _METHODS)
     if x.ndim == 0:
         raise ValueError(f"{_OP}: x must have rank >= 1, got a 0-d array")
     rank = x.ndim
-    shape = _ints("shape", shape, rank, x.shape, low=1)
-    strides = _ints("strides", strides, rank, x.shape, low=1, allow_none=True)
+    dims = f"rank {rank} (x.shape={tuple(x.shape)})"
+    shape = _checks.per_dim_ints(_OP, "shape", shape, rank, dims)
+    strides = (1,) * rank if strides is None else _checks.per_dim_ints(
+        _OP, "strides", strides, rank, dims)
     start_arr = _start_array(start, rank, x.shape)
     fill_nan = _fill_is_nan(fill, x.dtype)
     _ffi.register()
-    wide = SUB_BYTE_WIDE.get(x.dtype.name)
-    src = lax.convert_element_type(x, wide) if wide is not None else x
+    src = _checks.widen(x)
     # Leading dims that the box covers in full (static start 0, the whole
     # extent, stride 1) become batch dims of the call: XLA may then split them
     # across devices without collectives.
@@ -399,8 +361,7 @@ def window(
         method = "simt"
     y = window_p.bind(src, start_arr, shape=m_shape, strides=m_strides,
                       fill_nan=fill_nan, method=method)
-    y = y.reshape(x.shape[:lead] + shape[lead:])
-    return lax.convert_element_type(y, x.dtype) if wide is not None else y
+    return _checks.narrow(y.reshape(x.shape[:lead] + shape[lead:]), x.dtype)
 
 
 def _inner_start_aligned(x_shape, dtype, static, first) -> bool:
@@ -437,9 +398,9 @@ def _mergeable_groups(x_shape, shape, strides, static, start_dtype, lead):
         whole = all(_covers(static, x_shape, shape, strides, k) for k in range(first, last + 1))
         static_d = d < len(static) and isinstance(static[d], (int, np.integer))
         start_ok = (jax.config.jax_enable_x64 or start_dtype == jnp.int64
-                    or (static_d and abs(int(static[d]) * inner) <= _MAX_DIM))
+                    or (static_d and abs(int(static[d]) * inner) <= _checks.MAX_DIM))
         if (whole and strides[d] == 1 and start_ok
-                and x_shape[d] * inner <= _MAX_DIM and shape[d] * inner <= _MAX_DIM):
+                and x_shape[d] * inner <= _checks.MAX_DIM and shape[d] * inner <= _checks.MAX_DIM):
             groups[-1][0] = d
         else:
             groups.append([d, d])
@@ -462,28 +423,3 @@ def _merge_dims(src, start_arr, shape, strides, static, lead, groups):
         m_dims.append(x_shape[first] * inner)
     src = src.reshape(x_shape[:lead] + tuple(m_dims))
     return src, jnp.stack(starts), tuple(m_shape), tuple(m_strides)
-
-
-
-def tiled_copy(x: jax.Array) -> jax.Array:
-    """copy(x, method="tiled"): the whole array as one 2-D window on the TMA
-    tensor-map path (forced: an error names the rule where it cannot run).
-    The flat array is viewed as rows of L elements, L the largest power of two
-    up to 4096 that divides the size and makes a row a multiple of 16 bytes
-    (the tensor-map stride rule); without one, rows are the whole array."""
-    if x.size == 0:
-        return x.copy()
-    wide = SUB_BYTE_WIDE.get(x.dtype.name)
-    src = lax.convert_element_type(x, wide) if wide is not None else x
-    itemsize = np.dtype(src.dtype).itemsize
-    row = 4096
-    while row > 1 and (x.size % row or (row * itemsize) % 16):
-        row //= 2
-    if (row * itemsize) % 16:
-        row = x.size
-    rows = src.reshape(-1, row)
-    # Bound directly (not through window()): a 2-D box, no batch folding.
-    y = window_p.bind(rows, jnp.zeros(2, jnp.int32), shape=rows.shape, strides=(1, 1),
-                      fill_nan=False, method="tma")
-    y = y.reshape(x.shape)
-    return lax.convert_element_type(y, x.dtype) if wide is not None else y

@@ -146,7 +146,8 @@ def test_cluster_method_on_a_gpu_without_clusters_names_the_capability(monkeypat
 
     monkeypatch.setattr(_ffi, "gpu_compute_capabilities", lambda: [(8, 0)])
     with pytest.raises(RuntimeError, match=r"^jax_tma\.broadcast: method='multicast' needs "
-                       r"thread-block clusters and TMA .* GPU 0 has compute capability 8\.0"):
+                       r"thread-block clusters and TMA, but device 0 has compute capability 8\.0 "
+                       r"\(TMA needs >= 9\.0\)"):
         _broadcast._cuda_lowering(None, None, n=2, axis=0, method="multicast", cluster_size=0)
 
 

@@ -131,9 +131,9 @@ def test_unknown_method_is_a_value_error(method):
 def test_bulk_on_a_gpu_without_tma_names_the_compute_capability(monkeypatch):
     monkeypatch.setattr(_ffi, "gpu_compute_capabilities", lambda: [(9, 0), (8, 6)])
     f = jax.jit(functools.partial(jax_tma.copy, method="bulk"))
-    with pytest.raises(RuntimeError, match=r"jax_tma\.copy: method='bulk' needs TMA "
-                                           r"\(compute capability >= 9\.0\), but GPU 1 "
-                                           r"has compute capability 8\.6"):
+    with pytest.raises(RuntimeError, match=r"jax_tma\.copy: method='bulk' needs TMA, but "
+                                           r"device 1 has compute capability 8\.6 "
+                                           r"\(TMA needs >= 9\.0\)"):
         f.trace(jnp.ones(3)).lower(lowering_platforms=("cuda",))
     # auto and simt lower fine for the same devices.
     for method in ("auto", "simt"):
