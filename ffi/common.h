@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -104,12 +105,27 @@ inline bool ParseCopyMethod(std::string_view name, CopyMethod* out) {
   return false;
 }
 
+// A string attribute outside its choices, spelled as Python's
+// _checks.check_choice spells it: "jax_tma.copy: method must be one of
+// 'auto', 'bulk', 'simt', got 'fast'".
+inline ffi::Error BadChoice(std::string_view op, std::string_view name, std::string_view value,
+                            std::initializer_list<std::string_view> choices) {
+  Message m;
+  m << op << ": " << name << " must be one of ";
+  const char* sep = "";
+  for (std::string_view c : choices) {
+    m << sep << "'" << c << "'";
+    sep = ", ";
+  }
+  m << ", got '" << value << "'";
+  return ffi::Error::InvalidArgument(m.str());
+}
+
 // ParseCopyMethod for a handler's "method" attribute; the error names `op`.
 inline ffi::Error ParseCopyMethodAttr(std::string_view op, std::string_view name,
                                       CopyMethod* out) {
   if (ParseCopyMethod(name, out)) return ffi::Error::Success();
-  return InvalidArgument(op, "unknown method '", name,
-                         "' (expected 'auto', 'bulk' or 'simt')");
+  return BadChoice(op, "method", name, {"auto", "bulk", "simt"});
 }
 
 // The element-type rules every handler shares: the output has the input's

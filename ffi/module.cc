@@ -6,19 +6,15 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
-#include "broadcast_cpu.h"
-#include "copy_cpu.h"
-#include "im2col_cpu.h"
-#include "ppermute_cpu.h"
-#include "window_cpu.h"
+#include "handlers.h"
+#include "path_counts.h"
 #include "xla/ffi/api/c_api.h"
 
 #if JAX_TMA_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda/broadcast_cuda.h"
-#include "cuda/copy_cuda.h"
-#include "cuda/copy_launch.h"  // kDynamicBulkMinBytes
+#include "copy/copy_plan.h"  // kDynamicBulkMinBytes
+#include "cuda/handlers.h"
 #endif
 
 namespace nb = nanobind;
@@ -90,6 +86,16 @@ NB_MODULE(_jax_tma, m) {
     return d;
   });
 
+  // Calls per op and path ("window.tiled": ...) since the module loaded; a
+  // CUDA graph that XLA replays counts once, when it is recorded.
+  m.def("path_counts", []() {
+    nb::dict d;
+    for (int p = 0; p < static_cast<int>(jax_tma::Path::kCount); ++p) {
+      d[jax_tma::kPathNames[p]] = jax_tma::PathCount(static_cast<jax_tma::Path>(p));
+    }
+    return d;
+  });
+
   m.attr("cuda_compiled") = static_cast<bool>(JAX_TMA_WITH_CUDA);
   m.attr("cuda_archs") = JAX_TMA_CUDA_ARCHS;
   m.attr("ffi_api_version") =
@@ -99,5 +105,6 @@ NB_MODULE(_jax_tma, m) {
   m.attr("cuda_runtime_version") = CUDART_VERSION;
   m.def("can_access_peer", &CanAccessPeer, nb::arg("device"), nb::arg("peer"));
   m.attr("_dynamic_bulk_min_bytes") = jax_tma::kDynamicBulkMinBytes;
+  m.attr("_auto_bulk_min_bytes") = jax_tma::kAutoBulkMinBytes;
 #endif
 }

@@ -80,10 +80,10 @@ for stage in "${stages[@]}"; do
     inc=$(python3 -c 'import jaxlib, os; print(os.path.join(os.path.dirname(jaxlib.__file__), "include"))')
     nvcc_args=(-std=c++17 -O2 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Iffi -isystem "$inc")
     declare -A sources=(
-      [copy]="ffi/cuda/bulk_copy.cu ffi/cuda/simt_copy.cu ffi/cuda/copy_cuda.cc"
-      [window]="ffi/cuda/tiled_window.cu ffi/cuda/simt_window.cu ffi/cuda/tensor_map.cc"
-      [broadcast]="ffi/cuda/cluster_broadcast.cu ffi/cuda/simt_broadcast.cu ffi/cuda/broadcast_cuda.cc ffi/cuda/tensor_map.cc"
-      [im2col]="ffi/cuda/simt_im2col.cu ffi/cuda/tma_im2col.cu ffi/cuda/tensor_map.cc"
+      [copy]="ffi/copy/bulk_copy.cu ffi/copy/simt_copy.cu ffi/copy/copy_cuda.cc ffi/copy/copy_plan.cc"
+      [window]="ffi/window/tiled_window.cu ffi/window/simt_window.cu ffi/window/window_plan.cc ffi/cuda/tensor_map.cc"
+      [broadcast]="ffi/broadcast/cluster_broadcast.cu ffi/broadcast/simt_broadcast.cu ffi/broadcast/broadcast_plan.cc ffi/cuda/tensor_map.cc"
+      [im2col]="ffi/im2col/simt_im2col.cu ffi/im2col/tma_im2col.cu ffi/im2col/im2col_plan.cc ffi/cuda/tensor_map.cc"
     )
     # synccheck tracks a fixed number of mbarriers per block (CUDA 13.0);
     # below 64 it reported "Detected overflow of tracked cuda::barrier

@@ -161,7 +161,8 @@ def _raw_broadcast(x, out_shape, **attrs):
 def test_handler_revalidates():
     x = jnp.ones((4, 5), jnp.float32)
     cases = [
-        (r"unknown method 'fast'", (2, 4, 5), dict(method="fast")),
+        (r"method must be one of 'auto', 'multicast', 'dsmem', 'store', 'simt', got 'fast'",
+         (2, 4, 5), dict(method="fast")),
         (r"axis 3 is outside \[0, 2\] for an input of rank 2", (2, 4, 5), dict(axis=np.int64(3))),
         (r"axis -1 is outside", (2, 4, 5), dict(axis=np.int64(-1))),
         (r"output rank 2 is not the input rank 2 \+ 1", (4, 5), {}),

@@ -414,7 +414,8 @@ def _raw(x, out_shape, **attrs):
 def test_handler_revalidates():
     x = jnp.ones((2, 5, 3), jnp.float32)
     one = np.ones(1, np.int64)
-    with pytest.raises(Exception, match=r"jax_tma\.im2col: unknown method 'fast'"):
+    with pytest.raises(Exception, match=r"jax_tma\.im2col: method must be one of 'auto', 'tma', "
+                                        r"'simt', got 'fast'"):
         _raw(x, (2, 5, 3), method="fast")
     with pytest.raises(Exception, match=r"jax_tma\.im2col: kernel, strides and dilation must "
                                         r"lie in \[1, 2\^31 - 1\]; dim 0 has kernel 1, "
@@ -451,7 +452,8 @@ def test_handler_accepts_empty_output_dims(rng):
     x = on_cpu(jnp.asarray(rng.standard_normal((2, 4, 3)), jnp.float32))
     five = np.full(1, 5, np.int64)
     # An invalid method fails in the handler: empty calls do reach it.
-    with pytest.raises(Exception, match=r"jax_tma\.im2col: unknown method 'fast'"):
+    with pytest.raises(Exception, match=r"jax_tma\.im2col: method must be one of 'auto', 'tma', "
+                                        r"'simt', got 'fast'"):
         _raw(x, (2, 0, 15), kernel=five, method="fast")
     assert _raw(x, (2, 0, 15), kernel=five).shape == (2, 0, 15)
     for order in (False, True):

@@ -301,7 +301,8 @@ def test_handler_revalidates():
         _raw_window(x, jnp.zeros(3, jnp.int32), (2, 2))
     with pytest.raises(Exception, match=r"jax_tma\.window: start must be s32 or s64, got f32"):
         _raw_window(x, jnp.zeros(2, jnp.float32), (2, 2))
-    with pytest.raises(Exception, match=r"jax_tma\.window: unknown method 'fast'"):
+    with pytest.raises(Exception, match=r"jax_tma\.window: method must be one of 'auto', 'tma', "
+                                        r"'simt', got 'fast'"):
         _raw_window(x, s, (2, 2), method="fast")
     with pytest.raises(Exception, match=r"jax_tma\.window: input rank 2 is neither 3 nor 4"):
         _raw_window(x, jnp.zeros(3, jnp.int32), (1, 2, 2, 2),

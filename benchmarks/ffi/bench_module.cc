@@ -13,7 +13,7 @@
 
 #include "bench_reference.h"
 #include "common.h"
-#include "cuda/copy_launch.h"
+#include "copy/copy_launch.h"
 #include "xla/ffi/api/c_api.h"
 
 namespace nb = nanobind;

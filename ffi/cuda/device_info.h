@@ -7,6 +7,7 @@
 #include <array>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "cuda_status.h"
 
@@ -19,11 +20,16 @@ struct DeviceInfo {
   int smem_per_block_optin = 0;  // bytes
   int smem_per_sm = 0;           // bytes
   bool has_tma() const { return cc_major >= 9; }
-  // Empty where the device has TMA, else why not (for error messages).
-  std::string NoTmaReason(int device) const {
-    if (has_tma()) return "";
-    return "device " + std::to_string(device) + " has compute capability " +
-           std::to_string(cc_major) + "." + std::to_string(cc_minor) + " (TMA needs >= 9.0)";
+  // The error of a method that cannot run here, spelled as Python's
+  // jax_tma/_checks.py require_tma spells it: "method='bulk' needs TMA, but
+  // device 0 has compute capability 8.0 (TMA needs >= 9.0); use ...".
+  std::string NeedsTma(std::string_view method, int device,
+                       std::string_view need = "TMA") const {
+    Message m;
+    m << "method='" << method << "' needs " << need << ", but device " << device
+      << " has compute capability " << cc_major << "." << cc_minor
+      << " (TMA needs >= 9.0); use method='auto' or 'simt'";
+    return m.str();
   }
 };
 

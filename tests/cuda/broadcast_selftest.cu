@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/broadcast_launch.h"
+#include "broadcast/broadcast_launch.h"
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/copy_launch.h"
+#include "copy/copy_launch.h"
 
 namespace {
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/im2col_launch.h"
+#include "im2col/im2col_launch.h"
 
 namespace {
 

@@ -15,8 +15,8 @@
 #include <cstdlib>
 #include <vector>
 
-#include "cuda/cluster_launch.h"
 #include "cuda/device_helpers.cuh"
+#include "cuda/launch.h"
 
 namespace {
 

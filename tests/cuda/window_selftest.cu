@@ -12,8 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/tiled_window.h"
-#include "cuda/window_launch.h"
+#include "window/window_launch.h"
 
 namespace {
 

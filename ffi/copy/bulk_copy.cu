@@ -1,0 +1,183 @@
+// The bulk TMA copy kernel and its launcher: each CTA streams 16-B-aligned
+// chunks global -> shared -> global with cp.async.bulk, several stages in
+// flight. Two schedules share the kernel (copy_plan.h lays them out):
+// - static: CTA b copies the contiguous chunks [b * per_cta, (b+1) * per_cta);
+//   the grid holds many more CTAs than fit at once, so the block scheduler
+//   hands them to whichever SM is free;
+// - dynamic: one CTA per free CTA slot of the GPU; each copies its first
+//   per_cta chunks as above, then claims chunks one at a time from a work
+//   counter in device memory, so that every SM keeps its stages in flight
+//   until the copy ends.
+// Unaligned head/tail bytes are copied by CTA 0 in the same launch.
+#include <string>
+
+#include "copy/copy_launch.h"
+#include "cuda/device_helpers.cuh"
+#include "cuda/device_info.h"
+#include "cuda/launch.h"
+
+namespace jax_tma {
+namespace {
+
+constexpr int kBulkThreads = 32;
+
+// Per counter slot: [0] chunks claimed past the static round, [1] CTAs
+// finished. The last CTA of a launch zeroes both, so every launch starts from
+// zero; launches that share a slot must not overlap in time (see
+// AcquireBulkCounterSlot). One array per device (module globals are per
+// context).
+__device__ unsigned long long g_bulk_counters[kBulkCounterSlots][2];
+
+// Bytes [0, head) and [head + body, bytes) are edges; the body starts 16-B
+// aligned in both buffers and its length is a multiple of 16. counter_slot < 0
+// selects the static schedule.
+__global__ void __launch_bounds__(kBulkThreads)
+    BulkCopyKernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst,
+                   int64_t bytes, int64_t head, int64_t body, uint32_t chunk,
+                   int stages, int64_t chunks_per_cta, int counter_slot) {
+#if JAX_TMA_HAS_BULK_COPY
+  using namespace device;
+  extern __shared__ __align__(128) uint8_t stage_buf[];
+  __shared__ uint64_t full[kMaxBulkStages];
+  __shared__ int64_t chunk_of[kMaxBulkStages];  // chunk held by each stage
+
+  // The edges are written with ordinary stores; they never overlap the body
+  // the async proxy writes, so no proxy fence is needed between them.
+  if (blockIdx.x == 0) {
+    for (int64_t i = threadIdx.x; i < head; i += blockDim.x) dst[i] = src[i];
+    for (int64_t i = head + body + threadIdx.x; i < bytes; i += blockDim.x) {
+      dst[i] = src[i];
+    }
+  }
+  // One thread drives the whole pipeline: the copy engine does the moving.
+  if (threadIdx.x != 0) return;
+  const int64_t nchunks = (body + chunk - 1) / chunk;
+  const int64_t body_end = head + body;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * chunks_per_cta;
+  const int64_t static_end = min(first + chunks_per_cta, nchunks);
+  const int64_t claimed_from = static_cast<int64_t>(gridDim.x) * chunks_per_cta;
+  unsigned long long* counters =
+      counter_slot >= 0 ? g_bulk_counters[counter_slot] : nullptr;
+
+  // Chunk index of this CTA's next chunk (>= nchunks: none left). Claims
+  // come in order, so once one comes back empty every later one would too.
+  int64_t taken = 0;
+  auto next_chunk = [&]() -> int64_t {
+    const int64_t j = taken++;
+    if (first + j < static_end) return first + j;
+    if (counters == nullptr || claimed_from >= nchunks) return nchunks;
+    return claimed_from + static_cast<int64_t>(atomicAdd(&counters[0], 1ull));
+  };
+  auto size_of = [&](int64_t k) {
+    return static_cast<uint32_t>(min(static_cast<int64_t>(chunk), body_end - (head + k * chunk)));
+  };
+  // Stages are used round robin; stage indices and each stage's barrier
+  // parity are kept as running values: 64-bit divisions for them slow the
+  // issuing thread, and with it the whole dynamic schedule.
+  int load_stage = 0, wait_stage = 0;
+  uint32_t parity = 0;  // bit s: parity of the next phase of stage s
+  auto load = [&](int64_t k) {
+    const int s = load_stage;
+    load_stage = s + 1 == stages ? 0 : s + 1;
+    chunk_of[s] = k;
+    expect_tx(&full[s], size_of(k));
+    bulk_load(stage_buf + static_cast<size_t>(s) * chunk, src + head + k * chunk,
+              size_of(k), &full[s]);
+  };
+
+  for (int s = 0; s < stages; ++s) mbarrier_init(&full[s], 1);
+  fence_mbarrier_init();
+  int64_t in_flight = 0;
+  // The next chunk is fetched one load ahead, so a claim's round trip
+  // overlaps the wait for data already in flight.
+  int64_t pending = next_chunk();
+  while (in_flight < stages && pending < nchunks) {
+    load(pending);
+    ++in_flight;
+    pending = next_chunk();
+  }
+  for (int64_t waited = 0; in_flight > 0; ++waited) {
+    const int s = wait_stage;
+    wait_stage = s + 1 == stages ? 0 : s + 1;
+    const int64_t k = chunk_of[s];  // this thread's own write: read ahead of the wait
+    mbarrier_wait(&full[s], (parity >> s) & 1u);
+    parity ^= 1u << s;
+    bulk_store(dst + head + k * chunk, stage_buf + static_cast<size_t>(s) * chunk, size_of(k));
+    store_commit_group();
+    --in_flight;
+    // From the second chunk on, refill the previous chunk's stage once its
+    // store has finished reading it (at most one group, this chunk's, may
+    // still read shared memory). Only a full pipeline refills, so that stage
+    // is always the next one round robin.
+    if (waited > 0 && pending < nchunks) {
+      store_wait_read<1>();
+      load(pending);
+      ++in_flight;
+      pending = next_chunk();
+    }
+  }
+  // Shared memory must outlive every store that reads it; the writes
+  // themselves are complete when the grid is.
+  store_wait_read<0>();
+  if (counters != nullptr) {
+    // Every CTA's claims precede its finish count; the last one to finish
+    // sees all claims done and resets the slot for the next launch.
+    __threadfence();
+    if (atomicAdd(&counters[1], 1ull) == gridDim.x - 1) {
+      atomicExch(&counters[0], 0ull);
+      atomicExch(&counters[1], 0ull);
+    }
+  }
+#endif
+}
+
+ffi::Error SetBulkSmemLimit(int device, int* limit) {
+  DeviceInfo info;
+  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
+  // The opt-in limit covers static shared memory too: leave the mbarriers room.
+  *limit = info.smem_per_block_optin - kStaticSmemAllowance;
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      BulkCopyKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, *limit));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error LaunchBulkCopy(const void* src, void* dst, std::size_t bytes,
+                          cudaStream_t stream, int device,
+                          const BulkCopyConfig& config, int counter_slot) {
+  constexpr std::string_view kOp = "jax_tma.copy(method='bulk')";
+  if (bytes == 0) return ffi::Error::Success();
+  // No common aligned body: the SIMT kernel (also one launch) copies it all.
+  if (!HasBulkBody(src, dst)) return LaunchSimtCopy(src, dst, bytes, stream, device);
+  std::string why;
+  if (!CheckBulkCopyConfig(config, counter_slot, &why)) return InvalidArgument(kOp, why);
+  DeviceInfo info;
+  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
+  static PerDevice<int> smem_limit;
+  int limit = 0;
+  JAX_TMA_RETURN_IF_FAILED(smem_limit.Get(device, SetBulkSmemLimit, &limit));
+  int per_sm = 0;
+  if (config.dynamic) {
+    JAX_TMA_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, BulkCopyKernel, kBulkThreads,
+        static_cast<std::size_t>(config.stages) * config.chunk_bytes));
+  }
+  BulkCopyPlan plan;
+  if (!PlanBulkCopy(config, counter_slot, bytes, src, info.sm_count, per_sm, &plan, &why)) {
+    return InvalidArgument(kOp, why);
+  }
+  if (plan.smem > static_cast<std::size_t>(limit)) {
+    return InvalidArgument(kOp, config.stages, " stages of ", plan.chunk,
+                           " B need ", plan.smem, " B of shared memory; device ",
+                           device, " allows ", limit, " B");
+  }
+  BulkCopyKernel<<<static_cast<int>(plan.blocks), kBulkThreads, plan.smem, stream>>>(
+      static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst),
+      static_cast<int64_t>(bytes), plan.head, plan.body, plan.chunk, config.stages,
+      plan.chunks_per_cta, config.dynamic ? counter_slot : -1);
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ffi::Error::Success();
+}
+
+}  // namespace jax_tma

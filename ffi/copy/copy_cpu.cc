@@ -1,0 +1,29 @@
+// CPU handler for jax_tma.copy: the same byte-exact semantics as the CUDA
+// handler (every method name is accepted; on the host they are one memcpy).
+#include <cstring>
+#include <string_view>
+
+#include "common.h"
+#include "handlers.h"
+#include "path_counts.h"
+
+namespace jax_tma {
+
+static ffi::Error CopyCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                              std::string_view method) {
+  CopyMethod parsed;
+  JAX_TMA_RETURN_IF_FAILED(ParseCopyMethodAttr("jax_tma.copy", method, &parsed));
+  ByteCopy c;
+  JAX_TMA_RETURN_IF_FAILED(CheckWholeCopy("jax_tma.copy", x, y, &c));
+  if (c.bytes != 0) std::memcpy(c.dst, c.src, c.bytes);
+  CountPath(Path::kCopyCpu);
+  return ffi::Error::Success();
+}
+
+}  // namespace jax_tma
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTmaCopyCpu, jax_tma::CopyCpuImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()          // x
+                                  .Ret<xla::ffi::AnyBuffer>()          // y
+                                  .Attr<std::string_view>("method"));  // method

@@ -1,0 +1,109 @@
+// Host rules of jax_tma.copy's CUDA path: which kernel a method runs, the bulk
+// pipeline's configurations and their limits, the bulk kernel's chunking and
+// grid, and the work-counter slots of its dynamic schedule. Pure host C++,
+// unit-tested without a GPU (tests/cpp/test_copy_plan.cc).
+#ifndef JAX_TMA_FFI_COPY_COPY_PLAN_H_
+#define JAX_TMA_FFI_COPY_COPY_PLAN_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common.h"
+
+namespace jax_tma {
+
+// Shape of the bulk pipeline: each CTA streams `chunks_per_cta` chunks of
+// `chunk_bytes` through `stages` shared-memory buffers (static schedule), or
+// `chunks_per_cta` chunks and then chunks claimed from a work counter
+// (dynamic).
+struct BulkCopyConfig {
+  uint32_t chunk_bytes;
+  int stages;
+  int64_t chunks_per_cta;
+  bool dynamic = false;
+};
+
+// One round of 4 x 32 KiB per CTA, the block scheduler handing out CTAs; the
+// sweep behind it is benchmarks/bench_tune_bulk.py (results in
+// benchmarks/results/).
+inline constexpr BulkCopyConfig kDefaultBulkCopyConfig{32 * 1024, 4, 4};
+// The dynamic schedule, from kDynamicBulkMinBytes up where a counter slot is
+// available: many small stages keep every SM's pipeline full to the end of
+// large copies (benchmarks/bench_copy.py, results in benchmarks/results/).
+inline constexpr BulkCopyConfig kDynamicBulkCopyConfig{8 * 1024, 16, 4, true};
+inline constexpr std::size_t kDynamicBulkMinBytes = std::size_t{32} << 20;
+inline constexpr int kMaxBulkStages = 16;
+// cp.async.bulk moves 16-B aligned addresses and sizes.
+inline constexpr std::size_t kBulkAlign = 16;
+
+// method="auto" uses the bulk kernel from this size up and the SIMT kernel
+// below it, where SIMT is as fast (benchmarks/bench_copy.py).
+inline constexpr std::size_t kAutoBulkMinBytes = kDynamicBulkMinBytes;
+
+// Work counters of the dynamic schedule. A launch that uses a slot must not
+// overlap in time with another launch on the same slot and device: each FFI
+// call site owns one (an XLA executable never runs concurrently with itself
+// on a device); the benchmarks' raw hook, whose launches its callers keep on
+// one stream, uses kRawCounterSlot (in its own module, so its own copy of the
+// counters).
+inline constexpr int kBulkCounterSlots = 1024;
+inline constexpr int kRawCounterSlot = 0;
+inline constexpr int kNoCounterSlot = -1;
+// A free slot for a call site, or kNoCounterSlot when all are taken (the call
+// site then copies with the static schedule). Thread-safe.
+int AcquireBulkCounterSlot();
+void ReleaseBulkCounterSlot(int slot);
+
+// Whether src and dst are equal modulo 16 B: only then do the two buffers
+// share an aligned body that cp.async.bulk can move.
+inline bool HasBulkBody(const void* src, const void* dst) {
+  const auto rel = reinterpret_cast<std::uintptr_t>(src) ^ reinterpret_cast<std::uintptr_t>(dst);
+  return (rel & (kBulkAlign - 1)) == 0;
+}
+
+enum class CopyKernel { kNone, kBulk, kSimt };
+
+// The kernel that copies `bytes` from `src` to `dst` for `method` (bulk was
+// checked to have TMA): SIMT without TMA, for method="simt", for "auto" below
+// kAutoBulkMinBytes, and where the buffers have no common aligned body
+// (HasBulkBody); else bulk. kNone for an empty copy.
+CopyKernel ChooseCopyKernel(CopyMethod method, std::size_t bytes, bool has_tma,
+                            const void* src, const void* dst);
+
+// The bulk configuration of a copy of `bytes` that names none: the dynamic
+// schedule from kDynamicBulkMinBytes up when the call site has a counter
+// slot, else the default static one.
+const BulkCopyConfig& ChooseBulkCopyConfig(std::size_t bytes, int counter_slot);
+
+// The bulk kernel's launch: bytes [0, head) and [head + body, bytes) are
+// copied with ordinary stores, the body (16-B aligned in both buffers, a
+// multiple of 16 B) in `chunk`-byte pieces, `chunks_per_cta` per CTA first.
+struct BulkCopyPlan {
+  int64_t head = 0;
+  int64_t body = 0;
+  uint32_t chunk = 0;
+  int64_t chunks_per_cta = 0;
+  int64_t blocks = 0;
+  std::size_t smem = 0;  // dynamic shared memory per CTA
+};
+
+// The configuration rules: stages in [2, kMaxBulkStages], chunks a multiple of
+// 128 B in [1 KiB, 1 MiB) (one mbarrier phase counts < 2^20 transaction
+// bytes), at least one chunk per CTA, and a counter slot for the dynamic
+// schedule. False with the broken rule in *why (may be null).
+bool CheckBulkCopyConfig(const BulkCopyConfig& config, int counter_slot, std::string* why);
+
+// CheckBulkCopyConfig, then lays out the copy
+// of `bytes` from `src` on `sm_count` SMs. The dynamic schedule runs one CTA
+// per free CTA slot: `dynamic_ctas_per_sm` is the kernel's occupancy at
+// config.stages x config.chunk_bytes. The static one shrinks chunks and
+// chunks per CTA for small bodies, so that every SM gets a full pipeline.
+// False with the broken rule in *why (may be null).
+bool PlanBulkCopy(const BulkCopyConfig& config, int counter_slot, std::size_t bytes,
+                  const void* src, int sm_count, int dynamic_ctas_per_sm, BulkCopyPlan* plan,
+                  std::string* why);
+
+}  // namespace jax_tma
+
+#endif  // JAX_TMA_FFI_COPY_COPY_PLAN_H_

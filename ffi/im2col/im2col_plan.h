@@ -1,0 +1,80 @@
+// Host rules of jax_tma.im2col's CUDA path: which kernel a method runs, every
+// rule the TMA im2col kernel relies on (im2col tensor-map limits: traversal
+// strides, pixel-box corners, offsets, alignment), its jobs and its grid.
+// Pure host C++, unit-tested without a GPU (tests/cpp/test_im2col_plan.cc).
+#ifndef JAX_TMA_FFI_IM2COL_IM2COL_PLAN_H_
+#define JAX_TMA_FFI_IM2COL_IM2COL_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "cuda/device_info.h"
+#include "cuda/tensor_map.h"
+#include "im2col/im2col_common.h"
+
+namespace jax_tma {
+
+inline constexpr int kTmaIm2colStages = 4;
+inline constexpr uint32_t kTmaIm2colStageBudget = 16 * 1024;  // bytes per stage
+inline constexpr int64_t kMaxIm2colCoord = (int64_t{1} << 31) - 1;  // s32 coordinates
+
+// The TMA im2col kernel's parameters (by value). The patch matrix is cut into
+// jobs of (pixels output pixels) x (one channel chunk) x (one kernel tap).
+struct TmaIm2colArgs {
+  int64_t total_jobs;
+  int64_t jobs_per_cta;
+  int64_t taps;
+  int64_t chunks;              // channel chunks per pixel
+  int32_t chunk;               // channels (tensor-map elements) per chunk
+  int32_t channels;            // channels per pixel (tensor-map elements)
+  int32_t pixels;              // output pixels per job
+  uint32_t job_bytes;
+  uint32_t stage_bytes;
+  int64_t out_pixels;          // per image
+  int32_t out_dims[kMaxIm2colRank];   // outermost first
+  int32_t strides[kMaxIm2colRank];
+  int32_t pad_lo[kMaxIm2colRank];
+  int32_t kernel[kMaxIm2colRank];
+  int32_t dilation[kMaxIm2colRank];
+};
+
+struct TmaIm2colPlan {
+  bool empty = false;  // nothing to write: no launch
+  Im2colMapSpec in;    // im2col-mode map over x
+  TiledMapSpec out;    // tiled map over the patch matrix
+  TmaIm2colArgs args{};
+  int smem = 0;        // dynamic shared memory per CTA (PlanTmaIm2colGrid)
+  int64_t blocks = 0;
+};
+
+// Checks every rule the TMA im2col kernel relies on and lays out its jobs and
+// tensor maps; false with the first broken rule in *why (may be null),
+// phrased for a user, e.g. "strides[0] = 9 is over the hardware's
+// traversal-stride limit 8". `x` and `out` are device addresses (only their
+// alignment is looked at). An empty patch matrix fits (plan->empty).
+bool PlanTmaIm2col(const Im2colGeometry& g, const void* x, const void* out, TmaIm2colPlan* plan,
+                   std::string* why);
+
+// PlanTmaIm2col's verdict alone.
+bool TmaIm2colFits(const Im2colGeometry& g, const void* x, const void* out, std::string* why);
+
+// The grid of a planned, non-empty im2col on `info`'s device: jobs per CTA,
+// CTAs and shared memory.
+void PlanTmaIm2colGrid(const DeviceInfo& info, TmaIm2colPlan* plan);
+
+enum class Im2colKernel { kTma, kSimt };
+
+// The kernel for `method` ("auto", "tma" or "simt") on a device with `info`:
+// the TMA kernel only where asked (method="tma", forward), the SIMT kernels
+// otherwise: auto takes SIMT, the faster one on every shape measured
+// (benchmarks/bench_im2col.py; the TMA unit moves one pixel's channel run per
+// request). False with the error of method="tma" in *why where the TMA kernel
+// cannot run.
+bool ChooseIm2colKernel(const Im2colGeometry& g, std::string_view method, const DeviceInfo& info,
+                        int device, const void* x, const void* out, Im2colKernel* kernel,
+                        std::string* why);
+
+}  // namespace jax_tma
+
+#endif  // JAX_TMA_FFI_IM2COL_IM2COL_PLAN_H_

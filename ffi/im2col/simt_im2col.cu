@@ -1,0 +1,406 @@
+// The SIMT im2col and col2im kernels and their launcher: every geometry and order, every dtype.
+// im2col (tap-major): one thread per (output pixel, vector of a channel run)
+// walks the kernel taps, twelve loads in flight, 16-B accesses where the
+// channel run allows, streaming stores; channel runs that are not whole 32-B
+// sectors take one thread per output unit in output order instead.
+// im2col (channel-major): one thread per output element.
+// col2im: the gather form, one thread per (input pixel, channel vector)
+// summing its patch entries in increasing tap order, so results are
+// deterministic and match the CPU handler bit for bit (no atomics).
+#include <algorithm>
+
+#include "cuda/device_info.h"
+#include "im2col/im2col_launch.h"
+
+namespace jax_tma {
+namespace {
+
+constexpr int kThreads = 256;
+// im2col loads issued before their stores (12 chosen over 8 and over 9, one
+// round for 3x3, with benchmarks/bench_im2col.py).
+constexpr int kTapsInFlight = 12;
+constexpr int kSumTapsInFlight = 4;     // col2im loads issued before they are added
+
+// The patch matrix is written once and never read here: streaming stores
+// (evict-first) keep the input, which every tap re-reads, in L2.
+template <typename V>
+__device__ __forceinline__ void StoreStreaming(V* p, V v) {
+  __stcs(p, v);
+}
+
+template <typename T, int L>
+struct alignas(sizeof(T) * L) Lanes {
+  T v[L];
+};
+
+int64_t GridSize(int64_t items, const DeviceInfo& info) {
+  return std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1,
+                             static_cast<int64_t>(info.sm_count) * 32);
+}
+
+// Tap-major im2col over R = g.rank spatial dims (a template parameter so the
+// per-dim arrays stay in registers). V is the access unit; `run` =
+// C * elem_bytes / sizeof(V) units per pixel.
+template <typename V, int R>
+__global__ void __launch_bounds__(kThreads)
+    SimtIm2colKernel(const Im2colGeometry g, const V* __restrict__ x, V* __restrict__ out,
+                     int64_t run) {
+  const int64_t total = g.batch * g.out_pixels * run;
+  constexpr int r = R;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t pix = idx / run;
+    const int64_t v = idx - pix * run;
+    const int64_t n = pix / g.out_pixels;
+    int64_t m = pix - n * g.out_pixels;
+    int64_t base[kMaxIm2colRank];  // tap-0 input coordinate per dim
+#pragma unroll
+    for (int d = r - 1; d >= 0; --d) {
+      const int64_t o = m % g.out_dims[d];
+      m /= g.out_dims[d];
+      base[d] = o * g.strides[d] - g.pad_lo[d];
+    }
+    const V* xn = x + n * g.in_pixels * run + v;
+    V* dst = out + pix * g.taps * run + v;
+    int64_t k[kMaxIm2colRank] = {0, 0, 0};
+    for (int64_t t0 = 0; t0 < g.taps; t0 += kTapsInFlight) {
+      V val[kTapsInFlight];
+#pragma unroll
+      for (int u = 0; u < kTapsInFlight; ++u) {
+        val[u] = V{};
+        if (t0 + u >= g.taps) continue;
+        int64_t p = 0;
+        bool inside = true;
+#pragma unroll
+        for (int d = 0; d < r; ++d) {
+          const int64_t i = base[d] + k[d] * g.dilation[d];
+          inside &= i >= 0 && i < g.in_dims[d];
+          p = p * g.in_dims[d] + i;
+        }
+        if (inside) val[u] = xn[p * run];
+#pragma unroll
+        for (int d = r - 1; d >= 0; --d) {  // next tap, row-major
+          if (++k[d] < g.kernel[d]) break;
+          k[d] = 0;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kTapsInFlight; ++u) {
+        if (t0 + u < g.taps) StoreStreaming(dst + (t0 + u) * run, val[u]);
+      }
+    }
+  }
+}
+
+// Tap-major im2col for channel runs that are not whole 32-B sectors: one
+// thread per output unit, in output order, so a warp's stores are contiguous.
+// (The per-pixel mapping above leaves partial sectors per store there, a
+// fraction of the bandwidth.) I is the index type:
+// 32-bit where every index fits, for cheaper divisions.
+template <typename V, int R, typename I>
+__global__ void __launch_bounds__(kThreads)
+    SimtIm2colFlatKernel(const Im2colGeometry g, const V* __restrict__ x, V* __restrict__ out,
+                         I run) {
+  const I row = static_cast<I>(g.taps) * run;
+  const I total = static_cast<I>(g.batch * g.out_pixels) * row;
+  const I out_pixels = static_cast<I>(g.out_pixels);
+  const I stride = static_cast<I>(gridDim.x) * blockDim.x;
+  for (I idx = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += stride) {
+    const I pix = idx / row;
+    const I rem = idx - pix * row;
+    I t = rem / run;
+    const I v = rem - t * run;
+    const I n = pix / out_pixels;
+    I m = pix - n * out_pixels;
+    int64_t coord[R];
+    bool inside = true;
+#pragma unroll
+    for (int d = R - 1; d >= 0; --d) {
+      const I od = static_cast<I>(g.out_dims[d]);
+      const I kd = static_cast<I>(g.kernel[d]);
+      const I o = m % od;
+      m /= od;
+      const I k = t % kd;
+      t /= kd;
+      coord[d] = static_cast<int64_t>(o) * g.strides[d] - g.pad_lo[d] +
+                 static_cast<int64_t>(k) * g.dilation[d];
+      inside &= coord[d] >= 0 && coord[d] < g.in_dims[d];
+    }
+    V val{};
+    if (inside) {
+      int64_t p = n;
+#pragma unroll
+      for (int d = 0; d < R; ++d) p = p * g.in_dims[d] + coord[d];
+      val = x[p * run + v];
+    }
+    StoreStreaming(out + idx, val);
+  }
+}
+
+// Channel-major im2col: one thread per output element.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    SimtIm2colChannelMajorKernel(const Im2colGeometry g, const T* __restrict__ x,
+                                 T* __restrict__ out) {
+  const int64_t row = g.taps * g.channels;
+  const int64_t total = g.batch * g.out_pixels * row;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t pix = idx / row;
+    const int64_t col = idx - pix * row;
+    const int64_t c = col / g.taps;
+    const int64_t t = col - c * g.taps;
+    const int64_t n = pix / g.out_pixels;
+    const int64_t p = TapSource(g, pix - n * g.out_pixels, t);
+    out[idx] = p < 0 ? T{} : x[(n * g.in_pixels + p) * g.channels + c];
+  }
+}
+
+// Tap-major col2im over R = g.rank spatial dims and `lanes` = C * components
+// scalars per pixel, L per thread (L divides lanes).
+template <SumKind K, int L, int R>
+__global__ void __launch_bounds__(kThreads)
+    SimtCol2imKernel(const Im2colGeometry g, const typename Col2imSum<K>::T* __restrict__ patches,
+                     typename Col2imSum<K>::T* __restrict__ x, int64_t lanes) {
+  using S = Col2imSum<K>;
+  using Vec = Lanes<typename S::T, L>;
+  const int64_t per_pixel = lanes / L;
+  const int64_t total = g.batch * g.in_pixels * per_pixel;
+  constexpr int r = R;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t pix = idx / per_pixel;
+    const int64_t v = idx - pix * per_pixel;
+    const int64_t n = pix / g.in_pixels;
+    int64_t p = pix - n * g.in_pixels;
+    int64_t shifted[kMaxIm2colRank];  // input coordinate + pad_lo per dim
+#pragma unroll
+    for (int d = r - 1; d >= 0; --d) {
+      shifted[d] = p % g.in_dims[d] + g.pad_lo[d];
+      p /= g.in_dims[d];
+    }
+    typename S::Acc acc[L];
+#pragma unroll
+    for (int l = 0; l < L; ++l) acc[l] = 0;
+    const Vec* src = reinterpret_cast<const Vec*>(patches) +
+                     n * g.out_pixels * g.taps * per_pixel + v;
+    // Taps in increasing order, kSumTapsInFlight loads issued before they are
+    // added (in the same order).
+    int64_t k[kMaxIm2colRank] = {0, 0, 0};
+    for (int64_t t0 = 0; t0 < g.taps; t0 += kSumTapsInFlight) {
+      Vec e[kSumTapsInFlight];
+      bool hit[kSumTapsInFlight];
+#pragma unroll
+      for (int u = 0; u < kSumTapsInFlight; ++u) {
+        hit[u] = false;
+        if (t0 + u >= g.taps) continue;
+        int64_t m = 0;
+        bool h = true;
+#pragma unroll
+        for (int d = 0; d < r; ++d) {
+          const int64_t q = shifted[d] - k[d] * g.dilation[d];
+          int64_t o = q;
+          if (g.strides[d] != 1) {
+            o = q / g.strides[d];
+            h &= o * g.strides[d] == q;
+          }
+          h &= q >= 0 && o < g.out_dims[d];
+          m = m * g.out_dims[d] + o;
+        }
+        hit[u] = h;
+        if (h) e[u] = src[(m * g.taps + t0 + u) * per_pixel];
+#pragma unroll
+        for (int d = r - 1; d >= 0; --d) {
+          if (++k[d] < g.kernel[d]) break;
+          k[d] = 0;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kSumTapsInFlight; ++u) {
+        if (!hit[u]) continue;
+#pragma unroll
+        for (int l = 0; l < L; ++l) {
+          acc[l] = static_cast<typename S::Acc>(acc[l] + S::Load(e[u].v[l]));
+        }
+      }
+    }
+    Vec outv;
+#pragma unroll
+    for (int l = 0; l < L; ++l) outv.v[l] = S::Store(acc[l]);
+    reinterpret_cast<Vec*>(x)[idx] = outv;
+  }
+}
+
+// Channel-major col2im: one thread per element component.
+template <SumKind K>
+__global__ void __launch_bounds__(kThreads)
+    SimtCol2imChannelMajorKernel(const Im2colGeometry g,
+                                 const typename Col2imSum<K>::T* __restrict__ patches,
+                                 typename Col2imSum<K>::T* __restrict__ x) {
+  const int comps = g.components;
+  const int64_t total = g.batch * g.in_pixels * g.channels * comps;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int j = static_cast<int>(idx % comps);
+    const int64_t e = idx / comps;
+    const int64_t c = e % g.channels;
+    const int64_t pix = e / g.channels;
+    const int64_t n = pix / g.in_pixels;
+    x[idx] = Col2imElement<K>(g, patches, n, pix - n * g.in_pixels, c, j);
+  }
+}
+
+// fn.template operator()<R>() for R = g.rank (1, 2 or 3).
+template <typename Fn>
+void ForRank(int rank, Fn&& fn) {
+  if (rank == 1) {
+    fn.template operator()<1>();
+  } else if (rank == 2) {
+    fn.template operator()<2>();
+  } else {
+    fn.template operator()<3>();
+  }
+}
+
+template <typename V>
+struct TapMajorLaunch {
+  const Im2colGeometry& g;
+  const V* x;
+  V* out;
+  int64_t run;
+  const DeviceInfo& info;
+  cudaStream_t stream;
+  template <int R>
+  void operator()() const {
+    const int64_t units = g.batch * g.out_pixels * g.taps * run;
+    if ((run * static_cast<int64_t>(sizeof(V))) % 32 == 0) {  // whole sectors per pixel
+      const int64_t grid = GridSize(g.batch * g.out_pixels * run, info);
+      SimtIm2colKernel<V, R><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
+          g, x, out, run);
+    } else if (std::max(units, g.batch * g.in_pixels * run) < (int64_t{1} << 31)) {
+      SimtIm2colFlatKernel<V, R, uint32_t>
+          <<<static_cast<unsigned>(GridSize(units, info)), kThreads, 0, stream>>>(
+              g, x, out, static_cast<uint32_t>(run));
+    } else {
+      SimtIm2colFlatKernel<V, R, uint64_t>
+          <<<static_cast<unsigned>(GridSize(units, info)), kThreads, 0, stream>>>(
+              g, x, out, static_cast<uint64_t>(run));
+    }
+  }
+};
+
+template <SumKind K, int L>
+struct Col2imRankLaunch {
+  const Im2colGeometry& g;
+  const typename Col2imSum<K>::T* patches;
+  typename Col2imSum<K>::T* x;
+  int64_t lanes;
+  cudaStream_t stream;
+  const DeviceInfo& info;
+  template <int R>
+  void operator()() const {
+    const int64_t grid = GridSize(g.batch * g.in_pixels * lanes / L, info);
+    SimtCol2imKernel<K, L, R><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
+        g, patches, x, lanes);
+  }
+};
+
+template <typename V>
+ffi::Error LaunchTapMajor(const Im2colGeometry& g, const void* x, void* out,
+                          cudaStream_t stream, const DeviceInfo& info) {
+  const int64_t run = g.channels * g.elem_bytes / static_cast<int64_t>(sizeof(V));
+  ForRank(g.rank, TapMajorLaunch<V>{g, static_cast<const V*>(x), static_cast<V*>(out), run,
+                                    info, stream});
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ffi::Error::Success();
+}
+
+template <typename T>
+ffi::Error LaunchChannelMajor(const Im2colGeometry& g, const void* x, void* out,
+                              cudaStream_t stream, const DeviceInfo& info) {
+  const int64_t grid = GridSize(g.batch * g.out_pixels * g.taps * g.channels, info);
+  SimtIm2colChannelMajorKernel<T><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
+      g, static_cast<const T*>(x), static_cast<T*>(out));
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ffi::Error::Success();
+}
+
+struct Col2imLaunch {
+  const Im2colGeometry& g;
+  const void* patches;
+  void* x;
+  bool aligned16;  // both buffers 16-B aligned
+  cudaStream_t stream;
+  const DeviceInfo& info;
+
+  template <SumKind K>
+  ffi::Error operator()() const {
+    using T = typename Col2imSum<K>::T;
+    const T* src = static_cast<const T*>(patches);
+    T* dst = static_cast<T*>(x);
+    if (g.channel_major) {
+      const int64_t grid = GridSize(g.batch * g.in_pixels * g.channels * g.components, info);
+      SimtCol2imChannelMajorKernel<K><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
+          g, src, dst);
+    } else {
+      // Tap-major: a pixel's C complex channels are 2C scalar lanes.
+      constexpr int kWide = static_cast<int>(16 / sizeof(T));
+      const int64_t lanes = g.channels * g.components;
+      if (lanes % kWide == 0 && aligned16) {
+        ForRank(g.rank, Col2imRankLaunch<K, kWide>{g, src, dst, lanes, stream, info});
+      } else {
+        ForRank(g.rank, Col2imRankLaunch<K, 1>{g, src, dst, lanes, stream, info});
+      }
+    }
+    JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return ffi::Error::Success();
+  }
+};
+
+}  // namespace
+
+ffi::Error LaunchSimtIm2col(const Im2colGeometry& g, const void* src, void* dst,
+                            cudaStream_t stream, int device) {
+  const int64_t out_elems = g.transpose ? g.batch * g.in_pixels * g.channels
+                                        : g.batch * g.out_pixels * g.taps * g.channels;
+  if (out_elems == 0) return ffi::Error::Success();  // no empty grid: a launch error
+  if (g.transpose && g.out_pixels == 0) {  // batch, channels > 0 here
+    // An empty patch matrix (an output dim of 0: the dilated kernel is larger
+    // than the padded input) adds nothing: x is zeros. A memset node is
+    // graph-safe, and the gather kernel would walk every tap for nothing.
+    JAX_TMA_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(dst, 0, static_cast<size_t>(out_elems * g.elem_bytes), stream));
+    return ffi::Error::Success();
+  }
+  DeviceInfo info;
+  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
+  const auto addr = reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst);
+  if (g.transpose) {
+    return DispatchSumKind(g.sum, Col2imLaunch{g, src, dst, addr % 16 == 0, stream, info});
+  }
+  const int64_t eb = g.elem_bytes;
+  if (g.channel_major) {
+    switch (eb) {
+      case 1: return LaunchChannelMajor<uint8_t>(g, src, dst, stream, info);
+      case 2: return LaunchChannelMajor<uint16_t>(g, src, dst, stream, info);
+      case 4: return LaunchChannelMajor<uint32_t>(g, src, dst, stream, info);
+      case 8: return LaunchChannelMajor<uint64_t>(g, src, dst, stream, info);
+      case 16: return LaunchChannelMajor<uint4>(g, src, dst, stream, info);
+      default: break;
+    }
+  } else {
+    // The widest access unit that divides a pixel's channel run and both
+    // buffer addresses.
+    const int64_t unit = static_cast<int64_t>(g.channels * eb | 16 | addr);
+    const int64_t widest = unit & -unit;  // lowest set bit: 1, 2, 4, 8 or 16
+    if (widest == 16) return LaunchTapMajor<uint4>(g, src, dst, stream, info);
+    if (widest == 8) return LaunchTapMajor<uint64_t>(g, src, dst, stream, info);
+    if (widest == 4) return LaunchTapMajor<uint32_t>(g, src, dst, stream, info);
+    if (widest == 2) return LaunchTapMajor<uint16_t>(g, src, dst, stream, info);
+    return LaunchTapMajor<uint8_t>(g, src, dst, stream, info);
+  }
+  return InvalidArgument(kIm2colOp, "element size ", eb, " B is not supported");
+}
+
+}  // namespace jax_tma

@@ -1,0 +1,48 @@
+// CPU handler for jax_tma.ppermute: every host device's part meets the others
+// through the same rendezvous as the CUDA handler and copies straight between
+// the two devices' buffers (pull or push, as on the GPU), or writes zeros.
+#include <cstring>
+#include <string_view>
+
+#include "handlers.h"
+#include "path_counts.h"
+#include "ppermute/ppermute_rendezvous.h"
+
+namespace jax_tma {
+
+static ffi::Error PpermuteCpuImpl(int32_t device, ffi::RunId run,
+                                  ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                                  int64_t instance, ffi::Span<const int64_t> devices,
+                                  ffi::Span<const int64_t> sources, bool push,
+                                  std::string_view method) {
+  PpermuteCall call;  // every method is the same memcpy on the host
+  JAX_TMA_RETURN_IF_FAILED(
+      DecodePpermute(device, x, y, devices, sources, push, method, &call));
+  const ByteCopy& c = call.bytes;
+  const PermutePlan& plan = call.plan;
+  // Every participant has the same block size, so all skip together.
+  if (c.bytes == 0) return ffi::Error::Success();
+  CountPath(Path::kPpermuteCpu);
+  if (plan.source < 0) std::memset(c.dst, 0, c.bytes);
+  void* published = push ? c.dst : const_cast<void*>(c.src);
+  // Each step is synchronous on the host, so reaching Depart means this
+  // device's copy is finished and returning after it means the peer's is.
+  return ExchangeBlocks(
+      instance, plan, PermuteBlock{run.run_id, published},
+      [&](const PermuteBlock* partner) {
+        if (partner != nullptr) {
+          if (push) {
+            std::memcpy(partner->data, c.src, c.bytes);
+          } else {
+            std::memcpy(c.dst, partner->data, c.bytes);
+          }
+        }
+        return ffi::Error::Success();
+      },
+      [](void*) { return ffi::Error::Success(); });
+}
+
+}  // namespace jax_tma
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTmaPpermuteCpu, jax_tma::PpermuteCpuImpl,
+                              jax_tma::BindPpermuteCall(xla::ffi::Ffi::Bind()));

@@ -1,0 +1,183 @@
+// Host-side meeting of the devices of one jax_tma.ppermute (see the header).
+// XLA runs each device's part of a multi-device program on its own host
+// thread, so the handlers of one call meet here concurrently; a device whose
+// peer never arrives returns an error after kWait instead of hanging.
+#include "ppermute/ppermute_rendezvous.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace jax_tma {
+namespace {
+
+constexpr std::chrono::seconds kWait{120};
+
+struct Slot {
+  int64_t calls = 0;       // calls this participant has started
+  int64_t published = -1;  // generation of `block`
+  int64_t departed = -1;   // generation whose copy finished
+  PermuteBlock block;
+};
+
+}  // namespace
+
+struct PermuteMeeting::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Slot> slots;
+  std::string abort_message;  // non-empty once a participant failed
+};
+
+ffi::Error PlanPermute(int device, ffi::Span<const int64_t> devices,
+                       ffi::Span<const int64_t> sources, bool push, PermutePlan* plan) {
+  const int64_t n = static_cast<int64_t>(devices.size());
+  if (n < 1 || static_cast<int64_t>(sources.size()) != n) {
+    return InvalidArgument(kPpermuteOp, "devices has ", n, " entries and sources ",
+                           sources.size(), "; both need one entry per device");
+  }
+  plan->size = static_cast<int>(n);
+  plan->self = -1;
+  plan->push = push;
+  plan->devices.assign(devices.begin(), devices.end());
+  std::vector<int> receivers(n, -1);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < i; ++j) {
+      if (devices[i] == devices[j]) {
+        return InvalidArgument(kPpermuteOp, "device ", devices[i],
+                               " appears twice in devices (positions ", j,
+                               " and ", i, ")");
+      }
+    }
+    const int64_t s = sources[i];
+    if (s < -1 || s >= n) {
+      return InvalidArgument(kPpermuteOp, "sources[", i, "] = ", s,
+                             " is not a position in [0, ", n, ") or -1");
+    }
+    if (s >= 0) {
+      if (receivers[s] >= 0) {
+        return InvalidArgument(kPpermuteOp, "position ", s,
+                               " is the source of both ", receivers[s], " and ",
+                               i, "; sources must be a permutation");
+      }
+      receivers[s] = static_cast<int>(i);
+    }
+    if (devices[i] == device) plan->self = static_cast<int>(i);
+  }
+  if (plan->self < 0) {
+    return InvalidArgument(kPpermuteOp, "device ", device,
+                           " is not among the devices of this ppermute");
+  }
+  plan->source = static_cast<int>(sources[plan->self]);
+  plan->destination = receivers[plan->self];
+  return ffi::Error::Success();
+}
+
+namespace {
+
+// States live as long as the process: a lowered ppermute may run again at
+// any time, and a handful of bytes per lowering is all they cost.
+ffi::Error GetState(int64_t instance, int size, PermuteMeeting::State** out) {
+  static std::mutex mu;
+  static auto* states =
+      new std::unordered_map<int64_t, std::unique_ptr<PermuteMeeting::State>>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto& state = (*states)[instance];
+  if (!state) {
+    state = std::make_unique<PermuteMeeting::State>();
+    state->slots.resize(size);
+  }
+  if (static_cast<int>(state->slots.size()) != size) {
+    return InvalidArgument(kPpermuteOp, "instance ", instance, " was first run on ",
+                           state->slots.size(), " devices and now on ", size);
+  }
+  *out = state.get();
+  return ffi::Error::Success();
+}
+
+template <typename Ready>
+ffi::Error Await(PermuteMeeting::State* s, std::unique_lock<std::mutex>& lock,
+                 const PermutePlan& plan, int peer, int64_t generation,
+                 const char* what, Ready ready) {
+  const bool ok = s->cv.wait_for(lock, kWait, [&] {
+    return !s->abort_message.empty() || ready();
+  });
+  if (!s->abort_message.empty()) {
+    return ffi::Error::Internal(std::string(kPpermuteOp) + ": " + s->abort_message);
+  }
+  if (!ok) {
+    return ffi::Error::Internal(
+        std::string(kPpermuteOp) + ": device " + std::to_string(plan.devices[plan.self]) +
+        " waited " + std::to_string(kWait.count()) + " s for device " +
+        std::to_string(plan.devices[peer]) + " to " + what + " call " +
+        std::to_string(generation) +
+        " of this ppermute; every device of the mesh must run the program");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error PermuteMeeting::Arrive(int64_t instance, const PermutePlan& plan,
+                                  const PermuteBlock& own, PermuteBlock* partner_block) {
+  State* s = nullptr;
+  JAX_TMA_RETURN_IF_FAILED(GetState(instance, plan.size, &s));
+  state_ = s;
+  plan_ = &plan;
+  std::unique_lock<std::mutex> lock(s->mu);
+  Slot& me = s->slots[plan.self];
+  const int64_t gen = generation_ = me.calls++;
+  me.block = own;
+  me.published = gen;
+  s->cv.notify_all();
+  const int partner = plan.partner();
+  if (partner < 0) return ffi::Error::Success();
+  const Slot& other = s->slots[partner];
+  // The partner cannot move past this generation before this device
+  // departs (it waits for it in Depart), so the block read here is `gen`'s.
+  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, plan, partner, gen, "publish its buffer for",
+                                 [&] { return other.published >= gen; }));
+  if (other.block.run_id != own.run_id) {
+    return ffi::Error::Internal(
+        std::string(kPpermuteOp) + ": call " + std::to_string(gen) + " on device " +
+        std::to_string(plan.devices[plan.self]) + " belongs to run " +
+        std::to_string(own.run_id) + " but on device " +
+        std::to_string(plan.devices[partner]) + " to run " +
+        std::to_string(other.block.run_id) +
+        "; executions of this program reached the devices in different orders");
+  }
+  *partner_block = other.block;
+  return ffi::Error::Success();
+}
+
+ffi::Error PermuteMeeting::Depart(void** partnered_by_done) {
+  State* s = state_;
+  const PermutePlan& plan = *plan_;
+  const int64_t gen = generation_;
+  std::unique_lock<std::mutex> lock(s->mu);
+  s->slots[plan.self].departed = gen;
+  s->cv.notify_all();
+  const int by = plan.partnered_by();
+  if (by < 0) return ffi::Error::Success();
+  const Slot& other = s->slots[by];
+  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, plan, by, gen, "finish its copy in",
+                                 [&] { return other.departed >= gen; }));
+  *partnered_by_done = other.block.done;
+  return ffi::Error::Success();
+}
+
+void PermuteMeeting::Abort(std::string_view why) {
+  if (state_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (state_->abort_message.empty()) {
+    state_->abort_message = "device " + std::to_string(plan_->devices[plan_->self]) +
+                            " failed (" + std::string(why) +
+                            "); this ppermute cannot run again in this process";
+  }
+  state_->cv.notify_all();
+}
+
+}  // namespace jax_tma

@@ -1,0 +1,175 @@
+// The SIMT window kernel and its launcher: any rank, strides, alignment and start, forward
+// and transpose (window_common.h). Warps copy runs of output rows; what
+// lies inside the input moves as one strided copy, the rest is fill. The
+// path for every geometry the TMA tiled kernel cannot take, and for traced
+// or unaligned starts under method="auto" (jax_tma/_window.py says why).
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/device_info.h"
+#include "window/window_launch.h"
+
+namespace jax_tma {
+namespace {
+
+constexpr int kWindowThreads = 256;
+
+struct Bytes16 {
+  uint64_t lo, hi;
+};
+
+// One warp takes kWindowRun consecutive elements of one window row per item:
+// the row's source offset is decoded once per item (the divisions). The part
+// of the run that reads the input (InnerSpan) is copied with no per-element
+// checks: lane-strided loads, kPer per lane in flight, then the stores
+// (coalesced when the innermost stride is 1); the rest is fill. Strided
+// transposes map each element (MapCoord), kSlowPer in flight. 8 elements (or
+// 16-B vectors) per lane, runs of 1024 and registers capped for two
+// 256-thread blocks per SM were chosen over other shapes with
+// benchmarks/bench_window.py.
+template <typename T>
+constexpr int kWindowPer = sizeof(T) <= 4 ? 8 : 4;
+template <typename T>
+constexpr int64_t kWindowRun = int64_t{32} * kWindowPer<T> * 4;
+constexpr int kSlowPer = 4;
+constexpr int kWindowMinBlocks = 2;
+
+// dst[i] = src[i * step] for i in [0, n): lane `lane` of a warp, kPer
+// loads per lane in flight.
+template <typename V, int kPer>
+__device__ __forceinline__ void CopyStrided(const V* __restrict__ src, int64_t step,
+                                            V* __restrict__ dst, int64_t n, int lane) {
+  constexpr int64_t kStep = 32 * kPer;
+  const int64_t whole = n / kStep * kStep;
+  const V* p = src + lane * step;
+  V* q = dst + lane;
+  for (int64_t k = 0; k < whole; k += kStep) {
+    V v[kPer];
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) v[u] = p[u * 32 * step];
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) q[u * 32] = v[u];
+    p += kStep * step;
+    q += kStep;
+  }
+  for (int64_t i = whole + lane; i < n; i += 32) dst[i] = src[i * step];
+}
+
+// The same for a span of the window. A contiguous span whose source and
+// destination are equally aligned modulo 16 B (a traced start may be
+// anything) moves in 16-B vectors after a scalar head; other spans move
+// element by element, the warp's loads still coalesced (aligned vector
+// loads shifted into place, through a second load or a warp shuffle, were
+// slower).
+template <typename T>
+__device__ __forceinline__ void CopySpan(const T* __restrict__ src, int64_t step,
+                                         T* __restrict__ dst, int64_t n, int lane) {
+  const auto s = reinterpret_cast<std::uintptr_t>(src);
+  const auto d = reinterpret_cast<std::uintptr_t>(dst);
+  if (sizeof(T) < 16 && step == 1 && ((s ^ d) & 15) == 0) {  // warp-uniform
+    constexpr int64_t kPerVec = 16 / sizeof(T);
+    const int64_t head = min(n, static_cast<int64_t>((16 - (d & 15)) & 15) / sizeof(T));
+    const int64_t nvec = (n - head) / kPerVec;
+    const int64_t tail = head + nvec * kPerVec;
+    for (int64_t i = lane; i < head; i += 32) dst[i] = src[i];
+    CopyStrided<uint4, 8>(reinterpret_cast<const uint4*>(src + head), 1,
+                          reinterpret_cast<uint4*>(dst + head), nvec, lane);
+    for (int64_t i = tail + lane; i < n; i += 32) dst[i] = src[i];
+    return;
+  }
+  CopyStrided<T, kWindowPer<T>>(src, step, dst, n, lane);
+}
+
+template <typename T, bool kMapEach>
+__global__ void __launch_bounds__(kWindowThreads, kWindowMinBlocks)
+    SimtWindowKernel(const WindowGeometry g, const T* __restrict__ src, T* __restrict__ dst,
+                     T fill) {
+  const int last = g.rank - 1;
+  const int64_t inner = g.dst_dims[last];
+  const int64_t rows_per_batch = g.dst_spatial / inner;
+  const int64_t rows = g.batch * rows_per_batch;
+  const int64_t runs = (inner + kWindowRun<T> - 1) / kWindowRun<T>;
+  const int lane = threadIdx.x % 32;
+  const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
+  int64_t s[kMaxWindowRank];
+  int64_t loaded_bt = -1;
+  for (int64_t item = warp; item < rows * runs; item += warps) {
+    const int64_t row = item / runs;
+    const int64_t first = (item - row * runs) * kWindowRun<T>;
+    const int64_t len = min(kWindowRun<T>, inner - first);
+    const int64_t b = row / rows_per_batch;
+    const int64_t bt = g.starts.batched ? b : 0;
+    if (bt != loaded_bt) {
+      for (int d = 0; d < g.rank; ++d) s[d] = ReadStart(g.starts, g.rank, bt, d);
+      loaded_bt = bt;
+    }
+    const int64_t base = WindowRowSource(g, s, row - b * rows_per_batch);
+    const T* sb = src + (g.src_batched ? b : 0) * g.src_spatial;
+    T* const drow = dst + row * inner;
+    if constexpr (kMapEach) {
+      for (int64_t k = first + lane; k < first + len; k += 32 * kSlowPer) {
+        T v[kSlowPer];
+#pragma unroll
+        for (int u = 0; u < kSlowPer; ++u) {
+          const int64_t i = k + u * 32;
+          const int64_t c = base >= 0 && i < first + len ? MapCoord(g, last, i, s[last]) : -1;
+          v[u] = c >= 0 ? sb[base + c] : fill;
+        }
+#pragma unroll
+        for (int u = 0; u < kSlowPer; ++u) {
+          if (k + u * 32 < first + len) drow[k + u * 32] = v[u];
+        }
+      }
+    } else {
+      int64_t lo = first + len;  // a row that reads nothing is all fill
+      int64_t hi = lo;
+      int64_t c_lo = 0;
+      int64_t step = 0;
+      if (base >= 0) InnerSpan(g, s[last], first, len, &lo, &hi, &c_lo, &step);
+      for (int64_t i = first + lane; i < lo; i += 32) drow[i] = fill;
+      if (hi > lo) CopySpan<T>(sb + base + c_lo, step, drow + lo, hi - lo, lane);
+      for (int64_t i = hi + lane; i < first + len; i += 32) drow[i] = fill;
+    }
+  }
+}
+
+template <typename T>
+ffi::Error Launch(const WindowGeometry& g, const void* src, void* dst, T fill,
+                  cudaStream_t stream, const DeviceInfo& info) {
+  const int64_t inner = g.dst_dims[g.rank - 1];
+  const int64_t items = g.batch * (g.dst_spatial / inner) *
+                        ((inner + kWindowRun<T> - 1) / kWindowRun<T>);
+  const int64_t warps_per_block = kWindowThreads / 32;
+  const int grid = static_cast<int>(std::clamp<int64_t>(
+      (items + warps_per_block - 1) / warps_per_block, 1,
+      static_cast<int64_t>(info.sm_count) * 16));
+  // Strided transposes interleave src elements with zeros: no span form.
+  const bool map_each = g.transpose && g.strides[g.rank - 1] != 1;
+  auto kernel = map_each ? SimtWindowKernel<T, true> : SimtWindowKernel<T, false>;
+  kernel<<<grid, kWindowThreads, 0, stream>>>(g, static_cast<const T*>(src),
+                                              static_cast<T*>(dst), fill);
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error LaunchSimtWindow(const WindowGeometry& g, const void* src, void* dst,
+                            cudaStream_t stream, int device) {
+  if (g.batch * g.dst_spatial == 0) return ffi::Error::Success();
+  DeviceInfo info;
+  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
+  const uint64_t f = g.fill_bits;
+  switch (g.elem_bytes) {
+    case 1: return Launch<uint8_t>(g, src, dst, static_cast<uint8_t>(f), stream, info);
+    case 2: return Launch<uint16_t>(g, src, dst, static_cast<uint16_t>(f), stream, info);
+    case 4: return Launch<uint32_t>(g, src, dst, static_cast<uint32_t>(f), stream, info);
+    case 8: return Launch<uint64_t>(g, src, dst, f, stream, info);
+    case 16: return Launch<Bytes16>(g, src, dst, Bytes16{f, f}, stream, info);
+    default:
+      return InvalidArgument(kWindowOp, "element size ", g.elem_bytes, " B is not supported");
+  }
+}
+
+}  // namespace jax_tma
