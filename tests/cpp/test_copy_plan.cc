@@ -1,0 +1,150 @@
+// jax_tma.copy's host rules (ffi/copy/copy_plan.h): the kernel each method
+// takes, the bulk configurations and each rule that rejects one (with its
+// reason), the bulk kernel's chunking and grid, and the counter-slot pool.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "copy/copy_plan.h"
+
+namespace jax_tma {
+namespace {
+
+const void* Addr(std::uintptr_t a) { return reinterpret_cast<const void*>(a); }
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+void TestKernelChoice() {
+  const void* s = Addr(0x100000);
+  const void* d = Addr(0x200000);
+  CHECK(ChooseCopyKernel(CopyMethod::kAuto, 0, true, s, d) == CopyKernel::kNone);
+  CHECK(ChooseCopyKernel(CopyMethod::kAuto, kAutoBulkMinBytes - 1, true, s, d) ==
+        CopyKernel::kSimt);
+  CHECK(ChooseCopyKernel(CopyMethod::kAuto, kAutoBulkMinBytes, true, s, d) == CopyKernel::kBulk);
+  CHECK(ChooseCopyKernel(CopyMethod::kAuto, 64 * kMiB, false, s, d) == CopyKernel::kSimt);
+  CHECK(ChooseCopyKernel(CopyMethod::kBulk, 1, true, s, d) == CopyKernel::kBulk);
+  CHECK(ChooseCopyKernel(CopyMethod::kSimt, 64 * kMiB, true, s, d) == CopyKernel::kSimt);
+  // Equally misaligned buffers share an aligned body; others have none.
+  CHECK(ChooseCopyKernel(CopyMethod::kBulk, kMiB, true, Addr(0x100003), Addr(0x200003)) ==
+        CopyKernel::kBulk);
+  CHECK(ChooseCopyKernel(CopyMethod::kBulk, kMiB, true, Addr(0x100008), d) == CopyKernel::kSimt);
+  CHECK(HasBulkBody(Addr(0x10), Addr(0x20)));
+  CHECK(!HasBulkBody(Addr(0x10), Addr(0x21)));
+}
+
+void TestConfigChoice() {
+  CHECK_EQ(ChooseBulkCopyConfig(64 * kMiB, 5).dynamic, true);
+  CHECK_EQ(ChooseBulkCopyConfig(kDynamicBulkMinBytes - 1, 5).dynamic, false);
+  CHECK_EQ(ChooseBulkCopyConfig(64 * kMiB, kNoCounterSlot).dynamic, false);
+  CHECK_EQ(ChooseBulkCopyConfig(64 * kMiB, kNoCounterSlot).chunk_bytes,
+           kDefaultBulkCopyConfig.chunk_bytes);
+}
+
+std::string ConfigWhy(BulkCopyConfig c, int slot = kRawCounterSlot) {
+  std::string why;
+  return CheckBulkCopyConfig(c, slot, &why) ? "ok" : why;
+}
+
+void TestConfigRules() {
+  CHECK_EQ(ConfigWhy(kDefaultBulkCopyConfig), "ok");
+  CHECK_EQ(ConfigWhy(kDynamicBulkCopyConfig), "ok");
+  CHECK_EQ(ConfigWhy({32768, 1, 4}),
+           "bad pipeline config: chunk_bytes=32768 (a multiple of 128 in [1024, 2^20)) "
+           "stages=1 (2..16) chunks_per_cta=4 (>= 1)");
+  CHECK(ConfigWhy({32768, 17, 4}) != "ok");
+  CHECK(ConfigWhy({1000, 4, 4}) != "ok");
+  CHECK(ConfigWhy({1024 + 64, 4, 4}) != "ok");
+  CHECK(ConfigWhy({1u << 20, 4, 4}) != "ok");
+  CHECK(ConfigWhy({32768, 4, 0}) != "ok");
+  CHECK_EQ(ConfigWhy({(1u << 20) - 128, 2, 1}), "ok");
+  CHECK_EQ(ConfigWhy(kDynamicBulkCopyConfig, kNoCounterSlot),
+           "the dynamic schedule needs a counter slot in [0, 1024), got -1");
+  CHECK(ConfigWhy(kDynamicBulkCopyConfig, kBulkCounterSlots) != "ok");
+  CHECK_EQ(ConfigWhy(kDefaultBulkCopyConfig, kNoCounterSlot), "ok");  // static needs none
+}
+
+void TestStaticLayout() {
+  // 1 MiB on 132 SMs: chunks shrink to 2 KiB so every SM gets a full
+  // pipeline, 4 per CTA.
+  BulkCopyPlan p;
+  std::string why;
+  CHECK(PlanBulkCopy(kDefaultBulkCopyConfig, kNoCounterSlot, kMiB, Addr(0x100000), 132, 0, &p,
+                     &why));
+  CHECK_EQ(p.head, int64_t{0});
+  CHECK_EQ(p.body, static_cast<int64_t>(kMiB));
+  CHECK_EQ(p.chunk, 2048u);
+  CHECK_EQ(p.chunks_per_cta, int64_t{4});
+  CHECK_EQ(p.blocks, int64_t{128});
+  CHECK_EQ(p.smem, std::size_t{4 * 2048});
+  // Large copies keep the configured chunk; one round per CTA.
+  CHECK(PlanBulkCopy(kDefaultBulkCopyConfig, kNoCounterSlot, 1024 * kMiB, Addr(0x100000), 132,
+                     0, &p, &why));
+  CHECK_EQ(p.chunk, 32768u);
+  CHECK_EQ(p.chunks_per_cta, int64_t{4});
+  CHECK_EQ(p.blocks, int64_t{8192});
+  // An unaligned start: the head reaches the next 16-B boundary, the tail
+  // is what is left below a whole 16 B.
+  CHECK(PlanBulkCopy(kDefaultBulkCopyConfig, kNoCounterSlot, 100, Addr(0x100003), 132, 0, &p,
+                     &why));
+  CHECK_EQ(p.head, int64_t{13});
+  CHECK_EQ(p.body, int64_t{80});
+  CHECK_EQ(p.chunk, 1024u);
+  CHECK_EQ(p.blocks, int64_t{1});
+  // Tiny copies have no body at all.
+  CHECK(PlanBulkCopy(kDefaultBulkCopyConfig, kNoCounterSlot, 5, Addr(0x100003), 132, 0, &p, &why));
+  CHECK_EQ(p.head, int64_t{5});
+  CHECK_EQ(p.body, int64_t{0});
+  // Past the grid limit.
+  CHECK(!PlanBulkCopy({1024, 2, 1}, kNoCounterSlot, std::size_t{1} << 50, Addr(0x100000), 132, 0,
+                      &p, &why));
+  CHECK_EQ(why, "the copy of 1125899906842624 B needs 1099511627776 CTAs, over the grid limit");
+}
+
+void TestDynamicLayout() {
+  // One CTA per free slot (132 SMs x 3 resident), whatever the size.
+  BulkCopyPlan p;
+  std::string why;
+  CHECK(PlanBulkCopy(kDynamicBulkCopyConfig, 7, 1024 * kMiB, Addr(0x100000), 132, 3, &p, &why));
+  CHECK_EQ(p.chunk, kDynamicBulkCopyConfig.chunk_bytes);
+  CHECK_EQ(p.chunks_per_cta, kDynamicBulkCopyConfig.chunks_per_cta);
+  CHECK_EQ(p.blocks, int64_t{132 * 3});
+  CHECK_EQ(p.smem, std::size_t{16 * 8192});
+  // Fewer chunks than slots: one static round covers them.
+  CHECK(PlanBulkCopy(kDynamicBulkCopyConfig, 7, 64 * 8192, Addr(0x100000), 132, 3, &p, &why));
+  CHECK_EQ(p.blocks, int64_t{16});
+  CHECK(!PlanBulkCopy(kDynamicBulkCopyConfig, kNoCounterSlot, kMiB, Addr(0x100000), 132, 3, &p,
+                      &why));
+  CHECK_EQ(why, "the dynamic schedule needs a counter slot in [0, 1024), got -1");
+}
+
+void TestSlotPool() {
+  // Every slot but the raw hook's can be taken once; then none is left
+  // until one is released.
+  std::vector<int> taken;
+  for (int slot = AcquireBulkCounterSlot(); slot != kNoCounterSlot;
+       slot = AcquireBulkCounterSlot()) {
+    CHECK(slot != kRawCounterSlot);
+    taken.push_back(slot);
+  }
+  CHECK_EQ(static_cast<int>(taken.size()), kBulkCounterSlots - 1);
+  ReleaseBulkCounterSlot(taken.back());
+  CHECK_EQ(AcquireBulkCounterSlot(), taken.back());
+  CHECK_EQ(AcquireBulkCounterSlot(), kNoCounterSlot);
+  ReleaseBulkCounterSlot(kRawCounterSlot);  // never handed out: ignored
+  CHECK_EQ(AcquireBulkCounterSlot(), kNoCounterSlot);
+  for (int slot : taken) ReleaseBulkCounterSlot(slot);
+}
+
+}  // namespace
+}  // namespace jax_tma
+
+int main() {
+  jax_tma::TestKernelChoice();
+  jax_tma::TestConfigChoice();
+  jax_tma::TestConfigRules();
+  jax_tma::TestStaticLayout();
+  jax_tma::TestDynamicLayout();
+  jax_tma::TestSlotPool();
+  return jax_tma::testing::Failures("test_copy_plan");
+}
