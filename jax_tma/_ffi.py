@@ -75,6 +75,15 @@ def cuda_compiled() -> bool:
     return bool(_ext.cuda_compiled)
 
 
+def path_counts() -> dict[str, int]:
+    """How many calls each op's handlers sent down each path since the
+    extension loaded, as {"op.path": n}: "copy.cpu", "copy.bulk",
+    "copy.simt", "window.tiled", "window.simt", "im2col.tma",
+    "broadcast.store", "ppermute.bulk", ... Which kernel a method really ran,
+    for tests. A CUDA graph that XLA replays counts once, when recorded."""
+    return dict(_ext.path_counts())
+
+
 def _sdy_rule(shapes_in: Sequence[Sequence[int]],
               shapes_out: Sequence[Sequence[int]], batch: int):
     """An sdy.op_sharding_rule where the first `batch` dims of every operand

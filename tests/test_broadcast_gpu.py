@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import jax_tma
+from paths import run_on_path
 from reference import ALL_DTYPES, assert_bits_equal, broadcast_reference, random_array
 
 pytestmark = pytest.mark.gpu
@@ -29,9 +30,10 @@ def _into_donated(n, axis, method, cluster_size):
     return jax.jit(f, donate_argnums=1, keep_unused=True)
 
 
-def broadcast_poisoned(x, n, axis, method, cluster_size, device):
+def broadcast_poisoned(x, n, axis, method, cluster_size, device, path):
     """Runs the broadcast into a donated, poisoned output buffer (checked to be
-    written in place), so unwritten elements would show."""
+    written in place), so unwritten elements would show, and checks that the
+    handler took `path` ("broadcast.store", ...)."""
     f = _into_donated(n, axis, method, cluster_size)
     shape = x.shape[:axis] + (n,) + x.shape[axis:]
     poison = jax.device_put(
@@ -41,7 +43,7 @@ def broadcast_poisoned(x, n, axis, method, cluster_size, device):
     hlo = f.lower(xd, poison).compile().as_text()
     assert "input_output_alias" in hlo and not re.search(r"\bcopy(-start)?\(", hlo)
     ptr = poison.unsafe_buffer_pointer()
-    y = f(xd, poison)
+    y = run_on_path(path, f, xd, poison)
     assert y.unsafe_buffer_pointer() == ptr
     return y
 
@@ -60,7 +62,9 @@ SHAPES = [
 def test_every_method_and_cluster_size(gpu, rng, method, cluster_size):
     for (shape, axis, n), dtype in zip(SHAPES, (jnp.bfloat16, np.float32, np.uint8)):
         x = random_array(rng, shape, dtype)
-        got = broadcast_poisoned(x, n, axis, method, cluster_size, gpu)
+        # Every shape has a tensor-map form: auto takes the store kernel.
+        path = "broadcast." + ("store" if method == "auto" else method)
+        got = broadcast_poisoned(x, n, axis, method, cluster_size, gpu, path)
         assert_bits_equal(got, broadcast_reference(x, n, axis))
 
 
@@ -68,14 +72,15 @@ def test_every_method_and_cluster_size(gpu, rng, method, cluster_size):
 def test_every_dtype(gpu, rng, dtype):
     x = random_array(rng, (48, 256), dtype)  # rows of >= 128 B: multicast slices align
     for method, cluster_size in (("auto", None), ("multicast", 4), ("dsmem", 8), ("simt", None)):
-        got = broadcast_poisoned(x, 6, 1, method, cluster_size, gpu)
+        path = "broadcast." + ("store" if method == "auto" else method)
+        got = broadcast_poisoned(x, 6, 1, method, cluster_size, gpu, path)
         assert_bits_equal(got, broadcast_reference(x, 6, 1))
 
 
 def test_odd_replica_sizes_take_simt_under_auto(gpu, rng):
     # 3 x 7 x 2 B = 42 B per replica: no tensor-map form; auto gives the same bytes.
     x = random_array(rng, (5, 3, 7), jnp.float16)
-    assert_bits_equal(broadcast_poisoned(x, 4, 1, "auto", None, gpu),
+    assert_bits_equal(broadcast_poisoned(x, 4, 1, "auto", None, gpu, "broadcast.simt"),
                       broadcast_reference(x, 4, 1))
 
 

@@ -16,6 +16,7 @@ import pytest
 
 import jax_tma
 from jax_tma import _ffi
+from paths import run_on_path
 from reference import (ALL_DTYPES, assert_bits_equal, random_array, seed_note,
                        skip_unless_required)
 
@@ -46,7 +47,16 @@ def _copy_into_donated(method):
                    keep_unused=True)
 
 
+def copy_path(method: str, nbytes: int) -> str:
+    """The kernel jax_tma.copy runs on a TMA GPU: auto takes SIMT below
+    _auto_bulk_min_bytes and bulk from there up."""
+    simt = method == "simt" or (method == "auto" and nbytes < _ffi._ext._auto_bulk_min_bytes)
+    return "copy.simt" if simt else "copy.bulk"
+
+
 def copy_poisoned(x: np.ndarray, method: str, device) -> jax.Array:
+    """Copies `x` into a donated, poisoned output buffer (checked to be written
+    in place) and checks that the kernel `method` claims ran."""
     f = _copy_into_donated(method)
     xd, poison = jax.device_put(x, device), poisoned_like(x, device)
     if not x.size:
@@ -55,7 +65,7 @@ def copy_poisoned(x: np.ndarray, method: str, device) -> jax.Array:
     assert "input_output_alias" in hlo and not re.search(r"\bcopy(-start)?\(", hlo), \
         "XLA does not write the copy straight into the donated buffer"
     ptr = poison.unsafe_buffer_pointer()
-    y = f(xd, poison)
+    y = run_on_path(copy_path(method, x.nbytes), f, xd, poison)
     assert y.unsafe_buffer_pointer() == ptr, "XLA did not reuse the poisoned buffer"
     return y
 
@@ -184,7 +194,7 @@ def test_over_4_gib_and_2_pow_31_elements(gpu, rng, method):
     n = (1 << 31) + 7
     x = jax.random.bits(jax.random.key(int(rng.integers(2**31))), (n,), jnp.uint16)
     x = jax.device_put(x, gpu)
-    y = jax.jit(functools.partial(jax_tma.copy, method=method))(x)
+    y = run_on_path(f"copy.{method}", jax.jit(functools.partial(jax_tma.copy, method=method)), x)
     assert bool(jax.jit(lambda a, b: jnp.array_equal(a, b))(x, y))
     # and the very end, read back on the host
     np.testing.assert_array_equal(np.asarray(y[-4096:]), np.asarray(x[-4096:]))

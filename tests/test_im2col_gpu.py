@@ -15,6 +15,7 @@ import pytest
 from jax import lax
 
 import jax_tma
+from paths import run_on_path
 from reference import (ALL_DTYPES, IM2COL_EMPTY_CASES, IM2COL_EMPTY_IDS, assert_bits_equal,
                        cpu_device, im2col_reference, random_array, raw_im2col)
 
@@ -34,9 +35,10 @@ def _into_donated(op, kernel, geo):
     return jax.jit(f, donate_argnums=1, keep_unused=True)
 
 
-def poisoned(op, a, out_shape, kernel, device, **geo):
+def poisoned(op, a, out_shape, kernel, device, path, **geo):
     """Runs `op` into a donated, poisoned output buffer (checked to be
-    written in place), so unwritten elements would show."""
+    written in place), so unwritten elements would show, and checks that the
+    handler took `path` ("im2col.tma" or "im2col.simt")."""
     f = _into_donated(op, kernel, tuple(sorted(geo.items())))
     poison = jax.device_put(
         np.full(math.prod(out_shape) * a.dtype.itemsize, POISON, np.uint8)
@@ -45,7 +47,7 @@ def poisoned(op, a, out_shape, kernel, device, **geo):
     hlo = f.lower(ad, poison).compile().as_text()
     assert "input_output_alias" in hlo and not re.search(r"\bcopy(-start)?\(", hlo)
     ptr = poison.unsafe_buffer_pointer()
-    y = f(ad, poison)
+    y = run_on_path(path, f, ad, poison)
     assert y.unsafe_buffer_pointer() == ptr
     return y
 
@@ -79,7 +81,8 @@ def test_random_im2col(gpu, rng, trial):
     order = "channel_major" if trial % 5 == 4 else "tap_major"
     x = random_array(rng, shape, dtype)
     got = poisoned(jax_tma.im2col, x, _out_shape(shape, kernel, strides, dilation, pads),
-                   kernel, gpu, strides=strides, padding=pads, dilation=dilation, order=order)
+                   kernel, gpu, "im2col.simt", strides=strides, padding=pads, dilation=dilation,
+                   order=order)
     assert_bits_equal(got, im2col_reference(x, kernel, strides, pads, dilation, order))
 
 
@@ -90,7 +93,8 @@ def test_forced_tma_on_friendly_geometries(gpu, rng, trial):
     shape, kernel, strides, dilation, pads = _geometry(rng, r, True, dtype)
     x = random_array(rng, shape, dtype)
     got = poisoned(jax_tma.im2col, x, _out_shape(shape, kernel, strides, dilation, pads),
-                   kernel, gpu, strides=strides, padding=pads, dilation=dilation, method="tma")
+                   kernel, gpu, "im2col.tma", strides=strides, padding=pads, dilation=dilation,
+                   method="tma")
     assert_bits_equal(got, im2col_reference(x, kernel, strides, pads, dilation))
 
 
@@ -107,7 +111,9 @@ def test_conv_shapes_every_method(gpu, rng, shape, kernel, pads):
     want = im2col_reference(x, kernel, (1,) * len(kernel), pads, (1,) * len(kernel))
     tma_ok = shape[-1] * x.dtype.itemsize % 16 == 0  # else forced TMA names the rule
     for method in ("auto", "tma", "simt") if tma_ok else ("auto", "simt"):
-        got = poisoned(jax_tma.im2col, x, want.shape, kernel, gpu, padding=pads, method=method)
+        path = "im2col.tma" if method == "tma" else "im2col.simt"  # auto takes SIMT
+        got = poisoned(jax_tma.im2col, x, want.shape, kernel, gpu, path, padding=pads,
+                       method=method)
         assert_bits_equal(got, want)
 
 
@@ -120,7 +126,7 @@ def test_random_col2im_matches_the_cpu_handler(gpu, rng, trial):
     p = random_array(rng, _out_shape(shape, kernel, strides, dilation, pads), dtype)
     geo = dict(strides=strides, padding=pads, dilation=dilation, order=order)
     got = poisoned(lambda a, k, **kw: jax_tma.col2im(a, shape, k, **kw), p, shape, kernel, gpu,
-                   **geo)
+                   "im2col.simt", **geo)
     want = jax_tma.col2im(jax.device_put(p, cpu_device()), shape, kernel, **geo)
     assert_bits_equal(got, want)
 
@@ -216,7 +222,7 @@ def test_empty_results_on_gpu(gpu, rng, shape, kernel, strides, dilation, paddin
             for order in ("tap_major", "channel_major"):
                 p = np.zeros(want_shape, dtype)
                 got = poisoned(lambda a, k, **kw: jax_tma.col2im(a, shape, k, **kw), p, shape,
-                               kernel, gpu, order=order, **geo)
+                               kernel, gpu, "im2col.simt", order=order, **geo)
                 assert_bits_equal(got, np.zeros(shape, dtype))
     # grad (im2col's VJP is col2im), under jit and vmap
     w = jax.device_put(np.zeros(want_shape, np.float32), gpu)
@@ -237,7 +243,8 @@ def test_cuda_handler_accepts_empty_output_dims(gpu, rng):
     x = random_array(rng, (2, 5, 4, 5, 8), np.float32)
     geo = dict(kernel=np.array([2, 3, 2]), dilation=np.array([1, 2, 1]),
                pad_lo=np.array([1, 0, 0]), pad_hi=np.array([0, 0, 1]))
-    with pytest.raises(Exception, match=r"jax_tma\.im2col: unknown method 'fast'"):
+    with pytest.raises(Exception, match=r"jax_tma\.im2col: method must be one of 'auto', 'tma', "
+                                        r"'simt', got 'fast'"):
         raw_im2col(x, (2, 5, 0, 5, 96), gpu, method="fast", **geo)  # the handler is reached
     for method in ("auto", "tma", "simt"):
         assert raw_im2col(x, (2, 5, 0, 5, 96), gpu, method=method, **geo).shape == (2, 5, 0, 5, 96)

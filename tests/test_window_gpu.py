@@ -1,6 +1,8 @@
 """jax_tma.window on a CUDA GPU: random geometries (every method that can run
 them) into poisoned outputs against the NumPy reference, bit-exact, NaN fill
-bits included; grad; the forced-TMA errors."""
+bits included, each checked to run the kernel its method claims (traced starts
+take SIMT under auto; static 16-B aligned ones the TMA tiled kernel where its
+rules hold); grad; the forced-TMA errors."""
 
 import functools
 import re
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 
 import jax_tma
+from paths import run_on_path
 from reference import ALL_DTYPES, assert_bits_equal, random_array, window_reference
 
 pytestmark = pytest.mark.gpu
@@ -31,21 +34,38 @@ def _window_into_donated(start_len, shape, strides, fill, method):
     return jax.jit(f, donate_argnums=2, keep_unused=True)
 
 
-def window_poisoned(x, start, shape, strides, fill, method, device):
-    """Runs the window into a donated, poisoned output buffer (checked to be
-    written in place), so unwritten elements would show."""
-    f = _window_into_donated(len(start), tuple(shape), tuple(strides), fill, method)
+def _into_poison(f, x, start_args, shape, device, path):
+    """f(x, *start_args, poison) into a donated, poisoned output buffer
+    (checked to be written in place, so unwritten elements would show), after
+    checking that the handler ran `path`."""
     poison = jax.device_put(
         np.full(int(np.prod(shape)) * x.dtype.itemsize, POISON, np.uint8)
         .view(x.dtype).reshape(shape), device)
     xd = jax.device_put(x, device)
-    s = jax.device_put(np.asarray(start, np.int32), device)
-    hlo = f.lower(xd, s, poison).compile().as_text()
+    hlo = f.lower(xd, *start_args, poison).compile().as_text()
     assert "input_output_alias" in hlo and not re.search(r"\bcopy(-start)?\(", hlo)
     ptr = poison.unsafe_buffer_pointer()
-    y = f(xd, s, poison)
+    y = run_on_path(path, f, xd, *start_args, poison)
     assert y.unsafe_buffer_pointer() == ptr
     return y
+
+
+def window_poisoned(x, start, shape, strides, fill, method, device):
+    """The window at a traced `start` into a poisoned output; a traced start
+    takes the SIMT kernel under auto (its alignment is unknown at trace time)."""
+    f = _window_into_donated(len(start), tuple(shape), tuple(strides), fill, method)
+    s = jax.device_put(np.asarray(start, np.int32), device)
+    path = "window.tiled" if method == "tma" else "window.simt"
+    return _into_poison(f, x, (s,), shape, device, path)
+
+
+def window_static_poisoned(x, start, shape, strides, fill, device, path):
+    """The window at a static `start` under method="auto" into a poisoned
+    output, checked to run `path`: the handler's own choice. A fresh jit, so
+    that its first execution reaches the handler."""
+    f = jax.jit(lambda a, poison: jax_tma.window(a, start, shape, strides=strides, fill=fill),
+                donate_argnums=1, keep_unused=True)
+    return _into_poison(f, x, (), shape, device, path)
 
 
 def _geometry(rng, rank, tma_friendly):
@@ -108,13 +128,47 @@ def test_simt_rows_at_every_alignment(gpu, rng, dtype):
             assert_bits_equal(got, window_reference(x, (1, col), (3, width)))
 
 
-def test_auto_with_static_starts(gpu, rng):
-    """Static starts reach the handler's own choice (TMA where the
-    innermost start is 16-B aligned, else SIMT)."""
-    x = random_array(rng, (40, 96), np.float32)
-    for start in [(3, 4), (3, 5), (-2, -8), (30, 80)]:
-        got = jax.jit(lambda a: jax_tma.window(a, start, (16, 32)))(jax.device_put(x, gpu))
-        assert_bits_equal(got, window_reference(x, start, (16, 32)))
+# (x shape, dtype, start, window shape, strides, fill): static starts whose
+# innermost offset is a multiple of 16 B, where the tiled kernel's rules hold.
+STATIC_TILED = [
+    ((40, 96), np.float32, (3, 4), (16, 32), (1, 1), 0),
+    ((40, 96), np.float32, (30, 80), (16, 32), (1, 1), 0),          # over both far edges
+    ((64, 128), jnp.bfloat16, (-5, -8), (80, 64), (1, 1), 0),       # before both near edges
+    ((24, 64), np.float32, (10, 32), (32, 64), (1, 1), "nan"),      # NaN fill patched in
+    ((8, 40, 64), np.uint8, (1, -2, 16), (4, 10, 32), (2, 3, 1), 0),  # outer strides
+    ((1000,), np.float64, (-6,), (1024,), (1,), 0),
+    ((6, 20, 16), np.complex128, (0, 3, 2), (6, 8, 8), (1, 2, 1), 0),
+]
+
+
+@pytest.mark.parametrize("x_shape,dtype,start,shape,strides,fill", STATIC_TILED,
+                         ids=[str(c[2]) for c in STATIC_TILED])
+def test_auto_with_static_aligned_starts_takes_the_tiled_kernel(gpu, rng, x_shape, dtype, start,
+                                                                shape, strides, fill):
+    x = random_array(rng, x_shape, dtype)
+    got = window_static_poisoned(x, start, shape, strides, fill, gpu, "window.tiled")
+    assert_bits_equal(got, window_reference(x, start, shape, strides, fill_nan=fill == "nan"))
+
+
+# Static starts where auto must take the SIMT kernel: an innermost start off
+# 16 B (Python's choice), or an aligned start that the tiled kernel's rules
+# still reject (the handler's choice).
+STATIC_SIMT = [
+    ((40, 96), np.float32, (3, 5), (16, 32), (1, 1)),       # inner start 20 B
+    ((40, 96), np.float32, (3, 4), (16, 5), (1, 1)),        # output rows of 20 B
+    ((40, 96), np.float32, (3, 4), (16, 32), (1, 2)),       # innermost stride 2
+    ((200, 64), np.float32, (0, 16), (16, 32), (9, 1)),     # element stride over 8
+    ((40, 25), np.uint8, (3, 0), (16, 16), (1, 1)),         # x rows of 25 B
+]
+
+
+@pytest.mark.parametrize("x_shape,dtype,start,shape,strides", STATIC_SIMT,
+                         ids=["inner-start", "output-row", "inner-stride", "stride-9", "x-row"])
+def test_auto_with_static_starts_falls_back_to_simt(gpu, rng, x_shape, dtype, start, shape,
+                                                     strides):
+    x = random_array(rng, x_shape, dtype)
+    got = window_static_poisoned(x, start, shape, strides, 0, gpu, "window.simt")
+    assert_bits_equal(got, window_reference(x, start, shape, strides))
 
 
 def test_large_window_and_traced_start(gpu, rng):
@@ -197,7 +251,8 @@ def test_forced_tma_rank_seven_merges_to_five(gpu, rng):
 def test_tiled_copy(gpu, rng, dtype):
     for shape in [(16,), (17, 64), (3, 5, 32), (1 << 20,), (3, 1000, 16)]:
         x = random_array(rng, shape, dtype)
-        y = jax.jit(functools.partial(jax_tma.copy, method="tiled"))(jax.device_put(x, gpu))
+        y = run_on_path("window.tiled", jax.jit(functools.partial(jax_tma.copy, method="tiled")),
+                        jax.device_put(x, gpu))
         assert_bits_equal(y, x)
 
 
