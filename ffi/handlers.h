@@ -1,14 +1,15 @@
-// Handler symbols of the CPU targets, one per op family; module.cc hands them
-// to Python. The CUDA handlers are declared in cuda/handlers.h.
+// Handler symbols of the CPU targets, one per op family (defined in
+// <op>/<op>_cpu.cc); module.cc hands them to Python. The CUDA handlers are
+// declared in cuda/handlers.h.
 #ifndef JAX_TMA_FFI_HANDLERS_H_
 #define JAX_TMA_FFI_HANDLERS_H_
 
 #include "xla/ffi/api/ffi.h"
 
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaCopyCpu);       // "jax_tma_copy"       copy/copy_cpu.cc
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaWindowCpu);     // "jax_tma_window"     window/window_cpu.cc
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaIm2colCpu);     // "jax_tma_im2col"     im2col/im2col_cpu.cc
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaBroadcastCpu);  // "jax_tma_broadcast"  broadcast/broadcast_cpu.cc
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaPpermuteCpu);   // "jax_tma_ppermute"   ppermute/ppermute_cpu.cc
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaCopyCpu);              // "jax_tma_copy"
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaWindowCpu);            // "jax_tma_window"
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaIm2colCpu);            // "jax_tma_im2col"
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaBroadcastCpu);         // "jax_tma_broadcast"
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaPpermuteCpu);          // "jax_tma_ppermute"
 
 #endif  // JAX_TMA_FFI_HANDLERS_H_

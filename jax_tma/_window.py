@@ -369,9 +369,8 @@ def _inner_start_aligned(x_shape, dtype, static, first) -> bool:
     dim is `first`, is a static multiple of 16 bytes. Only then does auto let
     the handler take the TMA path: a TMA box must start 16-B aligned, so any
     other start is loaded wider and shifted in shared memory, which measured
-    slower than the SIMT kernel (H100, f32, 2026-11-22: a 4096^2 window of an
-    8192^2 array at (1, 1): SIMT 2.3-2.7 TB/s, TMA 2.0; at (16, 32): TMA 2.5,
-    SIMT 2.3). A traced start may be anything, so it takes SIMT too."""
+    slower than the SIMT kernel (benchmarks/bench_window.py). A traced start
+    may be anything, so it takes SIMT too."""
     if first >= len(static) or not isinstance(static[first], (int, np.integer)):
         return False
     elems = int(static[first]) * int(np.prod(x_shape[first + 1:]))

@@ -2,8 +2,9 @@
 // (window_plan.cc lays them out); each tile is one strided tensor-map load of
 // the input (the hardware skips the stride and fills what lies outside the
 // input) and one tensor-map store into the output (which clips at the
-// output's edge), staged in shared memory and pipelined. Out-of-bounds fills other than zero, and starts that are not
-// 16-B aligned along the innermost dim, get a small in-shared-memory fix-up.
+// output's edge), staged in shared memory and pipelined. Out-of-bounds fills
+// other than zero, and starts that are not 16-B aligned along the innermost
+// dim, get a small in-shared-memory fix-up.
 #include <cstdint>
 #include <string>
 

@@ -38,14 +38,16 @@ bool PlanTiledWindow(const WindowGeometry& g, const void* src, const void* dst,
     return Reject(why, "rank ", r, " is over the hardware's ", kMaxTiledWindowRank);
   }
   if (std::max(src_rank, dst_rank) > kMaxTiledWindowRank) {
-    return Reject(why, "rank ", r + 1, " (with the batch dim) is over the hardware's ", kMaxTiledWindowRank);
+    return Reject(why, "rank ", r + 1, " (with the batch dim) is over the hardware's ",
+                  kMaxTiledWindowRank);
   }
   if (g.strides[r - 1] != 1) {
     return Reject(why, "the innermost stride must be 1 for TMA (got ", g.strides[r - 1], ")");
   }
   for (int d = 0; d < r; ++d) {
     if (g.strides[d] > kMaxTensorMapElementStride) {
-      return Reject(why, "strides[", d, "] = ", g.strides[d], " is over the hardware's ", kMaxTensorMapElementStride);
+      return Reject(why, "strides[", d, "] = ", g.strides[d], " is over the hardware's ",
+                    kMaxTensorMapElementStride);
     }
   }
   for (int d = 0; d < r; ++d) {
@@ -62,14 +64,16 @@ bool PlanTiledWindow(const WindowGeometry& g, const void* src, const void* dst,
     // Conservative: CCCL's encoder rejects element strides above the dim; the
     // driver documentation is silent about it.
     if (sd < g.strides[d]) {
-      return Reject(why, "x dim ", d, " = ", sd, " is below strides[", d, "] = ", g.strides[d], " (a TMA element stride may not exceed its dim)");
+      return Reject(why, "x dim ", d, " = ", sd, " is below strides[", d, "] = ", g.strides[d],
+                    " (a TMA element stride may not exceed its dim)");
     }
   }
   if (dst_batch && g.batch > kMaxDstMapDim) {
     return Reject(why, "batch ", g.batch, " is over 2^31 - 1 (TMA coordinates are int32)");
   }
   if (g.dst_dims[r - 1] * k > kMaxDstMapDim) {
-    return Reject(why, "window dim ", r - 1, " = ", g.dst_dims[r - 1], " is over 2^30 (complex128 moves as two 8-byte elements)");
+    return Reject(why, "window dim ", r - 1, " = ", g.dst_dims[r - 1],
+                  " is over 2^30 (complex128 moves as two 8-byte elements)");
   }
   if (reinterpret_cast<std::uintptr_t>(src) % kTensorMapAlign != 0) {
     return Reject(why, "x address is not 16-B aligned");

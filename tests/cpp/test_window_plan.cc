@@ -39,7 +39,8 @@ WindowGeometry Window(std::vector<int64_t> x, std::vector<int64_t> shape,
   return g;
 }
 
-std::string Why(const WindowGeometry& g, const void* src = kAligned, const void* dst = kAlignedOut) {
+std::string Why(const WindowGeometry& g, const void* src = kAligned,
+                const void* dst = kAlignedOut) {
   std::string why;
   TiledWindowPlan plan;
   if (PlanTiledWindow(g, src, dst, &plan, &why)) return "fits";
