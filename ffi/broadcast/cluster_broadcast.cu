@@ -60,7 +60,9 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ uint8_t dynamic_smem[];
   // Same offset in every CTA of the cluster (same kernel, same layout), as
   // multicast and push need.
-  uint8_t* const tile = align_smem<kSmemTileAlign>(dynamic_smem);
+  uint8_t* const tile =
+      dynamic_smem + ((kSmemTileAlign - (smem_addr(dynamic_smem) & (kSmemTileAlign - 1))) &
+                      (kSmemTileAlign - 1));
   if (!kCluster && threadIdx.x != 0) return;
   const uint32_t rank = kCluster ? cluster_ctarank() : 0;
   // Cluster dims are (cluster, 1, 1): a cluster is `cluster` consecutive CTAs.

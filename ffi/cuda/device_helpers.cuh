@@ -16,14 +16,6 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// `base` (dynamic shared memory, only 16-B aligned) rounded up to kAlign, a
-// power of two; the launcher asks for kAlign bytes of slack
-// (SmemWithAlignSlack in launch.h).
-template <uint32_t kAlign>
-__device__ __forceinline__ uint8_t* align_smem(uint8_t* base) {
-  return base + ((kAlign - (smem_addr(base) & (kAlign - 1))) & (kAlign - 1));
-}
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define JAX_TMA_HAS_BULK_COPY 1
 #else

@@ -78,7 +78,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t first = static_cast<int64_t>(blockIdx.x) * a.jobs_per_cta;
   if (first >= a.total_jobs) return;
   const int n = static_cast<int>(min(a.jobs_per_cta, a.total_jobs - first));
-  uint8_t* const stages = align_smem<kSmemTileAlign>(dynamic_smem);
+  uint8_t* const stages =
+      dynamic_smem + ((kSmemTileAlign - (smem_addr(dynamic_smem) & (kSmemTileAlign - 1))) &
+                      (kSmemTileAlign - 1));
   for (int i = 0; i < kStages; ++i) mbarrier_init(&full[i], 1);
   fence_mbarrier_init();
   prefetch_tensor_map(&in_map);

@@ -238,7 +238,9 @@ __global__ void __launch_bounds__(kThreads)
   if (first >= a.total_tiles) return;
   const int n = static_cast<int>(min(a.tiles_per_cta, a.total_tiles - first));
   // Tensor copies need 128-B aligned shared memory; the launch adds the slack.
-  uint8_t* const stages = align_smem<kSmemTileAlign>(dynamic_smem);
+  uint8_t* const stages =
+      dynamic_smem + ((kSmemTileAlign - (smem_addr(dynamic_smem) & (kSmemTileAlign - 1))) &
+                      (kSmemTileAlign - 1));
   const bool leader = threadIdx.x == 0;
 
   // Thread 0's state: where the next load and store go, and the start of the
