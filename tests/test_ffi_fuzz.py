@@ -116,7 +116,9 @@ def _write_reference(call: Call) -> list[np.ndarray]:
 
 
 def _read_reference(call: Call) -> list[np.ndarray]:
-    return [np.bitwise_xor.reduce(call.operands[0].view(np.uint32).reshape(-1, 4), axis=0)]
+    # Flat first: an empty (0, 3) 1-byte array cannot be viewed as uint32 by rows.
+    words = np.ascontiguousarray(call.operands[0]).reshape(-1).view(np.uint32)
+    return [np.bitwise_xor.reduce(words.reshape(-1, 4), axis=0)]
 
 
 _COPY_NASTY = (
