@@ -19,15 +19,18 @@ _SCALE = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "B": 1, "KB": 1e3
           "us": 1e3, "ms": 1e6, "s": 1e9}
 
 
-def parse_csv(text: str) -> list[dict[str, Any]]:
+def parse_csv(text: str, metrics: Sequence[str] = METRICS) -> list[dict[str, Any]]:
     """Kernels of an `ncu --csv --page details` listing, in launch order:
-    {"id", "name", "metrics": {metric: value in bytes or ns}}. Lines that are
-    not CSV rows (ncu's ==PROF== lines) are skipped."""
+    {"id", "name", "metrics": {metric: value in bytes or ns}} for `metrics`
+    (other rows are left out). Lines that are not CSV rows (ncu's ==PROF==
+    lines) are skipped."""
     rows = list(csv.DictReader(line for line in text.splitlines() if line.startswith('"')))
     kernels: dict[int, dict[str, Any]] = {}
     for r in rows:
         k = kernels.setdefault(int(r["ID"]), {"id": int(r["ID"]), "name": r["Kernel Name"],
                                               "metrics": {}})
+        if r["Metric Name"] not in metrics:
+            continue
         unit = r["Metric Unit"]
         if unit not in _SCALE:
             raise ValueError(f"ncu: unknown unit {unit!r} of {r['Metric Name']}")

@@ -169,29 +169,33 @@ def render_window(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _im2col_rows(r: dict[str, Any], ours: tuple[str, ...], xla: tuple[str, ...],
+                 ceiling: str, vs: str) -> list[str]:
+    """Table rows: input, µs of `ours`, `xla` and `ceiling`, TB/s of ours[0],
+    then its ratios to `xla` and to the ceiling (row[vs])."""
+    out = []
+    for row in r["rows"]:
+        t = row["times"]
+        cells = [f"{tuple(row['shape'])} {row['dtype']}"]
+        cells += [_us(t[k]) for k in (*ours, *xla, ceiling)]
+        cells += [f"{row['busy_tbps'][ours[0]]:.2f}",
+                  " / ".join(f"{row[vs][k]:.2f}" for k in xla), f"{row[vs][ceiling]:.2f}"]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
 def render_im2col(r: dict[str, Any]) -> str:
     lines = ["GPU busy / span µs per call; TB/s and ratios by busy time:", "",
              "| input (3×3 SAME) | auto | tma | simt | XLA patches | XLA slice-concat | "
              "copy ceiling | auto TB/s | auto vs XLA: patches / slice-concat | "
              "auto vs ceiling |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for row in r["rows"]:
-        t, vs = row["times"], row["im2col_vs"]
-        lines.append(f"| {tuple(row['shape'])} {row['dtype']} | {_us(t['im2col_auto'])} | "
-                     f"{_us(t['im2col_tma'])} | {_us(t['im2col_simt'])} | "
-                     f"{_us(t['xla_patches'])} | {_us(t['xla_slice_concat'])} | "
-                     f"{_us(t['memcpy'])} | {row['busy_tbps']['im2col_auto']:.2f} | "
-                     f"{vs['xla_patches']:.2f} / {vs['xla_slice_concat']:.2f} | "
-                     f"{vs['memcpy']:.2f} |")
+    lines += _im2col_rows(r, ("im2col_auto", "im2col_tma", "im2col_simt"),
+                          ("xla_patches", "xla_slice_concat"), "memcpy", "im2col_vs")
     lines += ["", "| input | col2im | XLA grad of patches | XLA grad of slice-concat | "
               "copy ceiling | col2im TB/s | col2im vs XLA: grad of patches / of "
               "slice-concat | col2im vs ceiling |", "|---|---|---|---|---|---|---|---|"]
-    for row in r["rows"]:
-        t, vs = row["times"], row["col2im_vs"]
-        lines.append(f"| {tuple(row['shape'])} {row['dtype']} | {_us(t['col2im'])} | "
-                     f"{_us(t['xla_grad_patches'])} | {_us(t['xla_grad_slice_concat'])} | "
-                     f"{_us(t['memcpy_col2im_run'])} | {row['busy_tbps']['col2im']:.2f} | "
-                     f"{vs['xla_grad_patches']:.2f} / {vs['xla_grad_slice_concat']:.2f} | "
-                     f"{vs['memcpy_col2im_run']:.2f} |")
+    lines += _im2col_rows(r, ("col2im",), ("xla_grad_patches", "xla_grad_slice_concat"),
+                          "memcpy_col2im_run", "col2im_vs")
     return "\n".join(lines)
 
 

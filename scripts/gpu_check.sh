@@ -12,9 +12,10 @@
 # failures, compute-sanitizer (memcheck, racecheck, synccheck) on the kernels'
 # self-tests, and the benchmarks (benchmarks/run.py, against the source
 # install: built from this very tree, so the results are this commit's). Logs
-# under $OUT and the benchmarks' result JSON under $OUT/results (copy them to
-# benchmarks/results/ and run benchmarks/report.py), a short summary last; the
-# exit status is non-zero if any step failed.
+# under $OUT, the benchmarks' result JSON and log in $OUT/bench_results.tgz
+# (`tar -xzf bench_results.tgz -C benchmarks results` puts them in
+# benchmarks/results/; then run benchmarks/report.py), a short summary last;
+# the exit status is non-zero if any step failed.
 #   usage: bash scripts/gpu_check.sh [tests|sanitize|bench|ncu|multi]...
 #   (default: tests sanitize bench; `multi` needs two GPUs)
 #   INSTALLS (default "wheel source") picks the installs `tests` runs against;
@@ -26,8 +27,7 @@
 #   (about 6 min on an H100; ncu's DRAM bytes per broadcast method included),
 #   ncu that step alone. The results name the commit: where this tree came
 #   without .git, run `python benchmarks/run.py stamp` in the checkout before
-#   sending it (a dirty or unstamped tree is refused). Give bench a call of its
-#   own: $OUT brings back 8 files (6 results, bench.log, source_build.log).
+#   sending it (a dirty or unstamped tree is refused).
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_tma_out}
 mkdir -p "$OUT"
@@ -70,15 +70,19 @@ done
 export PYTHONPATH=${site[wheel]}:$bench_site
 
 # bench NAME OPS...: benchmarks/run.py OPS against the source install, one
-# result JSON per op under $OUT/results.
+# result JSON per op, packed with the log into $OUT/bench_results.tgz (one
+# file: the device tool brings back few).
 bench() {
-  local name=$1
+  local name=$1 dir=/tmp/jax_tma_bench_out
   shift
+  rm -rf "$dir" && mkdir -p "$dir"
   PYTHONPATH=${site[source]}:$bench_site timeout 480 python3 -P benchmarks/run.py "$@" \
-    --out-dir "$OUT/results" > "$OUT/bench.log" 2>&1
+    --out-dir "$dir/results" > "$dir/bench.log" 2>&1
   local rc=$?
-  grep -v "^WARNING" "$OUT/bench.log" | tail -60
-  record $rc "bench $name: $(grep -A12 '^== elapsed ==' "$OUT/bench.log" | tail -n +2 | tr -s ' ' | tr '\n' ';')"
+  grep -v "^WARNING" "$dir/bench.log" | tail -60
+  # shellcheck disable=SC2046
+  tar -czf "$OUT/bench_results.tgz" -C "$dir" $(ls "$dir")
+  record $rc "bench $name: $(grep -A12 '^== elapsed ==' "$dir/bench.log" | tail -n +2 | tr -s ' ' | tr '\n' ';')"
 }
 
 for stage in "${stages[@]}"; do

@@ -217,6 +217,8 @@ def test_ncu_listing_parses_units_and_thousands():
         'profiler metrics","gpu__time_duration.sum","usecond","2.50"',
         '"1","1","python3","h","ClusterBroadcastKernel<1>","1","7","Command line profiler '
         'metrics","dram__bytes_read.sum","Mbyte","33.57"',
+        '"1","1","python3","h","ClusterBroadcastKernel<1>","1","7","SpeedOfLight","Memory '
+        'Throughput","","n/a"',
     ])
     kernels = ncu.parse_csv(listing)
     assert [k["id"] for k in kernels] == [0, 1]
