@@ -4,9 +4,10 @@ the checkout's commit and whether its tree was clean, the installed jax_tma
 with driver and clocks (nvidia-smi), the date and the command line.
 
 A checkout copied to a machine without its .git (the GPU machine) carries
-benchmarks/tree_stamp.json instead, written by `python benchmarks/run.py
-stamp` where git is: the commit, the dirty files then, and the SHA-256 of
-every tracked file, which are checked again where the benchmarks run.
+benchmarks/tree_stamp.json instead (git-ignored: bring it along), written by
+`python benchmarks/run.py stamp` where git is: the commit, the dirty files
+then, and the SHA-256 of every tracked file, checked again where the
+benchmarks run.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def tree_state() -> dict[str, Any]:
                 "from": "benchmarks/tree_stamp.json, every tracked file's SHA-256 checked"}
     return {"commit": None, "from": None,
             "dirty_files": ["(no git checkout here and no benchmarks/tree_stamp.json: run "
-                            "`python benchmarks/run.py stamp` in the checkout first)"]}
+                            "`python benchmarks/run.py stamp` in the checkout and bring the "
+                            "file along; git ignores it)"]}
 
 
 def _installed_jax_tma() -> dict[str, Any]:

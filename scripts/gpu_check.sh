@@ -26,8 +26,9 @@
 #   SELFTESTS=im2col BENCH_OPS=im2col. bench runs `benchmarks/run.py all`
 #   (about 6 min on an H100; ncu's DRAM bytes per broadcast method included),
 #   ncu that step alone. The results name the commit: where this tree came
-#   without .git, run `python benchmarks/run.py stamp` in the checkout before
-#   sending it (a dirty or unstamped tree is refused).
+#   without .git, run `python benchmarks/run.py stamp` in the checkout and
+#   bring benchmarks/tree_stamp.json along (git-ignored; the device tool's
+#   carry); a dirty or unstamped tree is refused.
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_tma_out}
 mkdir -p "$OUT"
