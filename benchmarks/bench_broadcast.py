@@ -119,23 +119,15 @@ def bench_broadcast(s: Session) -> dict[str, Any]:
                            "protocol": timed["protocol"], "rows": push}}
 
 
-def bench_broadcast_ncu() -> dict[str, Any]:
-    """DRAM bytes read and written by every variant on the first case, from
-    ncu (`run.py broadcast-once` profiled as a subprocess): each variant's
-    kernels are those between two marker kernels (see run_once)."""
-    run_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run.py")
-    prof = ncu.profile([sys.executable, "-P", run_py, "broadcast-once"])
-    prefix = "broadcast-once variants: "
-    labels = json.loads(next(line[len(prefix):] for line in prof["stdout"].splitlines()
-                             if line.startswith(prefix)))
-    kernels = prof["kernels"]
+def split_at_markers(kernels: list[dict[str, Any]], labels: list[str],
+                     x_bytes: int) -> list[dict[str, Any]]:
+    """Per variant (`labels`, in order), the ncu metrics of its kernels, those
+    between two launches of the marker kernel (see run_once), summed."""
     marks = [i for i, k in enumerate(kernels) if "ReadStreamKernel" in k["name"]]
     if len(marks) != len(labels) + 1 or any(b - a < 2 for a, b in zip(marks, marks[1:])):
         raise RuntimeError(f"ncu: {len(marks)} marker kernels around {len(labels)} variants "
                            f"(each needs a kernel between two markers): "
                            f"{[k['name'][:60] for k in kernels]}")
-    name, shape, _, n = FULL[0]
-    x_bytes = math.prod(shape) * 2
     rows = []
     for label, lo, hi in zip(labels, marks, marks[1:]):
         group = kernels[lo + 1:hi]
@@ -145,12 +137,26 @@ def bench_broadcast_ncu() -> dict[str, Any]:
                      "dram_write_bytes": total["dram__bytes_write.sum"],
                      "read_over_x": total["dram__bytes_read.sum"] / x_bytes,
                      "kernel_us": total["gpu__time_duration.sum"] / 1e3})
+    return rows
+
+
+def bench_broadcast_ncu() -> dict[str, Any]:
+    """DRAM bytes read and written by every variant on the first case, from
+    ncu (`run.py broadcast-once` profiled as a subprocess)."""
+    run_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run.py")
+    prof = ncu.profile([sys.executable, "-P", run_py, "broadcast-once"],
+                       shown=["python", "-P", "benchmarks/run.py", "broadcast-once"])
+    prefix = "broadcast-once variants: "
+    labels = json.loads(next(line[len(prefix):] for line in prof["stdout"].splitlines()
+                             if line.startswith(prefix)))
+    name, shape, _, n = FULL[0]
+    x_bytes = math.prod(shape) * 2
     return {"op": NCU_OP, "case": name, "x_bytes": x_bytes, "out_bytes": x_bytes * n,
             "metrics": list(ncu.METRICS), "command": prof["command"],
-            "ncu_version": prof["ncu_version"], "rows": rows,
+            "ncu_version": prof["ncu_version"],
+            "rows": split_at_markers(prof["kernels"], labels, x_bytes),
             "bytes_convention": "DRAM bytes as ncu counts them (dram__bytes_read.sum, "
-                                "dram__bytes_write.sum), each variant's kernels summed",
-            "kernels_before_first_marker": [k["name"] for k in kernels[:marks[0]]]}
+                                "dram__bytes_write.sum), each variant's kernels summed"}
 
 
 def run_once() -> list[str]:

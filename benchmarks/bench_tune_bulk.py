@@ -18,11 +18,11 @@ from harness import MIB, Session, rotate
 
 OP = "tune-bulk"
 BYTES = "read + write: a copy of n bytes counts 2n"
-SIZES = [4 * MIB, 64 * MIB, 1024 * MIB]
-# Source and destination buffers rotate through at least this many bytes
-# each, more than L2 holds (50 MiB on H100), so that no call finds its
+# Sizes, and the bytes that source and destination buffers each rotate
+# through: more than L2 holds (50 MiB on H100), so that no call finds its
 # input, or the output of the call before it, in L2.
-ROTATE_BYTES = 256 * MIB
+FULL = {"sizes": [4 * MIB, 64 * MIB, 1024 * MIB], "rotate_bytes": 256 * MIB}
+SMOKE = {"sizes": [64 << 10, 256 << 10], "rotate_bytes": 1 * MIB}
 POISON = 0xA5A5A5A5
 
 
@@ -60,9 +60,10 @@ def tune_bulk(s: Session) -> dict[str, Any]:
         ext.raw_copy("bulk", 0, dst, src, nbytes, *shape)
         ext.synchronize(0)
 
+    p = SMOKE if s.smoke else FULL
     rows, summary = [], []
-    for nbytes in SIZES:
-        pairs = max(1, min(64, ROTATE_BYTES // nbytes))
+    for nbytes in p["sizes"]:
+        pairs = max(1, min(64, p["rotate_bytes"] // nbytes))
         keys = jax.random.split(jax.random.key(1), pairs)
         srcs = [jax.random.bits(k, (nbytes // 4,), jnp.uint32) for k in keys]
         dsts = [jnp.zeros_like(srcs[0]) for _ in range(pairs)]
@@ -76,7 +77,7 @@ def tune_bulk(s: Session) -> dict[str, Any]:
             s.check(f"bulk {_label(shape)}, {nbytes} B", poison, srcs[0])
             del poison
         timed = s.time({_label(shape): rotate(lambda *a, shape=shape: launch(shape, *a), ptrs)
-                        for shape in swept}, 10)
+                        for shape in swept}, 2 if s.smoke else 10)
         ranked = sorted(swept, key=lambda sh: timed["cases"][_label(sh)]["span_us"])
         for rank, shape in enumerate(ranked, 1):
             t = timed["cases"][_label(shape)]
@@ -93,7 +94,7 @@ def tune_bulk(s: Session) -> dict[str, Any]:
                  "shipped_schedule": uses, "shipped_rank": ranked.index(ours) + 1,
                  "shipped_vs_best": t_best / timed["cases"][_label(ours)]["span_us"]}
         summary.append(entry)
-        s.log(f"tune-bulk {nbytes // MIB} MiB: best {entry['best']} "
+        s.log(f"tune-bulk {nbytes / MIB:g} MiB: best {entry['best']} "
               f"({entry['best_tbps']:.3f} TB/s); shipped {uses} {entry['shipped']} ranks "
               f"{entry['shipped_rank']} of {len(swept)} ({entry['shipped_vs_best']:.3f}x best)")
         del srcs, dsts

@@ -39,18 +39,19 @@ def parse_csv(text: str, metrics: Sequence[str] = METRICS) -> list[dict[str, Any
     return [kernels[i] for i in sorted(kernels)]
 
 
-def profile(argv: Sequence[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+def profile(argv: Sequence[str], shown: Sequence[str]) -> dict[str, Any]:
     """Runs `argv` under `ncu --clock-control none` for METRICS; returns
-    {"kernels": parse_csv(...), "stdout": the command's output, "command",
-    "ncu_version"}. Raises RuntimeError where ncu is missing or fails."""
+    {"kernels": parse_csv(...), "stdout": the command's output, "command"
+    (the ncu command line with `shown` for argv), "ncu_version"}. Raises
+    RuntimeError where ncu is missing or fails."""
     ncu = shutil.which("ncu")
     if ncu is None:
         raise RuntimeError("ncu (Nsight Compute) is not on PATH")
     with tempfile.TemporaryDirectory() as d:
         report = os.path.join(d, "report")
-        cmd = [ncu, "--clock-control", "none", "--metrics", ",".join(METRICS),
-               "--export", report, "--force-overwrite", *argv]
-        run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=500)
+        options = ["--clock-control", "none", "--metrics", ",".join(METRICS)]
+        cmd = [ncu, *options, "--export", report, "--force-overwrite", *argv]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
         if run.returncode != 0:
             raise RuntimeError(f"ncu failed (rc {run.returncode}): {run.stderr[-2000:]}"
                                f"{run.stdout[-2000:]}")
@@ -59,4 +60,5 @@ def profile(argv: Sequence[str], env: dict[str, str] | None = None) -> dict[str,
                                  capture_output=True, text=True, check=True, timeout=120)
     version = subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout
     return {"kernels": parse_csv(listing.stdout), "stdout": run.stdout,
-            "command": ["ncu"] + cmd[1:], "ncu_version": version.strip().splitlines()[-1:]}
+            "command": ["ncu", *options, *shown],
+            "ncu_version": version.strip().splitlines()[-1:]}

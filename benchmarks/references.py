@@ -7,6 +7,7 @@ stand-ins with the same results."""
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import types
 from collections.abc import Callable
@@ -62,15 +63,31 @@ def xor_checksum(x: jax.Array) -> jax.Array:
     return jax.lax.reduce(x.reshape(-1, 4), np.uint32(0), jax.lax.bitwise_xor, (0,))
 
 
+class CpuHook:
+    """The raw launch hook's stand-in in a smoke run: host memmove of the
+    bytes, the shapes and threshold of the real module."""
+
+    shipped_bulk_configs = {"static": (32768, 4, 4, False), "dynamic": (8192, 16, 4, True)}
+    dynamic_bulk_min_bytes = 32 << 20
+
+    @staticmethod
+    def raw_copy(method, device, dst, src, nbytes, *config):
+        ctypes.memmove(dst, src, nbytes)
+
+    @staticmethod
+    def synchronize(device):
+        pass
+
+
 def load(smoke: bool) -> types.SimpleNamespace:
     """The references: memcpy, seed_copy, read_stream, write_stream (each
-    x -> array) and ext (the raw launch hook's module; None in a smoke run)."""
+    x -> array) and ext (the raw launch hook's module; CpuHook in a smoke run)."""
     if smoke:
         copy = jax.jit(jnp.copy)
         return types.SimpleNamespace(
             memcpy=copy, seed_copy=copy, read_stream=jax.jit(xor_checksum),
             write_stream=jax.jit(lambda x: jnp.full_like(x, 0x5A5A5A5A)),  # uint32 x
-            ext=None)
+            ext=CpuHook())
     register()
     return types.SimpleNamespace(
         memcpy=ffi_reference("jax_tma_bench_memcpy"),

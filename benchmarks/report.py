@@ -222,15 +222,20 @@ def render_broadcast(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _kernel_name(demangled: str) -> str:
+    """'void ns::(anonymous namespace)::Kernel<T>(args)' -> 'Kernel'."""
+    base = re.split(r"[<(]", demangled.replace("(anonymous namespace)", ""), maxsplit=1)[0]
+    return (base.split("::")[-1].split() or [demangled])[-1]
+
+
 def render_broadcast_ncu(r: dict[str, Any]) -> str:
     lines = [f"{r['case']}: x is {r['x_bytes'] / 1e6:.2f} MB, the output "
-             f"{r['out_bytes'] / 1e6:.2f} MB; `{' '.join(r['command'][:7])} ...` "
+             f"{r['out_bytes'] / 1e6:.2f} MB; `{' '.join(r['command'])}` "
              f"({', '.join(r['ncu_version'])}):", "",
              "| method | DRAM read MB | read ÷ x | DRAM write MB | kernel µs (ncu) | kernels |",
              "|---|---|---|---|---|---|"]
     for row in r["rows"]:
-        kernels = "; ".join(sorted({re.sub(r"\(.*", "", k).split("::")[-1].split("<")[0][:40]
-                                    for k in row["kernels"]}))
+        kernels = "; ".join(sorted({_kernel_name(k) for k in row["kernels"]}))
         lines.append(f"| {row['method']} | {row['dram_read_bytes'] / 1e6:.2f} | "
                      f"{row['read_over_x']:.3f} | {row['dram_write_bytes'] / 1e6:.2f} | "
                      f"{row['kernel_us']:.1f} | {kernels} |")

@@ -104,13 +104,13 @@ def smoke_results(tmp_path_factory):
     run = _run_py("all", "--smoke", "--allow-dirty", "--out-dir", str(out),
                   XLA_FLAGS="--xla_force_host_platform_device_count=2")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "tune-bulk skipped in a smoke run" in run.stderr
+    assert "broadcast-ncu skipped in a smoke run" in run.stderr
     return out, report.load_results(str(out))
 
 
 def test_smoke_run_writes_one_checked_result_per_op(smoke_results):
     out, results = smoke_results
-    assert sorted(results) == ["broadcast", "copy", "im2col", "ppermute", "window"]
+    assert sorted(results) == ["broadcast", "copy", "im2col", "ppermute", "tune-bulk", "window"]
     for op, (path, r) in results.items():
         assert os.path.basename(path).startswith(f"{op}_"), path
         assert r["smoke"] and r["timing_method"].startswith("smoke:")
@@ -133,7 +133,7 @@ def test_smoke_results_render_into_the_readme_sections(smoke_results):
     text = report.render_readme(readme, results)
     assert "old" not in text
     assert "(smoke run: measures nothing)" in text
-    assert "No `tune-bulk` result at this commit" in text
+    assert "No `broadcast-ncu` result at this commit" in text
     assert "| method | 4 replicas of 64² bf16 (axis=0) |" in text  # broadcast's table
     assert "XLA comparators whose output differs from the bit-exact reference" not in \
         report.render(results["copy"][1])
@@ -227,6 +227,26 @@ def test_ncu_listing_parses_units_and_thousands():
     assert kernels[1]["metrics"]["dram__bytes_read.sum"] == pytest.approx(33.57e6)
     with pytest.raises(ValueError, match="unknown unit 'furlong'"):
         ncu.parse_csv(listing.replace('"Mbyte"', '"furlong"'))
+
+
+def test_ncu_kernels_split_into_variants_at_the_markers():
+    from bench_broadcast import split_at_markers
+
+    def kernel(name, read):
+        return {"name": name, "metrics": {"dram__bytes_read.sum": read,
+                                          "dram__bytes_write.sum": 2 * read,
+                                          "gpu__time_duration.sum": 1000.0}}
+
+    marker = kernel("void jax_tma::ReadStreamKernel(const uint4 *)", 16)
+    kernels = [kernel("warm-up", 5), marker, kernel("Store", 100), marker,
+               kernel("fusion_a", 300), kernel("fusion_b", 500), marker]
+    rows = split_at_markers(kernels, ["store", "xla"], x_bytes=100)
+    assert [(r["method"], r["dram_read_bytes"], r["read_over_x"], r["kernel_us"])
+            for r in rows] == [("store", 100, 1.0, 1.0), ("xla", 800, 8.0, 2.0)]
+    with pytest.raises(RuntimeError, match="ncu: 3 marker kernels around 3 variants"):
+        split_at_markers(kernels, ["a", "b", "c"], x_bytes=100)
+    with pytest.raises(RuntimeError, match="each needs a kernel between two markers"):
+        split_at_markers([marker, marker, kernel("k", 1), marker], ["a", "b"], x_bytes=1)
 
 
 @pytest.mark.gpu
