@@ -116,7 +116,7 @@ def render_copy(r: dict[str, Any]) -> str:
     bounded = [row for row in r["rows"] if "serial_bound" in row]
     if bounded:
         lines += ["", "| size | read-only TB/s | write-only TB/s | serial bound "
-                  "2n/(t_read+t_write) TB/s | bulk ÷ bound | seed-style ÷ bound | "
+                  "2n/(t_read+t_write) TB/s | bulk TB/s ÷ bound | seed-style ÷ bound | "
                   "cudaMemcpyAsync ÷ bound |", "|---|---|---|---|---|---|---|"]
         for row in bounded:
             b = row["serial_bound"]
