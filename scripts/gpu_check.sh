@@ -12,8 +12,8 @@
 # failures, compute-sanitizer (memcheck, racecheck, synccheck) on the kernels'
 # self-tests, and the benchmarks (benchmarks/run.py, against the source
 # install: built from this very tree, so the results are this commit's). Logs
-# under $OUT, the benchmarks' result JSON and log in $OUT/bench_results.tgz
-# (`tar -xzf bench_results.tgz -C benchmarks results` puts them in
+# under $OUT, the benchmarks' result JSON and log in $OUT/bench_<ops>.tgz
+# (`tar -xzf bench_all.tgz -C benchmarks results` puts them in
 # benchmarks/results/; then run benchmarks/report.py), a short summary last;
 # the exit status is non-zero if any step failed.
 #   usage: bash scripts/gpu_check.sh [tests|sanitize|bench|ncu|multi]...
@@ -71,7 +71,7 @@ done
 export PYTHONPATH=${site[wheel]}:$bench_site
 
 # bench NAME OPS...: benchmarks/run.py OPS against the source install, one
-# result JSON per op, packed with the log into $OUT/bench_results.tgz (one
+# result JSON per op, packed with the log into $OUT/bench_NAME.tgz (one
 # file: the device tool brings back few).
 bench() {
   local name=$1 dir=/tmp/jax_tma_bench_out
@@ -82,7 +82,7 @@ bench() {
   local rc=$?
   grep -v "^WARNING" "$dir/bench.log" | tail -60
   # shellcheck disable=SC2046
-  tar -czf "$OUT/bench_results.tgz" -C "$dir" $(ls "$dir")
+  tar -czf "$OUT/bench_${name// /-}.tgz" -C "$dir" $(ls "$dir")
   record $rc "bench $name: $(grep -A12 '^== elapsed ==' "$dir/bench.log" | tail -n +2 | tr -s ' ' | tr '\n' ';')"
 }
 
