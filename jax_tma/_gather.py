@@ -534,6 +534,9 @@ def scatter(
                          f"add for {x.dtype} (it has int32, uint32, int64, uint64, float16, "
                          "bfloat16, float32, float64; complex as their parts); use method='auto' "
                          "or 'simt'")
+    if deterministic and method == "tma":
+        raise ValueError(f"{_OP_S}: deterministic=True applies updates in index order with the "
+                         "SIMT kernel; method='tma' cannot (use method='auto' or 'simt')")
     _ffi.register()
     y = scatter_p.bind(src, indices, _checks.widen(updates), axis=axis, batch=0, mode=mode,
                        deterministic=bool(deterministic), method=method)

@@ -488,6 +488,13 @@ def test_tma_add_names_the_bulk_reduce_types():
                         mode="add", method="tma")
 
 
+def test_deterministic_with_tma_is_an_error():
+    with pytest.raises(ValueError, match=r"jax_tma\.scatter: deterministic=True applies updates in "
+                                         r"index order with the SIMT kernel; method='tma' cannot"):
+        jax_tma.scatter(jnp.ones((4, 4)), jnp.array([0]), jnp.ones((1, 4)), mode="add",
+                        deterministic=True, method="tma")
+
+
 def test_tma_on_a_gpu_without_tma_names_the_compute_capability(monkeypatch):
     monkeypatch.setattr(_ffi, "gpu_compute_capabilities", lambda: [(8, 0)])
     f = jax.jit(functools.partial(jax_tma.gather, method="tma"))
