@@ -9,6 +9,7 @@ benchmarks' extension _jax_tma_bench (build with JAX_TMA_BENCH=ON).
     python benchmarks/run.py ppermute [--out results.json]  # two GPUs
     python benchmarks/run.py broadcast [--out results.json]
     python benchmarks/run.py broadcast-once   # each method once, for ncu
+    python benchmarks/run.py gather [--out results.json]
 
 How cases are timed: benchmarks/harness.py.
 """
@@ -34,7 +35,7 @@ import harness  # noqa: E402
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/run.py")
     parser.add_argument("op", choices=["copy", "window", "im2col", "tune-bulk", "broadcast",
-                                       "broadcast-once", "ppermute"])
+                                       "broadcast-once", "ppermute", "gather"])
     parser.add_argument("--sizes-mib", type=int, nargs="+",
                         default=[1, 4, 16, 32, 48, 64, 256, 1024, 4096])
     parser.add_argument("--out", help="write the results as JSON here")
@@ -66,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bench_broadcast import bench_broadcast, broadcast_table
         result = bench_broadcast()
         text = broadcast_table(result)
+    elif args.op == "gather":
+        from bench_gather import bench_gather, gather_table
+        result = bench_gather()
+        text = gather_table(result)
     elif args.op == "im2col":
         from bench_im2col import bench_im2col, im2col_table
         result = bench_im2col()

@@ -45,7 +45,8 @@ def test_case_medians_need_a_run_per_planned_call():
 
 
 @pytest.mark.parametrize("name", ["bench_copy", "bench_window", "bench_im2col", "bench_broadcast",
-                                  "bench_ppermute", "bench_tune_bulk"])
+                                  "bench_ppermute", "bench_tune_bulk", "bench_gather",
+                                  "plot_gather"])
 def test_every_benchmark_module_imports(name):
     # Without the benchmarks' extension too: it is loaded when a benchmark runs.
     importlib.import_module(name)

@@ -50,6 +50,7 @@ BulkGatherTiling TileBulkGather(const GatherGeometry& g, int sm_count) {
   BulkGatherTiling t;
   t.stages = kBulkGatherStages;
   const int64_t rows = g.rows();
+  if (rows == 0 || g.slab_bytes == 0) return t;  // nothing to move: no units
   if (g.slab_bytes > kBulkGatherUnitBytes) {
     t.pieces = (g.slab_bytes + kBulkGatherUnitBytes - 1) / kBulkGatherUnitBytes;
     t.piece_bytes = kBulkGatherUnitBytes;
