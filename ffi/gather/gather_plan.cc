@@ -92,9 +92,11 @@ ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, bool has_tma,
     if (!has_tma) return InvalidArgument(name, "method='tma' needs TMA, but ", no_tma_reason);
     if (!fits) return InvalidArgument(name, "method='tma' cannot move this call: ", why);
   }
+  // Adds take the bulk reduce wherever it runs: the SIMT path adds with
+  // atomics (compare-and-swap loops for 16-bit floats).
   const bool bulk = g.method == GatherMethod::kTma ||
                     (g.method == GatherMethod::kAuto && has_tma && fits &&
-                     g.slab_bytes >= kAutoBulkGatherMinSlabBytes);
+                     (op == GatherOp::kScatterAdd || g.slab_bytes >= kAutoBulkGatherMinSlabBytes));
   plan->path = bulk ? GatherPath::kBulk : GatherPath::kSimt;
   if (bulk) plan->bulk = TileBulkGather(g, sm_count);
   return ffi::Error::Success();

@@ -62,7 +62,8 @@ BulkGatherTiling TileBulkGather(const GatherGeometry& g, int sm_count);
 // Resolves the method of a call with rows to move: deterministic scatter
 // takes the ordered kernel; "tma" the bulk path or an error naming the rule;
 // "auto" the bulk path where it fits, TMA exists and slabs are at least
-// kAutoBulkGatherMinSlabBytes, else SIMT. Errors name the op.
+// kAutoBulkGatherMinSlabBytes (any size for add), else SIMT. Errors name
+// the op.
 ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, bool has_tma,
                       const std::string& no_tma_reason, int sm_count, GatherPlan* plan);
 
