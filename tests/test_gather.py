@@ -92,7 +92,8 @@ def test_gather_every_index_dtype(rng, idx_dtype):
                                         (1 + 2j, np.complex128), (True, np.bool_),
                                         (np.inf, np.float16), (-7, jnp.int4)], ids=str)
 def test_gather_fill_values(rng, fill, dtype):
-    x = random_array(rng, (5, 4), dtype)
+    # finite: jnp.take quiets the NaN payloads of 16-bit floats it gathers
+    x = random_array(rng, (5, 4), dtype, finite=True)
     idx = np.array([7, 0, -6, 4, 5])
     y = jax.jit(functools.partial(jax_tma.gather, fill=fill))(on_cpu(x), on_cpu(idx))
     assert_bits_equal(y, take_ref(x, idx, 0, fill=fill))
