@@ -8,6 +8,7 @@
 
 #include "broadcast_cpu.h"
 #include "copy_cpu.h"
+#include "gather/gather_cpu.h"
 #include "im2col_cpu.h"
 #include "ppermute_cpu.h"
 #include "window_cpu.h"
@@ -19,6 +20,7 @@
 #include "cuda/broadcast_cuda.h"
 #include "cuda/copy_cuda.h"
 #include "cuda/copy_launch.h"  // kDynamicBulkMinBytes
+#include "gather/gather_cuda.h"
 #endif
 
 namespace nb = nanobind;
@@ -59,6 +61,8 @@ NB_MODULE(_jax_tma, m) {
     d["jax_tma_ppermute"] = Capsule(JaxTmaPpermuteCpu);
     d["jax_tma_broadcast"] = Capsule(JaxTmaBroadcastCpu);
     d["jax_tma_im2col"] = Capsule(JaxTmaIm2colCpu);
+    d["jax_tma_gather"] = Capsule(JaxTmaGatherCpu);
+    d["jax_tma_scatter"] = Capsule(JaxTmaScatterCpu);
     return d;
   });
 
@@ -73,6 +77,8 @@ NB_MODULE(_jax_tma, m) {
     d["jax_tma_ppermute"] = Capsule(JaxTmaPpermuteCuda);
     d["jax_tma_broadcast"] = Capsule(JaxTmaBroadcastCuda);
     d["jax_tma_im2col"] = Capsule(JaxTmaIm2colCuda);
+    d["jax_tma_gather"] = Capsule(JaxTmaGatherCuda);
+    d["jax_tma_scatter"] = Capsule(JaxTmaScatterCuda);
 #endif
     return d;
   });

@@ -107,6 +107,7 @@ for stage in "${stages[@]}"; do
       [window]="ffi/cuda/tiled_window.cu ffi/cuda/simt_window.cu ffi/cuda/tensor_map.cc"
       [broadcast]="ffi/cuda/cluster_broadcast.cu ffi/cuda/simt_broadcast.cu ffi/cuda/broadcast_cuda.cc ffi/cuda/tensor_map.cc"
       [im2col]="ffi/cuda/simt_im2col.cu ffi/cuda/tma_im2col.cu ffi/cuda/tensor_map.cc"
+      [gather]="ffi/gather/bulk_gather.cu ffi/gather/simt_gather.cu ffi/gather/gather_plan.cc ffi/gather/gather_cuda.cc"
     )
     # synccheck tracks a fixed number of mbarriers per block (CUDA 13.0);
     # below 64 it reported "Detected overflow of tracked cuda::barrier
@@ -122,7 +123,7 @@ for stage in "${stages[@]}"; do
       summary+=("synccheck faults on tests/cuda/synccheck_cluster_probe.cu at cluster 16 (a tool limitation, see the file): broadcast synccheck on clusters up to 8: $(grep probe: /tmp/probe.log)")
     fi
     cat /tmp/probe.log >> "$OUT/sanitizer.log"
-    for op in ${SELFTESTS:-copy window broadcast im2col}; do
+    for op in ${SELFTESTS:-copy window broadcast im2col gather}; do
       prog=${op}_selftest
       # shellcheck disable=SC2086
       nvcc "${nvcc_args[@]}" tests/cuda/$prog.cu ${sources[$op]} ffi/cuda/device_info.cc \

@@ -79,7 +79,8 @@ def test_session_check_is_bit_exact():
 
 
 @pytest.mark.parametrize("name", ["bench_copy", "bench_window", "bench_im2col", "bench_broadcast",
-                                  "bench_ppermute", "bench_tune_bulk", "run"])
+                                  "bench_ppermute", "bench_tune_bulk", "bench_gather",
+                                  "plot_gather", "run"])
 def test_every_benchmark_module_imports(name):
     # Without the benchmarks' extension too: it is loaded when a benchmark runs.
     importlib.import_module(name)
