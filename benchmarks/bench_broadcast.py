@@ -1,38 +1,49 @@
 """The broadcast benchmark: every jax_tma.broadcast method and cluster size
 against XLA's materialised broadcast_to and the copy ceiling, the dsmem
-path's SM-to-SM push bandwidth, and a run of every variant once for ncu.
+path's SM-to-SM push bandwidth, and (for ncu) every variant run once.
 
-    python benchmarks/run.py broadcast [--out results.json]
-    python benchmarks/run.py broadcast-once   # each method once, for ncu
+    python benchmarks/run.py broadcast [--out-dir DIR]
+    python benchmarks/run.py broadcast-ncu [--out-dir DIR]  # DRAM bytes, via ncu
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import math
+import os
+import sys
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import jax_tma
-from harness import time_device
-from jax_tma import _ffi
-from references import ffi_reference, register
+import ncu
+from harness import Session, rotate
 
-
-BROADCAST_CASES = (
+OP = "broadcast"
+NCU_OP = "broadcast-ncu"
+BYTES = "read + write: the input read once plus the n replicas written once"
+PUSH_BYTES = ("dsmem push: the bytes pushed SM to SM (the input times cluster_size - 1, n = 1) "
+              "over the kernel's busy time")
+FULL = [
     # name, x shape, axis, n
-    ("8 replicas of 4096^2 bf16 (axis=0)", (4096, 4096), 0, 8),
-    ("8 replicas of each row of 4096^2 bf16 (axis=1)", (4096, 4096), 1, 8),
-    ("GQA repeat K/V heads: (4, 4096, 8, 128) bf16 x4 (axis=3)", (4, 4096, 8, 128), 3, 4),
-)
+    ("8 replicas of 4096² bf16 (axis=0)", (4096, 4096), 0, 8),
+    ("8 replicas of each row of 4096² bf16 (axis=1)", (4096, 4096), 1, 8),
+    ("GQA repeat K/V heads: (4, 4096, 8, 128) bf16 ×4 (axis=3)", (4, 4096, 8, 128), 3, 4),
+]
+SMOKE = [("4 replicas of 64² bf16 (axis=0)", (64, 64), 0, 4),
+         ("2 replicas of (2, 16, 4, 8) bf16 (axis=3)", (2, 16, 4, 8), 3, 2)]
+CLUSTER_SIZES = (2, 4, 8, 16)
 
 
-def broadcast_methods() -> list[tuple[str, str, int | None]]:
+def methods() -> list[tuple[str, str, int | None]]:
     """(label, method, cluster_size) of every broadcast variant."""
     out = [("auto", "auto", None), ("store", "store", None), ("simt", "simt", None)]
     for method in ("multicast", "dsmem"):
-        out += [(f"{method}/{c}", method, c) for c in (2, 4, 8, 16)]
+        out += [(f"{method}/{c}", method, c) for c in CLUSTER_SIZES]
     return out
 
 
@@ -46,76 +57,127 @@ def _xla_broadcast(shape: tuple[int, ...], n: int, axis: int):
     return jax.jit(lambda x: jnp.broadcast_to(jnp.expand_dims(x, axis), out))
 
 
-def bench_broadcast() -> dict[str, Any]:
-    """Every broadcast method and cluster size against XLA's materialised
-    jnp.broadcast_to and the copy ceiling (cudaMemcpyAsync of the same bytes),
-    in one run. Bytes: the input read once plus the output written once.
-    Then the dsmem path's SM-to-SM push bandwidth: n=1 (one store per tile,
-    cluster - 1 pushes of it), pushed bytes over the kernel's time."""
-    register()
-    memcpy = ffi_reference("jax_tma_bench_memcpy")
-    key = jax.random.key(11)
+def _random_bf16(key: jax.Array, shape) -> jax.Array:
+    return jax.random.bits(key, shape, jnp.uint16).view(jnp.bfloat16)
+
+
+def bench_broadcast(s: Session) -> dict[str, Any]:
+    """Every method and cluster size, XLA's materialised jnp.broadcast_to
+    and the copy ceiling (the reference memcpy of the same bytes),
+    interleaved, each checked bit for bit first. Then the
+    dsmem path's SM-to-SM push bandwidth: n=1 (one store per tile,
+    cluster_size - 1 pushes of it)."""
     rows = []
-    for name, shape, axis, n in BROADCAST_CASES:
-        x = jax.random.bits(key, shape, jnp.uint16).view(jnp.bfloat16)
-        in_bytes = x.size * 2
-        nbytes = in_bytes * (n + 1)
-        row: dict[str, Any] = {"case": name, "shape": shape, "axis": axis, "n": n,
-                               "bytes": nbytes, "us": {}}
-        for label, method, cluster in broadcast_methods():
-            row["us"][label] = time_device(_broadcast_fn(n, axis, method, cluster), [(x,)], 20,
-                                           busy=True) * 1e6
-        row["us"]["xla"] = time_device(_xla_broadcast(shape, n, axis), [(x,)], 20,
-                                       busy=True) * 1e6
-        ceiling_in = jax.random.bits(key, (nbytes // 8,), jnp.uint32)  # nbytes/2 copied
-        row["us"]["memcpy"] = time_device(memcpy, [(ceiling_in,)], 20, busy=True) * 1e6
-        del ceiling_in
-        row["tbps"] = {k: nbytes / v / 1e6 for k, v in row["us"].items()}
-        ours = [k for k, _, _ in broadcast_methods() if k != "auto"]
-        row["best"] = min(ours, key=lambda k: row["us"][k])
-        row["best_vs_xla"] = row["us"]["xla"] / row["us"][row["best"]]
-        row["auto_vs_best"] = row["us"][row["best"]] / row["us"]["auto"]
+    for name, shape, axis, n in SMOKE if s.smoke else FULL:
+        # Four inputs (4 x 32 MiB) rotate, so that no call finds its input
+        # in L2 (50 MiB on H100).
+        inputs = [(_random_bf16(k, shape),) for k in jax.random.split(jax.random.key(11), 4)]
+        x = inputs[0][0]
+        nbytes = x.size * 2 * (n + 1)
+        fns = {label: _broadcast_fn(n, axis, m, c) for label, m, c in methods()}
+        fns["xla"] = _xla_broadcast(shape, n, axis)
+        # The reference moves the bits as uint16: XLA's bf16 broadcast may
+        # flush subnormals (it does on the CPU), so it is checked as a
+        # comparator.
+        want = fns["xla"](x.view(jnp.uint16)).view(jnp.bfloat16)
+        for label, fn in fns.items():
+            s.check(f"{name} {label}", fn(x), want, comparator=label == "xla")
+        del want
+        ceiling_in = jax.random.bits(jax.random.key(12), (nbytes // 8,), jnp.uint32)
+        s.check(f"{name} memcpy ceiling", s.refs.memcpy(ceiling_in), ceiling_in)
+        cases = {label: rotate(fn, inputs) for label, fn in fns.items()}
+        cases["memcpy"] = rotate(s.refs.memcpy, [(ceiling_in,)])
+        timed = s.time(cases, 4 if s.smoke else 10, rep=2)
+        t = timed["cases"]
+        ours = [label for label, _, _ in methods() if label != "auto"]
+        best = min(ours, key=lambda k: t[k]["busy_us"])
+        row = {"case": name, "shape": list(shape), "axis": axis, "n": n, "bytes": nbytes,
+               "protocol": timed["protocol"], "times": t,
+               "busy_tbps": {k: nbytes / v["busy_us"] / 1e6 for k, v in t.items()},
+               "best": best, "best_vs_xla": t["xla"]["busy_us"] / t[best]["busy_us"],
+               "auto_vs_best": t[best]["busy_us"] / t["auto"]["busy_us"],
+               "auto_vs_xla": t["xla"]["busy_us"] / t["auto"]["busy_us"]}
         rows.append(row)
-        print(f"{name}: " + ", ".join(f"{k} {v:.1f} us ({row['tbps'][k]:.2f} TB/s)"
-                                      for k, v in row["us"].items()), flush=True)
-        print(f"  best {row['best']} {row['best_vs_xla']:.2f}x XLA; auto at "
-              f"{row['auto_vs_best']:.3f} of best", flush=True)
-    x = jax.random.bits(key, (4096, 4096), jnp.uint16).view(jnp.bfloat16)
-    push = []
-    for cluster in (2, 4, 8, 16):
-        seconds = time_device(_broadcast_fn(1, 0, "dsmem", cluster), [(x,)], 20, busy=True)
-        pushed = x.size * 2 * (cluster - 1)
-        push.append({"cluster_size": cluster, "us": seconds * 1e6, "pushed_bytes": pushed,
-                     "push_tbps": pushed / seconds / 1e12})
-        print(f"dsmem push, cluster {cluster}: {pushed / seconds / 1e12:.2f} TB/s "
-              f"({seconds * 1e6:.1f} us)", flush=True)
-    return {"rows": rows, "dsmem_push": push}
+        del inputs, x, ceiling_in
+        s.log(f"broadcast {name}: best {best} {row['best_vs_xla']:.2f}x XLA, auto at "
+              f"{row['auto_vs_best']:.3f} of best")
+
+    name, shape, _, _ = (SMOKE if s.smoke else FULL)[0]
+    inputs = [(_random_bf16(k, shape),) for k in jax.random.split(jax.random.key(13), 4)]
+    x = inputs[0][0]
+    cases = {}
+    for cluster in CLUSTER_SIZES:
+        fn = _broadcast_fn(1, 0, "dsmem", cluster)
+        s.check(f"dsmem push, cluster {cluster}", fn(x), x[None])
+        cases[str(cluster)] = rotate(fn, inputs)
+    timed = s.time(cases, 4 if s.smoke else 10, rep=2)
+    push = [{"cluster_size": int(c), **t, "pushed_bytes": x.size * 2 * (int(c) - 1),
+             "push_tbps": x.size * 2 * (int(c) - 1) / t["busy_us"] / 1e6}
+            for c, t in timed["cases"].items()]
+    return {"op": OP, "bytes_convention": BYTES, "rows": rows,
+            "dsmem_push": {"input": name, "bytes_convention": PUSH_BYTES,
+                           "protocol": timed["protocol"], "rows": push}}
 
 
-def broadcast_once() -> None:
+def split_at_markers(kernels: list[dict[str, Any]], labels: list[str],
+                     x_bytes: int) -> list[dict[str, Any]]:
+    """Per variant (`labels`, in order), the ncu metrics of its kernels, those
+    between two launches of the marker kernel (see run_once), summed."""
+    marks = [i for i, k in enumerate(kernels) if "ReadStreamKernel" in k["name"]]
+    if len(marks) != len(labels) + 1 or any(b - a < 2 for a, b in zip(marks, marks[1:])):
+        raise RuntimeError(f"ncu: {len(marks)} marker kernels around {len(labels)} variants "
+                           f"(each needs a kernel between two markers): "
+                           f"{[k['name'][:60] for k in kernels]}")
+    rows = []
+    for label, lo, hi in zip(labels, marks, marks[1:]):
+        group = kernels[lo + 1:hi]
+        total = {m: sum(k["metrics"][m] for k in group) for m in ncu.METRICS}
+        rows.append({"method": label, "kernels": [k["name"] for k in group],
+                     "dram_read_bytes": total["dram__bytes_read.sum"],
+                     "dram_write_bytes": total["dram__bytes_write.sum"],
+                     "read_over_x": total["dram__bytes_read.sum"] / x_bytes,
+                     "kernel_us": total["gpu__time_duration.sum"] / 1e3})
+    return rows
+
+
+def bench_broadcast_ncu() -> dict[str, Any]:
+    """DRAM bytes read and written by every variant on the first case, from
+    ncu (`run.py broadcast-once` profiled as a subprocess)."""
+    run_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run.py")
+    prof = ncu.profile([sys.executable, "-P", run_py, "broadcast-once"],
+                       shown=["python", "-P", "benchmarks/run.py", "broadcast-once"])
+    prefix = "broadcast-once variants: "
+    labels = json.loads(next(line[len(prefix):] for line in prof["stdout"].splitlines()
+                             if line.startswith(prefix)))
+    name, shape, _, n = FULL[0]
+    x_bytes = math.prod(shape) * 2
+    return {"op": NCU_OP, "case": name, "x_bytes": x_bytes, "out_bytes": x_bytes * n,
+            "metrics": list(ncu.METRICS), "command": prof["command"],
+            "ncu_version": prof["ncu_version"],
+            "rows": split_at_markers(prof["kernels"], labels, x_bytes),
+            "bytes_convention": "DRAM bytes as ncu counts them (dram__bytes_read.sum, "
+                                "dram__bytes_write.sum), each variant's kernels summed"}
+
+
+def run_once() -> list[str]:
     """Runs every broadcast variant and XLA's broadcast_to once on the first
-    case, in the order printed: the kernels an ncu run sees, in order."""
-    _ffi.register()
-    name, shape, axis, n = BROADCAST_CASES[0]
-    x = jax.random.bits(jax.random.key(3), shape, jnp.uint16).view(jnp.bfloat16)
-    variants = [(label, _broadcast_fn(n, axis, m, c)) for label, m, c in broadcast_methods()]
+    case, each between two launches of the reference read kernel (markers
+    that split an ncu report into the variants' kernels); everything is
+    compiled first, so that no compile-time kernel falls between markers.
+    Returns the variant labels in order."""
+    from references import load
+
+    refs = load(smoke=False)
+    name, shape, axis, n = FULL[0]
+    rng = np.random.default_rng(3)  # host data: no device kernel makes x
+    x = jax.device_put(rng.integers(0, 1 << 16, shape, dtype=np.uint16).view(jnp.bfloat16))
+    marker_in = jax.device_put(np.arange(4, dtype=np.uint32))
+    variants = [(label, _broadcast_fn(n, axis, m, c)) for label, m, c in methods()]
     variants.append(("xla", _xla_broadcast(shape, n, axis)))
-    for label, fn in variants:
+    compiled = [(label, fn.lower(x).compile()) for label, fn in variants]
+    marker = refs.read_stream.lower(marker_in).compile()
+    jax.block_until_ready(marker(marker_in))
+    for label, fn in compiled:
         jax.block_until_ready(fn(x))
-        print(f"ran {label} ({name})", flush=True)
-
-
-def broadcast_table(result: dict[str, Any]) -> str:
-    labels = [k for k, _, _ in broadcast_methods()] + ["xla", "memcpy"]
-    lines = ["| case | " + " | ".join(labels) + " | best ÷ XLA time | auto vs best |",
-             "|" + "---|" * (len(labels) + 3)]
-    for r in result["rows"]:
-        cells = [f"{r['us'][k]:.1f} µs ({r['tbps'][k]:.2f})" for k in labels]
-        lines.append(f"| {r['case']} | " + " | ".join(cells) +
-                     f" | {r['best']} {r['best_vs_xla']:.2f}× | {r['auto_vs_best']:.3f} |")
-    lines.append("")
-    lines.append("| dsmem cluster size | 2 | 4 | 8 | 16 |")
-    lines.append("|---|---|---|---|---|")
-    lines.append("| SM-to-SM push TB/s (n=1, 32 MiB input) | " +
-                 " | ".join(f"{p['push_tbps']:.2f}" for p in result["dsmem_push"]) + " |")
-    return "\n".join(lines)
+        jax.block_until_ready(marker(marker_in))
+    return [label for label, _ in compiled]

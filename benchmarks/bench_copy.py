@@ -2,146 +2,119 @@
 seed-style TMA kernel and cudaMemcpyAsync, in two L2 regimes, with the serial
 read/write bound from 256 MiB up and chained tiny copies.
 
-    python benchmarks/run.py copy [--out results.json] [--sizes-mib 1 4 ...]
+    python benchmarks/run.py copy [--out-dir DIR] [--sizes-mib 1 4 ...]
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 import jax_tma
-from harness import MIB, time_cases, time_device
-from references import ffi_reference, read_stream, register
+from harness import MIB, Session, rotate
+from references import xor_checksum
+
+OP = "copy"
+BYTES = ("read + write: a copy of n bytes counts 2n; the read-only and write-only streams of "
+         "the serial bound count their one direction (n)")
+CASES = ("auto", "bulk", "simt", "seed_tma", "xla_copy", "memcpy")
+FULL = {"sizes": [m * MIB for m in (1, 4, 16, 32, 48, 64, 256, 1024, 4096)],
+        # Inputs rotate through this many bytes, so that calls below it do
+        # not find their input in L2 (50 MiB on H100).
+        "rotate_bytes": 256 * MIB,
+        # Written ahead of each call in the "after a write" regime: more than
+        # L2 holds, so the copy starts with L2 full of another buffer's dirty
+        # lines.
+        "dirty_bytes": 192 * MIB,
+        # From this size up the serial bound is measured too.
+        "bound_min_bytes": 256 * MIB,
+        "chain_ops": 100}
+SMOKE = {"sizes": [64 << 10, 256 << 10], "rotate_bytes": 1 * MIB, "dirty_bytes": 1 * MIB,
+         "bound_min_bytes": 256 << 10, "chain_ops": 4}
 
 
-def copy_cases() -> dict[str, Callable[[jax.Array], jax.Array]]:
-    return {
-        "auto": jax.jit(jax_tma.copy),
-        "bulk": jax.jit(functools.partial(jax_tma.copy, method="bulk")),
-        "simt": jax.jit(functools.partial(jax_tma.copy, method="simt")),
-        "seed_tma": ffi_reference("jax_tma_bench_seed_copy"),
-        "xla_copy": jax.jit(jnp.copy),
-        "memcpy": ffi_reference("jax_tma_bench_memcpy"),
-    }
+def _rounds(s: Session, nbytes: int) -> int:
+    # Small copies cost little: more rounds there steady their medians.
+    if s.smoke:
+        return 2
+    return 16 if nbytes <= 64 * MIB else 8 if nbytes <= 256 * MIB else 3
 
 
-# Written ahead of each call in the "after a write" regime: more than L2
-# holds, so the copy starts with L2 full of another buffer's dirty lines.
-_DIRTY_L2_BYTES = 192 * MIB
+def _rates(times: dict[str, dict[str, float]], nbytes: int) -> dict[str, dict[str, float]]:
+    """Each case's times with TB/s and ratios to memcpy and XLA, by span."""
+    span = {name: t["span_us"] for name, t in times.items()}
+    return {name: {**t, "tbps": 2 * nbytes / span[name] / 1e6,
+                   "vs_memcpy": span["memcpy"] / span[name],
+                   "vs_xla": span["xla_copy"] / span[name]}
+            for name, t in times.items()}
 
 
-# From this size up the copy bench also times a read-only and a write-only
-# stream of the same bytes. A DRAM channel carries reads and writes in turn,
-# so no copy of n bytes takes less than t_read + t_write: the serial bound
-# 2n / (t_read + t_write) (read + write counted).
-_BOUND_MIN_BYTES = 256 * MIB
-
-
-def bench_copy(sizes_mib: Sequence[int], chain_ops: int = 100) -> dict[str, Any]:
-    """Every copy case at each size, in two L2 regimes: `repeat` (the case
-    called again and again, so L2 holds its own previous output) and
-    `after_write` (each call preceded by an unrelated 192 MiB write, as in a
-    program where the copy follows other work)."""
-    register()
-    cases = copy_cases()
-    stream_cases = {"read": read_stream, "write": ffi_reference("jax_tma_bench_write")}
-    dirty = jax.jit(lambda: jnp.full((_DIRTY_L2_BYTES // 4,), 7, jnp.uint32))
+def bench_copy(s: Session, sizes: Sequence[int] | None = None) -> dict[str, Any]:
+    """Every copy case at each size (bytes), in two L2 regimes: `repeat`
+    (the cases called again and again, so L2 holds a previous output) and
+    `after_write` (each call preceded by an unrelated write larger than L2,
+    as in a program where the copy follows other work). From
+    bound_min_bytes up, the serial bound: no copy of n bytes takes less than
+    t_read + t_write of a read-only and a write-only stream of them."""
+    p = SMOKE if s.smoke else FULL
+    refs = s.refs
+    fns = {"auto": jax.jit(jax_tma.copy),
+           "bulk": jax.jit(functools.partial(jax_tma.copy, method="bulk")),
+           "simt": jax.jit(functools.partial(jax_tma.copy, method="simt")),
+           "seed_tma": refs.seed_copy, "xla_copy": jax.jit(jnp.copy), "memcpy": refs.memcpy}
+    dirty = jax.jit(lambda: jnp.full((p["dirty_bytes"] // 4,), 7, jnp.uint32))
     rows = []
-    for mib in sizes_mib:
-        nbytes = mib * MIB
-        # Rotate through enough inputs that repeated calls do not hit L2.
-        copies = max(1, min(64, (256 * MIB) // nbytes))
-        key = jax.random.key(mib)
-        inputs = [
-            (jax.random.bits(k, (nbytes // 4,), jnp.uint32),)
-            for k in jax.random.split(key, copies)
-        ]
-        # Small copies cost little: more rounds there steady their medians.
-        rounds = 16 if nbytes <= 64 * MIB else 8 if nbytes <= 256 * MIB else 3
-        row: dict[str, Any] = {"bytes": nbytes}
+    for nbytes in sizes or p["sizes"]:
+        copies = max(1, min(64, p["rotate_bytes"] // nbytes))
+        inputs = [(jax.random.bits(k, (nbytes // 4,), jnp.uint32),)
+                  for k in jax.random.split(jax.random.key(nbytes // 1024), copies)]
+        x = inputs[0][0]
+        for name, fn in fns.items():
+            s.check(f"{name} {nbytes} B", fn(x), x)
+        cases = {name: rotate(fn, inputs) for name, fn in fns.items()}
+        rounds = _rounds(s, nbytes)
+        row: dict[str, Any] = {"bytes": nbytes, "inputs": copies}
         for regime, before in (("repeat", None), ("after_write", dirty)):
-            times = time_cases(cases, inputs, rounds, rep=4, before=before)
-            row[regime] = {
-                name: {"us": t * 1e6, "tbps": 2 * nbytes / t / 1e12,
-                       "vs_memcpy": times["memcpy"] / t, "vs_xla": times["xla_copy"] / t}
-                for name, t in times.items()
-            }
-        if nbytes >= _BOUND_MIN_BYTES:
-            streams = time_cases(stream_cases, inputs, rounds, rep=4)
-            bound = 2 * nbytes / (streams["read"] + streams["write"]) / 1e12
+            timed = s.time(cases, rounds, rep=4, before=before,
+                           before_name=f"a {p['dirty_bytes']} B write")
+            row[regime] = _rates(timed["cases"], nbytes)
+            row[f"{regime}_protocol"] = timed["protocol"]
+        if nbytes >= p["bound_min_bytes"]:
+            s.check(f"read stream {nbytes} B", refs.read_stream(x), jax.jit(xor_checksum)(x))
+            s.check(f"write stream {nbytes} B", refs.write_stream(x),
+                    jnp.full_like(x, 0x5A5A5A5A))
+            streams = s.time({"read": rotate(refs.read_stream, inputs),
+                              "write": rotate(refs.write_stream, inputs)}, rounds, rep=4)
+            t_read, t_write = (streams["cases"][k]["span_us"] for k in ("read", "write"))
+            bound = 2 * nbytes / (t_read + t_write) / 1e6
             row["serial_bound"] = {
-                "read_tbps": nbytes / streams["read"] / 1e12,
-                "write_tbps": nbytes / streams["write"] / 1e12,
-                "copy_tbps": bound,
+                "read_tbps": nbytes / t_read / 1e6, "write_tbps": nbytes / t_write / 1e6,
+                "copy_tbps": bound, "protocol": streams["protocol"],
                 **{f"{name}_fraction": row["repeat"][name]["tbps"] / bound
-                   for name in ("bulk", "seed_tma", "memcpy")},
-            }
+                   for name in ("bulk", "seed_tma", "memcpy")}}
         rows.append(row)
-        del inputs
-        print(_row_text(row), flush=True)
+        del inputs, x, cases
+        s.log(f"copy {nbytes / MIB:g} MiB: " + ", ".join(
+            f"{name} {row['repeat'][name]['tbps']:.3f} TB/s" for name in CASES))
 
     chain = {}
     x = jax.random.bits(jax.random.key(0), (256,), jnp.uint32)  # 1 KiB
     for method in ("bulk", "simt"):
 
         def chained(a, method=method):
-            for _ in range(chain_ops):
+            for _ in range(p["chain_ops"]):
                 a = jax_tma.copy(a, method=method)
             return a
 
-        seconds = time_device(jax.jit(chained), [(x,)], 30)
-        chain[method] = {"us_per_op": seconds * 1e6 / chain_ops, "ops": chain_ops}
-    return {"rows": rows, "chained_tiny_copies": chain}
-
-
-_COPY_CASES = ("auto", "bulk", "simt", "seed_tma", "xla_copy", "memcpy")
-
-
-def _row_text(row: dict[str, Any]) -> str:
-    size = f"{row['bytes'] // MIB} MiB"
-    cells = [f"{size:>9}"]
-    for name in _COPY_CASES:
-        r = row["repeat"][name]
-        cells.append(f"{r['tbps']:6.3f} ({r['vs_memcpy']:.3f}x)")
-    cells.append(f"auto/XLA {row['repeat']['auto']['vs_xla']:.3f}x, after a write "
-                 f"{row['after_write']['auto']['vs_xla']:.3f}x")
-    return " | ".join(cells)
-
-
-def table(result: dict[str, Any]) -> str:
-    head = ["size", "auto TB/s (x memcpy)", "bulk", "simt", "seed-style TMA", "XLA jnp.copy",
-            "cudaMemcpyAsync", "auto x XLA", "after a write: auto x XLA (bulk x memcpy)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in result["rows"]:
-        cells = [f"{row['bytes'] // MIB} MiB"]
-        for name in _COPY_CASES:
-            r = row["repeat"][name]
-            cells.append(f"{r['tbps']:.2f} ({r['vs_memcpy']:.3f}×)")
-        after = row["after_write"]
-        cells.append(f"{row['repeat']['auto']['vs_xla']:.3f}×")
-        cells.append(f"{after['auto']['vs_xla']:.3f}× ({after['bulk']['vs_memcpy']:.3f}×)")
-        lines.append("| " + " | ".join(cells) + " |")
-    bounded = [row for row in result["rows"] if "serial_bound" in row]
-    if bounded:
-        lines += ["", "| size | read-only TB/s | write-only TB/s | serial bound "
-                  "2n/(t_read+t_write) | bulk ÷ bound | seed-style ÷ bound | "
-                  "cudaMemcpyAsync ÷ bound |", "|---|---|---|---|---|---|---|"]
-        for row in bounded:
-            b = row["serial_bound"]
-            lines.append(f"| {row['bytes'] // MIB} MiB | {b['read_tbps']:.2f} | "
-                         f"{b['write_tbps']:.2f} | {b['copy_tbps']:.2f} | "
-                         f"{b['bulk_fraction']:.3f} | {b['seed_tma_fraction']:.3f} | "
-                         f"{b['memcpy_fraction']:.3f} |")
-    chain = result["chained_tiny_copies"]
-    lines.append("")
-    lines.append(
-        f"{chain['bulk']['ops']} chained 1 KiB copies inside one `jit`: "
-        f"{chain['bulk']['us_per_op']:.2f} µs per op (bulk), "
-        f"{chain['simt']['us_per_op']:.2f} µs per op (simt)."
-    )
-    return "\n".join(lines)
+        fn = jax.jit(chained)
+        s.check(f"{p['chain_ops']} chained 1 KiB copies ({method})", fn(x), x)
+        timed = s.time({method: lambda fn=fn: fn(x)}, 30 if not s.smoke else 2)
+        t = timed["cases"][method]
+        chain[method] = {"us_per_op": t["span_us"] / p["chain_ops"],
+                         "busy_us_per_op": t["busy_us"] / p["chain_ops"],
+                         "ops": p["chain_ops"], "protocol": timed["protocol"]}
+    return {"op": OP, "bytes_convention": BYTES, "rows": rows, "chained_tiny_copies": chain}

@@ -1,7 +1,7 @@
 """The im2col benchmark: jax_tma.im2col and col2im against XLA's patches,
 the slice-and-concatenate formulation, their gradients and the copy ceiling.
 
-    python benchmarks/run.py im2col [--out results.json]
+    python benchmarks/run.py im2col [--out-dir DIR]
 """
 
 from __future__ import annotations
@@ -16,8 +16,14 @@ import jax
 import jax.numpy as jnp
 
 import jax_tma
-from harness import time_device
-from references import ffi_reference, register
+from harness import Session, rotate
+
+OP = "im2col"
+BYTES = ("read + write: im2col reads the input once and writes the patch matrix once; "
+         "col2im reads the patch matrix once and writes the input once")
+FULL = [((64, 56, 56, 64), "bfloat16"), ((32, 28, 28, 256), "bfloat16"),
+        ((16, 224, 224, 4), "float32")]
+SMOKE = [((2, 8, 8, 16), "bfloat16")]
 
 
 def _slice_concat_im2col(x: jax.Array, kernel: Sequence[int]) -> jax.Array:
@@ -31,90 +37,95 @@ def _slice_concat_im2col(x: jax.Array, kernel: Sequence[int]) -> jax.Array:
     return jnp.concatenate(taps, axis=-1)
 
 
-def bench_im2col() -> dict[str, Any]:
-    """jax_tma.im2col (auto, forced TMA, SIMT) against XLA's
-    conv_general_dilated_patches and the slice-and-concatenate formulation,
-    and col2im against XLA's gradients of both, with the copy ceiling
-    (cudaMemcpyAsync of the same bytes) from the same run. Bytes: the input
-    read once plus the patch matrix written once (col2im: the reverse)."""
-    register()
-    memcpy = ffi_reference("jax_tma_bench_memcpy")
-    cases = [((64, 56, 56, 64), jnp.bfloat16), ((32, 28, 28, 256), jnp.bfloat16),
-             ((16, 224, 224, 4), jnp.float32)]
+def _small_ints(key: jax.Array, shape, dtype, count: int) -> list[tuple[jax.Array]]:
+    """`count` arrays of integers in [-8, 8): every sum of a few of them is
+    exact in any order, so the col2im sums and XLA's convolution-based
+    patches compare bit for bit; the data moved costs the same."""
+    return [(jax.random.randint(k, shape, -8, 8).astype(dtype),)
+            for k in jax.random.split(key, count)]
+
+
+def _to_tap_major(p: jax.Array, channels: int) -> jax.Array:
+    """conv_general_dilated_patches' (channel, taps) order as (taps, channel)."""
+    return p.reshape(*p.shape[:-1], channels, -1).swapaxes(-1, -2).reshape(p.shape)
+
+
+def _to_channel_major(p: jax.Array, channels: int) -> jax.Array:
+    """A (taps, channel) patch matrix in conv_general_dilated_patches' order."""
+    return p.reshape(*p.shape[:-1], -1, channels).swapaxes(-1, -2).reshape(p.shape)
+
+
+def bench_im2col(s: Session) -> dict[str, Any]:
+    """Per input: im2col (auto, tma, simt), XLA's conv_general_dilated_patches
+    and slice-and-concatenate, and the copy ceiling, interleaved; then col2im
+    against XLA's transposes of both formulations and the ceiling,
+    interleaved. Every case is checked first against the slice-and-concat
+    formulation (the patches reordered from channel-major)."""
     rows = []
-    for shape, dtype in cases:
+    for shape, dtype_name in SMOKE if s.smoke else FULL:
+        dtype = jnp.dtype(dtype_name)
         kernel = (3,) * (len(shape) - 2)
         key = jax.random.key(len(rows))
-        inputs = [(jax.random.normal(k, shape, jnp.float32).astype(dtype),)
-                  for k in jax.random.split(key, 2)]
+        inputs = _small_ints(key, shape, dtype, 2)
         x = inputs[0][0]
-        out_shape = jax.eval_shape(lambda a: _slice_concat_im2col(a, kernel), x).shape
-        itemsize = jnp.dtype(dtype).itemsize
-        nbytes = (math.prod(shape) + math.prod(out_shape)) * itemsize
-        dims = {4: ("NHWC", "HWIO", "NHWC")}[len(shape)]
-        im2col = {m: jax.jit(functools.partial(jax_tma.im2col, kernel_size=kernel,
-                                               padding="SAME", method=m))
-                  for m in ("auto", "tma", "simt")}
-        xla_patches = jax.jit(lambda a: jax.lax.conv_general_dilated_patches(
-            a, kernel, (1,) * len(kernel), "SAME", dimension_numbers=dims))
-        xla_concat = jax.jit(lambda a: _slice_concat_im2col(a, kernel))
-        times = {}
-        for name, fn in [*(("im2col_" + m, f) for m, f in im2col.items()),
-                         ("xla_patches", xla_patches), ("xla_slice_concat", xla_concat)]:
-            times[name] = time_device(fn, inputs, 10, busy=True)
-        # col2im: the patch matrix in, x out, against XLA's transposes.
-        cts = [(jax.random.normal(k, out_shape, jnp.float32).astype(dtype),)
-               for k in jax.random.split(jax.random.fold_in(key, 1), 2)]
-        col2im = jax.jit(functools.partial(jax_tma.col2im, input_shape=shape,
-                                           kernel_size=kernel, padding="SAME"))
-        grad_concat = jax.jit(lambda c: jax.linear_transpose(
-            lambda a: _slice_concat_im2col(a, kernel), x)(c)[0])
-        grad_patches = jax.jit(lambda c: jax.linear_transpose(
-            lambda a: jax.lax.conv_general_dilated_patches(
-                a, kernel, (1,) * len(kernel), "SAME", dimension_numbers=dims), x)(c)[0])
-        for name, fn in [("col2im", col2im), ("xla_grad_slice_concat", grad_concat),
-                         ("xla_grad_patches", grad_patches)]:
-            times[name] = time_device(fn, cts, 10, busy=True)
-        del cts
+        concat = jax.jit(lambda a: _slice_concat_im2col(a, kernel))
+        out_shape = jax.eval_shape(concat, x).shape
+        nbytes = (math.prod(shape) + math.prod(out_shape)) * dtype.itemsize
+        dims = ("NHWC", "HWIO", "NHWC")
         ceiling_in = jax.random.bits(key, (nbytes // 8,), jnp.uint32)  # nbytes/2 copied
-        times["memcpy"] = time_device(memcpy, [(ceiling_in,)], 10, busy=True)
-        del ceiling_in, inputs
-        row: dict[str, Any] = {"shape": list(shape), "dtype": jnp.dtype(dtype).name,
-                               "kernel": list(kernel), "padding": "SAME", "bytes": nbytes}
-        for name, t in times.items():
-            row[name + "_us"] = t * 1e6
-            row[name + "_tbps"] = nbytes / t / 1e12
-        t_auto = times["im2col_auto"]
-        row["auto_vs_xla_patches"] = times["xla_patches"] / t_auto
-        row["auto_vs_xla_slice_concat"] = times["xla_slice_concat"] / t_auto
-        row["auto_vs_ceiling"] = times["memcpy"] / t_auto
-        row["col2im_vs_xla_grad_slice_concat"] = times["xla_grad_slice_concat"] / times["col2im"]
-        row["col2im_vs_xla_grad_patches"] = times["xla_grad_patches"] / times["col2im"]
+        s.check(f"{shape} memcpy ceiling", s.refs.memcpy(ceiling_in), ceiling_in)
+
+        def patches(a):
+            return jax.lax.conv_general_dilated_patches(a, kernel, (1,) * len(kernel), "SAME",
+                                                        dimension_numbers=dims)
+
+        forward = {f"im2col_{m}": jax.jit(functools.partial(
+            jax_tma.im2col, kernel_size=kernel, padding="SAME", method=m))
+            for m in ("auto", "tma", "simt")}
+        want = concat(x)
+        for name, fn in forward.items():
+            s.check(f"{shape} {name}", fn(x), want)
+        s.check(f"{shape} xla_patches", jax.jit(lambda a: _to_tap_major(patches(a), shape[-1]))(x), want,
+                comparator=True)
+        forward["xla_patches"] = jax.jit(patches)
+        forward["xla_slice_concat"] = concat
+        cases = {name: rotate(fn, inputs) for name, fn in forward.items()}
+        cases["memcpy"] = rotate(s.refs.memcpy, [(ceiling_in,)])
+        fwd = s.time(cases, 4 if s.smoke else 10, rep=2)
+
+        # col2im: the patch matrix in, x out, against XLA's transposes.
+        cts = _small_ints(jax.random.fold_in(key, 1), out_shape, dtype, 2)
+        backward = {
+            "col2im": jax.jit(functools.partial(jax_tma.col2im, input_shape=shape,
+                                                kernel_size=kernel, padding="SAME")),
+            "xla_grad_slice_concat": jax.jit(lambda c: jax.linear_transpose(concat, x)(c)[0]),
+            "xla_grad_patches": jax.jit(lambda c: jax.linear_transpose(patches, x)(c)[0]),
+        }
+        ct = cts[0][0]
+        want = backward["xla_grad_slice_concat"](ct)
+        s.check(f"{shape} col2im", backward["col2im"](ct), want)
+        s.check(f"{shape} xla_grad_patches", backward["xla_grad_patches"](
+            _to_channel_major(ct, shape[-1])), want, comparator=True)
+        cases = {name: rotate(fn, cts) for name, fn in backward.items()}
+        cases["memcpy"] = rotate(s.refs.memcpy, [(ceiling_in,)])
+        bwd = s.time(cases, 4 if s.smoke else 10, rep=2)
+        del inputs, cts, ceiling_in, want
+
+        times = {**fwd["cases"], **{k: v for k, v in bwd["cases"].items() if k != "memcpy"}}
+        times["memcpy_col2im_run"] = bwd["cases"]["memcpy"]
+        row: dict[str, Any] = {
+            "shape": list(shape), "dtype": dtype.name, "kernel": list(kernel),
+            "padding": "SAME", "bytes": nbytes, "times": times,
+            "protocol": {"im2col": fwd["protocol"], "col2im": bwd["protocol"]},
+            "busy_tbps": {k: nbytes / v["busy_us"] / 1e6 for k, v in times.items()},
+        }
+        busy = {k: v["busy_us"] for k, v in times.items()}
+        row["im2col_vs"] = {k: busy[k] / busy["im2col_auto"]
+                            for k in ("xla_patches", "xla_slice_concat", "memcpy")}
+        row["col2im_vs"] = {k: busy[k] / busy["col2im"]
+                            for k in ("xla_grad_patches", "xla_grad_slice_concat",
+                                      "memcpy_col2im_run")}
         rows.append(row)
-        print(f"{shape} {row['dtype']}: auto {t_auto * 1e3:.4f} ms "
-              f"(tma {times['im2col_tma'] * 1e3:.4f}, simt {times['im2col_simt'] * 1e3:.4f}), "
-              f"XLA patches {times['xla_patches'] * 1e3:.4f} ms "
-              f"({row['auto_vs_xla_patches']:.1f}x), slice-concat "
-              f"{times['xla_slice_concat'] * 1e3:.4f} ms ({row['auto_vs_xla_slice_concat']:.2f}x), "
-              f"{row['im2col_auto_tbps']:.3f} TB/s = {row['auto_vs_ceiling']:.2f}x memcpy "
-              f"{row['memcpy_tbps']:.3f} TB/s; col2im {times['col2im'] * 1e3:.4f} ms vs XLA grad "
-              f"{row['col2im_vs_xla_grad_slice_concat']:.2f}x (slice-concat), "
-              f"{row['col2im_vs_xla_grad_patches']:.1f}x (patches)", flush=True)
-    return {"rows": rows}
-
-
-def im2col_table(result: dict[str, Any]) -> str:
-    lines = ["| input | jax_tma auto ms (TB/s) | tma ms | simt ms | XLA patches ms | "
-             "XLA slice-concat ms | auto vs patches | auto vs slice-concat | auto vs copy "
-             "ceiling | col2im ms | col2im vs XLA grad (slice-concat / patches) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        ms = {k[:-3]: v / 1e3 for k, v in r.items() if k.endswith("_us")}
-        lines.append(
-            f"| {tuple(r['shape'])} {r['dtype']} 3x3 SAME | {ms['im2col_auto']:.4f} "
-            f"({r['im2col_auto_tbps']:.2f}) | {ms['im2col_tma']:.4f} | {ms['im2col_simt']:.4f} | "
-            f"{ms['xla_patches']:.3f} | {ms['xla_slice_concat']:.4f} | "
-            f"{r['auto_vs_xla_patches']:.1f}x | {r['auto_vs_xla_slice_concat']:.2f}x | "
-            f"{r['auto_vs_ceiling']:.2f}x | {ms['col2im']:.4f} | "
-            f"{r['col2im_vs_xla_grad_slice_concat']:.2f}x / {r['col2im_vs_xla_grad_patches']:.1f}x |")
-    return "\n".join(lines)
+        s.log(f"im2col {shape} {dtype.name}: " + ", ".join(
+            f"{k} {v:.1f} µs" for k, v in busy.items()))
+    return {"op": OP, "bytes_convention": BYTES, "rows": rows}

@@ -1,12 +1,13 @@
 """The ppermute benchmark (two GPUs): jax_tma.ppermute's TMA and SIMT
-transports against lax.ppermute (NCCL).
+transports against lax.ppermute (NCCL), with the GPUs' link topology.
 
-    python benchmarks/run.py ppermute [--out results.json] [--sizes-mib 1 4 ...]
+    python benchmarks/run.py ppermute [--out-dir DIR] [--sizes-mib 1 4 ...]
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,22 +15,42 @@ import jax
 import jax.numpy as jnp
 
 import jax_tma
-from harness import MIB, time_device
-from jax_tma import _ffi
+import provenance
+from harness import MIB, Session, rotate
+
+OP = "ppermute"
+BYTES = ("per direction: the block bytes each GPU sends per op (what crosses the link each "
+         "way; the two GPUs swap blocks, both directions at once), not read + write")
+FULL = [1, 4, 16, 64, 256, 1024]  # MiB per GPU
+SMOKE = [1 / 64, 1 / 16]
 
 
-def bench_ppermute(sizes_mib: Sequence[int], chain: int = 8) -> dict[str, Any]:
+def topology() -> dict[str, Any] | None:
+    """`nvidia-smi topo -m` as printed, and the GPU0-GPU1 entry of its
+    matrix (e.g. 'NV18'); None without nvidia-smi."""
+    text = provenance.command_output("nvidia-smi", "topo", "-m")
+    if text is None:
+        return None
+    link = None
+    for line in text.splitlines():
+        cells = re.sub(r"\x1b\[[0-9;]*m", "", line).split()
+        if cells[:1] == ["GPU0"] and len(cells) > 2:
+            link = cells[2]  # GPU0's row, GPU1's column
+    return {"nvidia_smi_topo_m": text, "gpu0_gpu1": link}
+
+
+def bench_ppermute(s: Session, sizes_mib: Sequence[float] | None = None,
+                   chain: int = 8) -> dict[str, Any]:
     """jax_tma.ppermute (TMA bulk pull and push, SIMT pull, auto) against
-    lax.ppermute (NCCL) on the first two GPUs, swapping blocks (both
-    directions at once); GB/s per direction.
-    Each jitted program chains `chain` permutations; the time per op is the
-    program's device span (both GPUs) over `chain`. Bandwidth: block bytes
-    per op, which is what crosses the link in each direction."""
+    lax.ppermute (NCCL) on the first two devices, swapping blocks (both
+    directions at once), interleaved, each checked bit for bit against NCCL's
+    first. Each jitted program chains `chain` permutations; the time per op
+    is the program's span (or busy time) over both GPUs, over `chain`."""
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    _ffi.register()
-    mesh = Mesh(np.array(jax.devices("cuda")[:2]), ("i",))
+    devices = jax.devices()[:2]
+    mesh = Mesh(np.array(devices), ("i",))
     perm = [(0, 1), (1, 0)]
 
     def chained(pp):
@@ -47,31 +68,28 @@ def bench_ppermute(sizes_mib: Sequence[int], chain: int = 8) -> dict[str, Any]:
         "nccl": chained(jax.lax.ppermute),
     }
     rows = []
-    for mib in sizes_mib:
-        block = mib * MIB
-        x = jax.device_put(jax.random.bits(jax.random.key(mib), (2 * block // 4,), jnp.uint32),
-                           NamedSharding(mesh, P("i")))
-        want = np.asarray(impls["nccl"](x))
-        row: dict[str, Any] = {"block_mib": mib}
+    for mib in sizes_mib or (SMOKE if s.smoke else FULL):
+        block = int(mib * MIB)
+        inputs = [(jax.device_put(jax.random.bits(k, (2 * block // 4,), jnp.uint32),
+                                  NamedSharding(mesh, P("i"))),)
+                  for k in jax.random.split(jax.random.key(block), 2)]
+        want = impls["nccl"](*inputs[0])
         for name, f in impls.items():
-            np.testing.assert_array_equal(np.asarray(f(x)), want)
-            t = time_device(f, [(x,)], 10) / chain
-            row[f"{name}_us"] = t * 1e6
-            row[f"{name}_gbps"] = block / t / 1e9
+            if name != "nccl":
+                s.check(f"{name} {block} B", f(*inputs[0]), want)
+        del want
+        timed = s.time({name: rotate(f, inputs) for name, f in impls.items()},
+                       2 if s.smoke else 10, rep=2)
+        row: dict[str, Any] = {"block_mib": mib, "protocol": timed["protocol"]}
+        for name, t in timed["cases"].items():
+            row[f"{name}_us"] = t["span_us"] / chain
+            row[f"{name}_busy_us"] = t["busy_us"] / chain
+            row[f"{name}_gbps"] = block / row[f"{name}_us"] / 1e3
         for name in impls:
             row[f"{name}_vs_nccl"] = row["nccl_us"] / row[f"{name}_us"]
         rows.append(row)
-        print(f"{mib} MiB per device, GB/s per direction: " + ", ".join(
-            f"{name} {row[name + '_gbps']:.1f} ({row[name + '_vs_nccl']:.2f}x NCCL)"
-            for name in impls), flush=True)
-    return {"rows": rows, "chain": chain, "perm": perm}
-
-
-def ppermute_table(result: dict[str, Any]) -> str:
-    lines = ["| block per GPU | pull (TMA bulk) | push (TMA bulk) | pull (SIMT) | auto | "
-             "lax.ppermute (NCCL) | auto vs NCCL |", "|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        lines.append(f"| {r['block_mib']} MiB | {r['pull_gbps']:.1f} | {r['push_gbps']:.1f} | "
-                     f"{r['simt_pull_gbps']:.1f} | {r['auto_gbps']:.1f} | {r['nccl_gbps']:.1f} | "
-                     f"{r['auto_vs_nccl']:.2f}x |")
-    return "\n".join(lines)
+        del inputs
+        s.log(f"ppermute {mib:g} MiB per device, GB/s per direction: " + ", ".join(
+            f"{name} {row[name + '_gbps']:.1f}" for name in impls))
+    return {"op": OP, "bytes_convention": BYTES, "rows": rows, "chain": chain, "perm": perm,
+            "topology": topology()}

@@ -1,90 +1,111 @@
-"""The window benchmark: jax_tma.window (auto and SIMT) against the XLA
-formulation of each case and the copy ceiling.
+"""The window benchmark: jax_tma.window (auto, the tensor-map path and SIMT)
+against the XLA formulation of each case and the copy ceiling.
 
-    python benchmarks/run.py window [--out results.json]
+    python benchmarks/run.py window [--out-dir DIR]
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 import jax_tma
-from harness import time_device
-from references import ffi_reference, register
+from harness import Session, rotate
+
+OP = "window"
+BYTES = ("read + write: every output element written once plus the input element it reads "
+         "(padding: the whole input read plus the whole output written)")
+FULL = {"n": 8192, "box": 4096, "start": (1234, 2345), "aligned": (1234, 2344), "pad": 64}
+SMOKE = {"n": 256, "box": 128, "start": (12, 35), "aligned": (12, 36), "pad": 8}
 
 
-def bench_window() -> dict[str, Any]:
-    """jax_tma.window against the XLA formulation of each case, with the copy
-    ceiling (cudaMemcpyAsync of the same bytes) from the same run. Bytes:
-    every output element written once plus the input elements it reads."""
-    register()
+def _window(start, shape, strides=None, traced=False):
+    """{method: jitted window} for auto, tma and simt (`traced`: the start
+    is two int32 arguments)."""
+    def make(method):
+        if traced:
+            return jax.jit(lambda x, i, j: jax_tma.window(x, (i, j), shape, strides=strides,
+                                                          method=method))
+        return jax.jit(lambda x: jax_tma.window(x, start, shape, strides=strides, method=method))
+    return {m: make(m) for m in ("auto", "tma", "simt")}
+
+
+def _cases(p: dict[str, Any]) -> list[dict[str, Any]]:
+    n, box, (i, j), (ai, aj), pad = p["n"], p["box"], p["start"], p["aligned"], p["pad"]
     f32 = 4
-    n = 8192
-    key = jax.random.key(7)
-    x = jax.random.normal(key, (n, n), jnp.float32)
-    i, j = jnp.int32(1234), jnp.int32(2345)
-    cases = [
-        ("window 4096^2 at a traced offset of 8192^2 f32 vs lax.dynamic_slice",
-         lambda m: jax.jit(lambda x, i, j: jax_tma.window(x, (i, j), (4096, 4096), method=m)),
-         jax.jit(lambda x, i, j: jax.lax.dynamic_slice(x, (i, j), (4096, 4096))),
-         (x, i, j), 2 * 4096 * 4096 * f32),
-        ("the same at a 16-B aligned offset (1234, 2344)",
-         lambda m: jax.jit(lambda x, i, j: jax_tma.window(x, (i, j), (4096, 4096), method=m)),
-         jax.jit(lambda x, i, j: jax.lax.dynamic_slice(x, (i, j), (4096, 4096))),
-         (x, i, jnp.int32(2344)), 2 * 4096 * 4096 * f32),
-        ("x[::2, ::2] of 8192^2 f32 vs XLA strided slice",
-         lambda m: jax.jit(lambda x: jax_tma.window(x, (0, 0), (4096, 4096), strides=(2, 2),
-                                                    method=m)),
-         jax.jit(lambda x: x[::2, ::2]),
-         (x,), 2 * 4096 * 4096 * f32),
-        ("pad 8192^2 -> 8320^2 f32 (negative start) vs jnp.pad",
-         lambda m: jax.jit(lambda x: jax_tma.window(x, (-64, -64), (8320, 8320), method=m)),
-         jax.jit(lambda x: jnp.pad(x, 64)),
-         (x,), (n * n + 8320 * 8320) * f32),
-        ("copy(method='tiled') vs copy(method='bulk'), 8192^2 f32",
-         lambda m: jax.jit(functools.partial(jax_tma.copy, method="tiled" if m == "auto" else m)),
-         jax.jit(functools.partial(jax_tma.copy, method="bulk")),
-         (x,), 2 * n * n * f32),
+    moved = 2 * box * box * f32
+    dyn = jax.jit(lambda x, i, j: jax.lax.dynamic_slice(x, (i, j), (box, box)))
+    return [
+        {"case": f"{box}² of {n}² f32 at a traced start ({i}, {j}), innermost start not "
+                 f"16-B aligned, vs lax.dynamic_slice",
+         "ours": _window(None, (box, box), traced=True), "xla": dyn,
+         "args": (jnp.int32(i), jnp.int32(j)), "bytes": moved},
+        {"case": f"the same at a traced start ({ai}, {aj}), innermost start 16-B aligned",
+         "ours": _window(None, (box, box), traced=True), "xla": dyn,
+         "args": (jnp.int32(ai), jnp.int32(aj)), "bytes": moved},
+        {"case": f"the same at a static start ({ai}, {aj}) vs the static slice "
+                 f"x[{ai}:{ai + box}, {aj}:{aj + box}]",
+         "ours": _window((ai, aj), (box, box)),
+         "xla": jax.jit(lambda x: x[ai:ai + box, aj:aj + box]), "args": (), "bytes": moved},
+        {"case": f"x[::2, ::2] of {n}² f32 vs XLA's strided slice (no tensor-map form: "
+                 f"innermost stride 2)",
+         "ours": {m: f for m, f in _window((0, 0), (n // 2, n // 2), (2, 2)).items()
+                  if m != "tma"},
+         "xla": jax.jit(lambda x: x[::2, ::2]), "args": (), "bytes": 2 * (n // 2) ** 2 * f32},
+        {"case": f"pad {n}² -> {n + 2 * pad}² f32 (static start ({-pad}, {-pad})) vs jnp.pad",
+         "ours": _window((-pad, -pad), (n + 2 * pad,) * 2),
+         "xla": jax.jit(lambda x: jnp.pad(x, pad)), "args": (),
+         "bytes": (n * n + (n + 2 * pad) ** 2) * f32},
+        {"case": f"whole-array copy of {n}² f32: jax_tma.copy (auto, 'tiled' in the tma "
+                 f"column, simt) vs jnp.copy",
+         "ours": {"auto": jax.jit(jax_tma.copy),
+                  "tma": jax.jit(functools.partial(jax_tma.copy, method="tiled")),
+                  "simt": jax.jit(functools.partial(jax_tma.copy, method="simt"))},
+         "xla": jax.jit(jnp.copy), "args": (), "bytes": 2 * n * n * f32},
     ]
-    memcpy = ffi_reference("jax_tma_bench_memcpy")
+
+
+def _lowered_method(fn, *args) -> str:
+    """The method that a jitted jax_tma call hands its FFI target: 'simt'
+    where the Python wrapper already chose SIMT, 'auto' where the handler
+    chooses (the tensor-map path wherever its rules hold)."""
+    found = set(re.findall(r'method = "(\w+)"', fn.lower(*args).as_text()))
+    return ",".join(sorted(found)) or "?"
+
+
+def bench_window(s: Session) -> dict[str, Any]:
+    """Each case's jax_tma methods, its XLA formulation and the copy ceiling
+    (the reference memcpy of the same bytes), interleaved; each checked bit
+    for bit against the XLA formulation first."""
+    p = SMOKE if s.smoke else FULL
+    n = p["n"]
+    x = jax.random.normal(jax.random.key(7), (n, n), jnp.float32)
     rows = []
-    for name, ours, xla, args, nbytes in cases:
-        # GPU busy time: in a two-op program (start assembled from traced
-        # scalars, then the window) the GPU idles while the host encodes the
-        # tensor maps; larger programs hide that behind asynchronous dispatch.
-        t_ours = time_device(ours("auto"), [args], 20, busy=True)
-        t_simt = time_device(ours("simt"), [args], 20, busy=True)
-        t_xla = time_device(xla, [args], 20, busy=True)
-        ceiling_in = jax.random.bits(key, (nbytes // 8,), jnp.uint32)  # nbytes/2 copied
-        t_copy = time_device(memcpy, [(ceiling_in,)], 20, busy=True)
-        t_span = time_device(ours("auto"), [args], 20)
-        row = {
-            "case": name, "bytes": nbytes,
-            "jax_tma_us": t_ours * 1e6, "jax_tma_span_us": t_span * 1e6,
-            "simt_us": t_simt * 1e6, "xla_us": t_xla * 1e6,
-            "memcpy_us": t_copy * 1e6,
-            "jax_tma_tbps": nbytes / t_ours / 1e12, "simt_tbps": nbytes / t_simt / 1e12,
-            "xla_tbps": nbytes / t_xla / 1e12, "memcpy_tbps": nbytes / t_copy / 1e12,
-        }
-        row["vs_xla"] = t_xla / t_ours
-        row["vs_ceiling"] = t_copy / t_ours
+    for c in _cases(p):
+        args = (x, *c["args"])
+        want = c["xla"](*args)
+        for method, fn in c["ours"].items():
+            s.check(f"{c['case']}: {method}", fn(*args), want)
+        ceiling_in = jax.random.bits(jax.random.key(8), (c["bytes"] // 8,), jnp.uint32)
+        s.check(f"{c['case']}: memcpy ceiling", s.refs.memcpy(ceiling_in), ceiling_in)
+        cases = {m: rotate(fn, [args]) for m, fn in c["ours"].items()}
+        cases["xla"] = rotate(c["xla"], [args])
+        cases["memcpy"] = rotate(s.refs.memcpy, [(ceiling_in,)])
+        timed = s.time(cases, 4 if s.smoke else 10, rep=2)
+        t = timed["cases"]
+        row = {"case": c["case"], "bytes": c["bytes"], "protocol": timed["protocol"],
+               "auto_lowered_method": _lowered_method(c["ours"]["auto"], *args),
+               "times": t,
+               "busy_tbps": {k: c["bytes"] / v["busy_us"] / 1e6 for k, v in t.items()},
+               "span_tbps": {k: c["bytes"] / v["span_us"] / 1e6 for k, v in t.items()},
+               "vs_xla": {m: t["xla"]["busy_us"] / t[m]["busy_us"] for m in c["ours"]},
+               "vs_ceiling": {m: t["memcpy"]["busy_us"] / t[m]["busy_us"] for m in c["ours"]}}
         rows.append(row)
-        print(f"{name}: jax_tma {row['jax_tma_tbps']:.3f} TB/s (simt {row['simt_tbps']:.3f}), "
-              f"XLA {row['xla_tbps']:.3f} TB/s ({row['vs_xla']:.2f}x), ceiling "
-              f"{row['memcpy_tbps']:.3f} TB/s ({row['vs_ceiling']:.2f}x)", flush=True)
-    return {"rows": rows}
-
-
-def window_table(result: dict[str, Any]) -> str:
-    lines = ["| case | jax_tma auto TB/s | (span) | jax_tma simt TB/s | XLA TB/s | auto vs XLA | "
-             "auto vs copy ceiling |", "|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
-        span = r["bytes"] / r["jax_tma_span_us"] / 1e6
-        lines.append(f"| {r['case']} | {r['jax_tma_tbps']:.3f} | {span:.3f} | "
-                     f"{r['simt_tbps']:.3f} | {r['xla_tbps']:.3f} | {r['vs_xla']:.2f}x | "
-                     f"{r['vs_ceiling']:.2f}x |")
-    return "\n".join(lines)
+        del ceiling_in, want
+        s.log(f"window: {c['case']}: " + ", ".join(
+            f"{k} {v:.3f} TB/s" for k, v in row["busy_tbps"].items()))
+    return {"op": OP, "bytes_convention": BYTES, "rows": rows}

@@ -1,27 +1,32 @@
-"""The benchmarks' timing harness: device time per call from a jax.profiler
-trace, cases interleaved and reduced to medians, and the result JSON with
-what was measured, where and how.
+"""The benchmarks' timing harness: a Session that times interleaved cases
+from a jax.profiler trace, checks every case's output bit for bit before it
+is timed, prints progress, and writes each result JSON with its provenance.
 
-Times device work, not Python dispatch: each case runs under
-``jax.profiler`` and its duration is the span of its GPU activity (kernels
-and memcpys, read from the trace) per call; the median over calls is
-reported (copy: the cases take turns, see time_cases). Bandwidth counts
-every byte read plus every byte written.
+Times device work, not Python dispatch: every call of every case runs under
+``jax.profiler`` and is reduced to two numbers from the same trace, its
+*span* (first GPU activity to last, idle gaps inside the call included: for
+jax_tma's ops the host's tensor-map encoding shows there) and its *busy* time
+(the union of its GPU activities); each case reports the median of both over
+its counted calls. Bandwidth counts what each benchmark's `bytes_convention`
+says. A smoke session (``run.py --smoke``) runs the same code on the CPU with
+a wall clock: it tests the code path and measures nothing.
 """
 
 from __future__ import annotations
 
-import datetime
 import glob
+import itertools
 import json
+import os
 import statistics
+import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-
-import jax_tma
+import jax.numpy as jnp
 
 MIB = 1 << 20
 
@@ -47,11 +52,11 @@ def _device_events(trace_dir: str) -> list[tuple[int, int]]:
     return sorted(events)
 
 
-def _split_runs(events: list[tuple[int, int]], runs: int, busy: bool) -> list[float]:
+def _split_runs(events: list[tuple[int, int]], runs: int) -> list[tuple[float, float]]:
     """Splits time-sorted activities into `runs` calls at the runs-1 largest
     idle gaps (calls are separated by a host round trip); returns each
-    call's device span, or with `busy` the time its GPU was busy (the span
-    less idle gaps inside the call), in seconds."""
+    call's (span, busy) in seconds: first activity to last, and the union of
+    its activity intervals (the span less idle gaps inside the call)."""
     if len(events) < runs:
         raise RuntimeError(f"trace has {len(events)} GPU activities for {runs} calls")
     gaps = []
@@ -63,83 +68,155 @@ def _split_runs(events: list[tuple[int, int]], runs: int, busy: bool) -> list[fl
     out = []
     for lo, hi in zip([0] + cuts, cuts + [len(events)]):
         group = events[lo:hi]
-        if not busy:
-            out.append((max(e for _, e in group) - group[0][0]) * 1e-9)
-            continue
-        total, reach = 0, group[0][0]
+        busy, reach = 0, group[0][0]
         for start, stop in group:  # union of the activity intervals
-            total += max(0, stop - max(start, reach))
+            busy += max(0, stop - max(start, reach))
             reach = max(reach, stop)
-        out.append(total * 1e-9)
+        out.append(((max(e for _, e in group) - group[0][0]) * 1e-9, busy * 1e-9))
     return out
 
 
-def time_cases(cases: dict[str, Callable[..., Any]], inputs: Sequence[tuple], rounds: int,
-               rep: int = 1, busy: bool = False,
-               before: Callable[[], Any] | None = None) -> dict[str, float]:
-    """Median device seconds per call of each case: the span of its GPU
-    activity, or with `busy` only the time the GPU was busy.
-
-    The cases take turns: each round runs every case `rep` times in a row,
-    cycling through `inputs`, so that slow drift (clocks, temperature) hits
-    every case alike. With rep > 1 the first call of each turn, which pays
-    for what the previous case left in L2, is not counted. `before`, if
-    given, runs (untimed) ahead of every call, e.g. to set the L2 state."""
-    for fn in cases.values():
-        for args in inputs:
-            jax.block_until_ready(fn(*args))
-    plan = [name for _ in range(rounds) for name in cases for _ in range(rep)]
-    with tempfile.TemporaryDirectory() as d:
-        jax.profiler.start_trace(d)
-        for i, name in enumerate(plan):
-            if before is not None:
-                jax.block_until_ready(before())
-            jax.block_until_ready(cases[name](*inputs[i % len(inputs)]))
-        jax.profiler.stop_trace()
-        events = _device_events(d)
-    stride = 1 if before is None else 2
-    return _case_medians(plan, _split_runs(events, stride * len(plan), busy)[stride - 1::stride],
-                         rep)
-
-
-def _case_medians(plan: Sequence[str], runs: Sequence[float], rep: int) -> dict[str, float]:
-    """Median of each case's runs, `plan` naming the case of each run in
-    turns of `rep`; with rep > 1 the first run of every turn is left out."""
-    samples: dict[str, list[float]] = {}
-    for i, (name, seconds) in enumerate(zip(plan, runs, strict=True)):
+def _case_medians(plan: Sequence[str], runs: Sequence[tuple[float, float]],
+                  rep: int) -> dict[str, dict[str, float]]:
+    """Median span and busy µs of each case, `plan` naming the case of each
+    run in turns of `rep`; with rep > 1 the first run of every turn is left
+    out."""
+    samples: dict[str, list[tuple[float, float]]] = {}
+    for i, (name, run) in enumerate(zip(plan, runs, strict=True)):
         samples.setdefault(name, [])
         if rep == 1 or i % rep:
-            samples[name].append(seconds)
-    return {name: statistics.median(x) for name, x in samples.items()}
+            samples[name].append(run)
+    return {name: {"span_us": statistics.median(s for s, _ in x) * 1e6,
+                   "busy_us": statistics.median(b for _, b in x) * 1e6}
+            for name, x in samples.items()}
 
 
-def time_device(fn: Callable[..., Any], inputs: Sequence[tuple], calls: int,
-                busy: bool = False) -> float:
-    """Median device seconds per call of `fn` over `calls` calls, cycling
-    through `inputs` (see time_cases)."""
-    return time_cases({"": fn}, inputs, calls, busy=busy)[""]
+def rotate(fn: Callable[..., Any], inputs: Sequence[tuple]) -> Callable[[], Any]:
+    """A call of `fn` on the next argument tuple of `inputs` each time."""
+    turn = itertools.cycle(inputs)
+    return lambda: fn(*next(turn))
 
 
-def stamp(result: dict[str, Any], op: str, device: jax.Device) -> dict[str, Any]:
-    """Adds what was measured, where and how to a benchmark's result."""
-    result.update(
-        op=op,
-        device=device.device_kind,
-        date=datetime.date.today().isoformat(),
-        jax=jax.__version__,
-        build=jax_tma.build_info(),
-        bytes_convention=("read + write (every byte read once plus every byte written once); "
-                          "the copy bench's read-only and write-only rates count one direction"),
-        timing=("median per call from a jax.profiler trace: device span (copy: cases "
-                "interleaved, 4 calls per turn, the first not counted; ppermute, "
-                "over both GPUs, divided by the ops chained in the program); "
-                "GPU busy time, span also recorded (window, broadcast); GPU busy time (im2col)"),
-    )
-    return result
+def _bits(x: jax.Array) -> jax.Array:
+    """x viewed as unsigned integers of its element width (bool as uint8)."""
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint8)
+    width = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[x.dtype.itemsize]
+    return jax.lax.bitcast_convert_type(x, width)
 
 
-def write_json(result: dict[str, Any], path: str | None) -> None:
-    """Writes `result` to `path` as JSON (nothing without a path)."""
-    if path:
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1)
+@jax.jit
+def _mismatches(a: jax.Array, b: jax.Array) -> jax.Array:
+    """How many elements of a and b differ in their bits, and the first."""
+    ne = (_bits(a) != _bits(b)).ravel()
+    return jnp.stack([ne.sum(), jnp.argmax(ne)])
+
+
+class Session:
+    """One benchmark run: the timing protocol, the output checks, progress
+    lines and the time budget of the op being run.
+
+    `smoke`: the CPU code-path test (wall clock, tiny sizes); `refs`: the
+    reference targets (references.load)."""
+
+    def __init__(self, smoke: bool, refs: Any):
+        self.smoke = smoke
+        self.refs = refs
+        self.checked: list[str] = []
+        self.differs: dict[str, str] = {}
+        self._start = time.monotonic()
+
+    @property
+    def timing_method(self) -> str:
+        if self.smoke:
+            return "smoke: wall clock per call on the CPU, not a measurement"
+        return ("jax.profiler trace; per call the span (first GPU activity to last) and the "
+                "busy time (union of GPU activities), median over the counted calls; cases "
+                "interleaved (each result's `protocol` gives rounds, calls per turn and what "
+                "ran untimed before each call)")
+
+    def log(self, message: str) -> None:
+        print(f"[{time.monotonic() - self._start:6.1f} s] {message}", flush=True)
+
+    def time(self, cases: dict[str, Callable[[], Any]], rounds: int, rep: int = 1,
+             before: Callable[[], Any] | None = None,
+             before_name: str | None = None) -> dict[str, Any]:
+        """Median span and busy µs per call of each zero-argument case.
+
+        The cases take turns: each round runs every case `rep` times in a row,
+        so that slow drift (clocks, temperature) hits every case alike. With
+        rep > 1 the first call of each turn, which pays for what the previous
+        case left in L2, is not counted. `before`, if given, runs (untimed)
+        ahead of every call, e.g. to set the L2 state. Returns {"cases":
+        {name: {"span_us", "busy_us"}}, "protocol": {...}}."""
+        for fn in cases.values():
+            jax.block_until_ready(fn())
+        plan = [name for _ in range(rounds) for name in cases for _ in range(rep)]
+        if self.smoke:
+            runs = []
+            for name in plan:
+                if before is not None:
+                    jax.block_until_ready(before())
+                t0 = time.perf_counter()
+                jax.block_until_ready(cases[name]())
+                runs.append((time.perf_counter() - t0,) * 2)
+        else:
+            runs = self._trace(cases, plan, before)
+        protocol = {"rounds": rounds, "calls_per_turn": rep,
+                    "counted_calls_per_case": rounds * (rep - 1 if rep > 1 else 1),
+                    "untimed_before_each_call": before_name if before else None}
+        return {"cases": _case_medians(plan, runs, rep), "protocol": protocol}
+
+    @staticmethod
+    def _trace(cases, plan, before) -> list[tuple[float, float]]:
+        with tempfile.TemporaryDirectory() as d:
+            jax.profiler.start_trace(d)
+            for name in plan:
+                if before is not None:
+                    jax.block_until_ready(before())
+                jax.block_until_ready(cases[name]())
+            jax.profiler.stop_trace()
+            events = _device_events(d)
+        stride = 1 if before is None else 2
+        return _split_runs(events, stride * len(plan))[stride - 1::stride]
+
+    def check(self, name: str, got: Any, want: Any, *, comparator: bool = False) -> None:
+        """Checks a case's output against the reference formulation, bit for
+        bit (as unsigned integers of the element width). A jax_tma case or a
+        reference kernel that differs is an error; an XLA comparator whose
+        arithmetic differs (`comparator`) is recorded in the result."""
+        got, want = jax.tree.leaves(got), jax.tree.leaves(want)
+        problem = None
+        for g, w in zip(got, want, strict=True):
+            if g.shape != w.shape or g.dtype != w.dtype:
+                problem = f"got {g.dtype}{list(g.shape)}, want {w.dtype}{list(w.shape)}"
+                break
+            if g.size:
+                count, first = (int(v) for v in _mismatches(g, w))
+                if count:
+                    problem = f"{count} of {g.size} elements differ, the first at flat index {first}"
+                    break
+        if problem is None:
+            self.checked.append(name)
+        elif comparator:
+            self.differs[name] = problem
+            self.log(f"note: comparator {name} differs from the reference: {problem}")
+        else:
+            raise AssertionError(f"benchmark case {name}: output is not bit-exact: {problem}")
+
+
+def write_result(result: dict[str, Any], out_dir: str) -> str:
+    """Writes `result` as <op>_<devices>_<date>.json under `out_dir`,
+    replacing the op's earlier result files there; returns the path."""
+    os.makedirs(out_dir, exist_ok=True)
+    prov = result["provenance"]
+    name = f"{result['op']}_{prov['device_tag']}_{prov['date'][:10]}.json"
+    for old in glob.glob(os.path.join(out_dir, f"{result['op']}_*.json")):
+        if os.path.basename(old) != name:
+            os.remove(old)
+            print(f"removed the earlier result {old}", file=sys.stderr)
+    path = os.path.join(out_dir, name)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    return path

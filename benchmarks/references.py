@@ -2,16 +2,20 @@
 extension module _jax_tma_bench (benchmarks/ffi/, built with
 JAX_TMA_BENCH=ON, never in a jax_tma wheel): cudaMemcpyAsync D2D (the copy
 ceiling), the seed-style TMA copy, read-only and write-only streams, and the
-raw launch hook of jax_tma's copy kernels."""
+raw launch hook of jax_tma's copy kernels. A smoke run (CPU) gets jnp
+stand-ins with the same results."""
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import types
 from collections.abc import Callable
 from types import ModuleType
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_tma import _ffi
 
@@ -52,3 +56,41 @@ def ffi_reference(target: str) -> Callable[[jax.Array], jax.Array]:
 def read_stream(x: jax.Array) -> jax.Array:
     """The read-only reference: a 16-B XOR checksum of x (CUDA only)."""
     return jax.ffi.ffi_call("jax_tma_bench_read", jax.ShapeDtypeStruct((4,), jnp.uint32))(x)
+
+
+def xor_checksum(x: jax.Array) -> jax.Array:
+    """What read_stream computes, for uint32 x: the XOR of its 16-B vectors."""
+    return jax.lax.reduce(x.reshape(-1, 4), np.uint32(0), jax.lax.bitwise_xor, (0,))
+
+
+class CpuHook:
+    """The raw launch hook's stand-in in a smoke run: host memmove of the
+    bytes, the shapes and threshold of the real module."""
+
+    shipped_bulk_configs = {"static": (32768, 4, 4, False), "dynamic": (8192, 16, 4, True)}
+    dynamic_bulk_min_bytes = 32 << 20
+
+    @staticmethod
+    def raw_copy(method, device, dst, src, nbytes, *config):
+        ctypes.memmove(dst, src, nbytes)
+
+    @staticmethod
+    def synchronize(device):
+        pass
+
+
+def load(smoke: bool) -> types.SimpleNamespace:
+    """The references: memcpy, seed_copy, read_stream, write_stream (each
+    x -> array) and ext (the raw launch hook's module; CpuHook in a smoke run)."""
+    if smoke:
+        copy = jax.jit(jnp.copy)
+        return types.SimpleNamespace(
+            memcpy=copy, seed_copy=copy, read_stream=jax.jit(xor_checksum),
+            write_stream=jax.jit(lambda x: jnp.full_like(x, 0x5A5A5A5A)),  # uint32 x
+            ext=CpuHook())
+    register()
+    return types.SimpleNamespace(
+        memcpy=ffi_reference("jax_tma_bench_memcpy"),
+        seed_copy=ffi_reference("jax_tma_bench_seed_copy"),
+        read_stream=read_stream, write_stream=ffi_reference("jax_tma_bench_write"),
+        ext=load_extension())

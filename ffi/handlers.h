@@ -11,5 +11,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaWindowCpu);            // "jax_tma_window"
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaIm2colCpu);            // "jax_tma_im2col"
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaBroadcastCpu);         // "jax_tma_broadcast"
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaPpermuteCpu);          // "jax_tma_ppermute"
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaGatherCpu);            // "jax_tma_gather"
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaScatterCpu);           // "jax_tma_scatter"
 
 #endif  // JAX_TMA_FFI_HANDLERS_H_

@@ -55,6 +55,8 @@ NB_MODULE(_jax_tma, m) {
     d["jax_tma_ppermute"] = Capsule(JaxTmaPpermuteCpu);
     d["jax_tma_broadcast"] = Capsule(JaxTmaBroadcastCpu);
     d["jax_tma_im2col"] = Capsule(JaxTmaIm2colCpu);
+    d["jax_tma_gather"] = Capsule(JaxTmaGatherCpu);
+    d["jax_tma_scatter"] = Capsule(JaxTmaScatterCpu);
     return d;
   });
 
@@ -69,6 +71,8 @@ NB_MODULE(_jax_tma, m) {
     d["jax_tma_ppermute"] = Capsule(JaxTmaPpermuteCuda);
     d["jax_tma_broadcast"] = Capsule(JaxTmaBroadcastCuda);
     d["jax_tma_im2col"] = Capsule(JaxTmaIm2colCuda);
+    d["jax_tma_gather"] = Capsule(JaxTmaGatherCuda);
+    d["jax_tma_scatter"] = Capsule(JaxTmaScatterCuda);
 #endif
     return d;
   });

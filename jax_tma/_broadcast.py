@@ -83,10 +83,8 @@ def _partitioned(ndim: int, n: int, axis: int, method: str, cluster_size: int):
 
 def _lowering(ctx, x, *, n, axis, method, cluster_size):
     ndim = ctx.avals_in[0].ndim
-    # custom_partitioning needs a device assignment; a program for one device
-    # (or none yet) and a 0-d x have nothing to split.
-    devices = getattr(ctx.module_context.axis_context, "device_assignment", ())
-    if ndim == 0 or devices is None or len(devices) == 1:
+    # A program for one device (or none yet) and a 0-d x have nothing to split.
+    if ndim == 0 or _ffi.single_device(ctx):
         return _local_lowering(ctx, x, n=n, axis=axis, method=method, cluster_size=cluster_size)
     f = _partitioned(ndim, n, axis, method, cluster_size)
     return mlir.lower_fun(f, multiple_results=False)(ctx, x)
@@ -99,16 +97,7 @@ def _cuda_lowering(ctx, x, *, n, axis, method, cluster_size):
     return _lowering(ctx, x, n=n, axis=axis, method=method, cluster_size=cluster_size)
 
 
-# custom_partitioning's lowering needs the program's devices, which jax hands
-# to lowering only when a primitive in the jaxpr asks for them. jax has no
-# public way to ask (checked 0.10.2 to 0.12.0.1); without it every program
-# takes the unpartitioned path above (still exact, XLA gathers x).
-try:
-    from jax._src import dispatch as _dispatch
-
-    _dispatch.prim_requires_devices_during_lowering.add(broadcast_p)
-except (ImportError, AttributeError):
-    pass
+_ffi.require_devices_during_lowering(broadcast_p)
 
 for _platform in ("cpu", "cuda"):
     mlir.register_lowering(broadcast_local_p, _local_lowering, platform=_platform)

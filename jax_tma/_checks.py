@@ -66,10 +66,15 @@ def per_dim_ints(op: str, name: str, value: Any, count: int, dims: str, *,
     return tuple(int(v) for v in value)
 
 
+def widen_dtype(dtype) -> np.dtype:
+    """`dtype`, or its lossless byte-sized stand-in where it is sub-byte."""
+    return np.dtype(SUB_BYTE_WIDE.get(np.dtype(dtype).name, dtype))
+
+
 def widen(x: jax.Array) -> jax.Array:
     """`x`, with a sub-byte dtype converted to its lossless byte-sized stand-in."""
-    wide = SUB_BYTE_WIDE.get(x.dtype.name)
-    return lax.convert_element_type(x, wide) if wide is not None else x
+    wide = widen_dtype(x.dtype)
+    return lax.convert_element_type(x, wide) if wide != x.dtype else x
 
 
 def narrow(y: jax.Array, dtype: np.dtype) -> jax.Array:

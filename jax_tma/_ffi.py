@@ -71,6 +71,26 @@ def def_jitted_impl(prim) -> None:
     prim.def_impl(lambda *args, **params: _jitted_bind(prim, tuple(sorted(params.items())))(*args))
 
 
+def require_devices_during_lowering(prim) -> None:
+    """Asks jax to hand `prim`'s lowering the program's devices, which
+    custom_partitioning needs. jax has no public way to ask (checked 0.10.2
+    to 0.12.0.1); without it every program takes the single-device path
+    (still exact: XLA gathers the operands)."""
+    try:
+        from jax._src import dispatch
+
+        dispatch.prim_requires_devices_during_lowering.add(prim)
+    except (ImportError, AttributeError):
+        pass
+
+
+def single_device(ctx) -> bool:
+    """Whether the program being lowered runs on one device (or has no device
+    assignment yet): nothing to partition, the FFI call is lowered directly."""
+    devices = getattr(ctx.module_context.axis_context, "device_assignment", ())
+    return devices is None or len(devices) <= 1
+
+
 def cuda_compiled() -> bool:
     return bool(_ext.cuda_compiled)
 

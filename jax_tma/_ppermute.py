@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
+import os
+import sys
 from collections.abc import Sequence
 from typing import Literal
 
@@ -27,6 +30,7 @@ _DIRECTIONS = ("auto", "pull", "push")
 # round trip.
 _AUTO_DIRECTION = "push"
 _OP = "jax_tma.ppermute"
+_log = logging.getLogger("jax_tma")
 
 ppermute_p = Primitive("jax_tma_ppermute")
 # The output has the input's shape, dtype and varying-mesh-axes.
@@ -103,28 +107,56 @@ def _fallback(ctx, x, *, axis_name, perm):
     )(ctx, x)
 
 
-def _lowering(ctx, x, *, axis_name, perm, method, direction, platform):
-    """The jax_tma_ppermute call where every device of the mesh lives in this
-    process, the shard_map is manual over every mesh axis and (on GPUs)
-    each receiver can map its source's memory; lax.ppermute otherwise, with
-    the same result."""
+def _transport(ctx, *, axis_name, perm, platform):
+    """The devices' ordinals and sources where the jax_tma_ppermute call can
+    run (every device of the mesh in this process, the shard_map manual over
+    every mesh axis and, on GPUs, each receiver able to map its source's
+    memory), else None; and the reason, for the debug log."""
     mesh = _mesh_of(ctx)
     manual = getattr(ctx.module_context.axis_context, "manual_axes", frozenset())
-    usable = (
-        mesh is not None
-        and set(manual) == set(mesh.axis_names)
-        and set(axis_name) <= set(mesh.axis_names)
-        and all(d.process_index == jax.process_index() for d in mesh.devices.flat)
-    )
-    if usable:
-        ordinals, sources = device_plan(mesh, axis_name, perm)
-        if platform == "cuda":
-            usable = all(
-                peer_access(int(ordinals[a]), int(ordinals[b]))
-                for i, s in enumerate(sources) if s >= 0 for a, b in ((i, s), (s, i))
-            )
-    if not usable:
+    if mesh is None:
+        return None, "no concrete mesh at lowering"
+    if set(manual) != set(mesh.axis_names):
+        return None, f"the shard_map is manual over {sorted(manual)}, not every mesh axis {list(mesh.axis_names)}"
+    if not set(axis_name) <= set(mesh.axis_names):
+        return None, f"axis {axis_name} is not an axis of the mesh {list(mesh.axis_names)}"
+    processes = sorted({d.process_index for d in mesh.devices.flat})
+    if processes != [jax.process_index()]:
+        return None, f"the mesh spans {len(processes)} processes {processes}"
+    ordinals, sources = device_plan(mesh, axis_name, perm)
+    if platform == "cuda":
+        for i, s in enumerate(sources):
+            if s < 0:
+                continue
+            for a, b in ((i, s), (s, i)):
+                if not peer_access(int(ordinals[a]), int(ordinals[b])):
+                    return None, f"GPU {ordinals[a]} cannot map GPU {ordinals[b]}'s memory"
+    return (ordinals, sources), f"{platform} peer copies between {mesh.size} devices of this process"
+
+
+_LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, _ffi))
+
+
+def _call_site() -> str:
+    """file:line of the innermost frame outside jax and jax_tma: the user's
+    call of the op."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
+        frame = frame.f_back
+    return "an unknown call site" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _lowering(ctx, x, *, axis_name, perm, method, direction, site, platform):
+    """The jax_tma_ppermute call where `_transport` allows it; lax.ppermute
+    otherwise, with the same result. Which one a call site got, and why, is
+    logged at DEBUG level on the "jax_tma" logger."""
+    plan, why = _transport(ctx, axis_name=axis_name, perm=perm, platform=platform)
+    where = f"{_OP} over {axis_name} at {site}"
+    if plan is None:
+        _log.debug("%s: lax.ppermute, because %s", where, why)
         return _fallback(ctx, x, axis_name=axis_name, perm=perm)
+    _log.debug("%s: jax_tma_ppermute (%s, method %s, %s)", where, why, method, direction)
+    ordinals, sources = plan
     return jax.ffi.ffi_lowering("jax_tma_ppermute")(
         ctx, x, instance=np.int64(next(_instances)), devices=ordinals,
         sources=sources, push=direction == "push", method=method,
@@ -180,7 +212,8 @@ def ppermute(x: jax.Array, axis_name: str | Sequence[str],
     manual over only some mesh axes, no concrete mesh at lowering, or two
     GPUs without peer access — the op lowers to ``lax.ppermute`` with the same
     result. On the CPU the host devices meet the same way and copy with
-    ``memcpy``.
+    ``memcpy``. Which of the two a call site got, and why, is logged at
+    DEBUG level on the ``"jax_tma"`` logger when the call is lowered.
 
     Args:
       x: the local block (any dtype and shape).
@@ -230,6 +263,6 @@ def ppermute(x: jax.Array, axis_name: str | Sequence[str],
     _checks.check_choice(_OP, "direction", direction, _DIRECTIONS)
     pairs = _check_perm(perm, size)
     _ffi.register()
-    params = dict(axis_name=tuple(names), perm=pairs, method=method,
+    params = dict(axis_name=tuple(names), perm=pairs, method=method, site=_call_site(),
                   direction=_AUTO_DIRECTION if direction == "auto" else direction)
     return _checks.narrow(ppermute_p.bind(_checks.widen(x), **params), x.dtype)

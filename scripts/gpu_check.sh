@@ -10,9 +10,12 @@
 #            reference tests and the benchmarks need it, the wheel lacks it.
 # Then the test suite against each install with GPU skips turned into
 # failures, compute-sanitizer (memcheck, racecheck, synccheck) on the kernels'
-# self-tests, and the benchmarks (benchmarks/run.py, against the wheel). Logs
-# and JSON under $OUT, a short summary last; the exit status is non-zero if
-# any step failed.
+# self-tests, and the benchmarks (benchmarks/run.py, against the source
+# install: built from this very tree, so the results are this commit's). Logs
+# under $OUT, the benchmarks' result JSON and log in $OUT/bench_<ops>.tgz
+# (`tar -xzf bench_all.tgz -C benchmarks results` puts them in
+# benchmarks/results/; then run benchmarks/report.py), a short summary last;
+# the exit status is non-zero if any step failed.
 #   usage: bash scripts/gpu_check.sh [tests|sanitize|bench|ncu|multi]...
 #   (default: tests sanitize bench; `multi` needs two GPUs)
 #   INSTALLS (default "wheel source") picks the installs `tests` runs against;
@@ -20,8 +23,12 @@
 #   within the device tool's 10-min call use one install a call:
 #   INSTALLS=wheel bash scripts/gpu_check.sh tests; INSTALLS=source ... tests sanitize
 #   TESTS, SELFTESTS and BENCH_OPS narrow a stage, e.g. TESTS=tests/test_im2col_gpu.py
-#   SELFTESTS=im2col BENCH_OPS=im2col; ncu: DRAM bytes per broadcast method
-#   (ncu --clock-control none).
+#   SELFTESTS=im2col BENCH_OPS=im2col. bench runs `benchmarks/run.py all`
+#   (about 6 min on an H100; ncu's DRAM bytes per broadcast method included),
+#   ncu that step alone. The results name the commit: where this tree came
+#   without .git, run `python benchmarks/run.py stamp` in the checkout and
+#   bring benchmarks/tree_stamp.json along (git-ignored; the device tool's
+#   carry); a dirty or unstamped tree is refused.
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_tma_out}
 mkdir -p "$OUT"
@@ -63,6 +70,22 @@ for install in wheel source; do
 done
 export PYTHONPATH=${site[wheel]}:$bench_site
 
+# bench NAME OPS...: benchmarks/run.py OPS against the source install, one
+# result JSON per op, packed with the log into $OUT/bench_NAME.tgz (one
+# file: the device tool brings back few).
+bench() {
+  local name=$1 dir=/tmp/jax_tma_bench_out
+  shift
+  rm -rf "$dir" && mkdir -p "$dir"
+  PYTHONPATH=${site[source]}:$bench_site timeout 480 python3 -P benchmarks/run.py "$@" \
+    --out-dir "$dir/results" > "$dir/bench.log" 2>&1
+  local rc=$?
+  grep -v "^WARNING" "$dir/bench.log" | tail -60
+  # shellcheck disable=SC2046
+  tar -czf "$OUT/bench_${name// /-}.tgz" -C "$dir" $(ls "$dir")
+  record $rc "bench $name: $(grep -A12 '^== elapsed ==' "$dir/bench.log" | tail -n +2 | tr -s ' ' | tr '\n' ';')"
+}
+
 for stage in "${stages[@]}"; do
   case $stage in
   tests)
@@ -84,6 +107,7 @@ for stage in "${stages[@]}"; do
       [window]="ffi/window/tiled_window.cu ffi/window/simt_window.cu ffi/window/window_plan.cc ffi/cuda/tensor_map.cc"
       [broadcast]="ffi/broadcast/cluster_broadcast.cu ffi/broadcast/simt_broadcast.cu ffi/broadcast/broadcast_plan.cc ffi/cuda/tensor_map.cc"
       [im2col]="ffi/im2col/simt_im2col.cu ffi/im2col/tma_im2col.cu ffi/im2col/im2col_plan.cc ffi/cuda/tensor_map.cc"
+      [gather]="ffi/gather/bulk_gather.cu ffi/gather/simt_gather.cu ffi/gather/gather_plan.cc ffi/gather/gather_cuda.cc"
     )
     # synccheck tracks a fixed number of mbarriers per block (CUDA 13.0);
     # below 64 it reported "Detected overflow of tracked cuda::barrier
@@ -99,7 +123,7 @@ for stage in "${stages[@]}"; do
       summary+=("synccheck faults on tests/cuda/synccheck_cluster_probe.cu at cluster 16 (a tool limitation, see the file): broadcast synccheck on clusters up to 8: $(grep probe: /tmp/probe.log)")
     fi
     cat /tmp/probe.log >> "$OUT/sanitizer.log"
-    for op in ${SELFTESTS:-copy window broadcast im2col}; do
+    for op in ${SELFTESTS:-copy window broadcast im2col gather}; do
       prog=${op}_selftest
       # shellcheck disable=SC2086
       nvcc "${nvcc_args[@]}" tests/cuda/$prog.cu ${sources[$op]} ffi/cuda/device_info.cc \
@@ -124,8 +148,9 @@ for stage in "${stages[@]}"; do
     ;;
   multi)
     # Two or more GPUs: the sharded-ops and ppermute tests, memcheck over the
-    # peer-read path, and the ppermute benchmark against NCCL.
-    nvidia-smi topo -m | tee "$OUT/topo.log"
+    # peer-read path, and the ppermute benchmark against NCCL (its result
+    # records nvidia-smi topo -m).
+    nvidia-smi topo -m
     JAX_TMA_REQUIRE_GPU=1 JAX_TMA_REQUIRE_MULTI_GPU=1 timeout 300 python3 -P -m pytest \
       tests/test_multi_gpu.py tests/test_ppermute.py tests/test_sharding.py -q -rfE \
       -p no:cacheprovider > "$OUT/multi_tests.log" 2>&1
@@ -138,26 +163,14 @@ for stage in "${stages[@]}"; do
     rc=$?
     cat /tmp/sanitizer.log >> "$OUT/sanitizer.log"
     record $rc "compute-sanitizer memcheck ppermute (2 GPUs): $(grep -E 'ERROR SUMMARY|passed|failed' /tmp/sanitizer.log | tr '\n' ' ')"
-    timeout 400 python3 -P benchmarks/run.py ppermute --sizes-mib 1 4 16 64 256 1024 \
-      --out "$OUT/ppermute.json" 2>&1 | tee "$OUT/bench_ppermute.log" | grep -v "^WARNING"
-    record "${PIPESTATUS[0]}" "bench ppermute"
+    bench ppermute ppermute
     ;;
   bench)
-    for op in ${BENCH_OPS:-copy window broadcast im2col}; do
-      timeout 300 python3 -P benchmarks/run.py $op --out "$OUT/$op.json" 2>&1 | tee "$OUT/bench_$op.log" | grep -v "^WARNING"
-      record "${PIPESTATUS[0]}" "bench $op"
-    done
+    # shellcheck disable=SC2086
+    bench "${BENCH_OPS:-all}" ${BENCH_OPS:-all}
     ;;
   ncu)
-    # DRAM bytes read/written by each broadcast method and XLA's broadcast_to
-    # (8 x 4096^2 bf16: 32 MiB in, 256 MiB out), kernels in the order printed.
-    timeout 300 ncu --clock-control none --metrics \
-      dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \
-      -k regex:'Broadcast|broadcast' python3 -P benchmarks/run.py broadcast-once \
-      > "$OUT/ncu_broadcast.log" 2>&1
-    rc=$?
-    grep -E "^ran |Broadcast|broadcast|dram__|gpu__time" "$OUT/ncu_broadcast.log" | grep -v "^==PROF==" | tail -80
-    record $rc "ncu broadcast"
+    bench broadcast-ncu broadcast-ncu
     ;;
   esac
 done

@@ -70,3 +70,21 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture
 def gpu():
     return jax.devices("cuda")[0]
+
+
+@pytest.fixture
+def bench_ext(gpu):
+    """The benchmarks' extension _jax_tma_bench: a failure under
+    JAX_TMA_REQUIRE_GPU=1 when it is missing (a GPU run must not pass by
+    skipping), else a skip."""
+    benchmarks = os.path.join(_ROOT, "benchmarks")
+    if benchmarks not in sys.path:
+        sys.path.insert(0, benchmarks)
+    import references  # benchmarks/references.py
+
+    try:
+        return references.load_extension()
+    except ImportError as e:
+        if os.environ.get("JAX_TMA_REQUIRE_GPU") == "1":
+            pytest.fail(f"JAX_TMA_REQUIRE_GPU=1 but {e}")
+        pytest.skip(str(e))

@@ -244,6 +244,39 @@ def assert_bits_equal(actual, expected) -> None:
         )
 
 
+POISON = 0xA5
+
+
+@functools.cache
+def _into_donated(fn):
+    # Donating a poisoned buffer of the output's shape lets XLA hand it to
+    # `fn` as its output buffer: any element the kernel misses stays poisoned.
+    return jax.jit(lambda x, poison: fn(x), donate_argnums=1, keep_unused=True)
+
+
+def into_poison(fn, x: np.ndarray, device, path: str | None = None) -> jax.Array:
+    """fn(x) on `device` (fn returning an array shaped like x) written
+    straight into a buffer of POISON bytes; asserts that XLA did reuse it and,
+    given `path` ("copy.bulk"), that the handler took that path."""
+    f = _into_donated(fn)
+    xd = jax.device_put(x, device)
+    poison = jax.device_put(np.full(x.nbytes, POISON, np.uint8).view(x.dtype).reshape(x.shape),
+                            device)
+    if not x.size:
+        return f(xd, poison)
+    hlo = f.lower(xd, poison).compile().as_text()
+    assert "input_output_alias" in hlo and not re.search(r"\bcopy(-start)?\(", hlo), \
+        "XLA does not write the result straight into the donated buffer"
+    ptr = poison.unsafe_buffer_pointer()
+    if path is None:
+        y = f(xd, poison)
+    else:
+        from paths import run_on_path  # jax_tma loads with it: not at conftest's import
+        y = run_on_path(path, f, xd, poison)
+    assert y.unsafe_buffer_pointer() == ptr, "XLA did not reuse the poisoned buffer"
+    return y
+
+
 # Every HLO op that moves data between devices, as it appears in compiled
 # HLO text; the async forms (all-gather-start, send-done, ...) and
 # ragged-all-to-all contain these names.

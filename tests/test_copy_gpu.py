@@ -6,7 +6,6 @@ benchmarks' extension _jax_tma_bench (built with JAX_TMA_BENCH=ON)."""
 
 import functools
 import os
-import re
 import sys
 
 import jax
@@ -17,8 +16,8 @@ import pytest
 import jax_tma
 from jax_tma import _ffi
 from paths import run_on_path
-from reference import (ALL_DTYPES, assert_bits_equal, random_array, seed_note,
-                       skip_unless_required)
+from reference import (ALL_DTYPES, POISON, assert_bits_equal, into_poison, random_array,
+                       seed_note, skip_unless_required)
 
 _BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "benchmarks")
@@ -28,23 +27,11 @@ import references  # noqa: E402  (benchmarks/references.py)
 
 pytestmark = pytest.mark.gpu
 METHODS = ["auto", "bulk", "simt"]
-POISON = 0xA5
-
-
-
-
-def poisoned_like(x: np.ndarray, device) -> jax.Array:
-    raw = np.full(x.nbytes, POISON, np.uint8)
-    return jax.device_put(raw.view(x.dtype).reshape(x.shape), device)
 
 
 @functools.cache
-def _copy_into_donated(method):
-    # Donating a poisoned buffer of the output's shape lets XLA hand it to
-    # the copy as its output buffer: any element the kernel misses stays
-    # poisoned.
-    return jax.jit(lambda x, poison: jax_tma.copy(x, method=method), donate_argnums=1,
-                   keep_unused=True)
+def _copy_fn(method):
+    return functools.partial(jax_tma.copy, method=method)
 
 
 def copy_path(method: str, nbytes: int) -> str:
@@ -55,19 +42,9 @@ def copy_path(method: str, nbytes: int) -> str:
 
 
 def copy_poisoned(x: np.ndarray, method: str, device) -> jax.Array:
-    """Copies `x` into a donated, poisoned output buffer (checked to be written
-    in place) and checks that the kernel `method` claims ran."""
-    f = _copy_into_donated(method)
-    xd, poison = jax.device_put(x, device), poisoned_like(x, device)
-    if not x.size:
-        return f(xd, poison)
-    hlo = f.lower(xd, poison).compile().as_text()
-    assert "input_output_alias" in hlo and not re.search(r"\bcopy(-start)?\(", hlo), \
-        "XLA does not write the copy straight into the donated buffer"
-    ptr = poison.unsafe_buffer_pointer()
-    y = run_on_path(copy_path(method, x.nbytes), f, xd, poison)
-    assert y.unsafe_buffer_pointer() == ptr, "XLA did not reuse the poisoned buffer"
-    return y
+    """Copies `x` into a poisoned output buffer and checks that the kernel
+    `method` claims ran."""
+    return into_poison(_copy_fn(method), x, device, path=copy_path(method, x.nbytes))
 
 
 @pytest.mark.parametrize("dtype", [d for d in ALL_DTYPES if d.itemsize * 8 >= 8
@@ -101,18 +78,6 @@ def test_transformations_on_gpu(gpu, rng):
     assert_bits_equal(jax.vmap(jax_tma.copy, in_axes=1, out_axes=1)(x), np.asarray(x))
     g = jax.jit(jax.grad(lambda a: (jax_tma.copy(a) * a).sum()))(x)
     np.testing.assert_array_equal(g, 2 * np.asarray(x))
-
-
-@pytest.fixture
-def bench_ext(gpu):
-    """The benchmarks' extension: a failure under JAX_TMA_REQUIRE_GPU=1 when it
-    is missing (a GPU run must not pass by skipping), else a skip."""
-    try:
-        return references.load_extension()
-    except ImportError as e:
-        if os.environ.get("JAX_TMA_REQUIRE_GPU") == "1":
-            pytest.fail(f"JAX_TMA_REQUIRE_GPU=1 but {e}")
-        pytest.skip(str(e))
 
 
 def _raw(ext, method, dst, src, nbytes, **config):

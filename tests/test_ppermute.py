@@ -7,6 +7,7 @@ without peer access: tests/test_multi_gpu.py)."""
 
 import concurrent.futures
 import functools
+import logging
 import re
 
 import jax
@@ -148,7 +149,8 @@ def test_grad_and_jvp_match_lax(rng):
     np.testing.assert_allclose(jvp_ours, jvp_ref, rtol=1e-6)
 
 
-def test_partially_manual_shard_map_falls_back_to_lax(rng):
+def test_partially_manual_shard_map_falls_back_to_lax(rng, caplog):
+    caplog.set_level(logging.DEBUG, logger="jax_tma")
     mesh = _mesh((4, 2), ("a", "b"))
     perm = PERMS["ring"](4)
 
@@ -161,6 +163,19 @@ def test_partially_manual_shard_map_falls_back_to_lax(rng):
     assert_bits_equal(ours(x), make(lax.ppermute)(x))
     text = _hlo(ours, x)
     assert "collective-permute" in text and "jax_tma_ppermute" not in text
+    assert re.search(r"jax_tma.ppermute over \('a',\) at .*test_ppermute.py:\d+: lax.ppermute, because "
+                     r"the shard_map is manual over \['a'\], not every mesh axis \['a', 'b'\]",
+                     caplog.text), caplog.text
+
+
+def test_the_debug_log_names_the_transport_of_each_call_site(rng, caplog):
+    caplog.set_level(logging.DEBUG, logger="jax_tma")
+    ours, _ = _both(_mesh((8,), ("i",)), P("i"), lambda pp, b: pp(b, "i", PERMS["ring"](8)),
+                    direction="pull")
+    ours(random_array(rng, (8, 3), np.float32))
+    assert re.search(r"jax_tma.ppermute over \('i',\) at .*test_ppermute.py:\d+: jax_tma_ppermute "
+                     r"\(cpu peer copies between 8 devices of this process, method auto, pull\)",
+                     caplog.text), caplog.text
 
 
 def test_device_plan_follows_lax_positions():

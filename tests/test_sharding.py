@@ -187,3 +187,75 @@ def test_im2col_under_shard_map(rng):
                               in_specs=P("x"), out_specs=P("x")))
     assert_no_collectives(f.lower(x).compile().as_text())
     assert_bits_equal(f(x), im2col_reference(host, (3,), (1,), ((1, 1),), (1,)))
+
+
+GATHER_CASES = [
+    ((2, 4), ("a", "b"), (16, 8, 12), 0, P(None, "a", "b")),
+    ((8,), ("x",), (8, 16, 4), 1, P("x", None, None)),
+    ((2, 4), ("a", "b"), (8, 6, 16), 1, P("a", None, "b")),
+    ((8,), ("x",), (6, 32), 0, P(None, "x")),
+]
+
+
+@pytest.mark.parametrize("mesh_shape,names,shape,axis,spec", GATHER_CASES, ids=str)
+def test_gather_splits_every_dim_but_axis_without_collectives(rng, mesh_shape, names, shape,
+                                                              axis, spec):
+    mesh = cpu_mesh(mesh_shape, names)
+    host = random_array(rng, shape, np.float32)
+    x = jax.device_put(host, NamedSharding(mesh, spec))
+    idx = rng.integers(-shape[axis] - 2, shape[axis] + 2, (5, 3)).astype(np.int32)
+    f = jax.jit(lambda a, i: jax_tma.gather(a, i, axis=axis, fill=-1.0))
+    assert_no_collectives(f.lower(x, idx).compile().as_text())
+    y = f(x, idx)
+    padded = list(spec) + [None] * (len(shape) - len(spec))
+    assert y.sharding.is_equivalent_to(
+        NamedSharding(mesh, P(*padded[:axis], None, None, *padded[axis + 1:])), len(shape) + 1)
+    assert_bits_equal(y, jnp.take(host, idx, axis=axis, mode="fill", fill_value=-1.0))
+
+
+@pytest.mark.parametrize("mesh_shape,names,shape,axis,spec", GATHER_CASES, ids=str)
+@pytest.mark.parametrize("mode", ["set", "add"])
+def test_scatter_splits_every_dim_but_axis_without_collectives(rng, mesh_shape, names, shape,
+                                                               axis, spec, mode):
+    mesh = cpu_mesh(mesh_shape, names)
+    host = random_array(rng, shape, np.int32)
+    idx = rng.permutation(shape[axis])[:4].astype(np.int32)
+    u_host = random_array(rng, shape[:axis] + (4,) + shape[axis + 1:], np.int32)
+    x = jax.device_put(host, NamedSharding(mesh, spec))
+    u = jax.device_put(u_host, NamedSharding(mesh, spec))
+    f = jax.jit(lambda a, i, v: jax_tma.scatter(a, i, v, axis=axis, mode=mode),
+                donate_argnums=0)
+    assert_no_collectives(f.lower(x, idx, u).compile().as_text())
+    want = getattr(jnp.asarray(host).at[(slice(None),) * axis + (idx,)], mode)(u_host)
+    y = f(x, idx, u)
+    assert y.sharding.is_equivalent_to(x.sharding, len(shape))
+    assert_bits_equal(y, want)
+
+
+def test_gather_grad_and_vmap_split_without_collectives(rng):
+    mesh = cpu_mesh((2, 4), ("a", "b"))
+    host = rng.standard_normal((4, 16, 8)).astype(np.float32)
+    x = jax.device_put(host, NamedSharding(mesh, P("a", None, "b")))
+    idx = rng.integers(0, 16, (4, 6)).astype(np.int32)
+    # vmapped over x's leading dim and the indices: a batch dim split over "a"
+    i = jax.device_put(idx, NamedSharding(mesh, P("a", None)))
+    v = jax.jit(jax.vmap(jax_tma.gather))
+    assert_no_collectives(v.lower(x, i).compile().as_text())
+    assert_bits_equal(v(x, i), np.stack([h[j] for h, j in zip(host, idx)]))
+    g = jax.jit(jax.grad(lambda a: (jax_tma.gather(a, idx[0], axis=1) ** 2).sum()))
+    assert_no_collectives(g.lower(x).compile().as_text())
+    want = jax.grad(lambda a: (jnp.take(a, idx[0], axis=1) ** 2).sum())(host)
+    np.testing.assert_allclose(g(x), want, rtol=1e-6)
+
+
+def test_gather_under_shard_map(rng):
+    mesh = cpu_mesh((8,), ("x",))
+    host = random_array(rng, (8, 10, 4), jnp.bfloat16)
+    x = jax.device_put(host, NamedSharding(mesh, P("x")))
+    idx = np.array([9, 0, -1, 12], np.int32)
+    f = jax.jit(jax.shard_map(lambda a: jax_tma.gather(a, idx, axis=1), mesh=mesh,
+                              in_specs=P("x"), out_specs=P("x")))
+    assert_no_collectives(f.lower(x).compile().as_text())
+    want = np.zeros((8, 4, 4), host.dtype)  # index 12 is out of range: zeros
+    want[:, :3] = host[:, [9, 0, 9]]
+    assert_bits_equal(f(x), want)

@@ -9,6 +9,9 @@
 
 #include <cstdint>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 namespace jax_tma::device {
 
 // Shared-state-space address (32-bit) of a generic pointer into shared memory.
@@ -93,6 +96,38 @@ template <int N>
 __device__ __forceinline__ void store_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
 }
+
+// Makes this thread's ordinary writes to shared memory visible to the async
+// proxy: a bulk store issued after it (and after a barrier, by any thread
+// of the CTA) then reads them.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// shared -> global bulk reduce-add, tracked by the issuing thread's bulk
+// groups like bulk_store: dst[i] += src[i] for each element of type T
+// (float, double, uint32_t, uint64_t, __half, __nv_bfloat16; signed
+// integers add as the unsigned type of their width). Same alignment rules as
+// bulk_store; f32 adds may flush subnormals, f16/bf16 do not (.noftz).
+template <typename T>
+__device__ __forceinline__ void bulk_reduce_add(void* gmem_dst, const void* smem_src,
+                                                uint32_t bytes);
+#define JAX_TMA_BULK_REDUCE_ADD(T, ptx_type)                                              \
+  template <>                                                                             \
+  __device__ __forceinline__ void bulk_reduce_add<T>(void* gmem_dst, const void* smem_src, \
+                                                     uint32_t bytes) {                    \
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add." ptx_type       \
+                 " [%0], [%1], %2;" ::"l"(gmem_dst),                                      \
+                 "r"(smem_addr(smem_src)), "r"(bytes)                                     \
+                 : "memory");                                                             \
+  }
+JAX_TMA_BULK_REDUCE_ADD(float, "f32")
+JAX_TMA_BULK_REDUCE_ADD(double, "f64")
+JAX_TMA_BULK_REDUCE_ADD(uint32_t, "u32")
+JAX_TMA_BULK_REDUCE_ADD(uint64_t, "u64")
+JAX_TMA_BULK_REDUCE_ADD(__half, "noftz.f16")
+JAX_TMA_BULK_REDUCE_ADD(__nv_bfloat16, "noftz.bf16")
+#undef JAX_TMA_BULK_REDUCE_ADD
 
 // ---- thread-block clusters (sm_90) ----
 

@@ -13,6 +13,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaWindowCuda);           // "jax_tma_window"
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaIm2colCuda);           // "jax_tma_im2col"
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaBroadcastCuda);        // "jax_tma_broadcast"
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaPpermuteCuda);         // "jax_tma_ppermute"
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaGatherCuda);           // "jax_tma_gather"
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxTmaScatterCuda);          // "jax_tma_scatter"
 
 namespace jax_tma {
 // The FFI type of "jax_tma_copy"'s per-call-site state (its TypeId and

@@ -5,12 +5,9 @@
 #include <cstring>
 #include <string_view>
 
-#if defined(__SSE2__)
-#include <xmmintrin.h>
-#endif
-
 #include "handlers.h"
 #include "im2col/im2col_common.h"
+#include "keep_subnormals.h"
 #include "path_counts.h"
 
 namespace jax_tma {
@@ -46,21 +43,6 @@ void Im2colHost(const Im2colGeometry& g, const uint8_t* x, uint8_t* out) {
     }
   }
 }
-
-// XLA's CPU runtime runs handlers with subnormals flushed (MXCSR FTZ/DAZ);
-// the GPU kernels keep them. col2im adds with subnormals kept on both, so
-// the sums agree bit for bit; the caller's mode is restored on exit.
-class KeepSubnormals {
- public:
-#if defined(__SSE2__)
-  KeepSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~kFlushBits); }
-  ~KeepSubnormals() { _mm_setcsr(saved_); }
-
- private:
-  static constexpr unsigned kFlushBits = 0x8040;  // FTZ (bit 15) | DAZ (bit 6)
-  unsigned saved_;
-#endif
-};
 
 struct Col2imHost {
   const Im2colGeometry& g;

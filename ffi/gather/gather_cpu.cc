@@ -1,0 +1,92 @@
+// CPU handlers of "jax_tma_gather" and "jax_tma_scatter": the reference
+// semantics of gather_common.h on the host, one slab row at a time in row
+// order. Scatter therefore always applies its updates in index order: the
+// last duplicate wins under set, and add sums in index order (what
+// deterministic=True gives on the GPU too). Every method name is accepted.
+#include <cstring>
+#include <string_view>
+
+#include "gather/gather_common.h"
+#include "handlers.h"
+#include "keep_subnormals.h"
+
+namespace jax_tma {
+namespace {
+
+ffi::Error GatherCpuImpl(ffi::AnyBuffer x, ffi::AnyBuffer indices, ffi::AnyBuffer fill,
+                         ffi::Result<ffi::AnyBuffer> out, int64_t axis, int64_t batch,
+                         std::string_view method) {
+  GatherGeometry g;
+  JAX_TMA_RETURN_IF_FAILED(DecodeGather(x, indices, fill, out, axis, batch, method, &g));
+  const auto* table = static_cast<const uint8_t*>(g.x);
+  const auto* fill_bytes = static_cast<const uint8_t*>(g.slabs);
+  auto* dst = static_cast<uint8_t*>(g.out);
+  const auto s = static_cast<size_t>(g.slab_bytes);
+  const auto eb = static_cast<size_t>(g.elem_bytes);
+  if (s == 0) return ffi::Error::Success();
+  for (int64_t r = 0; r < g.rows(); ++r, dst += s) {
+    const int64_t row = g.TableRow(r);
+    if (row >= 0) {
+      std::memcpy(dst, table + static_cast<size_t>(row) * s, s);
+    } else {
+      for (size_t o = 0; o < s; o += eb) std::memcpy(dst + o, fill_bytes, eb);
+    }
+  }
+  return ffi::Error::Success();
+}
+
+// out[row] += updates[r], component by component, rounded to the element
+// type after every add (as XLA's sequential scatter-add rounds).
+struct AddRows {
+  const GatherGeometry& g;
+
+  template <SumKind K>
+  void operator()() const {
+    using S = Col2imSum<K>;
+    using T = typename S::T;
+    const int64_t n = g.slab_bytes / static_cast<int64_t>(sizeof(T));
+    const T* src = static_cast<const T*>(g.slabs);
+    T* dst = static_cast<T*>(g.out);
+    for (int64_t r = 0; r < g.rows(); ++r, src += n) {
+      const int64_t row = g.TableRow(r);
+      if (row < 0) continue;
+      T* d = dst + row * n;
+      for (int64_t e = 0; e < n; ++e) {
+        d[e] = S::Store(static_cast<typename S::Acc>(S::Load(d[e]) + S::Load(src[e])));
+      }
+    }
+  }
+};
+
+ffi::Error ScatterCpuImpl(ffi::AnyBuffer x, ffi::AnyBuffer indices, ffi::AnyBuffer updates,
+                          ffi::AnyBuffer order, ffi::Result<ffi::AnyBuffer> out, int64_t axis,
+                          int64_t batch, std::string_view mode, bool deterministic,
+                          std::string_view method) {
+  GatherGeometry g;
+  JAX_TMA_RETURN_IF_FAILED(DecodeScatter(x, indices, updates, order, out, axis, batch, mode,
+                                         deterministic, method, &g));
+  // Not aliased (x still live elsewhere, or a raw call): start from a copy.
+  if (g.out != g.x && x.size_bytes() != 0) std::memcpy(g.out, g.x, x.size_bytes());
+  if (g.slab_bytes == 0) return ffi::Error::Success();
+  if (g.mode == ScatterMode::kAdd) {
+    KeepSubnormals keep;
+    DispatchSumKind(g.sum, AddRows{g});
+    return ffi::Error::Success();
+  }
+  const auto s = static_cast<size_t>(g.slab_bytes);
+  const auto* src = static_cast<const uint8_t*>(g.slabs);
+  auto* dst = static_cast<uint8_t*>(g.out);
+  for (int64_t r = 0; r < g.rows(); ++r, src += s) {
+    const int64_t row = g.TableRow(r);
+    if (row >= 0) std::memcpy(dst + static_cast<size_t>(row) * s, src, s);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jax_tma
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTmaGatherCpu, jax_tma::GatherCpuImpl,
+                              jax_tma::BindGatherCall(xla::ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTmaScatterCpu, jax_tma::ScatterCpuImpl,
+                              jax_tma::BindScatterCall(xla::ffi::Ffi::Bind()));

@@ -1,0 +1,105 @@
+// Host rules of the gather/scatter kernels (see gather_plan.h).
+#include "gather/gather_plan.h"
+
+#include <algorithm>
+
+namespace jax_tma {
+namespace {
+
+constexpr int64_t kBulkAlign = 16;  // cp.async.bulk address and size rule
+constexpr int64_t kMaxUnitsPerCta = 4;
+
+bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kBulkAlign == 0; }
+
+// The element types cp.reduce.async.bulk .add sums: 32/64-bit integers,
+// f16, bf16, f32, f64 (complex numbers as their parts).
+bool HasBulkAdd(const GatherGeometry& g) {
+  switch (g.sum) {
+    case SumKind::kU32: case SumKind::kU64: case SumKind::kF16: case SumKind::kBF16:
+    case SumKind::kF32: case SumKind::kF64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string_view OpName(GatherOp op) { return op == GatherOp::kGather ? kGatherOp : kScatterOp; }
+
+}  // namespace
+
+bool BulkGatherFits(const GatherGeometry& g, GatherOp op, std::string* why) {
+  Message m;
+  if (g.slab_bytes % kBulkAlign != 0) {
+    m << "slabs of " << g.slab_bytes << " B are not a multiple of 16 B (the bulk-copy size rule)";
+  } else if (!Aligned(g.x) || !Aligned(g.out) || (op != GatherOp::kGather && !Aligned(g.slabs))) {
+    m << "a buffer is not 16-B aligned (x at " << g.x << ", output at "
+      << static_cast<const void*>(g.out);
+    if (op != GatherOp::kGather) m << ", updates at " << g.slabs;
+    m << ")";
+  } else if (op == GatherOp::kScatterAdd && !HasBulkAdd(g)) {
+    m << "cp.reduce.async.bulk has no add for " << g.elem_bytes / g.components
+      << "-byte integers (it adds 32/64-bit integers, f16, bf16, f32 and f64)";
+  } else {
+    return true;
+  }
+  if (why != nullptr) *why = m.str();
+  return false;
+}
+
+BulkGatherTiling TileBulkGather(const GatherGeometry& g, int sm_count) {
+  BulkGatherTiling t;
+  t.stages = kBulkGatherStages;
+  const int64_t rows = g.rows();
+  if (rows == 0 || g.slab_bytes == 0) return t;  // nothing to move: no units
+  if (g.slab_bytes > kBulkGatherUnitBytes) {
+    t.pieces = (g.slab_bytes + kBulkGatherUnitBytes - 1) / kBulkGatherUnitBytes;
+    t.piece_bytes = kBulkGatherUnitBytes;
+    t.unit_bytes = kBulkGatherUnitBytes;
+    t.units = rows * t.pieces;
+  } else {
+    t.rows_per_unit = std::clamp<int64_t>(kBulkGatherUnitBytes / g.slab_bytes, 1,
+                                          kBulkGatherMaxRowsPerUnit);
+    t.unit_bytes = t.rows_per_unit * g.slab_bytes;
+    t.units = (rows + t.rows_per_unit - 1) / t.rows_per_unit;
+  }
+  // One round of up to kMaxUnitsPerCta units per CTA; fewer where that
+  // would leave SMs without a CTA. The block scheduler balances the rest.
+  const int64_t sms = std::max(sm_count, 1);
+  t.units_per_cta = std::clamp<int64_t>((t.units + sms - 1) / sms, 1, kMaxUnitsPerCta);
+  t.blocks = (t.units + t.units_per_cta - 1) / t.units_per_cta;
+  // Grids over 2^31 - 1 CTAs take longer rounds instead.
+  while (t.blocks > 0x7fffffff) {
+    t.units_per_cta *= 2;
+    t.blocks = (t.units + t.units_per_cta - 1) / t.units_per_cta;
+  }
+  return t;
+}
+
+ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, bool has_tma,
+                      const std::string& needs_tma, int sm_count, GatherPlan* plan) {
+  const std::string_view name = OpName(op);
+  if (op != GatherOp::kGather && g.deterministic) {
+    if (g.method == GatherMethod::kTma) {
+      return InvalidArgument(name, "deterministic=True applies updates in index order with the "
+                             "SIMT kernel; method='tma' cannot (use method='auto' or 'simt')");
+    }
+    plan->path = GatherPath::kOrdered;
+    return ffi::Error::Success();
+  }
+  std::string why;
+  const bool fits = BulkGatherFits(g, op, &why);
+  if (g.method == GatherMethod::kTma) {
+    if (!has_tma) return InvalidArgument(name, needs_tma);
+    if (!fits) return InvalidArgument(name, "method='tma' cannot move this call: ", why);
+  }
+  // Adds take the bulk reduce wherever it runs: the SIMT path adds with
+  // atomics (compare-and-swap loops for 16-bit floats).
+  const bool bulk = g.method == GatherMethod::kTma ||
+                    (g.method == GatherMethod::kAuto && has_tma && fits &&
+                     (op == GatherOp::kScatterAdd || g.slab_bytes >= kAutoBulkGatherMinSlabBytes));
+  plan->path = bulk ? GatherPath::kBulk : GatherPath::kSimt;
+  if (bulk) plan->bulk = TileBulkGather(g, sm_count);
+  return ffi::Error::Success();
+}
+
+}  // namespace jax_tma

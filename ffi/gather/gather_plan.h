@@ -1,0 +1,73 @@
+// Host rules of the gather/scatter kernels: which path moves a call (the TMA
+// bulk path's 16-byte and dtype rules, method "auto"), and the bulk
+// pipeline's tiling. Pure host C++ (no CUDA headers), unit-testable without
+// a GPU.
+#ifndef JAX_TMA_FFI_GATHER_GATHER_PLAN_H_
+#define JAX_TMA_FFI_GATHER_GATHER_PLAN_H_
+
+#include <cstdint>
+#include <string>
+
+#include "gather/gather_common.h"
+
+namespace jax_tma {
+
+enum class GatherPath { kBulk, kSimt, kOrdered };
+
+// Which op a plan is for.
+enum class GatherOp { kGather, kScatterSet, kScatterAdd };
+
+inline GatherOp GatherOpOf(const GatherGeometry& g, bool scatter) {
+  if (!scatter) return GatherOp::kGather;
+  return g.mode == ScatterMode::kSet ? GatherOp::kScatterSet : GatherOp::kScatterAdd;
+}
+
+// The bulk pipeline: each CTA (one warp) moves `units_per_cta` consecutive
+// units through `stages` shared-memory buffers. A unit is `rows_per_unit`
+// consecutive slab rows (small slabs) or one piece of `piece_bytes` of one
+// slab (`pieces` per slab, large slabs).
+struct BulkGatherTiling {
+  int64_t rows_per_unit = 1;
+  int64_t pieces = 1;
+  int64_t piece_bytes = 0;  // pieces > 1: bytes of every piece but the last
+  int64_t unit_bytes = 0;   // shared-memory bytes of one stage
+  int64_t units = 0;
+  int64_t units_per_cta = 1;
+  int64_t blocks = 0;
+  int stages = 0;
+};
+
+struct GatherPlan {
+  GatherPath path = GatherPath::kSimt;
+  BulkGatherTiling bulk;  // path == kBulk
+};
+
+// Target bytes of one pipeline stage, stages per CTA and the most slab rows
+// one unit gathers (two per lane of the warp).
+inline constexpr int64_t kBulkGatherUnitBytes = 16 * 1024;
+inline constexpr int kBulkGatherStages = 4;
+inline constexpr int64_t kBulkGatherMaxRowsPerUnit = 64;
+// method="auto" takes the bulk path from this slab size up; below it the
+// vectorised SIMT kernel moves rows with less overhead per row.
+inline constexpr int64_t kAutoBulkGatherMinSlabBytes = 1024;
+
+// Whether the TMA bulk path can move `g` (16-byte slabs and addresses; for
+// add, an element type cp.reduce.async.bulk can sum); the first broken rule
+// in *why otherwise.
+bool BulkGatherFits(const GatherGeometry& g, GatherOp op, std::string* why);
+
+// The tiling of the bulk path for `g` on a GPU with `sm_count` SMs.
+BulkGatherTiling TileBulkGather(const GatherGeometry& g, int sm_count);
+
+// Resolves the method of a call with rows to move: deterministic scatter
+// takes the ordered kernel; "tma" the bulk path or an error naming the rule;
+// "auto" the bulk path where it fits, TMA exists and slabs are at least
+// kAutoBulkGatherMinSlabBytes (any size for add), else SIMT. Errors name
+// the op; `needs_tma` is the error of method="tma" without TMA
+// (DeviceInfo::NeedsTma).
+ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, bool has_tma,
+                      const std::string& needs_tma, int sm_count, GatherPlan* plan);
+
+}  // namespace jax_tma
+
+#endif  // JAX_TMA_FFI_GATHER_GATHER_PLAN_H_

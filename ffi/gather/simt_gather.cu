@@ -1,0 +1,270 @@
+// The SIMT gather/scatter kernels: slabs the bulk path cannot or should not
+// move (sizes or addresses off the 16-byte grid, small rows, GPUs without
+// TMA), scatter-add of any summable type with atomics, and the ordered
+// scatter of deterministic=True.
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/cuda_status.h"
+#include "cuda/device_info.h"
+#include "gather/gather_launch.h"
+
+namespace jax_tma {
+namespace {
+
+constexpr int kSimtThreads = 256;
+constexpr int kUnroll = 4;  // vectors each thread has in flight
+
+// The bytes of the fill pattern at byte offset `o` of a slab, as a V.
+template <typename V>
+__device__ __forceinline__ V FillVector(const uint8_t* fill, int64_t elem_bytes, int64_t o) {
+  union {
+    V v;
+    uint8_t b[sizeof(V)];
+  } u;
+  for (int i = 0; i < static_cast<int>(sizeof(V)); ++i) u.b[i] = fill[(o + i) % elem_bytes];
+  return u.v;
+}
+
+// Gather (kScatter false) or scatter set in V-sized vectors: vector c of
+// slab row r, vpr vectors per row; `shift` is log2(vpr) where vpr is a
+// power of two (a shift instead of a 64-bit division), else -1.
+template <typename V, bool kScatter>
+__global__ void __launch_bounds__(kSimtThreads)
+    SimtMoveKernel(const GatherGeometry g, int64_t vpr, int shift) {
+  const int64_t total = g.rows() * vpr;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const V* table = static_cast<const V*>(g.x);
+  V* out = static_cast<V*>(g.out);
+  const V* updates = static_cast<const V*>(g.slabs);
+  const auto* fill = static_cast<const uint8_t*>(g.slabs);
+  for (int64_t base = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; base < total;
+       base += stride * kUnroll) {
+    V v[kUnroll];
+    int64_t dst[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t i = base + k * stride;
+      dst[k] = -1;
+      v[k] = V{};
+      if (i >= total) continue;
+      const int64_t r = shift >= 0 ? i >> shift : i / vpr;
+      const int64_t c = i - r * vpr;
+      const int64_t row = g.TableRow(r);
+      if constexpr (kScatter) {
+        if (row < 0) continue;
+        v[k] = updates[i];
+        dst[k] = row * vpr + c;
+      } else {
+        v[k] = row >= 0 ? table[row * vpr + c]
+                        : FillVector<V>(fill, g.elem_bytes, c * static_cast<int64_t>(sizeof(V)));
+        dst[k] = i;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      if (dst[k] >= 0) out[dst[k]] = v[k];
+    }
+  }
+}
+
+// dst += v with the element arithmetic of Col2imSum<K>, atomically. 1- and
+// 2-byte elements swap their aligned 4-byte word (XLA's buffers are
+// 16-B-aligned allocations, so the word lies inside one; the other bytes are
+// written back unchanged, or the swap retries).
+template <SumKind K>
+__device__ __forceinline__ void AtomicAdd(typename Col2imSum<K>::T* dst,
+                                          typename Col2imSum<K>::T v) {
+  using S = Col2imSum<K>;
+  using T = typename S::T;
+  if constexpr (K == SumKind::kU32) {
+    atomicAdd(reinterpret_cast<unsigned*>(dst), static_cast<unsigned>(v));
+  } else if constexpr (K == SumKind::kU64) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(dst), static_cast<unsigned long long>(v));
+  } else if constexpr (K == SumKind::kF32 || K == SumKind::kF64) {
+    atomicAdd(dst, v);
+  } else {
+    const auto addr = reinterpret_cast<uintptr_t>(dst);
+    auto* word = reinterpret_cast<unsigned*>(addr & ~uintptr_t{3});
+    const unsigned shift = static_cast<unsigned>(addr & 3) * 8;
+    const unsigned mask = ((1u << (8 * sizeof(T))) - 1u) << shift;
+    unsigned old = *word;
+    unsigned assumed;
+    do {
+      assumed = old;
+      const T cur = static_cast<T>((assumed & mask) >> shift);
+      const T sum = S::Store(static_cast<typename S::Acc>(S::Load(cur) + S::Load(v)));
+      old = atomicCAS(word, assumed, (assumed & ~mask) | (static_cast<unsigned>(sum) << shift));
+    } while (old != assumed);
+  }
+}
+
+template <SumKind K>
+__global__ void __launch_bounds__(kSimtThreads) SimtAddKernel(const GatherGeometry g) {
+  using T = typename Col2imSum<K>::T;
+  const int64_t per_row = g.slab_bytes / static_cast<int64_t>(sizeof(T));
+  const int64_t total = g.rows() * per_row;
+  const T* updates = static_cast<const T*>(g.slabs);
+  T* out = static_cast<T*>(g.out);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / per_row;
+    const int64_t row = g.TableRow(r);
+    if (row >= 0) AtomicAdd<K>(out + row * per_row + (i - r * per_row), updates[i]);
+  }
+}
+
+// The table row of the update at sorted position k of batch entry b, or -1
+// (dropped, or an order entry outside [0, M)).
+__device__ __forceinline__ int64_t SortedRow(const GatherGeometry& g, int64_t b, int64_t k,
+                                             int64_t* m) {
+  const int64_t at = b * g.count + k;
+  *m = g.order_64 ? static_cast<const int64_t*>(g.order)[at]
+                  : static_cast<const int32_t*>(g.order)[at];
+  if (*m < 0 || *m >= g.count) return -1;
+  return SlabRow(g.indices, g.index_kind, b * g.count + *m, g.table_rows);
+}
+
+// One warp per run of equal rows in each batch entry's sorted order: the run
+// applies its updates in order (g.order is a stable sort of the rows, so in
+// index order). kAdd false: the last update of the run is stored.
+template <SumKind K, bool kAdd>
+__global__ void __launch_bounds__(kSimtThreads) OrderedScatterKernel(const GatherGeometry g) {
+  using S = Col2imSum<K>;
+  using T = typename S::T;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int64_t per_row = g.slab_bytes / static_cast<int64_t>(sizeof(T));
+  const T* updates = static_cast<const T*>(g.slabs);
+  T* out = static_cast<T*>(g.out);
+  for (int64_t pos = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+       pos < g.batch * g.count; pos += warps) {
+    const int64_t b = pos / g.count;
+    const int64_t k = pos - b * g.count;
+    int64_t m = 0, prev_m = 0;
+    const int64_t row = SortedRow(g, b, k, &m);
+    if (row < 0 || (k > 0 && SortedRow(g, b, k - 1, &prev_m) == row)) continue;
+    int64_t end = k + 1;  // the run is [k, end)
+    while (end < g.count && SortedRow(g, b, end, &prev_m) == row) ++end;
+    for (int64_t p = 0; p < g.outer; ++p) {
+      const int64_t bp = b * g.outer + p;
+      T* dst = out + (bp * g.table_rows + row) * per_row;
+      const T* src = updates + bp * g.count * per_row;
+      for (int64_t e = lane; e < per_row; e += 32) {
+        if constexpr (kAdd) {
+          T acc = dst[e];
+          for (int64_t j = k; j < end; ++j) {
+            SortedRow(g, b, j, &m);
+            acc = S::Store(static_cast<typename S::Acc>(S::Load(acc) + S::Load(src[m * per_row + e])));
+          }
+          dst[e] = acc;
+        } else {
+          SortedRow(g, b, end - 1, &m);
+          dst[e] = src[m * per_row + e];
+        }
+      }
+    }
+  }
+}
+
+int Blocks(int64_t work, const DeviceInfo& info) {
+  return static_cast<int>(std::clamp<int64_t>((work + kSimtThreads - 1) / kSimtThreads, 1,
+                                              static_cast<int64_t>(info.sm_count) * 16));
+}
+
+template <typename V>
+ffi::Error LaunchMove(const GatherGeometry& g, bool scatter, cudaStream_t stream,
+                      const DeviceInfo& info) {
+  const int64_t vpr = g.slab_bytes / static_cast<int64_t>(sizeof(V));
+  int shift = -1;
+  if ((vpr & (vpr - 1)) == 0) {
+    shift = 0;
+    while ((int64_t{1} << shift) < vpr) ++shift;
+  }
+  const int blocks = Blocks((g.rows() * vpr + kUnroll - 1) / kUnroll, info);
+  if (scatter) {
+    SimtMoveKernel<V, true><<<blocks, kSimtThreads, 0, stream>>>(g, vpr, shift);
+  } else {
+    SimtMoveKernel<V, false><<<blocks, kSimtThreads, 0, stream>>>(g, vpr, shift);
+  }
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ffi::Error::Success();
+}
+
+struct LaunchAdd {
+  const GatherGeometry& g;
+  cudaStream_t stream;
+  const DeviceInfo& info;
+
+  template <SumKind K>
+  ffi::Error operator()() const {
+    using T = typename Col2imSum<K>::T;
+    const int blocks = Blocks(g.rows() * (g.slab_bytes / static_cast<int64_t>(sizeof(T))), info);
+    SimtAddKernel<K><<<blocks, kSimtThreads, 0, stream>>>(g);
+    JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return ffi::Error::Success();
+  }
+};
+
+struct LaunchOrdered {
+  const GatherGeometry& g;
+  cudaStream_t stream;
+  int blocks;
+  bool add;
+
+  template <SumKind K>
+  ffi::Error operator()() const {
+    if (add) {
+      OrderedScatterKernel<K, true><<<blocks, kSimtThreads, 0, stream>>>(g);
+    } else {
+      OrderedScatterKernel<K, false><<<blocks, kSimtThreads, 0, stream>>>(g);
+    }
+    JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return ffi::Error::Success();
+  }
+};
+
+// Runs fn.template operator()<K>() for the geometry's SumKind, or for the
+// unsigned type of the element's width where nothing is summed (ordered set).
+template <typename Fn>
+ffi::Error ForSumKind(const GatherGeometry& g, bool add, const Fn& fn) {
+  if (add) return DispatchSumKind(g.sum, fn);
+  switch (g.elem_bytes) {
+    case 1: return fn.template operator()<SumKind::kU8>();
+    case 2: return fn.template operator()<SumKind::kU16>();
+    case 4: return fn.template operator()<SumKind::kU32>();
+    default: return fn.template operator()<SumKind::kU64>();  // 8 and 16 B: 8-byte words
+  }
+}
+
+}  // namespace
+
+ffi::Error LaunchSimtGather(const GatherGeometry& g, GatherOp op, cudaStream_t stream,
+                            int device) {
+  if (g.rows() == 0 || g.slab_bytes == 0) return ffi::Error::Success();
+  DeviceInfo info;
+  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
+  if (op == GatherOp::kScatterAdd) return DispatchSumKind(g.sum, LaunchAdd{g, stream, info});
+  // The widest vector dividing the slab size and every address.
+  const auto bits = static_cast<std::uintptr_t>(g.slab_bytes) |
+                    reinterpret_cast<std::uintptr_t>(g.x) |
+                    reinterpret_cast<std::uintptr_t>(g.out) |
+                    (op == GatherOp::kGather ? 0 : reinterpret_cast<std::uintptr_t>(g.slabs));
+  const bool scatter = op == GatherOp::kScatterSet;
+  if ((bits & 15) == 0) return LaunchMove<uint4>(g, scatter, stream, info);
+  if ((bits & 7) == 0) return LaunchMove<uint2>(g, scatter, stream, info);
+  if ((bits & 3) == 0) return LaunchMove<uint32_t>(g, scatter, stream, info);
+  if ((bits & 1) == 0) return LaunchMove<uint16_t>(g, scatter, stream, info);
+  return LaunchMove<uint8_t>(g, scatter, stream, info);
+}
+
+ffi::Error LaunchOrderedScatter(const GatherGeometry& g, cudaStream_t stream, int device) {
+  if (g.rows() == 0 || g.slab_bytes == 0) return ffi::Error::Success();
+  DeviceInfo info;
+  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
+  const bool add = g.mode == ScatterMode::kAdd;
+  const int blocks = Blocks(g.batch * g.count * 32, info);
+  return ForSumKind(g, add, LaunchOrdered{g, stream, blocks, add});
+}
+
+}  // namespace jax_tma

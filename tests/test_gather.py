@@ -1,0 +1,621 @@
+"""jax_tma.gather / jax_tma.scatter on the CPU: bit-exact against jnp.take and
+.at[].set/.add(mode="drop") for every dtype, axis, index shape and
+out-of-range index; in-place scatter of a donated x; the transformations
+(jit, vmap, grad); and every validation rule, in Python and in the handlers."""
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import jax_tma
+from jax_tma import _ffi
+from reference import ALL_DTYPES, SUB_BYTE_BITS, assert_bits_equal, cpu_device, random_array
+
+BYTE_DTYPES = [d for d in ALL_DTYPES if d.name not in SUB_BYTE_BITS]
+SUMMABLE = [np.dtype(d) for d in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
+                                  np.int64, np.uint64, jnp.float16, jnp.bfloat16, np.float32,
+                                  np.float64, np.complex64, np.complex128)]
+METHODS = ["auto", "tma", "simt"]
+
+
+def on_cpu(a):
+    return jax.device_put(a, cpu_device())
+
+
+def indices_for(rng, n, shape, dtype=np.int32):
+    """Indices in [-n - 2, n + 2): in range, wrapped negatives and out of range."""
+    return rng.integers(-n - 2, n + 2, shape).astype(dtype)
+
+
+def unique_indices_for(rng, n, count, dtype=np.int32):
+    """`count` distinct rows (a random sign each: -1 is the last row), plus
+    out-of-range ones where count > n."""
+    rows = rng.permutation(n)[:count]
+    rows = np.where(rng.integers(0, 2, rows.shape) == 1, rows - n, rows)
+    extra = np.arange(n, n + count - rows.size) + 1
+    return rng.permutation(np.concatenate([rows, extra])).astype(dtype)
+
+
+def take_ref(x, idx, axis, fill=0):
+    return jnp.take(on_cpu(x), on_cpu(idx), axis=axis, mode="fill", fill_value=fill)
+
+
+def at(axis, idx):
+    return (slice(None),) * axis + (idx,)
+
+
+# ---- gather --------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_gather_every_dtype_bit_exact(rng, dtype):
+    x = random_array(rng, (9, 5, 3), dtype)
+    idx = indices_for(rng, 9, (11,))
+    y = np.asarray(jax.jit(jax_tma.gather)(on_cpu(x), on_cpu(idx)))
+    inside = (idx >= -9) & (idx < 9)
+    assert_bits_equal(y[inside], x[idx[inside]])
+    # jnp.take's own fill (0 cast to the dtype; e8m0 has no 0); its gathered
+    # rows may quiet NaN payloads, ours never do.
+    assert_bits_equal(y[~inside], np.asarray(take_ref(x, idx, 0))[~inside])
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1, -3])
+@pytest.mark.parametrize("idx_shape", [(), (0,), (4,), (2, 3), (1, 2, 2)], ids=str)
+@pytest.mark.parametrize("method", METHODS)
+def test_gather_axes_and_index_shapes_match_take(rng, axis, idx_shape, method):
+    x = random_array(rng, (4, 6, 8), np.float32)
+    n = x.shape[axis]
+    idx = indices_for(rng, n, idx_shape)
+    f = jax.jit(functools.partial(jax_tma.gather, axis=axis, method=method))
+    if method == "tma" and axis % 3 == 2:  # 4-byte slabs
+        with pytest.raises(ValueError, match=r"method='tma' moves slabs of a multiple of 16"):
+            f(on_cpu(x), on_cpu(idx))
+        return
+    assert_bits_equal(f(on_cpu(x), on_cpu(idx)), take_ref(x, idx, axis))
+
+
+@pytest.mark.parametrize("idx_dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8,
+                                       np.uint16, np.uint32, np.uint64], ids=str)
+def test_gather_every_index_dtype(rng, idx_dtype):
+    x = random_array(rng, (100, 3), np.int16)
+    info = np.iinfo(idx_dtype)
+    idx = np.array([0, 99, 100, 1, info.max, info.min, 50], idx_dtype)
+    want = take_ref(x, idx, 0)
+    assert_bits_equal(jax_tma.gather(on_cpu(x), on_cpu(idx)), want)
+
+
+@pytest.mark.parametrize("fill,dtype", [(np.nan, np.float32), (-3, np.int8), (2.5, jnp.bfloat16),
+                                        (1 + 2j, np.complex128), (True, np.bool_),
+                                        (np.inf, np.float16), (-7, jnp.int4)], ids=str)
+def test_gather_fill_values(rng, fill, dtype):
+    # finite: jnp.take quiets the NaN payloads of 16-bit floats it gathers
+    x = random_array(rng, (5, 4), dtype, finite=True)
+    idx = np.array([7, 0, -6, 4, 5])
+    y = jax.jit(functools.partial(jax_tma.gather, fill=fill))(on_cpu(x), on_cpu(idx))
+    assert_bits_equal(y, take_ref(x, idx, 0, fill=fill))
+
+
+@pytest.mark.parametrize("x_shape,axis", [((0, 3), 0), ((3, 0), 0), ((3, 0, 2), 1),
+                                          ((0,), 0), ((4, 5, 0), 1)], ids=str)
+def test_gather_empty_arrays(rng, x_shape, axis):
+    x = random_array(rng, x_shape, np.float32)
+    idx = np.array([0, -1, 2])
+    y = jax.jit(functools.partial(jax_tma.gather, axis=axis, fill=1.5))(on_cpu(x), on_cpu(idx))
+    if x_shape[axis] == 0:  # every index is out of range (jnp.take refuses)
+        want = np.full(x_shape[:axis] + (3,) + x_shape[axis + 1:], 1.5, np.float32)
+    else:
+        want = take_ref(x, idx, axis, fill=1.5)
+    assert_bits_equal(y, want)
+
+
+def test_gather_special_float_bits_survive():
+    bits = np.array([0x7FC00001, 0xFFC12345, 0x7F800001, 0x80000000, 0x00000001, 0x807FFFFF],
+                    np.uint32)
+    x = bits.view(np.float32).reshape(3, 2)
+    idx = np.array([2, 0, 1, 2])
+    assert_bits_equal(jax_tma.gather(on_cpu(x), on_cpu(idx)), x[idx])
+
+
+def test_gather_python_int_index_and_numpy_inputs(rng):
+    x = random_array(rng, (4, 3), np.uint16)
+    assert_bits_equal(jax_tma.gather(x, 2), x[2])
+    assert_bits_equal(jax_tma.gather(x, -1, axis=1), x[:, 2])
+
+
+# ---- scatter ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_scatter_set_every_dtype_bit_exact(rng, dtype):
+    x = random_array(rng, (9, 5, 3), dtype)
+    idx = unique_indices_for(rng, 9, 11)
+    u = random_array(rng, (11, 5, 3), dtype)
+    y = jax.jit(jax_tma.scatter)(on_cpu(x), on_cpu(idx), on_cpu(u))
+    want = np.array(x)
+    for i, row in enumerate(idx):
+        if -9 <= row < 9:
+            want[row] = u[i]
+    assert_bits_equal(y, want)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -2])
+@pytest.mark.parametrize("idx_shape", [(), (0,), (5,), (2, 3)], ids=str)
+@pytest.mark.parametrize("method", METHODS)
+def test_scatter_set_with_duplicates_matches_xla(rng, axis, idx_shape, method):
+    # XLA's CPU scatter applies updates in order, as the handler does: the
+    # last duplicate wins in both.
+    x = random_array(rng, (4, 6, 8), np.float32)
+    n = x.shape[axis]
+    idx = indices_for(rng, n, idx_shape)
+    u_shape = x.shape[:axis % 3] + idx_shape + x.shape[axis % 3 + 1:]
+    u = random_array(rng, u_shape, np.float32)
+    f = jax.jit(functools.partial(jax_tma.scatter, axis=axis, method=method))
+    if method == "tma" and axis % 3 == 2:  # 4-byte slabs
+        with pytest.raises(ValueError, match=r"method='tma' moves slabs of a multiple of 16"):
+            f(on_cpu(x), on_cpu(idx), on_cpu(u))
+        return
+    want = on_cpu(x).at[at(axis % 3, on_cpu(idx))].set(on_cpu(u), mode="drop")
+    assert_bits_equal(f(on_cpu(x), on_cpu(idx), on_cpu(u)), want)
+
+
+@pytest.mark.parametrize("dtype", SUMMABLE, ids=str)
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_scatter_add_every_summable_dtype_matches_xla(rng, dtype, deterministic):
+    x = random_array(rng, (7, 4, 3), dtype, finite=True)
+    idx = indices_for(rng, 7, (12,))
+    u = random_array(rng, (12, 4, 3), dtype, finite=True)
+    if dtype.kind in "fc" or dtype.name == "bfloat16":
+        # Arithmetic on normal values: XLA's own CPU scatter flushes subnormals.
+        x = rng.standard_normal(x.shape).astype(dtype)
+        u = rng.standard_normal(u.shape).astype(dtype)
+    f = jax.jit(functools.partial(jax_tma.scatter, mode="add", deterministic=deterministic))
+    want = on_cpu(x).at[on_cpu(idx)].add(on_cpu(u), mode="drop")
+    assert_bits_equal(f(on_cpu(x), on_cpu(idx), on_cpu(u)), want)
+
+
+def scatter_add_reference(x, idx, u):
+    """Sequential add in index order, rounded to the dtype after each add."""
+    out = np.array(x)
+    n = x.shape[0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i, row in enumerate(idx):
+            if -n <= row < n:
+                out[row] = (out[row].astype(np.float32) + u[i].astype(np.float32)).astype(x.dtype)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, np.float32], ids=str)
+def test_scatter_add_sums_in_index_order_with_subnormals_kept(rng, dtype):
+    x = random_array(rng, (5, 16), dtype, finite=True)
+    idx = indices_for(rng, 5, (40,))
+    u = random_array(rng, (40, 16), dtype, finite=True)
+    y = jax_tma.scatter(on_cpu(x), on_cpu(idx), on_cpu(u), mode="add", deterministic=True)
+    want = scatter_add_reference(x, idx, u)
+    got = np.asarray(y)
+    nan = np.isnan(want.astype(np.float32))
+    assert_bits_equal(got[~nan], want[~nan])
+    assert np.isnan(got.astype(np.float32)[nan]).all()
+
+
+def test_scatter_add_integers_wrap(rng):
+    x = np.array([[250, 7]], np.uint8)
+    y = jax_tma.scatter(x, np.array([0, 0, 0]), np.full((3, 2), 100, np.uint8), mode="add")
+    assert_bits_equal(y, np.array([[(250 + 300) % 256, 51]], np.uint8))
+
+
+@pytest.mark.parametrize("x_shape,axis,idx_shape", [((0, 3), 0, (2,)), ((3, 0), 0, (2,)),
+                                                    ((3, 2), 0, (0,)), ((2, 0, 3), 1, (4,))],
+                         ids=str)
+@pytest.mark.parametrize("mode", ["set", "add"])
+def test_scatter_empty_arrays(rng, x_shape, axis, idx_shape, mode):
+    x = random_array(rng, x_shape, np.int32)
+    idx = np.zeros(idx_shape, np.int32)
+    u = random_array(rng, x_shape[:axis] + idx_shape + x_shape[axis + 1:], np.int32)
+    y = jax.jit(functools.partial(jax_tma.scatter, axis=axis, mode=mode))(x, idx, u)
+    ref = jnp.asarray(x).at[at(axis, idx)]
+    assert_bits_equal(y, getattr(ref, mode)(u, mode="drop"))
+
+
+def test_scatter_sub_byte_and_bool(rng):
+    for dtype in (jnp.int4, jnp.uint4, np.bool_):
+        x = random_array(rng, (6, 5), dtype)
+        idx = unique_indices_for(rng, 6, 4)
+        u = random_array(rng, (4, 5), dtype)
+        want = jnp.asarray(x).at[idx].set(u, mode="drop")
+        assert_bits_equal(jax.jit(jax_tma.scatter)(x, idx, u), want)
+
+
+# ---- in place ----------------------------------------------------------------------
+
+def _copies(hlo_text: str) -> list[str]:
+    return re.findall(r"^\s*\S+ = \S+ copy\(", hlo_text, re.M)
+
+
+def test_scatter_of_a_donated_x_makes_no_copy(rng):
+    x = on_cpu(random_array(rng, (64, 32), np.float32))
+    idx = on_cpu(np.array([3, 9, -1], np.int32))
+    u = on_cpu(random_array(rng, (3, 32), np.float32))
+    donated = jax.jit(jax_tma.scatter, donate_argnums=0)
+    text = donated.lower(x, idx, u).compile().as_text()
+    assert "output_to_operand_aliasing" in text
+    assert not _copies(text), _copies(text)
+    # Without donation XLA keeps x and copies it before the call.
+    kept = jax.jit(jax_tma.scatter).lower(x, idx, u).compile().as_text()
+    assert _copies(kept)
+    want = np.asarray(x).copy()
+    want[[3, 9, -1]] = np.asarray(u)
+    # (Whether the runtime then reuses x's buffer is its business: on the CPU
+    # an array put from NumPy may share NumPy's memory and is copied once.)
+    y = donated(x, idx, u)
+    assert x.is_deleted()
+    assert_bits_equal(y, want)
+
+
+def test_scatter_without_donation_leaves_x_alone(rng):
+    host = random_array(rng, (8, 4), np.int32)
+    x = on_cpu(host)
+    y = jax.jit(jax_tma.scatter)(x, np.array([1, 2]), np.zeros((2, 4), np.int32))
+    assert_bits_equal(x, host)
+    assert_bits_equal(y[1:3], np.zeros((2, 4), np.int32))
+
+
+# ---- transformations -------------------------------------------------------------
+
+def _prims(f, *args):
+    return [e.primitive.name for e in jax.make_jaxpr(f)(*args).jaxpr.eqns]
+
+
+@pytest.mark.parametrize("in_axes", [(0, None), (None, 0), (0, 0), (1, 1), (2, None)], ids=str)
+def test_gather_vmap_is_one_call(rng, in_axes):
+    x = random_array(rng, (3, 5, 4), np.float32)
+    idx = indices_for(rng, 5, (3, 4, 2))
+    xs = x if in_axes[0] is not None else x[0]
+    idx_b = idx if in_axes[1] is not None else idx[0]
+    if in_axes[1] == 1:
+        idx_b = np.moveaxis(idx, 0, 1)
+    if in_axes[0] == 1:
+        xs = np.moveaxis(x, 0, 1)
+    if in_axes[0] == 2:
+        xs = np.moveaxis(x, 0, 2)
+    f = jax.vmap(lambda a, i: jax_tma.gather(a, i, axis=0 if in_axes[0] != 2 else 1,
+                                             fill=-1.0), in_axes=in_axes)
+    g = jax.vmap(lambda a, i: take_ref(a, i, 0 if in_axes[0] != 2 else 1, -1.0), in_axes=in_axes)
+    assert_bits_equal(jax.jit(f)(xs, idx_b), g(xs, idx_b))
+    names = _prims(f, xs, idx_b)
+    assert names.count("jax_tma_gather") == 1 and not {"scan", "while"} & set(names), names
+
+
+@pytest.mark.parametrize("in_axes", [(0, None, 0), (None, 0, 0), (0, 0, 0), (None, None, 0),
+                                     (0, None, None), (None, 0, None)], ids=str)
+@pytest.mark.parametrize("mode", ["set", "add"])
+def test_scatter_vmap_is_one_call(rng, in_axes, mode):
+    b = 3
+    x = random_array(rng, (b, 6, 4), np.int32)
+    idx = indices_for(rng, 6, (b, 5))
+    u = random_array(rng, (b, 5, 4), np.int32)
+    args = [a if d is not None else a[0] for a, d in zip((x, idx, u), in_axes)]
+    f = jax.vmap(functools.partial(jax_tma.scatter, mode=mode), in_axes=in_axes)
+    g = jax.vmap(lambda a, i, v: getattr(a.at[i], mode)(v, mode="drop"), in_axes=in_axes)
+    assert_bits_equal(jax.jit(f)(*args), g(*map(jnp.asarray, args)))
+    names = _prims(f, *args)
+    assert names.count("jax_tma_scatter") == 1 and not {"scan", "while"} & set(names), names
+
+
+def test_nested_vmap(rng):
+    x = random_array(rng, (2, 3, 7, 4), np.float32)
+    idx = indices_for(rng, 7, (2, 3, 5))
+    f = jax.vmap(jax.vmap(jax_tma.gather))
+    assert_bits_equal(jax.jit(f)(x, idx),
+                      jax.vmap(jax.vmap(lambda a, i: take_ref(a, i, 0)))(x, idx))
+
+
+def test_gather_grad_is_scatter_add(rng):
+    x = on_cpu(jnp.asarray(rng.standard_normal((6, 3))))
+    idx = on_cpu(jnp.array([1, 1, -1, 9, 0]))
+    w = jnp.asarray(rng.standard_normal((5, 3)))
+    g = jax.jit(jax.grad(lambda a: (jax_tma.gather(a, idx, fill=5.0) * w).sum()))(x)
+    want = jax.grad(lambda a: (take_ref(a, idx, 0, 5.0) * w).sum())(x)
+    np.testing.assert_allclose(g, want, rtol=1e-12)
+    check_grads(lambda a: jnp.sin(jax_tma.gather(a, idx, axis=0)), (x,), order=2,
+                modes=("fwd", "rev"))
+
+
+def test_scatter_add_grad(rng):
+    x = on_cpu(jnp.asarray(rng.standard_normal((6, 3))))
+    u = on_cpu(jnp.asarray(rng.standard_normal((4, 3))))
+    idx = on_cpu(jnp.array([2, 2, -7, 5]))
+
+    def f(a, v):
+        return jnp.sin(jax_tma.scatter(a, idx, v, mode="add"))
+
+    def ref(a, v):
+        return jnp.sin(a.at[idx].add(v, mode="drop"))
+
+    w = jnp.asarray(rng.standard_normal((6, 3)))
+    got = jax.grad(lambda a, v: (f(a, v) * w).sum(), argnums=(0, 1))(x, u)
+    want = jax.grad(lambda a, v: (ref(a, v) * w).sum(), argnums=(0, 1))(x, u)
+    for g_, w_ in zip(got, want):
+        np.testing.assert_allclose(g_, w_, rtol=1e-12)
+    check_grads(f, (x, u), order=2, modes=("fwd", "rev"))
+
+
+def test_scatter_set_grad_zeroes_overwritten_and_losing_updates(rng):
+    x = on_cpu(jnp.asarray(rng.standard_normal((6, 3))))
+    u = on_cpu(jnp.asarray(rng.standard_normal((5, 3))))
+    idx = on_cpu(jnp.array([2, 4, 2, -7, -2]))  # 2 twice, -7 dropped, -2 is row 4 again
+    w = jnp.asarray(rng.standard_normal((6, 3)))
+    gx, gu = jax.jit(jax.grad(lambda a, v: (jax_tma.scatter(a, idx, v) * w).sum(),
+                              argnums=(0, 1)))(x, u)
+    want_x = np.asarray(w).copy()
+    want_x[[2, 4]] = 0
+    want_u = np.zeros((5, 3))
+    want_u[2] = w[2]  # the last update of row 2 wins
+    want_u[4] = w[4]  # -2 (row 4) comes after 4
+    np.testing.assert_array_equal(gx, want_x)
+    np.testing.assert_array_equal(gu, want_u)
+    xla = jax.grad(lambda a, v: (a.at[idx].set(v, mode="drop") * w).sum(), argnums=(0, 1))(x, u)
+    np.testing.assert_array_equal(gx, xla[0])
+    np.testing.assert_array_equal(gu, xla[1])
+    check_grads(lambda a, v: jax_tma.scatter(a, idx, v) ** 2, (x, u), order=2,
+                modes=("fwd", "rev"))
+
+
+def test_vmap_of_grad_and_grad_of_vmap(rng):
+    x = on_cpu(jnp.asarray(rng.standard_normal((4, 6, 3))))
+    idx = on_cpu(jnp.asarray(indices_for(rng, 6, (4, 5))))
+
+    def loss(a, i):
+        return (jax_tma.gather(a, i) ** 2).sum()
+
+    def ref(a, i):
+        return (take_ref(a, i, 0) ** 2).sum()
+
+    np.testing.assert_allclose(jax.vmap(jax.grad(loss))(x, idx), jax.vmap(jax.grad(ref))(x, idx))
+    np.testing.assert_allclose(jax.grad(lambda a: jax.vmap(loss)(a, idx).sum())(x),
+                               jax.grad(lambda a: jax.vmap(ref)(a, idx).sum())(x))
+
+
+def test_eager_calls(rng):
+    x = random_array(rng, (4, 2), np.float32)
+    assert_bits_equal(jax_tma.gather(on_cpu(x), np.array([1])), x[[1]])
+
+
+# ---- bad input: Python-side validation ---------------------------------------------
+
+def test_non_array_inputs_are_type_errors():
+    with pytest.raises(TypeError, match=r"jax_tma\.gather: x must be an array"):
+        jax_tma.gather([1, 2], jnp.array([0]))
+    with pytest.raises(TypeError, match=r"jax_tma\.gather: indices must be an array"):
+        jax_tma.gather(jnp.ones(3), [0, 1])
+    with pytest.raises(TypeError, match=r"jax_tma\.scatter: updates must be an array"):
+        jax_tma.scatter(jnp.ones(3), jnp.array([0]), 1.0)
+
+
+def test_float_indices_are_a_type_error():
+    with pytest.raises(TypeError, match=r"jax_tma\.gather: indices must be integers, got dtype "
+                                        r"float32"):
+        jax_tma.gather(jnp.ones(3), jnp.array([0.0], jnp.float32))
+    with pytest.raises(TypeError, match=r"jax_tma\.scatter: indices must be integers, got dtype "
+                                        r"bool"):
+        jax_tma.scatter(jnp.ones(3), jnp.array([True]), jnp.ones(1))
+
+
+@pytest.mark.parametrize("axis,msg", [(2, r"axis 2 is out of range for x of rank 2 \(valid: -2 "
+                                          r"to 1\)"),
+                                      (-3, r"axis -3 is out of range"),
+                                      (1.0, r"axis must be an int, got 1\.0")])
+def test_bad_axis(axis, msg):
+    with pytest.raises((ValueError, TypeError), match=r"jax_tma\.gather: " + msg):
+        jax_tma.gather(jnp.ones((2, 3)), jnp.array([0]), axis=axis)
+
+
+def test_zero_d_x():
+    with pytest.raises(ValueError, match=r"jax_tma\.scatter: x must have rank >= 1, got a 0-d"):
+        jax_tma.scatter(jnp.float32(1), jnp.array([0]), jnp.ones(1))
+
+
+def test_unknown_method_and_mode():
+    with pytest.raises(ValueError, match=r"jax_tma\.gather: method must be one of 'auto', 'tma', "
+                                         r"'simt', got 'bulk'"):
+        jax_tma.gather(jnp.ones(3), jnp.array([0]), method="bulk")
+    with pytest.raises(ValueError, match=r"jax_tma\.scatter: mode must be one of 'set', 'add', "
+                                         r"got 'max'"):
+        jax_tma.scatter(jnp.ones(3), jnp.array([0]), jnp.ones(1), mode="max")
+
+
+@pytest.mark.parametrize("fill", [jnp.ones(2), "nan", None])
+def test_bad_fill(fill):
+    with pytest.raises(TypeError, match=r"jax_tma\.gather: fill must be a"):
+        jax_tma.gather(jnp.ones(3), jnp.array([0]), fill=fill)
+
+
+def test_complex_fill_for_a_real_x():
+    with pytest.raises(TypeError, match=r"jax_tma\.gather: a complex fill \(1\+1j\) needs a "
+                                        r"complex x, x has dtype float32"):
+        jax_tma.gather(jnp.ones(3, jnp.float32), jnp.array([0]), fill=1 + 1j)
+
+
+def test_traced_fill_is_a_type_error():
+    with pytest.raises(TypeError, match=r"jax_tma\.gather: fill must be a concrete scalar"):
+        jax.jit(lambda f: jax_tma.gather(jnp.ones(3), jnp.array([0]), fill=f))(1.0)
+
+
+def test_updates_shape_and_dtype():
+    x = jnp.ones((4, 3, 2), jnp.float32)
+    with pytest.raises(ValueError, match=r"jax_tma\.scatter: updates have shape \(2, 3\); "
+                                         r"expected \(4, 5, 2\) \(x\.shape\[:axis\] \+ "
+                                         r"indices\.shape \+ x\.shape\[axis\+1:\] with "
+                                         r"x\.shape=\(4, 3, 2\), indices\.shape=\(5,\), axis=1\)"):
+        jax_tma.scatter(x, jnp.zeros(5, jnp.int32), jnp.ones((2, 3), jnp.float32), axis=1)
+    with pytest.raises(TypeError, match=r"jax_tma\.scatter: updates have dtype float16 but x has "
+                                        r"dtype float32"):
+        jax_tma.scatter(x, jnp.zeros(2, jnp.int32), jnp.ones((2, 3, 2), jnp.float16))
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, jnp.float8_e4m3fn, jnp.int4], ids=str)
+def test_add_of_an_unsummable_dtype(dtype):
+    x = jnp.zeros((3, 2), dtype)
+    with pytest.raises(TypeError, match=r"jax_tma\.scatter: mode='add' cannot sum dtype "
+                                        + re.escape(str(np.dtype(dtype)))):
+        jax_tma.scatter(x, jnp.array([0]), jnp.zeros((1, 2), dtype), mode="add")
+
+
+def test_deterministic_must_be_a_bool():
+    with pytest.raises(TypeError, match=r"jax_tma\.scatter: deterministic must be a bool, got 1"):
+        jax_tma.scatter(jnp.ones(3), jnp.array([0]), jnp.ones(1), deterministic=1)
+
+
+def test_tma_names_the_16_byte_rule():
+    with pytest.raises(ValueError, match=r"jax_tma\.gather: method='tma' moves slabs of a multiple "
+                                         r"of 16 bytes \(the bulk-copy size rule\), but "
+                                         r"x\.shape\[axis \+ 1:\] = \(3,\) of float32 is 12 B"):
+        jax_tma.gather(jnp.ones((5, 3), jnp.float32), jnp.array([0]), method="tma")
+    with pytest.raises(ValueError, match=r"jax_tma\.scatter: method='tma' moves slabs of a "
+                                         r"multiple of 16 bytes .* = \(5,\) of int8 is 5 B"):
+        jax_tma.scatter(jnp.ones((5, 5), jnp.int8), jnp.array([0]), jnp.ones((1, 5), jnp.int8),
+                        method="tma")
+    # 16-byte slabs, and empty ones, pass.
+    jax_tma.gather(jnp.ones((5, 4), jnp.float32), jnp.array([0]), method="tma")
+    jax_tma.gather(jnp.ones((5, 0), jnp.float32), jnp.array([0]), method="tma")
+
+
+def test_tma_add_names_the_bulk_reduce_types():
+    with pytest.raises(ValueError, match=r"jax_tma\.scatter: method='tma' adds with "
+                                         r"cp\.reduce\.async\.bulk, which has no add for int16"):
+        jax_tma.scatter(jnp.ones((5, 8), jnp.int16), jnp.array([0]), jnp.ones((1, 8), jnp.int16),
+                        mode="add", method="tma")
+
+
+def test_deterministic_with_tma_is_an_error():
+    with pytest.raises(ValueError, match=r"jax_tma\.scatter: deterministic=True applies updates in "
+                                         r"index order with the SIMT kernel; method='tma' cannot"):
+        jax_tma.scatter(jnp.ones((4, 4)), jnp.array([0]), jnp.ones((1, 4)), mode="add",
+                        deterministic=True, method="tma")
+
+
+def test_tma_on_a_gpu_without_tma_names_the_compute_capability(monkeypatch):
+    monkeypatch.setattr(_ffi, "gpu_compute_capabilities", lambda: [(8, 0)])
+    f = jax.jit(functools.partial(jax_tma.gather, method="tma"))
+    with pytest.raises(RuntimeError, match=r"jax_tma\.gather: method='tma' needs TMA, but device "
+                                           r"0 has compute capability 8\.0"):
+        f.trace(jnp.ones((4, 4)), jnp.array([0])).lower(lowering_platforms=("cuda",))
+    g = jax.jit(functools.partial(jax_tma.scatter, method="tma"))
+    with pytest.raises(RuntimeError, match=r"jax_tma\.scatter: method='tma' needs TMA"):
+        g.trace(jnp.ones((4, 4)), jnp.array([0]), jnp.ones((1, 4))).lower(
+            lowering_platforms=("cuda",))
+    for method in ("auto", "simt"):
+        h = jax.jit(functools.partial(jax_tma.gather, method=method))
+        assert "jax_tma_gather" in h.trace(jnp.ones((4, 4)), jnp.array([0])).lower(
+            lowering_platforms=("cuda",)).as_text()
+
+
+# ---- bad input reaching the C++ handlers directly (e.g. exported HLO) --------------
+
+def raw_gather(x, idx, out_shape, fill=None, out_dtype=None, **attrs):
+    fill = np.zeros((), x.dtype) if fill is None else fill
+    call = jax.ffi.ffi_call("jax_tma_gather", jax.ShapeDtypeStruct(out_shape, out_dtype or x.dtype),
+                            has_side_effect=True)
+    base = dict(axis=np.int64(0), batch=np.int64(0), method="auto")
+    base.update(attrs)
+    return jax.jit(lambda a, i, f: call(a, i, f, **base))(on_cpu(x), on_cpu(idx), on_cpu(fill))
+
+
+def raw_scatter(x, idx, upd, order=None, out_shape=None, out_dtype=None, **attrs):
+    order = np.zeros((0,), np.int32) if order is None else order
+    call = jax.ffi.ffi_call("jax_tma_scatter", jax.ShapeDtypeStruct(
+        out_shape or x.shape, out_dtype or x.dtype), has_side_effect=True)
+    base = dict(axis=np.int64(0), batch=np.int64(0), mode="set", deterministic=False,
+                method="auto")
+    base.update(attrs)
+    return jax.jit(lambda *a: call(*a, **base))(*map(on_cpu, (x, idx, upd, order)))
+
+
+X = np.arange(24, dtype=np.float32).reshape(4, 3, 2)
+IDX = np.array([1, -1, 7], np.int32)
+
+
+@pytest.mark.parametrize("kwargs,msg", [
+    (dict(method="bulk"), r"method must be one of 'auto', 'tma', 'simt', got 'bulk'"),
+    (dict(axis=np.int64(3)), r"axis 3 is outside \[0, 2\] for x of rank 3"),
+    (dict(batch=np.int64(1)), r"batch 1 is outside \[0, min\(axis, indices rank\)\] = \[0, 0\]"),
+    (dict(out_shape=(3, 3)), r"output has rank 2; expected 3 \(x rank 3 - 1 \+ indices rank 1 - "
+                             r"batch 0\)"),
+    (dict(out_shape=(3, 3, 3)), r"output dim 2 is 3; expected 2 \(x\.shape\[:axis\] \+ "
+                                r"indices\.shape\[batch:\] \+ x\.shape\[axis\+1:\]\)"),
+    (dict(out_dtype=np.int32), r"output element type s32 differs from input element type f32"),
+    (dict(fill=np.zeros(2, np.float32)), r"fill must be one element of x's type f32, got 2 of "
+                                         r"f32"),
+    (dict(idx=np.array([1.0], np.float32)), r"indices must be integers, got element type f32"),
+])
+def test_gather_handler_rejects(kwargs, msg):
+    idx = kwargs.pop("idx", IDX)
+    out_shape = kwargs.pop("out_shape", (3, 3, 2))
+    with pytest.raises(Exception, match=r"jax_tma\.gather: " + msg):
+        raw_gather(X, idx, out_shape, **kwargs)
+
+
+def test_gather_handler_batch_dims():
+    x = np.arange(24, dtype=np.int32).reshape(2, 3, 4)
+    idx = np.array([[2, 0], [1, -1]], np.int32)
+    y = raw_gather(x, idx, (2, 2, 4), axis=np.int64(1), batch=np.int64(1))
+    assert_bits_equal(y, np.stack([x[0][[2, 0]], x[1][[1, 2]]]))
+    with pytest.raises(Exception, match=r"jax_tma\.gather: indices dim 0 = 3 differs from x dim 0 "
+                                        r"= 2 \(both are batch dims\)"):
+        raw_gather(x, np.zeros((3, 2), np.int32), (2, 2, 4), axis=np.int64(1), batch=np.int64(1))
+
+
+def test_gather_handler_rejects_a_0d_x():
+    with pytest.raises(Exception, match=r"jax_tma\.gather: x must have rank >= 1, got a 0-d"):
+        raw_gather(np.float32(1), IDX, (3,))
+
+
+def test_gather_handler_rejects_sub_byte():
+    x = np.ones((4, 2), jnp.int4)
+    with pytest.raises(Exception, match=r"jax_tma\.gather: sub-byte element type s4 must be "
+                                        r"widened before the call"):
+        raw_gather(x, IDX, (3, 2))
+
+
+U = np.ones((3, 3, 2), np.float32)
+
+
+@pytest.mark.parametrize("kwargs,msg", [
+    (dict(mode="max"), r"mode must be one of 'set', 'add', got 'max'"),
+    (dict(method="x"), r"method must be one of 'auto', 'tma', 'simt', got 'x'"),
+    (dict(upd=np.ones((3, 3), np.float32)), r"updates has rank 2; expected 3"),
+    (dict(upd=np.ones((2, 3, 2), np.float32)), r"updates dim 0 is 2; expected 3"),
+    (dict(upd=np.ones((3, 3, 2), np.float64)), r"output element type f64 differs from input "
+                                               r"element type f32"),
+    (dict(out_shape=(4, 3, 1)), r"the output's shape differs from x's"),
+    (dict(out_dtype=np.int32), r"output element type s32 differs from input element type f32"),
+    (dict(deterministic=True), r"order must be 3 s32 or s64 row numbers \(one per index\), got 0 "
+                               r"of s32"),
+    (dict(deterministic=True, order=np.zeros(3, np.float32)), r"order must be 3 s32 or s64"),
+    (dict(order=np.zeros(3, np.int32)), r"order must be 0 elements without deterministic, got 3"),
+])
+def test_scatter_handler_rejects(kwargs, msg):
+    upd = kwargs.pop("upd", U)
+    with pytest.raises(Exception, match=r"jax_tma\.scatter: " + msg):
+        raw_scatter(X, IDX, upd, **kwargs)
+
+
+def test_scatter_handler_rejects_an_unsummable_add():
+    x = np.ones((4, 2), np.bool_)
+    with pytest.raises(Exception, match=r"jax_tma\.scatter: mode 'add' cannot sum element type "
+                                        r"pred \(integer, f16, bf16, f32, f64, c64 or c128\)"):
+        raw_scatter(x, IDX, np.ones((3, 2), np.bool_), mode="add")
+
+
+def test_scatter_handler_copies_x_when_not_aliased():
+    y = raw_scatter(X, IDX, U)
+    want = X.copy()
+    want[[1, -1]] = 1
+    assert_bits_equal(y, want)
+    y = raw_scatter(X, IDX, U, mode="add", deterministic=True, order=np.array([0, 1, 2], np.int32))
+    want = X.copy()
+    want[[1, -1]] += 1
+    assert_bits_equal(y, want)
+

@@ -1,0 +1,212 @@
+"""jax_tma.gather / jax_tma.scatter on a CUDA GPU: every method (tma, simt,
+auto) bit-exact against the CPU handler, gathered into poisoned outputs;
+slab sizes across the bulk path's tiling (rows per stage, pieces of large
+slabs); scatter in place; duplicates (set: one of the updates; add: integers
+exact, deterministic=True identical to the CPU); vmap and grad; > 4 GiB."""
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_tma
+from reference import (ALL_DTYPES, SUB_BYTE_BITS, assert_bits_equal, cpu_device, random_array,
+                       skip_unless_required)
+
+pytestmark = pytest.mark.gpu
+METHODS = ["auto", "tma", "simt"]
+POISON = 0xA5
+BYTE_DTYPES = [d for d in ALL_DTYPES if d.name not in SUB_BYTE_BITS]
+# (table rows, slab shape): slabs of 16 B to 96 KiB (bulk units of 64 rows,
+# of a few rows, one row, and pieces), and off the 16-byte grid.
+SLABS = [(300, (4,)), (97, (128,)), (64, (2048,)), (20, (8192,)), (9, (24 * 1024 + 4,)),
+         (50, (3,)), (40, (5, 7))]
+
+
+def on(device, a):
+    return jax.device_put(a, device)
+
+
+def tma_ok(shape, dtype) -> bool:
+    return int(np.prod(shape)) * np.dtype(dtype).itemsize % 16 == 0
+
+
+@functools.cache
+def _gather_into_donated(method, fill):
+    # A donated poisoned buffer of the output's shape becomes the output:
+    # any element the kernel misses stays poisoned.
+    return jax.jit(lambda x, i, poison: jax_tma.gather(x, i, fill=fill, method=method),
+                   donate_argnums=2, keep_unused=True)
+
+
+def gather_poisoned(x, idx, method, device, fill=0):
+    f = _gather_into_donated(method, fill)
+    out = jax.eval_shape(lambda a, i: jax_tma.gather(a, i), x, idx)
+    raw = np.full(int(np.prod(out.shape)) * out.dtype.itemsize, POISON, np.uint8)
+    poison = on(device, raw.view(out.dtype).reshape(out.shape))
+    return f(on(device, x), on(device, idx), poison)
+
+
+def cpu(f, *args):
+    return f(*[on(cpu_device(), a) for a in args])
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("rows,slab", SLABS, ids=str)
+def test_gather_slab_sizes_into_poison(gpu, rng, method, rows, slab):
+    if method == "tma" and not tma_ok(slab, np.float32):
+        skip_unless_required("not a TMA geometry")  # the ValueError has its CPU test
+    x = random_array(rng, (rows,) + slab, np.float32)
+    idx = rng.integers(-rows - 3, rows + 3, (37,)).astype(np.int32)
+    want = cpu(functools.partial(jax_tma.gather, fill=np.float32(-2.5)), x, idx)
+    assert_bits_equal(gather_poisoned(x, idx, method, gpu, fill=np.float32(-2.5)), want)
+
+
+@pytest.mark.parametrize("dtype", BYTE_DTYPES, ids=str)
+@pytest.mark.parametrize("method", METHODS)
+def test_gather_every_dtype(gpu, rng, dtype, method):
+    x = random_array(rng, (33, 4, 8), dtype)
+    idx = rng.integers(-36, 36, (5, 7)).astype(np.int64)
+    fill = np.asarray(random_array(rng, (), dtype)).item()
+    for axis in (0, 1):
+        if method == "tma" and axis == 1 and not tma_ok((8,), dtype):
+            continue
+        f = functools.partial(jax_tma.gather, axis=axis, fill=fill, method=method)
+        assert_bits_equal(jax.jit(f)(on(gpu, x), on(gpu, idx)), cpu(jax.jit(f), x, idx))
+
+
+def test_gather_batched_and_outer_dims(gpu, rng):
+    x = random_array(rng, (3, 2, 40, 64), jnp.bfloat16)
+    idx = rng.integers(-42, 42, (3, 9)).astype(np.int32)
+    for method in METHODS:
+        f = jax.jit(jax.vmap(functools.partial(jax_tma.gather, axis=1, method=method)))
+        assert_bits_equal(f(on(gpu, x), on(gpu, idx)), cpu(f, x, idx))
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("rows,slab", SLABS, ids=str)
+def test_scatter_set_unique_matches_cpu_in_place(gpu, rng, method, rows, slab):
+    if method == "tma" and not tma_ok(slab, np.int16):
+        skip_unless_required("not a TMA geometry")
+    x = random_array(rng, (rows,) + slab, np.int16)
+    # unique rows, half of them as negative indices, and two past the ends
+    idx = rng.permutation(rows)[: min(rows, 30)]
+    idx = np.where(rng.integers(0, 2, idx.shape) == 1, idx - rows, idx)
+    idx = np.concatenate([idx, [rows, -rows - 1]]).astype(np.int32)
+    u = random_array(rng, idx.shape + slab, np.int16)
+    f = jax.jit(functools.partial(jax_tma.scatter, method=method), donate_argnums=0)
+    want = cpu(functools.partial(jax_tma.scatter, method=method), x, idx, u)
+    xd = on(gpu, x)
+    text = f.lower(xd, on(gpu, idx), on(gpu, u)).compile().as_text()
+    assert not re.search(r"\bcopy(-start)?\(", text), "a copy of the donated x"
+    ptr = xd.unsafe_buffer_pointer()
+    y = f(xd, on(gpu, idx), on(gpu, u))
+    assert y.unsafe_buffer_pointer() == ptr
+    assert_bits_equal(y, want)
+
+
+@pytest.mark.parametrize("method", ["auto", "tma", "simt"])
+def test_scatter_set_duplicates_leave_one_update_per_element(gpu, rng, method):
+    x = random_array(rng, (8, 256), np.uint32)
+    idx = rng.integers(0, 8, (64,)).astype(np.int32)
+    u = random_array(rng, (64, 256), np.uint32)
+    y = np.asarray(jax.jit(functools.partial(jax_tma.scatter, method=method))(
+        on(gpu, x), on(gpu, idx), on(gpu, u)))
+    for row in range(8):
+        cands = u[idx == row]
+        if not cands.size:
+            assert_bits_equal(y[row], x[row])
+            continue
+        assert ((y[row][None] == cands).any(axis=0)).all(), f"row {row}: not one of its updates"
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint16, np.int32, np.uint64], ids=str)
+@pytest.mark.parametrize("method", ["auto", "tma", "simt"])
+def test_scatter_add_integers_exact(gpu, rng, dtype, method):
+    cols = 64 if np.dtype(dtype).itemsize >= 4 else 48
+    if method == "tma" and np.dtype(dtype).itemsize < 4:
+        skip_unless_required("no bulk add for 8/16-bit integers (CPU test covers the error)")
+    x = random_array(rng, (16, cols), dtype)
+    idx = rng.integers(-18, 18, (300,)).astype(np.int32)
+    u = random_array(rng, (300, cols), dtype)
+    f = jax.jit(functools.partial(jax_tma.scatter, mode="add", method=method))
+    assert_bits_equal(f(on(gpu, x), on(gpu, idx), on(gpu, u)), cpu(f, x, idx, u))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, np.float32, np.float64,
+                                   np.complex64, np.complex128], ids=str)
+@pytest.mark.parametrize("method", ["auto", "tma", "simt"])
+def test_scatter_add_floats_close_to_cpu(gpu, rng, dtype, method):
+    x = rng.standard_normal((16, 64)).astype(dtype)
+    idx = rng.integers(-18, 18, (200,)).astype(np.int32)
+    u = rng.standard_normal((200, 64)).astype(dtype)
+    f = jax.jit(functools.partial(jax_tma.scatter, mode="add", method=method))
+    got = np.asarray(f(on(gpu, x), on(gpu, idx), on(gpu, u))).astype(np.complex128)
+    want = np.asarray(cpu(f, x, idx, u)).astype(np.complex128)
+    tol = 0.05 if np.dtype(dtype).itemsize <= 2 else 1e-5
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, np.float32, np.float64,
+                                   np.complex64, np.int8, jnp.float8_e4m3fn], ids=str)
+@pytest.mark.parametrize("mode", ["set", "add"])
+def test_deterministic_scatter_is_identical_to_cpu(gpu, rng, dtype, mode):
+    if mode == "add" and np.dtype(dtype).name.startswith("float8"):
+        return
+    x = random_array(rng, (2, 12, 40), dtype, finite=True)
+    idx = rng.integers(-14, 14, (2, 500)).astype(np.int32)
+    u = random_array(rng, (2, 500, 40), dtype, finite=True)
+    f = jax.jit(jax.vmap(functools.partial(jax_tma.scatter, mode=mode, deterministic=True)))
+    got = f(on(gpu, x), on(gpu, idx), on(gpu, u))
+    assert_bits_equal(got, cpu(f, x, idx, u))
+    assert_bits_equal(f(on(gpu, x), on(gpu, idx), on(gpu, u)), got)  # and run to run
+
+
+def test_grad_on_gpu_matches_cpu(gpu, rng):
+    x = rng.standard_normal((50, 32)).astype(np.float32)
+    u = rng.standard_normal((20, 32)).astype(np.float32)
+    idx = rng.integers(-52, 52, (20,)).astype(np.int32)
+
+    def loss(a, v):
+        y = jax_tma.scatter(a, idx, v)
+        return (jax_tma.gather(y, idx[::-1]) ** 2).sum() + (y * 3).sum()
+
+    g = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    for got, want in zip(g(on(gpu, x), on(gpu, u)), cpu(g, x, u)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_over_4_gib_table(gpu, rng):
+    # 4.5 GiB of 32 KiB pages: row offsets past 2^32 bytes and 2^31 elements.
+    page = 32 * 1024
+    rows = (9 << 30) // (2 * page)
+    free = gpu.memory_stats().get("bytes_limit", 0) - gpu.memory_stats().get("bytes_in_use", 0)
+    if free < 2 * rows * page + (1 << 30):
+        skip_unless_required(f"needs {2 * rows * page / 2**30:.1f} GiB of free GPU memory")
+    table = jax.jit(lambda: jnp.broadcast_to(jnp.arange(rows, dtype=jnp.uint32)[:, None],
+                                             (rows, page // 4)))()
+    idx = np.array([rows - 1, 0, rows // 2, -1, rows, 12345], np.int64)
+    for method in ("tma", "simt"):
+        y = np.asarray(jax.jit(functools.partial(jax_tma.gather, method=method))(table, idx))
+        want = np.array([rows - 1, 0, rows // 2, rows - 1, 0, 12345], np.uint32)
+        np.testing.assert_array_equal(y[:, ::97], np.broadcast_to(want[:, None], y[:, ::97].shape)
+                                      * (np.arange(6) != 4)[:, None])
+    upd = jnp.full((3, page // 4), 7, jnp.uint32)
+    y = jax.jit(functools.partial(jax_tma.scatter, mode="add"), donate_argnums=0)(
+        table, np.array([rows - 1, -1, 5]), upd)
+    np.testing.assert_array_equal(np.asarray(y[-1, :8]), rows - 1 + 14)
+    np.testing.assert_array_equal(np.asarray(y[5, :8]), 5 + 7)
+    del y
+
+
+def test_raw_handler_rejects_tma_for_odd_slabs(gpu):
+    call = jax.ffi.ffi_call("jax_tma_gather", jax.ShapeDtypeStruct((2, 3), np.float32),
+                            has_side_effect=True)
+    f = jax.jit(lambda a, i, z: call(a, i, z, axis=np.int64(0), batch=np.int64(0), method="tma"))
+    with pytest.raises(Exception, match=r"jax_tma\.gather: method='tma' cannot move this call: "
+                                        r"slabs of 12 B are not a multiple of 16 B"):
+        f(on(gpu, np.ones((4, 3), np.float32)), on(gpu, np.array([0, 1])),
+          on(gpu, np.float32(0)))
