@@ -461,9 +461,8 @@ def scatter(
     made (without donation XLA copies ``x`` first). On Hopper/Blackwell GPUs
     each slab is one bulk copy (``set``) or one bulk reduce-add
     (``cp.reduce.async.bulk .add``, for 32/64-bit integers, f16, bf16, f32,
-    f64, c64 and c128) where slabs are 16-byte multiples (set: from 1 KiB slabs
-    up under "auto"); other slabs and dtypes take a SIMT kernel (atomic adds)
-    with the same result.
+    f64, c64 and c128) where slabs are 16-byte multiples; other slabs and
+    dtypes take a SIMT kernel (atomic adds) with the same result.
 
     Duplicate indices:
       - ``set``: each element of a slab indexed more than once holds that

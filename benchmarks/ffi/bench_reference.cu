@@ -164,7 +164,9 @@ ffi::Error ReadStreamImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
   // Sub-byte buffers are packed: size_bytes() would overstate them.
   JAX_TMA_RETURN_IF_FAILED(CheckElementTypes(kOp, x.element_type(), x.element_type()));
   const auto bytes = static_cast<int64_t>(x.size_bytes());
-  if (sum->element_count() != 4) return InvalidArgument(kOp, "the checksum has 4 uint32 words");
+  if (sum->dimensions().size() != 1 || sum->element_count() != 4) {
+    return InvalidArgument(kOp, "the checksum is a (4,) uint32 array");
+  }
   if ((reinterpret_cast<std::uintptr_t>(x.untyped_data()) | bytes) % 16 != 0) {
     return InvalidArgument(kOp, "address and size must be multiples of 16 B");
   }

@@ -92,11 +92,11 @@ ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, bool has_tma,
     if (!has_tma) return InvalidArgument(name, needs_tma);
     if (!fits) return InvalidArgument(name, "method='tma' cannot move this call: ", why);
   }
-  // Adds take the bulk reduce wherever it runs: the SIMT path adds with
-  // atomics (compare-and-swap loops for 16-bit floats).
+  // "auto" takes the bulk path wherever it runs: it out-runs the SIMT kernel
+  // at every slab size of the benchmark's sweep, 128 B rows included
+  // (benchmarks/results/gather_*.json), and the SIMT path adds with atomics.
   const bool bulk = g.method == GatherMethod::kTma ||
-                    (g.method == GatherMethod::kAuto && has_tma && fits &&
-                     (op == GatherOp::kScatterAdd || g.slab_bytes >= kAutoBulkGatherMinSlabBytes));
+                    (g.method == GatherMethod::kAuto && has_tma && fits);
   plan->path = bulk ? GatherPath::kBulk : GatherPath::kSimt;
   if (bulk) plan->bulk = TileBulkGather(g, sm_count);
   return ffi::Error::Success();

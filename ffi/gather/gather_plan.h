@@ -47,9 +47,6 @@ struct GatherPlan {
 inline constexpr int64_t kBulkGatherUnitBytes = 16 * 1024;
 inline constexpr int kBulkGatherStages = 4;
 inline constexpr int64_t kBulkGatherMaxRowsPerUnit = 64;
-// method="auto" takes the bulk path from this slab size up; below it the
-// vectorised SIMT kernel moves rows with less overhead per row.
-inline constexpr int64_t kAutoBulkGatherMinSlabBytes = 1024;
 
 // Whether the TMA bulk path can move `g` (16-byte slabs and addresses; for
 // add, an element type cp.reduce.async.bulk can sum); the first broken rule
@@ -61,8 +58,7 @@ BulkGatherTiling TileBulkGather(const GatherGeometry& g, int sm_count);
 
 // Resolves the method of a call with rows to move: deterministic scatter
 // takes the ordered kernel; "tma" the bulk path or an error naming the rule;
-// "auto" the bulk path where it fits, TMA exists and slabs are at least
-// kAutoBulkGatherMinSlabBytes (any size for add), else SIMT. Errors name
+// "auto" the bulk path where it fits and TMA exists, else SIMT. Errors name
 // the op; `needs_tma` is the error of method="tma" without TMA
 // (DeviceInfo::NeedsTma).
 ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, bool has_tma,
