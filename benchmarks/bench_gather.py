@@ -1,16 +1,10 @@
-"""The gather/scatter benchmark: jax_tma.gather / jax_tma.scatter against the
-XLA formulations a user would write (plain, and hinted with unique_indices as
-a careful user would) and the copy ceiling (cudaMemcpyAsync of the same
-bytes), for the cases of issue 18's target table, plus a sweep of GB/s
-against slab size (128 B to 64 KiB) for the README's plot.
+"""The gather/scatter benchmark: jax_tma.gather and jax_tma.scatter against
+the XLA formulations a user would write (plain, and hinted as a careful user
+would) and the copy ceiling, for the cases of issue 18's target table, a
+chain of tiny gathers against a minimal FFI kernel, and a sweep of slab sizes
+(128 B to 64 KiB) for the README's plot.
 
-    python benchmarks/run.py gather [--out results.json]
-
-Times are GPU busy time per call (harness.time_cases, cases interleaved).
-Bytes: every byte read plus every byte written (gather: the slabs read and
-written; scatter set: the updates read and the slabs written; scatter add:
-also the slabs read). In-place cases keep their table in a closure and
-donate it to each call, so every call updates the previous call's output.
+    python benchmarks/run.py gather [--out-dir DIR]
 """
 
 from __future__ import annotations
@@ -21,239 +15,284 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import jax_tma
-from harness import MIB, time_cases, time_device
-from references import ffi_reference, register
+from harness import MIB, Session, rotate
+from report import size_text
 
+OP = "gather"
+BYTES = ("read + write, indices not counted: gather reads and writes every gathered slab; "
+         "scatter set reads the updates and writes their slabs; scatter add also reads the "
+         "slabs it adds to (3 × the updates); the decode step adds its append (set) to its "
+         "gathers")
 KIB = 1024
+METHODS = ("auto", "tma", "simt")
+FULL = {
+    # (table rows, slab bytes, slabs gathered) of the pages case and the row cases
+    "pages": (32768, 32 * KIB, 8192),
+    "rows": [(1 << 20, 512, 262144), (4 << 20, 128, 1 << 20)],
+    # (table rows, row elements, dtype, updates) of the row scatter-adds
+    "adds": [(262144, 256, "float32", 65536), (262144, 256, "bfloat16", 65536)],
+    # batch, pages per sequence, tokens per page, heads, head dim (bf16 K and V pools)
+    "decode": (64, 32, 16, 8, 128),
+    "chain_ops": 100, "chain_bytes": 4 * KIB,
+    # Each sweep case gathers `sweep_gathered` bytes of random distinct slabs
+    # of a `sweep_table` table, more than L2 holds (50 MiB on H100).
+    "sweep_slabs": [128 << k for k in range(10)], "sweep_table": 256 * MIB,
+    "sweep_gathered": 128 * MIB,
+    "rounds": 10, "sweep_rounds": 6, "chain_rounds": 30}
+SMOKE = {"pages": (64, 1 * KIB, 16), "rows": [(256, 512, 64), (1024, 128, 256)],
+         "adds": [(256, 256, "float32", 64), (256, 256, "bfloat16", 64)],
+         "decode": (4, 2, 4, 2, 8), "chain_ops": 4, "chain_bytes": 4 * KIB,
+         "sweep_slabs": [128, 1024], "sweep_table": 64 * KIB, "sweep_gathered": 16 * KIB,
+         "rounds": 2, "sweep_rounds": 2, "chain_rounds": 2}
+# What each kind of case times jax_tma against (the result records it). The
+# gathered and set indices are distinct; the added ones repeat, so no hint
+# applies there; no case's indices are sorted.
+XLA = {
+    "gather": {"xla": "jnp.take(x, i, axis=0)",
+               "xla_hinted": "x.at[i].get(mode='promise_in_bounds', unique_indices=True)"},
+    "scatter set": {"xla": "x.at[i].set(u)", "xla_hinted": "x.at[i].set(u, unique_indices=True)"},
+    "scatter add": {"xla": "x.at[i].add(u)"},
+    "decode step": {"xla": "pool.at[slots].set(token); jnp.take(pool, pages, axis=0)",
+                    "xla_hinted": "pool.at[slots].set(token, unique_indices=True); "
+                                  "pool.at[pages].get(mode='promise_in_bounds', "
+                                  "unique_indices=True)"},
+}
+# Issue 18's targets: comparator busy time ÷ auto's busy time must reach
+# these (the row gathers' keyed by their slab bytes).
+TARGETS = {"pages": {"memcpy": 0.95, "xla": 1.15}, 512: {"memcpy": 0.90},
+           128: {"memcpy": 0.85}, "scatter set": {"memcpy": 0.90, "xla": 5.0, "xla_hinted": 1.05},
+           "scatter add": {"xla": 1.2}, "decode step": {"xla_hinted": 1.15}}
+CHAIN_TARGET_US = 0.3  # gap per call over the minimal FFI kernel, by span
 
 
-def _memcpy_case(nbytes: int) -> tuple[Callable[[], Any], Any]:
-    """The copy ceiling of a case moving `nbytes` (read + write): a
-    cudaMemcpyAsync of nbytes / 2."""
-    buf = jnp.zeros((nbytes // 2 // 4,), jnp.uint32)
-    memcpy = ffi_reference("jax_tma_bench_memcpy")
-    return lambda: memcpy(buf), buf
+def _take(x, i):
+    return jnp.take(x, i, axis=0)
 
 
-class _InPlace:
-    """A case that donates its table to every call and keeps the result as
-    the next call's table."""
+def _take_hinted(x, i):
+    return x.at[i].get(mode="promise_in_bounds", unique_indices=True)
 
-    def __init__(self, fn: Callable[..., jax.Array], table: jax.Array, *args):
+
+def _set(x, i, u):
+    return x.at[i].set(u)
+
+
+def _set_hinted(x, i, u):
+    return x.at[i].set(u, unique_indices=True)
+
+
+# The reference formulations every case is checked against, bit for bit.
+_GATHER_REF = jax.jit(lambda x, i: jnp.take(x, i, axis=0, mode="fill", fill_value=0))
+_SET_REF = jax.jit(lambda x, i, u: x.at[i].set(u, mode="drop"))
+_ADD_REF = jax.jit(lambda x, i, u: x.at[i].add(u, mode="drop"))
+
+
+class _Donated:
+    """A case whose jitted `fn` donates its first argument (the state) and
+    gets the previous call's output as its next state (the first element of
+    the output where `split`), so that every call updates the state in place
+    as a program that donates its table does; the state starts as a copy of
+    `state`."""
+
+    def __init__(self, fn: Callable[..., Any], state: Any, args: tuple, split: bool = False):
         self.fn = jax.jit(fn, donate_argnums=0)
-        self.table = table.copy()
-        self.args = args
+        self.state = jax.tree.map(jnp.copy, state)
+        self.args, self.split = args, split
 
-    def __call__(self) -> jax.Array:
-        self.table = self.fn(self.table, *self.args)
-        return self.table
+    def __call__(self) -> Any:
+        out = self.fn(self.state, *self.args)
+        self.state = out[0] if self.split else out
+        return out
 
 
-def _timed(cases: dict[str, Callable[[], Any]], nbytes: int, rounds: int = 10) -> dict[str, Any]:
-    ceiling, _ = _memcpy_case(nbytes)
-    times = time_cases({**cases, "memcpy": ceiling}, [()], rounds, rep=3, busy=True)
-    out = {name: {"us": t * 1e6, "gbps": nbytes / t / 1e9, "vs_memcpy": times["memcpy"] / t}
-           for name, t in times.items()}
+def _row(s: Session, rounds: int, case: str, kind: str, nbytes: int,
+         ours: dict[str, Callable[[], Any]], xla: dict[str, Callable[[], Any]], want: Any,
+         targets: dict[str, float] | None = None) -> dict[str, Any]:
+    """Checks each zero-argument case's first output against `want`, then
+    times them interleaved with the copy ceiling (the reference memcpy of
+    nbytes / 2, so that it too reads and writes nbytes)."""
+    for name, fn in {**ours, **xla}.items():
+        s.check(f"{case}: {name}", fn(), want, comparator=name in xla)
+    ceiling_in = jax.random.bits(jax.random.key(8), (nbytes // 8,), jnp.uint32)
+    s.check(f"{case}: memcpy ceiling", s.refs.memcpy(ceiling_in), ceiling_in)
+    timed = s.time({**ours, **xla, "memcpy": rotate(s.refs.memcpy, [(ceiling_in,)])}, rounds,
+                   rep=2)
+    t = timed["cases"]
+    vs = {m: {c: t[c]["busy_us"] / t[m]["busy_us"] for c in (*xla, "memcpy")} for m in ours}
+    row = {"case": case, "kind": kind, "bytes": nbytes, "protocol": timed["protocol"],
+           "times": t, "busy_tbps": {k: nbytes / v["busy_us"] / 1e6 for k, v in t.items()},
+           "span_tbps": {k: nbytes / v["span_us"] / 1e6 for k, v in t.items()}, "vs": vs}
+    if targets:
+        row["targets"] = targets
+        row["targets_met"] = {c: vs["auto"][c] >= r for c, r in targets.items()}
+    s.log(f"gather: {case}: " + ", ".join(
+        f"{k} {v:.3f} TB/s" for k, v in row["busy_tbps"].items()))
+    return row
+
+
+def _table(key: jax.Array, rows: int, slab: int, count: int) -> tuple[jax.Array, jax.Array]:
+    """A table of `rows` random uint32 slabs of `slab` bytes and `count`
+    distinct random int32 indices into it."""
+    table = jax.random.bits(key, (rows, slab // 4), jnp.uint32)
+    idx = jax.random.permutation(jax.random.fold_in(key, 1), rows)[:count].astype(jnp.int32)
+    return table, idx
+
+
+def _gather_row(s: Session, rounds: int, table: jax.Array, idx: jax.Array, case: str,
+                targets: dict[str, float] | None = None) -> dict[str, Any]:
+    args = [(table, idx)]
+    ours = {m: rotate(jax.jit(functools.partial(jax_tma.gather, method=m)), args)
+            for m in METHODS}
+    xla = {"xla": rotate(jax.jit(_take), args), "xla_hinted": rotate(jax.jit(_take_hinted), args)}
+    nbytes = 2 * idx.size * table.shape[1] * 4
+    return _row(s, rounds, case, "gather", nbytes, ours, xla, _GATHER_REF(table, idx), targets)
+
+
+def _gathers(s: Session, p: dict[str, Any], key: jax.Array) -> list[dict[str, Any]]:
+    """The page gather, the in-place page scatter into its table (its
+    indices, as many updates), then the row gathers."""
+    n_rows, slab, count = p["pages"]
+    table, idx = _table(key, n_rows, slab, count)
+    out = [_gather_row(s, p["rounds"], table, idx,
+                       f"gather {count:,} random pages of {size_text(slab)} of a "
+                       f"{size_text(n_rows * slab)} table", TARGETS["pages"])]
+    upd = jax.random.bits(jax.random.fold_in(key, 2), (count, slab // 4), jnp.uint32)
+    args = (idx, upd)
+    ours = {m: _Donated(functools.partial(jax_tma.scatter, method=m), table, args)
+            for m in METHODS}
+    xla = {"xla": _Donated(_set, table, args), "xla_hinted": _Donated(_set_hinted, table, args)}
+    out.append(_row(s, p["rounds"], f"scatter set of those {count:,} pages in place (table "
+                                    f"donated)", "scatter set", 2 * upd.size * 4, ours, xla,
+                    _SET_REF(table, *args), TARGETS["scatter set"]))
+    del table, idx, upd, ours, xla
+    for n_rows, slab, count in p["rows"]:
+        table, idx = _table(jax.random.fold_in(key, slab + 1), n_rows, slab, count)
+        out.append(_gather_row(s, p["rounds"], table, idx,
+                               f"gather {count:,} random rows of {size_text(slab)} of "
+                               f"{n_rows:,}", TARGETS[slab]))
     return out
 
 
-def _gather_cases(table: jax.Array, idx: jax.Array) -> dict[str, Callable[[], Any]]:
-    cases = {m: functools.partial(jax.jit(functools.partial(jax_tma.gather, method=m)), table, idx)
-             for m in ("auto", "tma", "simt")}
-    cases["xla_take"] = functools.partial(jax.jit(lambda t, i: jnp.take(t, i, axis=0)), table, idx)
-    cases["xla_take_unique"] = functools.partial(
-        jax.jit(lambda t, i: t.at[i].get(mode="promise_in_bounds", unique_indices=True)),
-        table, idx)
-    return cases
+def _small_ints(key: jax.Array, shape: tuple[int, ...], dtype: str) -> jax.Array:
+    """Integers in [-8, 8): with k updates of a row every partial sum is an
+    integer of magnitude at most 8 (k + 1), exact even in bf16 up to k = 31
+    (random rows get a handful), so float adds in any order compare bit for
+    bit."""
+    return jax.random.randint(key, shape, -8, 8).astype(dtype)
 
 
-def _gather_row(name: str, rows: int, row_bytes: int, count: int, key) -> dict[str, Any]:
-    table = jax.random.bits(key, (rows, row_bytes // 4), jnp.uint32)
-    idx = jax.random.choice(jax.random.fold_in(key, 1), rows, (count,), replace=False)
-    res = _timed(_gather_cases(table, idx.astype(jnp.int32)), 2 * count * row_bytes)
-    del table
-    return {"case": name, "bytes": 2 * count * row_bytes, **_ratios(res, "xla_take"), "times": res}
-
-
-def _ratios(res: dict[str, Any], xla: str, ours: str = "auto") -> dict[str, float]:
-    return {"vs_memcpy": res[ours]["vs_memcpy"], "vs_xla": res[xla]["us"] / res[ours]["us"]}
-
-
-def bench_gather() -> dict[str, Any]:
-    register()
-    key = jax.random.key(18)
-    rows = []
-
-    def report(row):
-        rows.append(row)
-        print(f"{row['case']}: {row['vs_memcpy']:.3f}x memcpy, {row['vs_xla']:.3f}x XLA",
-              flush=True)
-
-    # Gathers: 32 KiB pages of a 1 GiB table, 512 B and 128 B rows.
-    report(_gather_row("gather 8,192 of 32,768 pages of 32 KiB (1 GiB table)", 32768, 32 * KIB,
-                       8192, key))
-    report(_gather_row("gather 262,144 of 1 M rows of 512 B", 1 << 20, 512, 262144, key))
-    report(_gather_row("gather 1 M of 4 M rows of 128 B", 4 << 20, 128, 1 << 20, key))
-
-    # In-place page scatter (set), table donated.
-    pages = 8192
-    table = jax.random.bits(key, (32768, 8 * KIB), jnp.uint32)
-    idx = jax.random.choice(jax.random.fold_in(key, 2), 32768, (pages,), replace=False)
-    idx = idx.astype(jnp.int32)
-    upd = jax.random.bits(jax.random.fold_in(key, 3), (pages, 8 * KIB), jnp.uint32)
-    cases = {
-        "auto": _InPlace(jax_tma.scatter, table, idx, upd),
-        "tma": _InPlace(functools.partial(jax_tma.scatter, method="tma"), table, idx, upd),
-        "simt": _InPlace(functools.partial(jax_tma.scatter, method="simt"), table, idx, upd),
-        "xla_set": _InPlace(lambda t, i, u: t.at[i].set(u), table, idx, upd),
-        "xla_set_unique": _InPlace(lambda t, i, u: t.at[i].set(u, unique_indices=True), table,
-                                   idx, upd),
-    }
-    del table
-    res = _timed(cases, 2 * pages * 32 * KIB)
-    del cases
-    row = {"case": "scatter set 8,192 pages of 32 KiB in place (donated 1 GiB table)",
-           "bytes": 2 * pages * 32 * KIB, **_ratios(res, "xla_set"),
-           "vs_xla_unique": res["xla_set_unique"]["us"] / res["auto"]["us"], "times": res}
-    report(row)
-
-    # Scatter-add of rows: 1 KiB f32 and 512 B bf16, duplicates allowed.
-    for name, dtype, width in (("f32 rows of 1 KiB", jnp.float32, 256),
-                               ("bf16 rows of 512 B", jnp.bfloat16, 256)):
-        n_rows, n_upd = 1 << 18, 1 << 16
-        table = jax.random.normal(key, (n_rows, width), dtype)
-        idx = jax.random.randint(jax.random.fold_in(key, 4), (n_upd,), 0, n_rows, jnp.int32)
-        upd = jax.random.normal(jax.random.fold_in(key, 5), (n_upd, width), dtype)
-        add = functools.partial(jax_tma.scatter, mode="add")
-        cases = {
-            "auto": _InPlace(add, table, idx, upd),
-            "tma": _InPlace(functools.partial(add, method="tma"), table, idx, upd),
-            "simt": _InPlace(functools.partial(add, method="simt"), table, idx, upd),
-            "deterministic": _InPlace(functools.partial(add, deterministic=True), table, idx, upd),
-            "xla_add": _InPlace(lambda t, i, u: t.at[i].add(u), table, idx, upd),
-        }
-        del table
-        nbytes = 3 * n_upd * width * np.dtype(dtype).itemsize
-        res = _timed(cases, nbytes)
-        del cases
-        report({"case": f"scatter add of 65,536 {name} into 262,144 rows", "bytes": nbytes,
-                **_ratios(res, "xla_add"), "times": res})
-
-    rows.append(_decode_step(key))
-    print(f"{rows[-1]['case']}: {rows[-1]['vs_xla']:.3f}x XLA", flush=True)
-    return {"rows": rows, "chained_tiny_gathers": _chained(), "sweep": _sweep(key)}
-
-
-def _decode_step(key) -> dict[str, Any]:
-    """A paged decode step at batch 64: append one token's K and V per
-    sequence into its current page, then gather each sequence's 32 pages of
-    K and V (pages of 16 tokens x 8 heads x 128 dims bf16 = 32 KiB)."""
-    batch, per_seq, page_tokens, heads, dim = 64, 32, 16, 8, 128
-    num_pages = batch * per_seq * 2
-    shape = (num_pages, page_tokens, heads, dim)
-    k_pool = jax.random.normal(key, shape, jnp.bfloat16)
-    v_pool = jax.random.normal(jax.random.fold_in(key, 1), shape, jnp.bfloat16)
-    table = jax.random.permutation(jax.random.fold_in(key, 2), num_pages)[: batch * per_seq]
-    table = table.reshape(batch, per_seq).astype(jnp.int32)
-    pos = jnp.full((batch,), per_seq * page_tokens - 5, jnp.int32)  # next token slot
-    slot = table[jnp.arange(batch), pos // page_tokens] * page_tokens + pos % page_tokens
-    new = jax.random.normal(jax.random.fold_in(key, 3), (2, batch, heads, dim), jnp.bfloat16)
-
-    def ours(pools, slot, table, new):
-        k, v = pools
-        rows = (num_pages * page_tokens, heads, dim)
-        k = jax_tma.scatter(k.reshape(rows), slot, new[0]).reshape(shape)
-        v = jax_tma.scatter(v.reshape(rows), slot, new[1]).reshape(shape)
-        return (k, v), (jax_tma.gather(k, table), jax_tma.gather(v, table))
-
-    def xla(pools, slot, table, new):
-        k, v = pools
-        rows = (num_pages * page_tokens, heads, dim)
-        k = k.reshape(rows).at[slot].set(new[0], unique_indices=True).reshape(shape)
-        v = v.reshape(rows).at[slot].set(new[1], unique_indices=True).reshape(shape)
-        take = functools.partial(jnp.take, axis=0, unique_indices=True, indices_are_sorted=False,
-                                 mode="promise_in_bounds")
-        return (k, v), (take(k, table), take(v, table))
-
-    class Step:
-        def __init__(self, fn):
-            self.fn = jax.jit(fn, donate_argnums=0)
-            self.pools = (k_pool.copy(), v_pool.copy())
-
-        def __call__(self):
-            self.pools, out = self.fn(self.pools, slot, table, new)
-            return out
-
-    page = page_tokens * heads * dim * 2
-    nbytes = 2 * (2 * batch * heads * dim * 2) + 2 * (2 * batch * per_seq * page)
-    res = _timed({"auto": Step(ours), "xla_hinted": Step(xla)}, nbytes)
-    return {"case": "paged decode step, batch 64: append 1 token, gather 32 pages of 32 KiB "
-                    "per sequence (K and V)", "bytes": nbytes, **_ratios(res, "xla_hinted"),
-            "times": res}
-
-
-def _chained(ops: int = 100) -> dict[str, Any]:
-    """One 4 KiB page gathered `ops` times in one jit, against a minimal FFI
-    kernel (the write-only stream of the benchmarks' module) chained alike."""
-    x = jax.random.bits(jax.random.key(0), (1, 1024), jnp.uint32)
-    idx = jnp.zeros((1,), jnp.int32)
-    write = ffi_reference("jax_tma_bench_write")
-
-    def gathers(a):
-        for _ in range(ops):
-            a = jax_tma.gather(a, idx)
-        return a
-
-    def writes(a):
-        for _ in range(ops):
-            a = write(a)
-        return a
-
-    out = {}
-    for name, fn in (("gather", gathers), ("minimal_ffi", writes)):
-        out[name] = {"us_per_op": time_device(jax.jit(fn), [(x,)], 30) * 1e6 / ops}
-    out["ops"] = ops
-    out["gap_us"] = out["gather"]["us_per_op"] - out["minimal_ffi"]["us_per_op"]
-    print(f"chained 4 KiB gathers: {out['gap_us']:+.2f} us per op over a minimal FFI kernel",
-          flush=True)
-    return out
-
-
-def _sweep(key, table_bytes: int = 512 * MIB, moved: int = 128 * MIB) -> list[dict[str, Any]]:
-    """GB/s (read + write) against slab size, 128 B to 64 KiB: gather of
-    `moved` bytes of random distinct slabs of a `table_bytes` table."""
+def _adds(s: Session, p: dict[str, Any], key: jax.Array) -> list[dict[str, Any]]:
+    """Row scatter-adds with repeated indices (random rows, as in a
+    mixture-of-experts combine or an embedding gradient), in place."""
     out = []
-    for slab in [128 << k for k in range(10)]:
-        rows, count = table_bytes // slab, moved // slab
-        table = jax.random.bits(key, (rows, slab // 4), jnp.uint32)
-        idx = jax.random.permutation(jax.random.fold_in(key, slab), rows)[:count]
-        res = _timed(_gather_cases(table, idx.astype(jnp.int32)), 2 * moved, rounds=6)
-        del table
-        out.append({"slab_bytes": slab, **{k: v["gbps"] for k, v in res.items()}})
-        print(f"slab {slab:>6} B: " + ", ".join(f"{k} {v['gbps']:.0f} GB/s"
-                                                  for k, v in res.items()), flush=True)
+    for n_rows, width, dtype, count in p["adds"]:
+        k = jax.random.fold_in(key, len(out))
+        table = _small_ints(k, (n_rows, width), dtype)
+        idx = jax.random.randint(jax.random.fold_in(k, 1), (count,), 0, n_rows, jnp.int32)
+        upd = _small_ints(jax.random.fold_in(k, 2), (count, width), dtype)
+        args = (idx, upd)
+        add = functools.partial(jax_tma.scatter, mode="add")
+        ours = {m: _Donated(functools.partial(add, method=m), table, args) for m in METHODS}
+        ours["deterministic"] = _Donated(functools.partial(add, deterministic=True), table, args)
+        xla = {"xla": _Donated(lambda x, i, u: x.at[i].add(u), table, args)}
+        slab = width * jnp.dtype(dtype).itemsize
+        out.append(_row(s, p["rounds"], f"scatter add of {count:,} {dtype} rows of "
+                                        f"{size_text(slab)} into {n_rows:,} (in place)",
+                        "scatter add", 3 * count * slab, ours, xla, _ADD_REF(table, *args),
+                        TARGETS["scatter add"]))
     return out
 
 
-def gather_table(result: dict[str, Any]) -> str:
-    lines = ["| case | jax_tma auto µs | ÷ copy ceiling | × XLA | tma ÷ ceiling | simt ÷ ceiling |",
-             "|---|---|---|---|---|---|"]
-    for row in result["rows"]:
-        t = row["times"]
-        cells = [row["case"], f"{t['auto']['us']:.1f}", f"{row['vs_memcpy']:.3f}",
-                 f"{row['vs_xla']:.3f}"]
-        cells += [f"{t[m]['vs_memcpy']:.3f}" if m in t else "—" for m in ("tma", "simt")]
-        lines.append("| " + " | ".join(cells) + " |")
-    chain = result["chained_tiny_gathers"]
-    lines += ["", f"{chain['ops']} chained 4 KiB gathers in one `jit`: "
-                  f"{chain['gather']['us_per_op']:.2f} µs per op, "
-                  f"{chain['gap_us']:+.2f} µs over a minimal FFI kernel.", "",
-              "| slab | auto GB/s | tma | simt | XLA take | XLA take (unique) | memcpy |",
-              "|---|---|---|---|---|---|---|"]
-    for s in result["sweep"]:
-        lines.append(f"| {s['slab_bytes']} B | {s['auto']:.0f} | {s['tma']:.0f} | {s['simt']:.0f} "
-                     f"| {s['xla_take']:.0f} | {s['xla_take_unique']:.0f} | {s['memcpy']:.0f} |")
-    return "\n".join(lines)
+def _decode_step(append: Callable[..., jax.Array], take: Callable[..., jax.Array],
+                tokens: int) -> Callable[..., Any]:
+    """A paged decode step over K and V pools held as token rows (pages of
+    `tokens` rows): append one token per sequence (`append(pool, slots,
+    token)`), then gather every sequence's pages (`take(pages, table)`).
+    The pools stay rows: XLA copies a donated pool that jax_tma.scatter
+    updates through a reshape (it does on the CPU)."""
+    def step(pools, slots, table, new):
+        pools = tuple(append(pool, slots, token) for pool, token in zip(pools, new))
+        return pools, tuple(take(pool.reshape(-1, tokens, *pool.shape[1:]), table)
+                            for pool in pools)
+    return step
+
+
+def _decode(s: Session, p: dict[str, Any], key: jax.Array) -> dict[str, Any]:
+    """The decode step at a batch of sequences with distinct pages, each
+    appending at a random position; the pools are donated state."""
+    batch, per_seq, tokens, heads, dim = p["decode"]
+    pages = 2 * batch * per_seq  # half of the pool in use
+    pools = tuple(jax.random.normal(jax.random.fold_in(key, n), (pages * tokens, heads, dim),
+                                    jnp.bfloat16) for n in range(2))
+    table = jax.random.permutation(jax.random.fold_in(key, 2), pages)[:batch * per_seq]
+    table = table.reshape(batch, per_seq).astype(jnp.int32)
+    pos = jax.random.randint(jax.random.fold_in(key, 3), (batch,), 0, per_seq * tokens)
+    slots = (table[jnp.arange(batch), pos // tokens] * tokens + pos % tokens).astype(jnp.int32)
+    new = jax.random.normal(jax.random.fold_in(key, 4), (2, batch, heads, dim), jnp.bfloat16)
+    args = (slots, table, new)
+    ours = {"auto": _Donated(_decode_step(jax_tma.scatter, jax_tma.gather, tokens), pools, args,
+                             split=True)}
+    xla = {"xla": _Donated(_decode_step(_set, _take, tokens), pools, args, split=True),
+           "xla_hinted": _Donated(_decode_step(_set_hinted, _take_hinted, tokens), pools, args,
+                                  split=True)}
+    want = jax.jit(_decode_step(_SET_REF, _GATHER_REF, tokens))(pools, *args)
+    row_bytes, page_bytes = heads * dim * 2, tokens * heads * dim * 2
+    nbytes = 2 * (2 * batch * row_bytes + 2 * batch * per_seq * page_bytes)
+    return _row(s, p["rounds"], f"paged decode step, batch {batch}: append one token's K and "
+                                f"V per sequence, gather its {per_seq} pages of "
+                                f"{size_text(page_bytes)} of K and V", "decode step", nbytes,
+                ours, xla, want, TARGETS["decode step"])
+
+
+def _chain(s: Session, p: dict[str, Any]) -> dict[str, Any]:
+    """One page gathered `chain_ops` times in one jit, against the minimal
+    FFI kernel of the benchmarks' module, the seed-style TMA copy (one
+    32-thread CTA: one bulk load and one bulk store) of the same page,
+    chained alike."""
+    ops = p["chain_ops"]
+    x = jax.random.bits(jax.random.key(0), (1, p["chain_bytes"] // 4), jnp.uint32)
+    idx = jnp.zeros((1,), jnp.int32)
+
+    def chained(op):
+        def fn(a):
+            for _ in range(ops):
+                a = op(a)
+            return a
+        return jax.jit(fn)
+
+    fns = {"gather": chained(lambda a: jax_tma.gather(a, idx)),
+           "minimal_ffi": chained(s.refs.seed_copy)}
+    for name, fn in fns.items():
+        s.check(f"{ops} chained {size_text(p['chain_bytes'])} {name}", fn(x), x)
+    timed = s.time({name: rotate(fn, [(x,)]) for name, fn in fns.items()}, p["chain_rounds"])
+    per_op = {name: {k: v / ops for k, v in t.items()} for name, t in timed["cases"].items()}
+    gap = per_op["gather"]["span_us"] - per_op["minimal_ffi"]["span_us"]
+    s.log(f"gather: {ops} chained gathers: {gap:+.2f} µs per call over the minimal FFI kernel")
+    return {"ops": ops, "bytes": p["chain_bytes"], "minimal_ffi": "the seed-style TMA copy",
+            "per_op": per_op, "protocol": timed["protocol"], "gap_us": gap,
+            "target_gap_us": CHAIN_TARGET_US, "target_met": gap <= CHAIN_TARGET_US}
+
+
+def bench_gather(s: Session) -> dict[str, Any]:
+    """Issue 18's cases: each jax_tma method, the XLA formulations and the
+    copy ceiling interleaved, every case checked bit for bit first against
+    the reference formulation (jnp.take(mode="fill"), .at[].set/add(
+    mode="drop")). In-place cases donate their table to every call and get
+    the previous call's output back (harness-level state, one scatter per
+    call). Then the chained tiny gathers and the slab-size sweep."""
+    p = SMOKE if s.smoke else FULL
+    gathers, adds, decode, sweep_key = jax.random.split(jax.random.key(18), 4)
+    rows = _gathers(s, p, gathers) + _adds(s, p, adds) + [_decode(s, p, decode)]
+    chain = _chain(s, p)
+    sweep = {"table_bytes": p["sweep_table"], "gathered_bytes": p["sweep_gathered"], "rows": []}
+    for slab in p["sweep_slabs"]:
+        table, idx = _table(jax.random.fold_in(sweep_key, slab), p["sweep_table"] // slab, slab,
+                            p["sweep_gathered"] // slab)
+        sweep["rows"].append({"slab_bytes": slab, **_gather_row(
+            s, p["sweep_rounds"], table, idx,
+            f"gather {idx.size:,} of {table.shape[0]:,} slabs of {size_text(slab)}")})
+        del table, idx
+    return {"op": OP, "bytes_convention": BYTES, "xla_formulations": XLA, "rows": rows,
+            "chained_tiny_gathers": chain, "sweep": sweep}

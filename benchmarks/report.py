@@ -94,8 +94,12 @@ def _range(values: list[float], fmt: str = "{:.3f}") -> str:
         f"{fmt.format(lo)}–{fmt.format(hi)}"
 
 
-def _size(nbytes: float) -> str:
-    return f"{nbytes / MIB:g} MiB" if nbytes < 1024 * MIB else f"{nbytes / (1024 * MIB):g} GiB"
+def size_text(nbytes: float) -> str:
+    """nbytes in its largest binary unit that it reaches: 128 B, 32 KiB, 1 GiB."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
 
 
 def render_copy(r: dict[str, Any]) -> str:
@@ -108,7 +112,7 @@ def render_copy(r: dict[str, Any]) -> str:
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in r["rows"]:
         rep, after = row["repeat"], row["after_write"]
-        cells = [_size(row["bytes"])]
+        cells = [size_text(row["bytes"])]
         cells += [f"{rep[c]['tbps']:.2f} ({rep[c]['vs_memcpy']:.3f}×)" for c in cases]
         cells.append(f"{rep['auto']['vs_xla']:.3f}×")
         cells.append(f"{after['auto']['vs_xla']:.3f}× ({after['bulk']['vs_memcpy']:.3f}×)")
@@ -120,7 +124,7 @@ def render_copy(r: dict[str, Any]) -> str:
                   "cudaMemcpyAsync ÷ bound |", "|---|---|---|---|---|---|---|"]
         for row in bounded:
             b = row["serial_bound"]
-            lines.append(f"| {_size(row['bytes'])} | {b['read_tbps']:.2f} | "
+            lines.append(f"| {size_text(row['bytes'])} | {b['read_tbps']:.2f} | "
                          f"{b['write_tbps']:.2f} | {b['copy_tbps']:.2f} | "
                          f"{b['bulk_fraction']:.3f} | {b['seed_tma_fraction']:.3f} | "
                          f"{b['memcpy_fraction']:.3f} |")
@@ -133,7 +137,7 @@ def render_copy(r: dict[str, Any]) -> str:
     lines += ["", f"`auto` vs XLA over these sizes: {_range(rep)}× repeated, "
                   f"{_range(after)}× after a write."]
     if bounded:
-        lines[-1] += (f" From {_size(bounded[0]['bytes'])} up `bulk` runs at "
+        lines[-1] += (f" From {size_text(bounded[0]['bytes'])} up `bulk` runs at "
                       f"{_range([row['repeat']['bulk']['vs_memcpy'] for row in bounded])}× "
                       f"cudaMemcpyAsync, "
                       f"{_range([row['repeat']['bulk']['vs_xla'] for row in bounded])}× XLA and "
@@ -146,7 +150,7 @@ def render_tune_bulk(r: dict[str, Any]) -> str:
     lines = ["| size | shapes swept | best shape | best TB/s | shipped shape (schedule) | "
              "its rank | shipped ÷ best time |", "|---|---|---|---|---|---|---|"]
     for e in r["summary"]:
-        lines.append(f"| {_size(e['bytes'])} | {e['shapes']} | {e['best']} | "
+        lines.append(f"| {size_text(e['bytes'])} | {e['shapes']} | {e['best']} | "
                      f"{e['best_tbps']:.3f} | {e['shipped']} ({e['shipped_schedule']}) | "
                      f"{e['shipped_rank']} | {1 / e['shipped_vs_best']:.3f}× |")
     return "\n".join(lines)
@@ -259,10 +263,62 @@ def render_ppermute(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_GATHER_LABELS = {"memcpy": "ceiling", "xla": "XLA", "xla_hinted": "XLA hinted"}
+# The sweep's cases and their labels in the plot.
+_GATHER_SWEEP = {"auto": "jax_tma.gather", "tma": "jax_tma.gather(method='tma')",
+                 "simt": "jax_tma.gather(method='simt')", "xla": "XLA jnp.take",
+                 "xla_hinted": "XLA x.at[i].get, hinted",
+                 "memcpy": "cudaMemcpyAsync (copy ceiling)"}
+
+
+def _mark(met: bool) -> str:
+    return "✓" if met else "✗"
+
+
+def render_gather(r: dict[str, Any]) -> str:
+    cols = ("auto", "tma", "simt", "deterministic", "xla", "xla_hinted", "memcpy")
+    lines = ["GPU busy / span µs per call; TB/s and ratios by busy time; issue 18's target for "
+             "`auto`, met (✓) or not (✗):", "",
+             "| case | auto | tma | simt | deterministic | XLA | XLA hinted | copy ceiling | "
+             "auto TB/s | auto vs ceiling | auto vs XLA / hinted | target |",
+             "|" + "---|" * 12]
+    for row in r["rows"]:
+        t, vs = row["times"], row["vs"]["auto"]
+        cells = [row["case"]] + [_us(t[k]) if k in t else "—" for k in cols]
+        cells += [f"{row['busy_tbps']['auto']:.2f}", f"{vs['memcpy']:.2f}",
+                  " / ".join(f"{vs[k]:.2f}" if k in vs else "—" for k in ("xla", "xla_hinted")),
+                  ", ".join(f"≥ {v:g}× {_GATHER_LABELS[c]} {_mark(row['targets_met'][c])}"
+                            for c, v in row["targets"].items())]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "XLA formulations:"]
+    lines += [f"- {kind}: " + "; ".join(f"{_GATHER_LABELS[k]} `{code}`" for k, code in f.items())
+              for kind, f in r["xla_formulations"].items()]
+    c = r["chained_tiny_gathers"]
+    g, m = c["per_op"]["gather"], c["per_op"]["minimal_ffi"]
+    lines += ["", f"{c['ops']} chained gathers of one {size_text(c['bytes'])} page in one "
+                  f"`jit`: {g['span_us']:.2f} µs per call by span ({g['busy_us']:.2f} busy); "
+                  f"{c['minimal_ffi']} of the same page (a minimal FFI kernel) chained alike: "
+                  f"{m['span_us']:.2f} µs ({m['busy_us']:.2f}); the gather costs "
+                  f"{c['gap_us']:+.2f} µs per call more (target ≤ {c['target_gap_us']:g} µs "
+                  f"{_mark(c['target_met'])})."]
+    sweep = r["sweep"]
+    lines += ["", f"GB/s by busy time against slab size, each case gathering "
+                  f"{size_text(sweep['gathered_bytes'])} of random distinct slabs of a "
+                  f"{size_text(sweep['table_bytes'])} table:", "",
+              "| slab | auto | tma | simt | XLA | XLA hinted | copy ceiling | auto vs XLA / "
+              "hinted |", "|" + "---|" * 8]
+    for row in sweep["rows"]:
+        gbps, vs = row["busy_tbps"], row["vs"]["auto"]
+        lines.append(f"| {size_text(row['slab_bytes'])} | "
+                     + " | ".join(f"{gbps[k] * 1e3:.0f}" for k in _GATHER_SWEEP)
+                     + f" | {vs['xla']:.2f} / {vs['xla_hinted']:.2f} |")
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "copy": render_copy, "tune-bulk": render_tune_bulk, "window": render_window,
     "im2col": render_im2col, "broadcast": render_broadcast,
-    "broadcast-ncu": render_broadcast_ncu, "ppermute": render_ppermute}
+    "broadcast-ncu": render_broadcast_ncu, "ppermute": render_ppermute, "gather": render_gather}
 
 
 def render(r: dict[str, Any], path: str | None = None) -> str:
@@ -292,8 +348,9 @@ def render_readme(text: str, results: dict[str, tuple[str, dict[str, Any]]]) -> 
 
 
 def plot(results: dict[str, tuple[str, dict[str, Any]]], out_dir: str) -> list[str]:
-    """Copy TB/s over size and broadcast TB/s per method, as PNG files in
-    `out_dir` (none without matplotlib); returns their paths."""
+    """Copy TB/s over size, broadcast TB/s per method and gather GB/s over
+    slab size, as PNG files in `out_dir` (none without matplotlib); returns
+    their paths."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -322,6 +379,23 @@ def plot(results: dict[str, tuple[str, dict[str, Any]]], out_dir: str) -> list[s
         ax.set(ylabel="TB/s (read + write, by busy time)", title=row["case"])
         ax.tick_params(axis="x", rotation=60)
         paths.append(os.path.join(out_dir, "broadcast_tbps.png"))
+        fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
+    if "gather" in results:
+        r = results["gather"][1]
+        rows = r["sweep"]["rows"]
+        sizes = [row["slab_bytes"] for row in rows]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for case, label in _GATHER_SWEEP.items():
+            ax.plot(sizes, [row["busy_tbps"][case] * 1e3 for row in rows], marker="o",
+                    linestyle="--" if case == "memcpy" else "-", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [size_text(b) for b in sizes], rotation=45)
+        ax.set(xlabel="slab size", ylabel="GB/s (read + write, by busy time)",
+               title=f"gather of random slabs of a {size_text(r['sweep']['table_bytes'])} "
+                     f"table, {r['provenance']['devices'][0]}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        paths.append(os.path.join(out_dir, "gather_gbps.png"))
         fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
     return paths
 

@@ -8,8 +8,8 @@ benchmarks' extension _jax_tma_bench (build with JAX_TMA_BENCH=ON).
     python benchmarks/run.py stamp   # benchmarks/tree_stamp.json, for a copy without .git
 
 Ops: copy, window, im2col, broadcast, broadcast-ncu (DRAM bytes from ncu),
-tune-bulk (the bulk pipeline-shape sweep), ppermute (two GPUs; in `all`
-where two are visible). Each result JSON (<op>_<devices>_<date>.json)
+tune-bulk (the bulk pipeline-shape sweep), gather (gather and scatter),
+ppermute (two GPUs; in `all` where two are visible). Each result JSON (<op>_<devices>_<date>.json)
 records the commit it was measured at and refuses a dirty tree (unless
 --allow-dirty, which marks it), the devices, versions and how it was timed;
 benchmarks/report.py renders the README's tables from them. How cases are
@@ -39,10 +39,10 @@ import provenance  # noqa: E402
 import report  # noqa: E402
 from harness import MIB, Session, write_result  # noqa: E402
 
-# Seconds each op should take on one H100 (all of them: under 6 minutes);
+# Seconds each op should take on one H100 (all of them: under 10 minutes);
 # a run over its budget says so.
 BUDGET_S = {"copy": 120, "window": 40, "im2col": 40, "broadcast": 60, "broadcast-ncu": 90,
-            "tune-bulk": 60, "ppermute": 120}
+            "tune-bulk": 60, "gather": 60, "ppermute": 120}
 OPS = tuple(BUDGET_S)
 # What a smoke run (CPU) cannot run.
 _NOT_IN_SMOKE = {"broadcast-ncu": "needs ncu and a GPU"}
@@ -68,6 +68,9 @@ def _runner(op: str, args: argparse.Namespace) -> Callable[[Session], dict[str, 
     if op == "tune-bulk":
         from bench_tune_bulk import tune_bulk
         return tune_bulk
+    if op == "gather":
+        from bench_gather import bench_gather
+        return bench_gather
     from bench_ppermute import bench_ppermute
     return lambda s: bench_ppermute(s, args.sizes_mib)
 

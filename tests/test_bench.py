@@ -8,6 +8,7 @@ times jax_tma against."""
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jax_tma
 from reference import assert_bits_equal, into_poison, random_array
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,10 +82,46 @@ def test_session_check_is_bit_exact():
 
 @pytest.mark.parametrize("name", ["bench_copy", "bench_window", "bench_im2col", "bench_broadcast",
                                   "bench_ppermute", "bench_tune_bulk", "bench_gather",
-                                  "plot_gather", "run"])
+                                  "run"])
 def test_every_benchmark_module_imports(name):
     # Without the benchmarks' extension too: it is loaded when a benchmark runs.
     importlib.import_module(name)
+
+
+def test_size_text_takes_the_largest_unit_reached():
+    assert [report.size_text(n) for n in (128, 1536, 32768, 1 << 20, 3 << 29, 1 << 30)] == [
+        "128 B", "1.5 KiB", "32 KiB", "1 MiB", "1.5 GiB", "1 GiB"]
+
+
+def _copies(compiled_text: str, shape: tuple[int, ...]) -> list[str]:
+    """The copies (instructions or fusions named copy) of arrays of `shape`."""
+    dims = ",".join(map(str, shape))
+    return re.findall(rf"%\S*copy\S* = \w+\[{dims}\]", compiled_text)
+
+
+def test_in_place_cases_update_their_donated_state():
+    # The gather benchmark's in-place cases: each call donates the previous
+    # call's output, and the compiled program writes into it (no copy).
+    from bench_gather import _Donated, _decode_step, _set, _set_hinted, _take, _take_hinted
+
+    table = jnp.arange(64 * 4, dtype=jnp.uint32).reshape(64, 4)
+    idx, upd = jnp.array([3, 9], jnp.int32), jnp.full((2, 4), 7, jnp.uint32)
+    for fn in (jax_tma.scatter, _set):
+        case = _Donated(fn, table, (idx, upd))
+        first = case()
+        np.testing.assert_array_equal(first, table.at[idx].set(upd))
+        assert not _copies(case.fn.lower(first, idx, upd).compile().as_text(), table.shape)
+        case()
+        assert first.is_deleted() and not table.is_deleted()
+    # the decode step: pools of 8 pages of 4 tokens, two sequences of 2 pages
+    pools = (table.reshape(32, 2, 4), table.reshape(32, 2, 4) + 1)
+    args = (jnp.array([5, 13], jnp.int32), jnp.array([[1, 3], [2, 0]], jnp.int32),
+            jnp.full((2, 2, 2, 4), 9, jnp.uint32))
+    for append, take in ((jax_tma.scatter, jax_tma.gather), (_set, _take),
+                         (_set_hinted, _take_hinted)):
+        case = _Donated(_decode_step(append, take, 4), pools, args, split=True)
+        text = case.fn.lower(case.state, *args).compile().as_text()
+        assert not _copies(text, (32, 2, 4)), (append, text)
 
 
 def _run_py(*args, **env):
@@ -111,7 +149,8 @@ def smoke_results(tmp_path_factory):
 
 def test_smoke_run_writes_one_checked_result_per_op(smoke_results):
     out, results = smoke_results
-    assert sorted(results) == ["broadcast", "copy", "im2col", "ppermute", "tune-bulk", "window"]
+    assert sorted(results) == ["broadcast", "copy", "gather", "im2col", "ppermute", "tune-bulk",
+                               "window"]
     for op, (path, r) in results.items():
         assert os.path.basename(path).startswith(f"{op}_"), path
         assert r["smoke"] and r["timing_method"].startswith("smoke:")
@@ -124,6 +163,16 @@ def test_smoke_run_writes_one_checked_result_per_op(smoke_results):
     # auto hands a traced start to SIMT, a static aligned one to the handler
     assert [r["auto_lowered_method"] for r in window[:3]] == ["simt", "simt", "auto"]
     assert "tma" not in window[3]["times"]  # x[::2, ::2] has no tensor-map form
+    gather = results["gather"][1]
+    assert [row["kind"] for row in gather["rows"]] == [
+        "gather", "scatter set", "gather", "gather", "scatter add", "scatter add", "decode step"]
+    for row in gather["rows"]:
+        assert set(row["targets_met"]) == set(row["targets"]) <= {*row["vs"]["auto"]}
+        for name in row["times"]:  # every timed case was checked first
+            label = "memcpy ceiling" if name == "memcpy" else name
+            assert f"{row['case']}: {label}" in gather["checked_bit_exact"]
+    assert {"tma", "simt", "deterministic", "xla"} <= set(gather["rows"][4]["times"])
+    assert [row["slab_bytes"] for row in gather["sweep"]["rows"]] == [128, 1024]
 
 
 def test_smoke_results_render_into_the_readme_sections(smoke_results):
@@ -136,6 +185,7 @@ def test_smoke_results_render_into_the_readme_sections(smoke_results):
     assert "(smoke run: measures nothing)" in text
     assert "No `broadcast-ncu` result at this commit" in text
     assert "| method | 4 replicas of 64² bf16 (axis=0) |" in text  # broadcast's table
+    assert "| slab | auto | tma | simt | XLA | XLA hinted | copy ceiling |" in text  # gather's
     assert "XLA comparators whose output differs from the bit-exact reference" not in \
         report.render(results["copy"][1])
 
