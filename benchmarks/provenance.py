@@ -82,15 +82,18 @@ def make_stamp() -> str:
 def tree_state() -> dict[str, Any]:
     """The commit this tree is, the files that make it differ from that
     commit, and how that was found out."""
-    state = _git_state()
-    if state is not None:
-        return {"commit": state[0], "dirty_files": state[1], "from": "git"}
+    # The stamp first: a copy of the tree may sit in a git repository of its
+    # own (the GPU machine's does), whose state says nothing about ours. Every
+    # file is hashed, so a stale stamp shows as changed files.
     if os.path.exists(STAMP):
         with open(STAMP) as f:
             stamp = json.load(f)
         changed = [p for p, h in stamp["files"].items() if _sha256(p) != h]
         return {"commit": stamp["commit"], "dirty_files": stamp["dirty_files"] + changed,
                 "from": "benchmarks/tree_stamp.json, every tracked file's SHA-256 checked"}
+    state = _git_state()
+    if state is not None:
+        return {"commit": state[0], "dirty_files": state[1], "from": "git"}
     return {"commit": None, "from": None,
             "dirty_files": ["(no git checkout here and no benchmarks/tree_stamp.json: run "
                             "`python benchmarks/run.py stamp` in the checkout and bring the "
