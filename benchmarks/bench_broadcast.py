@@ -21,7 +21,7 @@ import numpy as np
 
 import jax_tma
 import ncu
-from harness import Session, rotate
+from harness import Session, rotate, rotate_all
 
 OP = "broadcast"
 NCU_OP = "broadcast-ncu"
@@ -85,7 +85,7 @@ def bench_broadcast(s: Session) -> dict[str, Any]:
         del want
         ceiling_in = jax.random.bits(jax.random.key(12), (nbytes // 8,), jnp.uint32)
         s.check(f"{name} memcpy ceiling", s.refs.memcpy(ceiling_in), ceiling_in)
-        cases = {label: rotate(fn, inputs) for label, fn in fns.items()}
+        cases = rotate_all(fns, inputs)
         cases["memcpy"] = rotate(s.refs.memcpy, [(ceiling_in,)])
         timed = s.time(cases, 4 if s.smoke else 10, rep=2)
         t = timed["cases"]
@@ -105,12 +105,11 @@ def bench_broadcast(s: Session) -> dict[str, Any]:
     name, shape, _, _ = (SMOKE if s.smoke else FULL)[0]
     inputs = [(_random_bf16(k, shape),) for k in jax.random.split(jax.random.key(13), 4)]
     x = inputs[0][0]
-    cases = {}
+    fns = {}
     for cluster in CLUSTER_SIZES:
-        fn = _broadcast_fn(1, 0, "dsmem", cluster)
+        fn = fns[str(cluster)] = _broadcast_fn(1, 0, "dsmem", cluster)
         s.check(f"dsmem push, cluster {cluster}", fn(x), x[None])
-        cases[str(cluster)] = rotate(fn, inputs)
-    timed = s.time(cases, 4 if s.smoke else 10, rep=2)
+    timed = s.time(rotate_all(fns, inputs), 4 if s.smoke else 10, rep=2)
     push = [{"cluster_size": int(c), **t, "pushed_bytes": x.size * 2 * (int(c) - 1),
              "push_tbps": x.size * 2 * (int(c) - 1) / t["busy_us"] / 1e6}
             for c, t in timed["cases"].items()]

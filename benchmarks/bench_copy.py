@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_tma
-from harness import MIB, Session, rotate
+from harness import MIB, Session, rotate_all
 from references import xor_checksum
 
 OP = "copy"
@@ -75,7 +75,7 @@ def bench_copy(s: Session, sizes: Sequence[int] | None = None) -> dict[str, Any]
         x = inputs[0][0]
         for name, fn in fns.items():
             s.check(f"{name} {nbytes} B", fn(x), x)
-        cases = {name: rotate(fn, inputs) for name, fn in fns.items()}
+        cases = rotate_all(fns, inputs)
         rounds = _rounds(s, nbytes)
         row: dict[str, Any] = {"bytes": nbytes, "inputs": copies}
         for regime, before in (("repeat", None), ("after_write", dirty)):
@@ -87,8 +87,8 @@ def bench_copy(s: Session, sizes: Sequence[int] | None = None) -> dict[str, Any]
             s.check(f"read stream {nbytes} B", refs.read_stream(x), jax.jit(xor_checksum)(x))
             s.check(f"write stream {nbytes} B", refs.write_stream(x),
                     jnp.full_like(x, 0x5A5A5A5A))
-            streams = s.time({"read": rotate(refs.read_stream, inputs),
-                              "write": rotate(refs.write_stream, inputs)}, rounds, rep=4)
+            streams = s.time(rotate_all({"read": refs.read_stream, "write": refs.write_stream},
+                                        inputs), rounds, rep=4)
             t_read, t_write = (streams["cases"][k]["span_us"] for k in ("read", "write"))
             bound = 2 * nbytes / (t_read + t_write) / 1e6
             row["serial_bound"] = {

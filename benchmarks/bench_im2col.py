@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_tma
-from harness import Session, rotate
+from harness import Session, rotate, rotate_all
 
 OP = "im2col"
 BYTES = ("read + write: im2col reads the input once and writes the patch matrix once; "
@@ -89,7 +89,7 @@ def bench_im2col(s: Session) -> dict[str, Any]:
                 comparator=True)
         forward["xla_patches"] = jax.jit(patches)
         forward["xla_slice_concat"] = concat
-        cases = {name: rotate(fn, inputs) for name, fn in forward.items()}
+        cases = rotate_all(forward, inputs)
         cases["memcpy"] = rotate(s.refs.memcpy, [(ceiling_in,)])
         fwd = s.time(cases, 4 if s.smoke else 10, rep=2)
 
@@ -106,7 +106,7 @@ def bench_im2col(s: Session) -> dict[str, Any]:
         s.check(f"{shape} col2im", backward["col2im"](ct), want)
         s.check(f"{shape} xla_grad_patches", backward["xla_grad_patches"](
             _to_channel_major(ct, shape[-1])), want, comparator=True)
-        cases = {name: rotate(fn, cts) for name, fn in backward.items()}
+        cases = rotate_all(backward, cts)
         cases["memcpy"] = rotate(s.refs.memcpy, [(ceiling_in,)])
         bwd = s.time(cases, 4 if s.smoke else 10, rep=2)
         del inputs, cts, ceiling_in, want

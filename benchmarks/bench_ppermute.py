@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 import jax_tma
 import provenance
-from harness import MIB, Session, rotate
+from harness import MIB, Session, rotate_all
 
 OP = "ppermute"
 BYTES = ("per direction: the block bytes each GPU sends per op (what crosses the link each "
@@ -78,7 +78,7 @@ def bench_ppermute(s: Session, sizes_mib: Sequence[float] | None = None,
             if name != "nccl":
                 s.check(f"{name} {block} B", f(*inputs[0]), want)
         del want
-        timed = s.time({name: rotate(f, inputs) for name, f in impls.items()},
+        timed = s.time(rotate_all(impls, inputs),
                        2 if s.smoke else 10, rep=2)
         row: dict[str, Any] = {"block_mib": mib, "protocol": timed["protocol"]}
         for name, t in timed["cases"].items():

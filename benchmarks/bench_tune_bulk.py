@@ -8,13 +8,14 @@ jax_tma ships rank.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from harness import MIB, Session, rotate
+from harness import MIB, Session, rotate_all
 
 OP = "tune-bulk"
 BYTES = "read + write: a copy of n bytes counts 2n"
@@ -76,8 +77,8 @@ def tune_bulk(s: Session) -> dict[str, Any]:
             launch(shape, poison.unsafe_buffer_pointer(), ptrs[0][1], nbytes)
             s.check(f"bulk {_label(shape)}, {nbytes} B", poison, srcs[0])
             del poison
-        timed = s.time({_label(shape): rotate(lambda *a, shape=shape: launch(shape, *a), ptrs)
-                        for shape in swept}, 2 if s.smoke else 10)
+        timed = s.time(rotate_all({_label(shape): functools.partial(launch, shape)
+                                   for shape in swept}, ptrs), 2 if s.smoke else 10)
         ranked = sorted(swept, key=lambda sh: timed["cases"][_label(sh)]["span_us"])
         for rank, shape in enumerate(ranked, 1):
             t = timed["cases"][_label(shape)]

@@ -93,8 +93,17 @@ def _case_medians(plan: Sequence[str], runs: Sequence[tuple[float, float]],
 
 def rotate(fn: Callable[..., Any], inputs: Sequence[tuple]) -> Callable[[], Any]:
     """A call of `fn` on the next argument tuple of `inputs` each time."""
+    return rotate_all({"fn": fn}, inputs)["fn"]
+
+
+def rotate_all(fns: dict[str, Callable[..., Any]],
+               inputs: Sequence[tuple]) -> dict[str, Callable[[], Any]]:
+    """Zero-argument calls of each of `fns` that share one turn through
+    `inputs`: every call takes the next argument tuple, whichever case makes
+    it, so that no case finds in L2 the inputs the case before it just read
+    (cases with turns of their own would read the same ones in step)."""
     turn = itertools.cycle(inputs)
-    return lambda: fn(*next(turn))
+    return {name: (lambda fn=fn: fn(*next(turn))) for name, fn in fns.items()}
 
 
 def _bits(x: jax.Array) -> jax.Array:
