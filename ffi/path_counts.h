@@ -15,6 +15,8 @@ enum class Path : int {
   kIm2colCpu, kIm2colTma, kIm2colSimt,
   kBroadcastCpu, kBroadcastStore, kBroadcastMulticast, kBroadcastDsmem, kBroadcastSimt,
   kPpermuteCpu, kPpermuteBulk, kPpermuteSimt,
+  kGatherCpu, kGatherBulk, kGatherSimt,
+  kScatterCpu, kScatterBulk, kScatterSimt, kScatterOrdered,
   kCount
 };
 
@@ -25,7 +27,9 @@ inline constexpr const char* kPathNames[] = {
     "im2col.cpu", "im2col.tma", "im2col.simt",
     "broadcast.cpu", "broadcast.store", "broadcast.multicast", "broadcast.dsmem",
     "broadcast.simt",
-    "ppermute.cpu", "ppermute.bulk", "ppermute.simt"};
+    "ppermute.cpu", "ppermute.bulk", "ppermute.simt",
+    "gather.cpu", "gather.bulk", "gather.simt",
+    "scatter.cpu", "scatter.bulk", "scatter.simt", "scatter.ordered"};
 static_assert(sizeof(kPathNames) / sizeof(kPathNames[0]) == static_cast<int>(Path::kCount));
 
 // One counter per path for the whole module (an inline variable: the CPU

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import jax_tma
+from paths import run_on_path
 from reference import (ALL_DTYPES, SUB_BYTE_BITS, assert_bits_equal, cpu_device, random_array,
                        skip_unless_required)
 
@@ -221,3 +222,20 @@ def test_raw_handler_rejects_tma_for_odd_slabs(gpu):
                                         r"slabs of 12 B are not a multiple of 16 B"):
         jax.block_until_ready(f(on(gpu, np.ones((4, 3), np.float32)), on(gpu, np.array([0, 1])),
                                 on(gpu, np.float32(0))))
+
+
+@pytest.mark.parametrize("path, call", [
+    ("gather.bulk", lambda x, i, u: jax_tma.gather(x, i)),                      # 64 B slabs
+    ("gather.simt", lambda x, i, u: jax_tma.gather(x[:, :3], i)),               # 12 B slabs
+    ("gather.simt", lambda x, i, u: jax_tma.gather(x, i, method="simt")),
+    ("scatter.bulk", lambda x, i, u: jax_tma.scatter(x, i, u)),
+    ("scatter.bulk", lambda x, i, u: jax_tma.scatter(x, i, u, mode="add")),
+    ("scatter.simt", lambda x, i, u: jax_tma.scatter(x.astype(jnp.int8), i, u.astype(jnp.int8),
+                                                     mode="add")),          # no bulk add of int8
+    ("scatter.ordered", lambda x, i, u: jax_tma.scatter(x, i, u, mode="add", deterministic=True)),
+], ids=["gather-64B", "gather-12B", "gather-simt", "set", "add-f32", "add-int8", "deterministic"])
+def test_auto_takes_the_path_it_should(gpu, rng, path, call):
+    x = on(gpu, rng.standard_normal((40, 16)).astype(np.float32))
+    i = on(gpu, rng.integers(-42, 42, (9,)).astype(np.int32))
+    u = on(gpu, rng.standard_normal((9, 16)).astype(np.float32))
+    run_on_path(path, jax.jit(call), x, i, u)  # a fresh executable: its handler runs

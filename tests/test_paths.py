@@ -18,6 +18,8 @@ PATHS = {
     "im2col": ("cpu", "tma", "simt"),
     "broadcast": ("cpu", "store", "multicast", "dsmem", "simt"),
     "ppermute": ("cpu", "bulk", "simt"),
+    "gather": ("cpu", "bulk", "simt"),
+    "scatter": ("cpu", "bulk", "simt", "ordered"),
 }
 
 
@@ -32,7 +34,9 @@ def test_every_path_is_counted():
     ("window", lambda x: jax_tma.window(x, (1, -2), (4, 8))),
     ("im2col", lambda x: jax_tma.im2col(x[None, :, :, None], 3)),
     ("broadcast", lambda x: jax_tma.broadcast(x, 3, method="multicast")),
-], ids=["copy", "window", "im2col", "broadcast"])
+    ("gather", lambda x: jax_tma.gather(x, jnp.array([3, -1, 9]), method="tma")),
+    ("scatter", lambda x: jax_tma.scatter(x, jnp.array([3, -1, 9]), x[:3], mode="add")),
+], ids=["copy", "window", "im2col", "broadcast", "gather", "scatter"])
 def test_cpu_handlers_count_their_calls(rng, op, call):
     x = jax.device_put(rng.standard_normal((8, 16)).astype(np.float32), cpu_device())
     for calls in (1, 2):

@@ -9,6 +9,7 @@
 #include "gather/gather_common.h"
 #include "handlers.h"
 #include "keep_subnormals.h"
+#include "path_counts.h"
 
 namespace jax_tma {
 namespace {
@@ -18,6 +19,7 @@ ffi::Error GatherCpuImpl(ffi::AnyBuffer x, ffi::AnyBuffer indices, ffi::AnyBuffe
                          std::string_view method) {
   GatherGeometry g;
   JAX_TMA_RETURN_IF_FAILED(DecodeGather(x, indices, fill, out, axis, batch, method, &g));
+  CountPath(Path::kGatherCpu);
   const auto* table = static_cast<const uint8_t*>(g.x);
   const auto* fill_bytes = static_cast<const uint8_t*>(g.slabs);
   auto* dst = static_cast<uint8_t*>(g.out);
@@ -65,6 +67,7 @@ ffi::Error ScatterCpuImpl(ffi::AnyBuffer x, ffi::AnyBuffer indices, ffi::AnyBuff
   GatherGeometry g;
   JAX_TMA_RETURN_IF_FAILED(DecodeScatter(x, indices, updates, order, out, axis, batch, mode,
                                          deterministic, method, &g));
+  CountPath(Path::kScatterCpu);
   // Not aliased (x still live elsewhere, or a raw call): start from a copy.
   if (g.out != g.x && x.size_bytes() != 0) std::memcpy(g.out, g.x, x.size_bytes());
   if (g.slab_bytes == 0) return ffi::Error::Success();

@@ -9,8 +9,20 @@
 #include "cuda/device_info.h"
 #include "cuda/handlers.h"
 #include "gather/gather_launch.h"
+#include "path_counts.h"
 
 namespace jax_tma {
+namespace {
+
+Path PathOf(GatherPath p, bool scatter) {
+  switch (p) {
+    case GatherPath::kOrdered: return Path::kScatterOrdered;
+    case GatherPath::kBulk: return scatter ? Path::kScatterBulk : Path::kGatherBulk;
+    default: return scatter ? Path::kScatterSimt : Path::kGatherSimt;
+  }
+}
+
+}  // namespace
 
 ffi::Error LaunchGather(const GatherGeometry& g, bool scatter, cudaStream_t stream, int device) {
   DeviceInfo info;
@@ -25,10 +37,16 @@ ffi::Error LaunchGather(const GatherGeometry& g, bool scatter, cudaStream_t stre
   }
   if (g.rows() == 0 || g.slab_bytes == 0) return ffi::Error::Success();
   switch (plan.path) {
-    case GatherPath::kOrdered: return LaunchOrderedScatter(g, stream, device);
-    case GatherPath::kBulk: return LaunchBulkGather(g, op, plan.bulk, stream, device);
-    default: return LaunchSimtGather(g, op, stream, device);
+    case GatherPath::kOrdered:
+      JAX_TMA_RETURN_IF_FAILED(LaunchOrderedScatter(g, stream, device));
+      break;
+    case GatherPath::kBulk:
+      JAX_TMA_RETURN_IF_FAILED(LaunchBulkGather(g, op, plan.bulk, stream, device));
+      break;
+    default: JAX_TMA_RETURN_IF_FAILED(LaunchSimtGather(g, op, stream, device));
   }
+  CountPath(PathOf(plan.path, scatter));
+  return ffi::Error::Success();
 }
 
 namespace {
