@@ -1,0 +1,143 @@
+// jax_tma.gather / jax_tma.scatter's host rules (ffi/gather/gather_plan.h):
+// the bulk path's 16-byte and dtype rules (with their reasons), its tiling
+// on an H100, and the path each method gets.
+#include <cstdint>
+#include <string>
+
+#include "check.h"
+#include "gather/gather_plan.h"
+
+namespace jax_tma {
+namespace {
+
+constexpr int kH100Sms = 132;
+// What DeviceInfo::NeedsTma says on a GPU without TMA.
+const char* const kNeedsTma =
+    "method='tma' needs TMA, but device 0 has compute capability 8.0 (TMA needs >= 9.0); "
+    "use method='auto' or 'simt'";
+const void* const kAligned = reinterpret_cast<const void*>(std::uintptr_t{1} << 20);
+void* const kAlignedOut = reinterpret_cast<void*>(std::uintptr_t{1} << 21);
+
+// A gather of `count` slabs of `slab_bytes` from a table of `rows` rows.
+GatherGeometry Gather(int64_t rows, int64_t count, int64_t slab_bytes) {
+  GatherGeometry g;
+  g.table_rows = rows;
+  g.count = count;
+  g.slab_bytes = slab_bytes;
+  g.elem_bytes = 4;
+  g.table_bytes = rows * slab_bytes;
+  g.x = kAligned;
+  g.out = kAlignedOut;
+  g.slabs = kAligned;
+  g.sum = SumKind::kF32;
+  return g;
+}
+
+std::string Why(const GatherGeometry& g, GatherOp op) {
+  std::string why;
+  return BulkGatherFits(g, op, &why) ? "fits" : why;
+}
+
+void TestBulkRules() {
+  CHECK_EQ(Why(Gather(100, 10, 64), GatherOp::kGather), std::string("fits"));
+  CHECK_EQ(Why(Gather(100, 10, 12), GatherOp::kGather),
+           std::string("slabs of 12 B are not a multiple of 16 B (the bulk-copy size rule)"));
+  GatherGeometry odd = Gather(100, 10, 64);
+  odd.out = reinterpret_cast<void*>(std::uintptr_t{(1 << 21) + 8});
+  CHECK(Why(odd, GatherOp::kGather).find("a buffer is not 16-B aligned") == 0);
+  // Gather reads no updates: their address does not matter there.
+  GatherGeometry updates = Gather(100, 10, 64);
+  updates.slabs = reinterpret_cast<const void*>(std::uintptr_t{(1 << 20) + 4});
+  CHECK_EQ(Why(updates, GatherOp::kGather), std::string("fits"));
+  CHECK(Why(updates, GatherOp::kScatterSet).find("updates at") != std::string::npos);
+  GatherGeometry bytes = Gather(100, 10, 64);
+  bytes.elem_bytes = 1;
+  bytes.sum = SumKind::kU8;
+  CHECK_EQ(Why(bytes, GatherOp::kScatterSet), std::string("fits"));
+  CHECK_EQ(Why(bytes, GatherOp::kScatterAdd),
+           std::string("cp.reduce.async.bulk has no add for 1-byte integers (it adds 32/64-bit "
+                       "integers, f16, bf16, f32 and f64)"));
+  GatherGeometry bf16 = Gather(100, 10, 64);
+  bf16.elem_bytes = 2;
+  bf16.sum = SumKind::kBF16;
+  CHECK_EQ(Why(bf16, GatherOp::kScatterAdd), std::string("fits"));
+}
+
+void TestTiling() {
+  // 512 B rows: 32 rows make a 16 KiB unit; 262,144 rows are 8,192 units,
+  // four per CTA.
+  BulkGatherTiling t = TileBulkGather(Gather(1 << 20, 1 << 18, 512), kH100Sms);
+  CHECK_EQ(t.rows_per_unit, int64_t{32});
+  CHECK_EQ(t.pieces, int64_t{1});
+  CHECK_EQ(t.unit_bytes, int64_t{16384});
+  CHECK_EQ(t.units, int64_t{8192});
+  CHECK_EQ(t.units_per_cta, int64_t{4});
+  CHECK_EQ(t.blocks, int64_t{2048});
+  CHECK_EQ(t.stages, kBulkGatherStages);
+  // 128 B rows: at most 64 rows (two per lane) in a unit.
+  t = TileBulkGather(Gather(1 << 22, 1 << 20, 128), kH100Sms);
+  CHECK_EQ(t.rows_per_unit, kBulkGatherMaxRowsPerUnit);
+  CHECK_EQ(t.unit_bytes, int64_t{64 * 128});
+  // 40 KiB pages move in pieces of 16 KiB (the last one shorter).
+  t = TileBulkGather(Gather(1000, 300, 40 * 1024), kH100Sms);
+  CHECK_EQ(t.pieces, int64_t{3});
+  CHECK_EQ(t.piece_bytes, int64_t{16384});
+  CHECK_EQ(t.units, int64_t{900});
+  CHECK_EQ(t.units_per_cta, int64_t{4});
+  CHECK_EQ(t.blocks, int64_t{225});
+  // Few units: one per CTA, so that they spread over the SMs.
+  t = TileBulkGather(Gather(64, 100, 16384), kH100Sms);
+  CHECK_EQ(t.units_per_cta, int64_t{1});
+  CHECK_EQ(t.blocks, int64_t{100});
+  // Nothing to move: no units, no CTAs.
+  t = TileBulkGather(Gather(64, 0, 16384), kH100Sms);
+  CHECK_EQ(t.units, int64_t{0});
+  CHECK_EQ(t.blocks, int64_t{0});
+}
+
+GatherPath PathOf(const GatherGeometry& g, GatherOp op, bool has_tma) {
+  GatherPlan plan;
+  const ffi::Error e = PlanGather(g, op, has_tma, kNeedsTma, kH100Sms, &plan);
+  CHECK(e.success());
+  return plan.path;
+}
+
+std::string Error(const GatherGeometry& g, GatherOp op, bool has_tma) {
+  GatherPlan plan;
+  return PlanGather(g, op, has_tma, kNeedsTma, kH100Sms, &plan).message();
+}
+
+void TestPathChoice() {
+  GatherGeometry g = Gather(100, 10, 64);
+  CHECK(PathOf(g, GatherOp::kGather, true) == GatherPath::kBulk);
+  CHECK(PathOf(g, GatherOp::kGather, false) == GatherPath::kSimt);
+  GatherGeometry small = Gather(100, 10, 16);  // "auto" takes bulk at any slab size that fits
+  CHECK(PathOf(small, GatherOp::kScatterSet, true) == GatherPath::kBulk);
+  GatherGeometry odd = Gather(100, 10, 12);
+  CHECK(PathOf(odd, GatherOp::kGather, true) == GatherPath::kSimt);
+  g.method = GatherMethod::kSimt;
+  CHECK(PathOf(g, GatherOp::kGather, true) == GatherPath::kSimt);
+  odd.method = GatherMethod::kTma;
+  CHECK_EQ(Error(odd, GatherOp::kGather, true),
+           std::string("jax_tma.gather: method='tma' cannot move this call: slabs of 12 B are "
+                       "not a multiple of 16 B (the bulk-copy size rule)"));
+  g.method = GatherMethod::kTma;
+  CHECK_EQ(Error(g, GatherOp::kScatterSet, false), "jax_tma.scatter: " + std::string(kNeedsTma));
+  GatherGeometry ordered = Gather(100, 10, 64);
+  ordered.mode = ScatterMode::kAdd;
+  ordered.deterministic = true;
+  CHECK(PathOf(ordered, GatherOp::kScatterAdd, true) == GatherPath::kOrdered);
+  ordered.method = GatherMethod::kTma;
+  CHECK(Error(ordered, GatherOp::kScatterAdd, true).find("deterministic=True") !=
+        std::string::npos);
+}
+
+}  // namespace
+}  // namespace jax_tma
+
+int main() {
+  jax_tma::TestBulkRules();
+  jax_tma::TestTiling();
+  jax_tma::TestPathChoice();
+  return jax_tma::testing::Failures("test_gather_plan");
+}
