@@ -92,11 +92,15 @@ def test_gather_every_index_dtype(rng, idx_dtype):
                                         (1 + 2j, np.complex128), (True, np.bool_),
                                         (np.inf, np.float16), (-7, jnp.int4)], ids=str)
 def test_gather_fill_values(rng, fill, dtype):
-    # finite: jnp.take quiets the NaN payloads of 16-bit floats it gathers
-    x = random_array(rng, (5, 4), dtype, finite=True)
+    x = random_array(rng, (5, 4), dtype)
     idx = np.array([7, 0, -6, 4, 5])
-    y = jax.jit(functools.partial(jax_tma.gather, fill=fill))(on_cpu(x), on_cpu(idx))
-    assert_bits_equal(y, take_ref(x, idx, 0, fill=fill))
+    y = np.asarray(jax.jit(functools.partial(jax_tma.gather, fill=fill))(on_cpu(x), on_cpu(idx)))
+    inside = np.array([False, True, False, True, False])
+    assert_bits_equal(y[inside], x[idx[inside]])
+    # jnp.take's fill rows give the fill's conversion to the dtype; its
+    # gathered 16-bit float rows pass through f32 on the CPU, which quiets NaN
+    # payloads and flushes subnormals, so those rows are checked against x.
+    assert_bits_equal(y[~inside], np.asarray(take_ref(x, idx, 0, fill=fill))[~inside])
 
 
 @pytest.mark.parametrize("x_shape,axis", [((0, 3), 0), ((3, 0), 0), ((3, 0, 2), 1),
