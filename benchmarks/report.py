@@ -3,7 +3,7 @@ every published number comes from a file that benchmarks/run.py wrote.
 
     python benchmarks/report.py            # rewrite README.md's bench sections
     python benchmarks/report.py --check    # exit 1 if README.md differs from the results
-    python benchmarks/report.py --plots DIR   # also plots (needs matplotlib)
+    python benchmarks/report.py --plots benchmarks/plots   # also plots (needs matplotlib)
 
 The README holds one section per op between `<!-- bench:OP -->` and
 `<!-- /bench:OP -->`; everything between them is this script's output. The
