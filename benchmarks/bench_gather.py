@@ -247,10 +247,10 @@ def _decode(s: Session, p: dict[str, Any], key: jax.Array) -> dict[str, Any]:
 
 
 def _chain(s: Session, p: dict[str, Any]) -> dict[str, Any]:
-    """One page gathered `chain_ops` times in one jit, against the minimal
-    FFI kernel of the benchmarks' module, the seed-style TMA copy (one
-    32-thread CTA: one bulk load and one bulk store) of the same page,
-    chained alike."""
+    """One page gathered `chain_ops` times in one jit, by each method,
+    against the minimal FFI kernel of the benchmarks' module, the seed-style
+    TMA copy (one 32-thread CTA: one bulk load and one bulk store) of the
+    same page, chained alike."""
     ops = p["chain_ops"]
     x = jax.random.bits(jax.random.key(0), (1, p["chain_bytes"] // 4), jnp.uint32)
     idx = jnp.zeros((1,), jnp.int32)
@@ -262,8 +262,10 @@ def _chain(s: Session, p: dict[str, Any]) -> dict[str, Any]:
             return a
         return jax.jit(fn)
 
-    fns = {"gather": chained(lambda a: jax_tma.gather(a, idx)),
-           "minimal_ffi": chained(s.refs.seed_copy)}
+    # "gather" is method="auto"; the other methods are timed beside it.
+    fns = {("gather" if m == "auto" else f"gather_{m}"):
+           chained(functools.partial(jax_tma.gather, indices=idx, method=m)) for m in METHODS}
+    fns["minimal_ffi"] = chained(s.refs.seed_copy)
     for name, fn in fns.items():
         s.check(f"{ops} chained {size_text(p['chain_bytes'])} {name}", fn(x), x)
     timed = s.time({name: rotate(fn, [(x,)]) for name, fn in fns.items()}, p["chain_rounds"])

@@ -301,6 +301,10 @@ def render_gather(r: dict[str, Any]) -> str:
                   f"{m['span_us']:.2f} µs ({m['busy_us']:.2f}); the gather costs "
                   f"{c['gap_us']:+.2f} µs per call more (target ≤ {c['target_gap_us']:g} µs "
                   f"{_mark(c['target_met'])})."]
+    others = [f"`method='{k[len('gather_'):]}'` {v['span_us']:.2f} µs ({v['busy_us']:.2f})"
+              for k, v in c["per_op"].items() if k.startswith("gather_")]
+    if others:
+        lines[-1] += " The other methods, chained alike: " + ", ".join(others) + "."
     sweep = r["sweep"]
     lines += ["", f"GB/s by busy time against slab size, each case gathering "
                   f"{size_text(sweep['gathered_bytes'])} of random distinct slabs of a "

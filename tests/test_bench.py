@@ -173,6 +173,8 @@ def test_smoke_run_writes_one_checked_result_per_op(smoke_results):
             assert f"{row['case']}: {label}" in gather["checked_bit_exact"]
     assert {"tma", "simt", "deterministic", "xla"} <= set(gather["rows"][4]["times"])
     assert [row["slab_bytes"] for row in gather["sweep"]["rows"]] == [128, 1024]
+    assert set(gather["chained_tiny_gathers"]["per_op"]) == {
+        "gather", "gather_tma", "gather_simt", "minimal_ffi"}
 
 
 def test_smoke_results_render_into_the_readme_sections(smoke_results):
@@ -186,6 +188,7 @@ def test_smoke_results_render_into_the_readme_sections(smoke_results):
     assert "No `broadcast-ncu` result at this commit" in text
     assert "| method | 4 replicas of 64² bf16 (axis=0) |" in text  # broadcast's table
     assert "| slab | auto | tma | simt | XLA | XLA hinted | copy ceiling |" in text  # gather's
+    assert "The other methods, chained alike: `method='tma'`" in text
     assert "XLA comparators whose output differs from the bit-exact reference" not in \
         report.render(results["copy"][1])
 
