@@ -1,8 +1,9 @@
 """The gather/scatter benchmark: jax_tma.gather and jax_tma.scatter against
 the XLA formulations a user would write (plain, and hinted as a careful user
 would) and the copy ceiling, for the cases of issue 18's target table, a
-chain of tiny gathers against a minimal FFI kernel, and a sweep of slab sizes
-(128 B to 64 KiB) for the README's plot.
+chain of tiny gathers against a minimal FFI kernel, small gathers (64 KiB to
+32 MiB, where a kernel's fixed cost shows), and a sweep of slab sizes (128 B
+to 64 KiB) for the README's plot.
 
     python benchmarks/run.py gather [--out-dir DIR]
 """
@@ -40,11 +41,16 @@ FULL = {
     # of a `sweep_table` table, more than L2 holds (50 MiB on H100).
     "sweep_slabs": [128 << k for k in range(10)], "sweep_table": 256 * MIB,
     "sweep_gathered": 128 * MIB,
+    # (table rows, slab bytes, slabs gathered) of the small gathers: the
+    # sizes where a kernel's fixed cost shows (a decode step's append moves
+    # 64 rows of 2 KiB), for auto's choice of path there.
+    "small": [(65536, 2 * KIB, 64), (65536, 2 * KIB, 1024), (65536, 2 * KIB, 16384)],
     "rounds": 10, "sweep_rounds": 6, "chain_rounds": 30}
 SMOKE = {"pages": (64, 1 * KIB, 16), "rows": [(256, 512, 64), (1024, 128, 256)],
          "adds": [(256, 256, "float32", 64), (256, 256, "bfloat16", 64)],
          "decode": (4, 2, 4, 2, 8), "chain_ops": 4, "chain_bytes": 4 * KIB,
          "sweep_slabs": [128, 1024], "sweep_table": 64 * KIB, "sweep_gathered": 16 * KIB,
+         "small": [(64, 2 * KIB, 4), (64, 2 * KIB, 16)],
          "rounds": 2, "sweep_rounds": 2, "chain_rounds": 2}
 # What each kind of case times jax_tma against (the result records it). The
 # gathered and set indices are distinct; the added ones repeat, so no hint
@@ -283,11 +289,19 @@ def bench_gather(s: Session) -> dict[str, Any]:
     the reference formulation (jnp.take(mode="fill"), .at[].set/add(
     mode="drop")). In-place cases donate their table to every call and get
     the previous call's output back (harness-level state, one scatter per
-    call). Then the chained tiny gathers and the slab-size sweep."""
+    call). Then the chained tiny gathers, the small gathers and the
+    slab-size sweep."""
     p = SMOKE if s.smoke else FULL
     gathers, adds, decode, sweep_key = jax.random.split(jax.random.key(18), 4)
     rows = _gathers(s, p, gathers) + _adds(s, p, adds) + [_decode(s, p, decode)]
     chain = _chain(s, p)
+    small = []
+    for n_rows, slab, count in p["small"]:
+        table, idx = _table(jax.random.fold_in(sweep_key, count), n_rows, slab, count)
+        small.append(_gather_row(s, p["rounds"], table, idx,
+                                 f"gather {count:,} random rows of {size_text(slab)} of "
+                                 f"{n_rows:,}"))
+        del table, idx
     sweep = {"table_bytes": p["sweep_table"], "gathered_bytes": p["sweep_gathered"], "rows": []}
     for slab in p["sweep_slabs"]:
         table, idx = _table(jax.random.fold_in(sweep_key, slab), p["sweep_table"] // slab, slab,
@@ -297,4 +311,4 @@ def bench_gather(s: Session) -> dict[str, Any]:
             f"gather {idx.size:,} of {table.shape[0]:,} slabs of {size_text(slab)}")})
         del table, idx
     return {"op": OP, "bytes_convention": BYTES, "xla_formulations": XLA, "rows": rows,
-            "chained_tiny_gathers": chain, "sweep": sweep}
+            "chained_tiny_gathers": chain, "small_gathers": small, "sweep": sweep}

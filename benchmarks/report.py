@@ -305,6 +305,13 @@ def render_gather(r: dict[str, Any]) -> str:
               for k, v in c["per_op"].items() if k.startswith("gather_")]
     if others:
         lines[-1] += " The other methods, chained alike: " + ", ".join(others) + "."
+    if "small_gathers" in r:
+        lines += ["", "Small gathers, GPU busy µs per call:", "",
+                  "| case | auto | tma | simt | XLA | XLA hinted | copy ceiling |",
+                  "|" + "---|" * (len(_GATHER_SWEEP) + 1)]
+        lines += [f"| {row['case']} | " + " | ".join(
+            f"{row['times'][k]['busy_us']:.1f}" for k in _GATHER_SWEEP) + " |"
+                  for row in r["small_gathers"]]
     sweep = r["sweep"]
     lines += ["", f"GB/s by busy time against slab size, each case gathering "
                   f"{size_text(sweep['gathered_bytes'])} of random distinct slabs of a "

@@ -173,6 +173,7 @@ def test_smoke_run_writes_one_checked_result_per_op(smoke_results):
             assert f"{row['case']}: {label}" in gather["checked_bit_exact"]
     assert {"tma", "simt", "deterministic", "xla"} <= set(gather["rows"][4]["times"])
     assert [row["slab_bytes"] for row in gather["sweep"]["rows"]] == [128, 1024]
+    assert [row["bytes"] for row in gather["small_gathers"]] == [2 * 4 * 2048, 2 * 16 * 2048]
     assert set(gather["chained_tiny_gathers"]["per_op"]) == {
         "gather", "gather_tma", "gather_simt", "minimal_ffi"}
 
@@ -189,6 +190,7 @@ def test_smoke_results_render_into_the_readme_sections(smoke_results):
     assert "| method | 4 replicas of 64² bf16 (axis=0) |" in text  # broadcast's table
     assert "| slab | auto | tma | simt | XLA | XLA hinted | copy ceiling |" in text  # gather's
     assert "The other methods, chained alike: `method='tma'`" in text
+    assert "| gather 16 random rows of 2 KiB of 64 |" in text  # the small gathers
     assert "XLA comparators whose output differs from the bit-exact reference" not in \
         report.render(results["copy"][1])
 
