@@ -29,8 +29,7 @@ ffi::Error LaunchGather(const GatherGeometry& g, bool scatter, cudaStream_t stre
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   const GatherOp op = GatherOpOf(g, scatter);
   GatherPlan plan;
-  JAX_TMA_RETURN_IF_FAILED(
-      PlanGather(g, op, info.has_tma(), info.NeedsTma("tma", device), info.sm_count, &plan));
+  JAX_TMA_RETURN_IF_FAILED(PlanGather(g, op, info, device, &plan));
   if (scatter && g.out != g.x && g.table_bytes != 0) {
     JAX_TMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(g.out, g.x, static_cast<size_t>(g.table_bytes),
                                                  cudaMemcpyDeviceToDevice, stream));

@@ -75,8 +75,9 @@ BulkGatherTiling TileBulkGather(const GatherGeometry& g, int sm_count) {
   return t;
 }
 
-ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, bool has_tma,
-                      const std::string& needs_tma, int sm_count, GatherPlan* plan) {
+ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& info, int device,
+                      GatherPlan* plan) {
+  const bool has_tma = info.has_tma();
   const std::string_view name = OpName(op);
   if (op != GatherOp::kGather && g.deterministic) {
     if (g.method == GatherMethod::kTma) {
@@ -89,7 +90,7 @@ ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, bool has_tma,
   std::string why;
   const bool fits = BulkGatherFits(g, op, &why);
   if (g.method == GatherMethod::kTma) {
-    if (!has_tma) return InvalidArgument(name, needs_tma);
+    if (!has_tma) return InvalidArgument(name, info.NeedsTma("tma", device));
     if (!fits) return InvalidArgument(name, "method='tma' cannot move this call: ", why);
   }
   // "auto" takes the bulk path wherever it runs: it out-runs the SIMT kernel
@@ -98,7 +99,7 @@ ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, bool has_tma,
   const bool bulk = g.method == GatherMethod::kTma ||
                     (g.method == GatherMethod::kAuto && has_tma && fits);
   plan->path = bulk ? GatherPath::kBulk : GatherPath::kSimt;
-  if (bulk) plan->bulk = TileBulkGather(g, sm_count);
+  if (bulk) plan->bulk = TileBulkGather(g, info.sm_count);
   return ffi::Error::Success();
 }
 

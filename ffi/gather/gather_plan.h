@@ -1,13 +1,14 @@
 // Host rules of the gather/scatter kernels: which path moves a call (the TMA
 // bulk path's 16-byte and dtype rules, method "auto"), and the bulk
-// pipeline's tiling. Pure host C++ (no CUDA headers), unit-testable without
-// a GPU.
+// pipeline's tiling. Pure host C++, unit-tested without a GPU
+// (tests/cpp/test_gather_plan.cc).
 #ifndef JAX_TMA_FFI_GATHER_GATHER_PLAN_H_
 #define JAX_TMA_FFI_GATHER_GATHER_PLAN_H_
 
 #include <cstdint>
 #include <string>
 
+#include "cuda/device_info.h"
 #include "gather/gather_common.h"
 
 namespace jax_tma {
@@ -59,10 +60,9 @@ BulkGatherTiling TileBulkGather(const GatherGeometry& g, int sm_count);
 // Resolves the method of a call with rows to move: deterministic scatter
 // takes the ordered kernel; "tma" the bulk path or an error naming the rule;
 // "auto" the bulk path where it fits and TMA exists, else SIMT. Errors name
-// the op; `needs_tma` is the error of method="tma" without TMA
-// (DeviceInfo::NeedsTma).
-ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, bool has_tma,
-                      const std::string& needs_tma, int sm_count, GatherPlan* plan);
+// the op (method="tma" without TMA: DeviceInfo::NeedsTma for `device`).
+ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& info, int device,
+                      GatherPlan* plan);
 
 }  // namespace jax_tma
 

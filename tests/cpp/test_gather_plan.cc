@@ -11,7 +11,9 @@ namespace jax_tma {
 namespace {
 
 constexpr int kH100Sms = 132;
-// What DeviceInfo::NeedsTma says on a GPU without TMA.
+const DeviceInfo kH100{9, 0, kH100Sms, 232448, 233472};
+const DeviceInfo kA100{8, 0, 108, 166912, 167936};
+// What DeviceInfo::NeedsTma says on kA100.
 const char* const kNeedsTma =
     "method='tma' needs TMA, but device 0 has compute capability 8.0 (TMA needs >= 9.0); "
     "use method='auto' or 'simt'";
@@ -97,14 +99,14 @@ void TestTiling() {
 
 GatherPath PathOf(const GatherGeometry& g, GatherOp op, bool has_tma) {
   GatherPlan plan;
-  const ffi::Error e = PlanGather(g, op, has_tma, kNeedsTma, kH100Sms, &plan);
+  const ffi::Error e = PlanGather(g, op, has_tma ? kH100 : kA100, 0, &plan);
   CHECK(e.success());
   return plan.path;
 }
 
 std::string Error(const GatherGeometry& g, GatherOp op, bool has_tma) {
   GatherPlan plan;
-  return PlanGather(g, op, has_tma, kNeedsTma, kH100Sms, &plan).message();
+  return PlanGather(g, op, has_tma ? kH100 : kA100, 0, &plan).message();
 }
 
 void TestPathChoice() {
