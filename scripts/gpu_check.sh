@@ -23,7 +23,9 @@
 #   within the device tool's 10-min call use one install a call:
 #   INSTALLS=wheel bash scripts/gpu_check.sh tests; INSTALLS=source ... tests sanitize
 #   TESTS, SELFTESTS and BENCH_OPS narrow a stage, e.g. TESTS=tests/test_im2col_gpu.py
-#   SELFTESTS=im2col BENCH_OPS=im2col. bench runs `benchmarks/run.py all`
+#   SELFTESTS=im2col BENCH_OPS=im2col. CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90a-real
+#   builds the source install for the H100/H200 alone (about a third of the
+#   full build's time). bench runs `benchmarks/run.py all`
 #   (about 6 min on an H100; ncu's DRAM bytes per broadcast method included),
 #   ncu that step alone. The results name the commit: where this tree came
 #   without .git, run `python benchmarks/run.py stamp` in the checkout and
