@@ -76,8 +76,6 @@ __global__ void __launch_bounds__(kThreads) BulkGatherKernel(const __grid_consta
   const auto* table = static_cast<const uint8_t*>(g.x);
   auto* out = static_cast<uint8_t*>(g.out);
   const auto* slabs = static_cast<const uint8_t*>(g.slabs);
-  uint4 pattern = {};
-  if constexpr (kOp == GatherOp::kGather) pattern = FillPattern(slabs, g.elem_bytes);
 
   if (lane == 0) {
     for (int s = 0; s < t.stages; ++s) mbarrier_init(&full[s], 1);
@@ -109,9 +107,13 @@ __global__ void __launch_bounds__(kThreads) BulkGatherKernel(const __grid_consta
                     u.row_bytes, bar);
         }
       }
+      // The fill is read only where a row needs it (it would otherwise add
+      // a dependent read to every call's start).
       bool filled = false;
+      uint4 pattern = {};
       for (int i = 0; i < kRowsPerLane; ++i) {
         for (unsigned m = fill[i]; m != 0; m &= m - 1) {
+          if (!filled) pattern = FillPattern(slabs, g.elem_bytes);
           uint8_t* row = buf + (__ffs(m) - 1 + i * kThreads) * s_bytes;
           for (uint32_t o = lane * 16; o < u.row_bytes; o += kThreads * 16) {
             *reinterpret_cast<uint4*>(row + o) = pattern;

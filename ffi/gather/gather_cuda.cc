@@ -42,7 +42,7 @@ ffi::Error LaunchGather(const GatherGeometry& g, bool scatter, cudaStream_t stre
     case GatherPath::kBulk:
       JAX_TMA_RETURN_IF_FAILED(LaunchBulkGather(g, op, plan.bulk, stream, device));
       break;
-    default: JAX_TMA_RETURN_IF_FAILED(LaunchSimtGather(g, op, stream, device));
+    default: JAX_TMA_RETURN_IF_FAILED(LaunchSimtGather(g, op, plan.simt, stream, device));
   }
   CountPath(PathOf(plan.path, scatter));
   return ffi::Error::Success();

@@ -16,10 +16,10 @@ namespace jax_tma {
 ffi::Error LaunchBulkGather(const GatherGeometry& g, GatherOp op, const BulkGatherTiling& t,
                             cudaStream_t stream, int device);
 
-// Any geometry: the widest vectors that slab size and addresses allow;
-// scatter add with atomics (unspecified order).
-ffi::Error LaunchSimtGather(const GatherGeometry& g, GatherOp op, cudaStream_t stream,
-                            int device);
+// Any geometry: gather and scatter set as `t` tiles them (TileSimtGather);
+// scatter add with atomics (unspecified order; `t` unused).
+ffi::Error LaunchSimtGather(const GatherGeometry& g, GatherOp op, const SimtGatherTiling& t,
+                            cudaStream_t stream, int device);
 
 // Scatter with deterministic=True: one warp per run of equal indices in
 // g.order, applying its updates in that order.

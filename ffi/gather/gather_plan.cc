@@ -2,6 +2,7 @@
 #include "gather/gather_plan.h"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace jax_tma {
 namespace {
@@ -75,6 +76,29 @@ BulkGatherTiling TileBulkGather(const GatherGeometry& g, int sm_count) {
   return t;
 }
 
+SimtGatherTiling TileSimtGather(const GatherGeometry& g, GatherOp op, int sm_count) {
+  SimtGatherTiling t;
+  // The widest vector dividing the slab size and every address it moves.
+  const auto bits = static_cast<std::uintptr_t>(g.slab_bytes) |
+                    reinterpret_cast<std::uintptr_t>(g.x) |
+                    reinterpret_cast<std::uintptr_t>(g.out) |
+                    (op == GatherOp::kGather ? 0 : reinterpret_cast<std::uintptr_t>(g.slabs));
+  t.vector_bytes = 16;
+  while (bits % t.vector_bytes != 0) t.vector_bytes /= 2;
+  const int64_t rows = g.rows();
+  if (rows == 0 || g.slab_bytes == 0) return t;  // nothing to move: no tiles
+  t.vectors_per_row = g.slab_bytes / t.vector_bytes;
+  t.segment = std::min(t.vectors_per_row, kSimtSegmentBytes / t.vector_bytes);
+  t.segments = (t.vectors_per_row + t.segment - 1) / t.segment;
+  t.tiles = (rows + kSimtTileRows - 1) / kSimtTileRows * t.segments;
+  // One resident wave of blocks, each warp looping over tiles; fewer where
+  // the tiles run out first.
+  constexpr int64_t kWarps = kSimtGatherThreads / 32;
+  t.blocks = std::clamp<int64_t>((t.tiles + kWarps - 1) / kWarps, 1,
+                                 int64_t{std::max(sm_count, 1)} * kSimtGatherBlocksPerSm);
+  return t;
+}
+
 ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& info, int device,
                       GatherPlan* plan) {
   const bool has_tma = info.has_tma();
@@ -99,7 +123,11 @@ ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& in
   const bool bulk = g.method == GatherMethod::kTma ||
                     (g.method == GatherMethod::kAuto && has_tma && fits);
   plan->path = bulk ? GatherPath::kBulk : GatherPath::kSimt;
-  if (bulk) plan->bulk = TileBulkGather(g, info.sm_count);
+  if (bulk) {
+    plan->bulk = TileBulkGather(g, info.sm_count);
+  } else if (op != GatherOp::kScatterAdd) {
+    plan->simt = TileSimtGather(g, op, info.sm_count);
+  }
   return ffi::Error::Success();
 }
 

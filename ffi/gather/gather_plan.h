@@ -38,9 +38,25 @@ struct BulkGatherTiling {
   int stages = 0;
 };
 
+// The SIMT gather / scatter-set kernel: each warp moves tiles of up to
+// kSimtTileRows consecutive slab rows of the output (gather) or the updates
+// (scatter), one segment of each row per tile, in vectors of
+// `vector_bytes`. Each lane reads one row's index per tile (one coalesced
+// load) and the warp shares them by shuffles, so every vector load is
+// independent of the others and a lane has several in flight.
+struct SimtGatherTiling {
+  int vector_bytes = 1;         // the widest of 16, 8, 4, 2, 1 dividing slab size and addresses
+  int64_t vectors_per_row = 0;  // slab_bytes / vector_bytes
+  int64_t segment = 0;          // vectors of a row per tile (the row's last may be fewer)
+  int64_t segments = 0;         // segments per row
+  int64_t tiles = 0;
+  int64_t blocks = 0;           // of kSimtGatherThreads threads
+};
+
 struct GatherPlan {
   GatherPath path = GatherPath::kSimt;
   BulkGatherTiling bulk;  // path == kBulk
+  SimtGatherTiling simt;  // path == kSimt, gather and scatter set
 };
 
 // Target bytes of one pipeline stage, stages per CTA and the most slab rows
@@ -49,6 +65,14 @@ inline constexpr int64_t kBulkGatherUnitBytes = 16 * 1024;
 inline constexpr int kBulkGatherStages = 4;
 inline constexpr int64_t kBulkGatherMaxRowsPerUnit = 64;
 
+// Threads of a SIMT block, slab rows of a tile, and the most bytes of one row
+// a tile moves (larger slabs are split, so that even a few rows give every
+// SM tiles).
+inline constexpr int kSimtGatherThreads = 256;
+inline constexpr int kSimtGatherBlocksPerSm = 4;  // its launch bounds: 64 registers a thread
+inline constexpr int64_t kSimtTileRows = 32;
+inline constexpr int64_t kSimtSegmentBytes = 1024;
+
 // Whether the TMA bulk path can move `g` (16-byte slabs and addresses; for
 // add, an element type cp.reduce.async.bulk can sum); the first broken rule
 // in *why otherwise.
@@ -56,6 +80,10 @@ bool BulkGatherFits(const GatherGeometry& g, GatherOp op, std::string* why);
 
 // The tiling of the bulk path for `g` on a GPU with `sm_count` SMs.
 BulkGatherTiling TileBulkGather(const GatherGeometry& g, int sm_count);
+
+// The tiling of the SIMT gather / scatter-set kernel for `g` on a GPU with
+// `sm_count` SMs.
+SimtGatherTiling TileSimtGather(const GatherGeometry& g, GatherOp op, int sm_count);
 
 // Resolves the method of a call with rows to move: deterministic scatter
 // takes the ordered kernel; "tma" the bulk path or an error naming the rule;

@@ -12,8 +12,7 @@
 namespace jax_tma {
 namespace {
 
-constexpr int kSimtThreads = 256;
-constexpr int kUnroll = 4;  // vectors each thread has in flight
+constexpr int kUnroll = 8;          // vectors each lane of SimtMoveKernel has in flight
 
 // The bytes of the fill pattern at byte offset `o` of a slab, as a V.
 template <typename V>
@@ -26,44 +25,65 @@ __device__ __forceinline__ V FillVector(const uint8_t* fill, int64_t elem_bytes,
   return u.v;
 }
 
-// Gather (kScatter false) or scatter set in V-sized vectors: vector c of
-// slab row r, vpr vectors per row; `shift` is log2(vpr) where vpr is a
-// power of two (a shift instead of a 64-bit division), else -1.
+// Gather (kScatter false) or scatter set in V-sized vectors, tiled as
+// SimtGatherTiling says: per tile, lane l reads the index of the tile's row
+// l, then the warp walks the tile's vectors (row-major, `width` per row),
+// each lane taking the row's index from its owner by a shuffle and keeping
+// kUnroll independent loads in flight before it stores.
 template <typename V, bool kScatter>
-__global__ void __launch_bounds__(kSimtThreads)
-    SimtMoveKernel(const GatherGeometry g, int64_t vpr, int shift) {
-  const int64_t total = g.rows() * vpr;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+__global__ void __launch_bounds__(kSimtGatherThreads, kSimtGatherBlocksPerSm)
+    SimtMoveKernel(const GatherGeometry g, const SimtGatherTiling t) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kSimtGatherThreads / 32);
+  const int64_t rows = g.rows();
+  const int64_t vpr = t.vectors_per_row;
   const V* table = static_cast<const V*>(g.x);
   V* out = static_cast<V*>(g.out);
   const V* updates = static_cast<const V*>(g.slabs);
   const auto* fill = static_cast<const uint8_t*>(g.slabs);
-  for (int64_t base = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; base < total;
-       base += stride * kUnroll) {
-    V v[kUnroll];
-    int64_t dst[kUnroll];
+  for (int64_t tile = (blockIdx.x * static_cast<int64_t>(kSimtGatherThreads) + threadIdx.x) / 32;
+       tile < t.tiles; tile += warps) {
+    const int64_t chunk = tile / t.segments;
+    const int64_t c0 = (tile - chunk * t.segments) * t.segment;
+    const int64_t r0 = chunk * kSimtTileRows;
+    const int64_t mine = r0 + lane < rows ? g.TableRow(r0 + lane) : -1;
+    const auto width = static_cast<uint32_t>(min(t.segment, vpr - c0));
+    const auto total = static_cast<uint32_t>(min(kSimtTileRows, rows - r0)) * width;
+    const int shift = (width & (width - 1)) == 0 ? __ffs(width) - 1 : -1;
+    // Vector j of the tile: its row of the tile, and its column of the slab.
+    auto row_of = [&](uint32_t j) { return shift >= 0 ? j >> shift : j / width; };
+    auto col_of = [&](uint32_t j, uint32_t q) { return c0 + (j - q * width); };
+    for (uint32_t j0 = 0; j0 < total; j0 += 32 * kUnroll) {
+      // Every lane shuffles, also those past the tile's end. The stores
+      // redo the shuffles and the address arithmetic rather than hold them
+      // in registers, which the loads in flight need.
+      V v[kUnroll];
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const int64_t i = base + k * stride;
-      dst[k] = -1;
-      v[k] = V{};
-      if (i >= total) continue;
-      const int64_t r = shift >= 0 ? i >> shift : i / vpr;
-      const int64_t c = i - r * vpr;
-      const int64_t row = g.TableRow(r);
-      if constexpr (kScatter) {
-        if (row < 0) continue;
-        v[k] = updates[i];
-        dst[k] = row * vpr + c;
-      } else {
-        v[k] = row >= 0 ? table[row * vpr + c]
-                        : FillVector<V>(fill, g.elem_bytes, c * static_cast<int64_t>(sizeof(V)));
-        dst[k] = i;
+      for (int k = 0; k < kUnroll; ++k) {
+        const uint32_t j = j0 + k * 32 + lane;
+        const uint32_t q = row_of(j);
+        const int64_t row = __shfl_sync(~0u, mine, static_cast<int>(q % 32));
+        v[k] = V{};
+        if (j >= total) continue;
+        const int64_t col = col_of(j, q);
+        if constexpr (kScatter) {
+          if (row >= 0) v[k] = updates[(r0 + q) * vpr + col];
+        } else {
+          v[k] = row >= 0 ? table[row * vpr + col]
+                          : FillVector<V>(fill, g.elem_bytes, col * static_cast<int64_t>(sizeof(V)));
+        }
       }
-    }
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      if (dst[k] >= 0) out[dst[k]] = v[k];
+      for (int k = 0; k < kUnroll; ++k) {
+        const uint32_t j = j0 + k * 32 + lane;
+        const uint32_t q = row_of(j);
+        if constexpr (kScatter) {
+          const int64_t row = __shfl_sync(~0u, mine, static_cast<int>(q % 32));
+          if (j < total && row >= 0) out[row * vpr + col_of(j, q)] = v[k];
+        } else {
+          if (j < total) out[(r0 + q) * vpr + col_of(j, q)] = v[k];
+        }
+      }
     }
   }
 }
@@ -100,7 +120,7 @@ __device__ __forceinline__ void AtomicAdd(typename Col2imSum<K>::T* dst,
 }
 
 template <SumKind K>
-__global__ void __launch_bounds__(kSimtThreads) SimtAddKernel(const GatherGeometry g) {
+__global__ void __launch_bounds__(kSimtGatherThreads) SimtAddKernel(const GatherGeometry g) {
   using T = typename Col2imSum<K>::T;
   const int64_t per_row = g.slab_bytes / static_cast<int64_t>(sizeof(T));
   const int64_t total = g.rows() * per_row;
@@ -129,7 +149,7 @@ __device__ __forceinline__ int64_t SortedRow(const GatherGeometry& g, int64_t b,
 // applies its updates in order (g.order is a stable sort of the rows, so in
 // index order). kAdd false: the last update of the run is stored.
 template <SumKind K, bool kAdd>
-__global__ void __launch_bounds__(kSimtThreads) OrderedScatterKernel(const GatherGeometry g) {
+__global__ void __launch_bounds__(kSimtGatherThreads) OrderedScatterKernel(const GatherGeometry g) {
   using S = Col2imSum<K>;
   using T = typename S::T;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -168,24 +188,18 @@ __global__ void __launch_bounds__(kSimtThreads) OrderedScatterKernel(const Gathe
 }
 
 int Blocks(int64_t work, const DeviceInfo& info) {
-  return static_cast<int>(std::clamp<int64_t>((work + kSimtThreads - 1) / kSimtThreads, 1,
+  return static_cast<int>(std::clamp<int64_t>((work + kSimtGatherThreads - 1) / kSimtGatherThreads, 1,
                                               static_cast<int64_t>(info.sm_count) * 16));
 }
 
 template <typename V>
-ffi::Error LaunchMove(const GatherGeometry& g, bool scatter, cudaStream_t stream,
-                      const DeviceInfo& info) {
-  const int64_t vpr = g.slab_bytes / static_cast<int64_t>(sizeof(V));
-  int shift = -1;
-  if ((vpr & (vpr - 1)) == 0) {
-    shift = 0;
-    while ((int64_t{1} << shift) < vpr) ++shift;
-  }
-  const int blocks = Blocks((g.rows() * vpr + kUnroll - 1) / kUnroll, info);
+ffi::Error LaunchMove(const GatherGeometry& g, bool scatter, const SimtGatherTiling& t,
+                      cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(t.blocks);
   if (scatter) {
-    SimtMoveKernel<V, true><<<blocks, kSimtThreads, 0, stream>>>(g, vpr, shift);
+    SimtMoveKernel<V, true><<<blocks, kSimtGatherThreads, 0, stream>>>(g, t);
   } else {
-    SimtMoveKernel<V, false><<<blocks, kSimtThreads, 0, stream>>>(g, vpr, shift);
+    SimtMoveKernel<V, false><<<blocks, kSimtGatherThreads, 0, stream>>>(g, t);
   }
   JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ffi::Error::Success();
@@ -200,7 +214,7 @@ struct LaunchAdd {
   ffi::Error operator()() const {
     using T = typename Col2imSum<K>::T;
     const int blocks = Blocks(g.rows() * (g.slab_bytes / static_cast<int64_t>(sizeof(T))), info);
-    SimtAddKernel<K><<<blocks, kSimtThreads, 0, stream>>>(g);
+    SimtAddKernel<K><<<blocks, kSimtGatherThreads, 0, stream>>>(g);
     JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return ffi::Error::Success();
   }
@@ -215,9 +229,9 @@ struct LaunchOrdered {
   template <SumKind K>
   ffi::Error operator()() const {
     if (add) {
-      OrderedScatterKernel<K, true><<<blocks, kSimtThreads, 0, stream>>>(g);
+      OrderedScatterKernel<K, true><<<blocks, kSimtGatherThreads, 0, stream>>>(g);
     } else {
-      OrderedScatterKernel<K, false><<<blocks, kSimtThreads, 0, stream>>>(g);
+      OrderedScatterKernel<K, false><<<blocks, kSimtGatherThreads, 0, stream>>>(g);
     }
     JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return ffi::Error::Success();
@@ -239,23 +253,29 @@ ffi::Error ForSumKind(const GatherGeometry& g, bool add, const Fn& fn) {
 
 }  // namespace
 
-ffi::Error LaunchSimtGather(const GatherGeometry& g, GatherOp op, cudaStream_t stream,
-                            int device) {
+ffi::Error LaunchSimtGather(const GatherGeometry& g, GatherOp op, const SimtGatherTiling& t,
+                            cudaStream_t stream, int device) {
   if (g.rows() == 0 || g.slab_bytes == 0) return ffi::Error::Success();
-  DeviceInfo info;
-  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  if (op == GatherOp::kScatterAdd) return DispatchSumKind(g.sum, LaunchAdd{g, stream, info});
-  // The widest vector dividing the slab size and every address.
-  const auto bits = static_cast<std::uintptr_t>(g.slab_bytes) |
-                    reinterpret_cast<std::uintptr_t>(g.x) |
-                    reinterpret_cast<std::uintptr_t>(g.out) |
-                    (op == GatherOp::kGather ? 0 : reinterpret_cast<std::uintptr_t>(g.slabs));
+  if (op == GatherOp::kScatterAdd) {
+    DeviceInfo info;
+    JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
+    return DispatchSumKind(g.sum, LaunchAdd{g, stream, info});
+  }
+  const std::string_view name = op == GatherOp::kGather ? kGatherOp : kScatterOp;
+  if (t.tiles <= 0 || t.blocks <= 0 || t.blocks > 0x7fffffff || t.segment <= 0 ||
+      t.vectors_per_row * t.vector_bytes != g.slab_bytes ||
+      t.segment * t.vector_bytes > kSimtSegmentBytes) {
+    return InvalidArgument(name, "bad SIMT tiling: ", t.vector_bytes, "-byte vectors, segment ",
+                           t.segment, ", ", t.tiles, " tiles, ", t.blocks, " blocks");
+  }
   const bool scatter = op == GatherOp::kScatterSet;
-  if ((bits & 15) == 0) return LaunchMove<uint4>(g, scatter, stream, info);
-  if ((bits & 7) == 0) return LaunchMove<uint2>(g, scatter, stream, info);
-  if ((bits & 3) == 0) return LaunchMove<uint32_t>(g, scatter, stream, info);
-  if ((bits & 1) == 0) return LaunchMove<uint16_t>(g, scatter, stream, info);
-  return LaunchMove<uint8_t>(g, scatter, stream, info);
+  switch (t.vector_bytes) {
+    case 16: return LaunchMove<uint4>(g, scatter, t, stream);
+    case 8: return LaunchMove<uint2>(g, scatter, t, stream);
+    case 4: return LaunchMove<uint32_t>(g, scatter, t, stream);
+    case 2: return LaunchMove<uint16_t>(g, scatter, t, stream);
+    default: return LaunchMove<uint8_t>(g, scatter, t, stream);
+  }
 }
 
 ffi::Error LaunchOrderedScatter(const GatherGeometry& g, cudaStream_t stream, int device) {

@@ -1,6 +1,6 @@
 // jax_tma.gather / jax_tma.scatter's host rules (ffi/gather/gather_plan.h):
-// the bulk path's 16-byte and dtype rules (with their reasons), its tiling
-// on an H100, and the path each method gets.
+// the bulk path's 16-byte and dtype rules (with their reasons), the bulk and
+// SIMT tilings on an H100, and the path each method gets.
 #include <cstdint>
 #include <string>
 
@@ -97,6 +97,51 @@ void TestTiling() {
   CHECK_EQ(t.blocks, int64_t{0});
 }
 
+void TestSimtTiling() {
+  // 128 B rows: 16-byte vectors, a tile is 32 whole rows; one resident wave
+  // of blocks (4 a SM) loops over the 32,768 tiles.
+  SimtGatherTiling t = TileSimtGather(Gather(1 << 22, 1 << 20, 128), GatherOp::kGather, kH100Sms);
+  CHECK_EQ(t.vector_bytes, 16);
+  CHECK_EQ(t.vectors_per_row, int64_t{8});
+  CHECK_EQ(t.segment, int64_t{8});
+  CHECK_EQ(t.segments, int64_t{1});
+  CHECK_EQ(t.tiles, int64_t{32768});
+  CHECK_EQ(t.blocks, int64_t{kH100Sms * kSimtGatherBlocksPerSm});
+  // 32 KiB pages: 1 KiB segments, so that 8,192 pages make 8,192 tiles.
+  t = TileSimtGather(Gather(32768, 8192, 32768), GatherOp::kGather, kH100Sms);
+  CHECK_EQ(t.vectors_per_row, int64_t{2048});
+  CHECK_EQ(t.segment, int64_t{64});
+  CHECK_EQ(t.segments, int64_t{32});
+  CHECK_EQ(t.tiles, int64_t{8192});
+  // 3,200 B slabs: three 1 KiB segments and a shorter last one.
+  t = TileSimtGather(Gather(100, 40, 3200), GatherOp::kGather, kH100Sms);
+  CHECK_EQ(t.segment, int64_t{64});
+  CHECK_EQ(t.segments, int64_t{4});
+  CHECK_EQ(t.tiles, int64_t{8});
+  CHECK_EQ(t.blocks, int64_t{1});
+  // The vector is the widest that slab size and addresses allow: 12 B slabs
+  // move in 4-byte words, an output 8 bytes off the grid in 8-byte ones.
+  t = TileSimtGather(Gather(100, 10, 12), GatherOp::kGather, kH100Sms);
+  CHECK_EQ(t.vector_bytes, 4);
+  CHECK_EQ(t.vectors_per_row, int64_t{3});
+  CHECK_EQ(t.segment, int64_t{3});
+  GatherGeometry off = Gather(100, 10, 64);
+  off.out = reinterpret_cast<void*>(std::uintptr_t{(1 << 21) + 8});
+  CHECK_EQ(TileSimtGather(off, GatherOp::kGather, kH100Sms).vector_bytes, 8);
+  // Gather reads no updates: only scatter minds their address.
+  GatherGeometry updates = Gather(100, 10, 64);
+  updates.slabs = reinterpret_cast<const void*>(std::uintptr_t{(1 << 20) + 2});
+  CHECK_EQ(TileSimtGather(updates, GatherOp::kGather, kH100Sms).vector_bytes, 16);
+  CHECK_EQ(TileSimtGather(updates, GatherOp::kScatterSet, kH100Sms).vector_bytes, 2);
+  // 1-byte vectors: segments of 1 KiB still.
+  t = TileSimtGather(Gather(10, 3, 2001), GatherOp::kGather, kH100Sms);
+  CHECK_EQ(t.vector_bytes, 1);
+  CHECK_EQ(t.segment, int64_t{1024});
+  CHECK_EQ(t.segments, int64_t{2});
+  // Nothing to move: no tiles.
+  CHECK_EQ(TileSimtGather(Gather(64, 0, 64), GatherOp::kGather, kH100Sms).tiles, int64_t{0});
+}
+
 GatherPath PathOf(const GatherGeometry& g, GatherOp op, bool has_tma) {
   GatherPlan plan;
   const ffi::Error e = PlanGather(g, op, has_tma ? kH100 : kA100, 0, &plan);
@@ -111,6 +156,14 @@ std::string Error(const GatherGeometry& g, GatherOp op, bool has_tma) {
 
 void TestPathChoice() {
   GatherGeometry g = Gather(100, 10, 64);
+  // The SIMT path carries its tiling, except for add (atomics, untiled).
+  GatherPlan plan;
+  CHECK(PlanGather(g, GatherOp::kGather, kA100, 0, &plan).success());
+  CHECK_EQ(plan.simt.tiles, int64_t{1});
+  plan = GatherPlan{};
+  CHECK(PlanGather(g, GatherOp::kScatterAdd, kA100, 0, &plan).success());
+  CHECK(plan.path == GatherPath::kSimt);
+  CHECK_EQ(plan.simt.tiles, int64_t{0});
   CHECK(PathOf(g, GatherOp::kGather, true) == GatherPath::kBulk);
   CHECK(PathOf(g, GatherOp::kGather, false) == GatherPath::kSimt);
   GatherGeometry small = Gather(100, 10, 16);  // "auto" takes bulk at any slab size that fits
@@ -140,6 +193,7 @@ void TestPathChoice() {
 int main() {
   jax_tma::TestBulkRules();
   jax_tma::TestTiling();
+  jax_tma::TestSimtTiling();
   jax_tma::TestPathChoice();
   return jax_tma::testing::Failures("test_gather_plan");
 }
