@@ -224,18 +224,30 @@ def test_raw_handler_rejects_tma_for_odd_slabs(gpu):
                                 on(gpu, np.float32(0))))
 
 
-@pytest.mark.parametrize("path, call", [
-    ("gather.bulk", lambda x, i, u: jax_tma.gather(x, i)),                      # 64 B slabs
-    ("gather.simt", lambda x, i, u: jax_tma.gather(x[:, :3], i)),               # 12 B slabs
-    ("gather.simt", lambda x, i, u: jax_tma.gather(x, i, method="simt")),
-    ("scatter.bulk", lambda x, i, u: jax_tma.scatter(x, i, u)),
-    ("scatter.bulk", lambda x, i, u: jax_tma.scatter(x, i, u, mode="add")),
-    ("scatter.simt", lambda x, i, u: jax_tma.scatter(x.astype(jnp.int8), i, u.astype(jnp.int8),
-                                                     mode="add")),          # no bulk add of int8
-    ("scatter.ordered", lambda x, i, u: jax_tma.scatter(x, i, u, mode="add", deterministic=True)),
-], ids=["gather-64B", "gather-12B", "gather-simt", "set", "add-f32", "add-int8", "deterministic"])
-def test_auto_takes_the_path_it_should(gpu, rng, path, call):
-    x = on(gpu, rng.standard_normal((40, 16)).astype(np.float32))
-    i = on(gpu, rng.integers(-42, 42, (9,)).astype(np.int32))
-    u = on(gpu, rng.standard_normal((9, 16)).astype(np.float32))
+# "auto" takes the bulk path for slabs over 256 B in calls over 4 MiB
+# (kAutoSimt* in ffi/gather/gather_plan.h), the SIMT kernel for smaller ones.
+_LARGE = (16384, 128, 8200)   # table rows, f32 elements a slab (512 B), indices: 4.0 MiB moved
+_SMALL = (40, 16, 9)          # 64 B slabs
+
+
+@pytest.mark.parametrize("path, shape, call", [
+    ("gather.bulk", _LARGE, lambda x, i, u: jax_tma.gather(x, i)),
+    ("gather.simt", _SMALL, lambda x, i, u: jax_tma.gather(x, i)),
+    ("gather.simt", (16384, 64, 20000), lambda x, i, u: jax_tma.gather(x, i)),  # 256 B slabs
+    ("gather.simt", _SMALL, lambda x, i, u: jax_tma.gather(x[:, :3], i)),       # 12 B slabs
+    ("gather.simt", _LARGE, lambda x, i, u: jax_tma.gather(x, i, method="simt")),
+    ("scatter.bulk", _LARGE, lambda x, i, u: jax_tma.scatter(x, i, u)),
+    ("scatter.simt", _SMALL, lambda x, i, u: jax_tma.scatter(x, i, u)),
+    ("scatter.bulk", _SMALL, lambda x, i, u: jax_tma.scatter(x, i, u, mode="add")),
+    ("scatter.simt", _SMALL, lambda x, i, u: jax_tma.scatter(x.astype(jnp.int8), i,
+                                                             u.astype(jnp.int8), mode="add")),
+    ("scatter.ordered", _SMALL, lambda x, i, u: jax_tma.scatter(x, i, u, mode="add",
+                                                                deterministic=True)),
+], ids=["gather-large", "gather-small", "gather-256B", "gather-12B", "gather-simt", "set-large",
+        "set-small", "add-f32", "add-int8", "deterministic"])
+def test_auto_takes_the_path_it_should(gpu, rng, path, shape, call):
+    rows, width, count = shape
+    x = on(gpu, rng.standard_normal((rows, width)).astype(np.float32))
+    i = on(gpu, rng.integers(-rows - 2, rows + 2, (count,)).astype(np.int32))
+    u = on(gpu, rng.standard_normal((count, width)).astype(np.float32))
     run_on_path(path, jax.jit(call), x, i, u)  # a fresh executable: its handler runs

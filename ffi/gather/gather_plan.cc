@@ -89,13 +89,27 @@ SimtGatherTiling TileSimtGather(const GatherGeometry& g, GatherOp op, int sm_cou
   if (rows == 0 || g.slab_bytes == 0) return t;  // nothing to move: no tiles
   t.vectors_per_row = g.slab_bytes / t.vector_bytes;
   t.segment = std::min(t.vectors_per_row, kSimtSegmentBytes / t.vector_bytes);
+  t.tile_rows = std::min(rows, kSimtTileRows);
+  // A call with fewer tiles than one resident wave has warps splits its
+  // tiles, segments first (down to a vector a lane), then rows, until a
+  // tile is one vector a lane: a warp's time is its loads in series.
+  constexpr int64_t kWarps = kSimtGatherThreads / 32;
+  const int64_t wave = int64_t{std::max(sm_count, 1)} * kSimtGatherBlocksPerSm * kWarps;
+  auto tiles = [&] {
+    return (rows + t.tile_rows - 1) / t.tile_rows * ((t.vectors_per_row + t.segment - 1) / t.segment);
+  };
+  while (tiles() < wave && t.tile_rows * t.segment > 32) {
+    if (t.segment > 32) {
+      t.segment = (t.segment + 1) / 2;
+    } else {
+      t.tile_rows = (t.tile_rows + 1) / 2;
+    }
+  }
   t.segments = (t.vectors_per_row + t.segment - 1) / t.segment;
-  t.tiles = (rows + kSimtTileRows - 1) / kSimtTileRows * t.segments;
+  t.tiles = tiles();
   // One resident wave of blocks, each warp looping over tiles; fewer where
   // the tiles run out first.
-  constexpr int64_t kWarps = kSimtGatherThreads / 32;
-  t.blocks = std::clamp<int64_t>((t.tiles + kWarps - 1) / kWarps, 1,
-                                 int64_t{std::max(sm_count, 1)} * kSimtGatherBlocksPerSm);
+  t.blocks = std::clamp<int64_t>((t.tiles + kWarps - 1) / kWarps, 1, wave / kWarps);
   return t;
 }
 
@@ -117,11 +131,15 @@ ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& in
     if (!has_tma) return InvalidArgument(name, info.NeedsTma("tma", device));
     if (!fits) return InvalidArgument(name, "method='tma' cannot move this call: ", why);
   }
-  // "auto" takes the bulk path wherever it runs: it out-runs the SIMT kernel
-  // at every slab size of the benchmark's sweep, 128 B rows included
-  // (benchmarks/results/gather_*.json), and the SIMT path adds with atomics.
+  // "auto" moves small slabs and small calls with the SIMT kernel, which
+  // out-runs the bulk path there (benchmarks/results/gather_*.json: the slab
+  // sweep and the small gathers); adds stay on the bulk path (hardware
+  // reductions, where SIMT has atomics).
+  const bool simt_wins = op != GatherOp::kScatterAdd &&
+                         (g.slab_bytes <= kAutoSimtMaxSlabBytes ||
+                          g.rows() * g.slab_bytes <= kAutoSimtMaxCallBytes);
   const bool bulk = g.method == GatherMethod::kTma ||
-                    (g.method == GatherMethod::kAuto && has_tma && fits);
+                    (g.method == GatherMethod::kAuto && has_tma && fits && !simt_wins);
   plan->path = bulk ? GatherPath::kBulk : GatherPath::kSimt;
   if (bulk) {
     plan->bulk = TileBulkGather(g, info.sm_count);

@@ -39,14 +39,16 @@ struct BulkGatherTiling {
 };
 
 // The SIMT gather / scatter-set kernel: each warp moves tiles of up to
-// kSimtTileRows consecutive slab rows of the output (gather) or the updates
-// (scatter), one segment of each row per tile, in vectors of
+// `tile_rows` (at most 32) consecutive slab rows of the output (gather) or the
+// updates (scatter), one segment of each row per tile, in vectors of
 // `vector_bytes`. Each lane reads one row's index per tile (one coalesced
 // load) and the warp shares them by shuffles, so every vector load is
-// independent of the others and a lane has several in flight.
+// independent of the others and a lane has several in flight. Small calls
+// get smaller tiles, so that their few rows still spread over many warps.
 struct SimtGatherTiling {
   int vector_bytes = 1;         // the widest of 16, 8, 4, 2, 1 dividing slab size and addresses
   int64_t vectors_per_row = 0;  // slab_bytes / vector_bytes
+  int64_t tile_rows = 0;        // slab rows per tile, 1 to kSimtTileRows
   int64_t segment = 0;          // vectors of a row per tile (the row's last may be fewer)
   int64_t segments = 0;         // segments per row
   int64_t tiles = 0;
@@ -65,13 +67,18 @@ inline constexpr int64_t kBulkGatherUnitBytes = 16 * 1024;
 inline constexpr int kBulkGatherStages = 4;
 inline constexpr int64_t kBulkGatherMaxRowsPerUnit = 64;
 
-// Threads of a SIMT block, slab rows of a tile, and the most bytes of one row
-// a tile moves (larger slabs are split, so that even a few rows give every
-// SM tiles).
+// Threads of a SIMT block, the most slab rows of a tile, and the most bytes
+// of one row a tile moves (larger slabs are split, so that even a few rows
+// give every SM tiles).
 inline constexpr int kSimtGatherThreads = 256;
 inline constexpr int kSimtGatherBlocksPerSm = 4;  // its launch bounds: 64 registers a thread
 inline constexpr int64_t kSimtTileRows = 32;
 inline constexpr int64_t kSimtSegmentBytes = 1024;
+
+// "auto" gathers and scatter-sets slabs of at most kAutoSimtMaxSlabBytes, and
+// calls moving at most kAutoSimtMaxCallBytes, with the SIMT kernel.
+inline constexpr int64_t kAutoSimtMaxSlabBytes = 256;
+inline constexpr int64_t kAutoSimtMaxCallBytes = 4 << 20;
 
 // Whether the TMA bulk path can move `g` (16-byte slabs and addresses; for
 // add, an element type cp.reduce.async.bulk can sum); the first broken rule
@@ -87,8 +94,9 @@ SimtGatherTiling TileSimtGather(const GatherGeometry& g, GatherOp op, int sm_cou
 
 // Resolves the method of a call with rows to move: deterministic scatter
 // takes the ordered kernel; "tma" the bulk path or an error naming the rule;
-// "auto" the bulk path where it fits and TMA exists, else SIMT. Errors name
-// the op (method="tma" without TMA: DeviceInfo::NeedsTma for `device`).
+// "auto" the bulk path where it fits, TMA exists and the SIMT kernel would
+// not win (kAutoSimt*), else SIMT. Errors name the op (method="tma" without
+// TMA: DeviceInfo::NeedsTma for `device`).
 ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& info, int device,
                       GatherPlan* plan);
 

@@ -103,6 +103,7 @@ void TestSimtTiling() {
   SimtGatherTiling t = TileSimtGather(Gather(1 << 22, 1 << 20, 128), GatherOp::kGather, kH100Sms);
   CHECK_EQ(t.vector_bytes, 16);
   CHECK_EQ(t.vectors_per_row, int64_t{8});
+  CHECK_EQ(t.tile_rows, int64_t{32});
   CHECK_EQ(t.segment, int64_t{8});
   CHECK_EQ(t.segments, int64_t{1});
   CHECK_EQ(t.tiles, int64_t{32768});
@@ -110,21 +111,38 @@ void TestSimtTiling() {
   // 32 KiB pages: 1 KiB segments, so that 8,192 pages make 8,192 tiles.
   t = TileSimtGather(Gather(32768, 8192, 32768), GatherOp::kGather, kH100Sms);
   CHECK_EQ(t.vectors_per_row, int64_t{2048});
+  CHECK_EQ(t.tile_rows, int64_t{32});
   CHECK_EQ(t.segment, int64_t{64});
   CHECK_EQ(t.segments, int64_t{32});
   CHECK_EQ(t.tiles, int64_t{8192});
-  // 3,200 B slabs: three 1 KiB segments and a shorter last one.
-  t = TileSimtGather(Gather(100, 40, 3200), GatherOp::kGather, kH100Sms);
-  CHECK_EQ(t.segment, int64_t{64});
+  // Fewer tiles than a wave has warps: segments halve to one vector a lane,
+  // then rows, down to a tile of 32 vectors. 64 rows of 2 KiB: 256 tiles of
+  // one row's 512 B.
+  t = TileSimtGather(Gather(65536, 64, 2048), GatherOp::kGather, kH100Sms);
+  CHECK_EQ(t.tile_rows, int64_t{1});
+  CHECK_EQ(t.segment, int64_t{32});
   CHECK_EQ(t.segments, int64_t{4});
-  CHECK_EQ(t.tiles, int64_t{8});
-  CHECK_EQ(t.blocks, int64_t{1});
+  CHECK_EQ(t.tiles, int64_t{256});
+  CHECK_EQ(t.blocks, int64_t{32});
+  // 3,200 B slabs: 32-vector segments, the last one shorter; on one SM
+  // (a wave of 32 warps) the 40 rows stop splitting at 8 a tile.
+  t = TileSimtGather(Gather(100, 40, 3200), GatherOp::kGather, kH100Sms);
+  CHECK_EQ(t.tile_rows, int64_t{1});
+  CHECK_EQ(t.segment, int64_t{32});
+  CHECK_EQ(t.segments, int64_t{7});
+  CHECK_EQ(t.tiles, int64_t{280});
+  t = TileSimtGather(Gather(100, 40, 3200), GatherOp::kGather, 1);
+  CHECK_EQ(t.tile_rows, int64_t{8});
+  CHECK_EQ(t.segment, int64_t{32});
+  CHECK_EQ(t.tiles, int64_t{35});
+  CHECK_EQ(t.blocks, int64_t{kSimtGatherBlocksPerSm});
   // The vector is the widest that slab size and addresses allow: 12 B slabs
   // move in 4-byte words, an output 8 bytes off the grid in 8-byte ones.
   t = TileSimtGather(Gather(100, 10, 12), GatherOp::kGather, kH100Sms);
   CHECK_EQ(t.vector_bytes, 4);
   CHECK_EQ(t.vectors_per_row, int64_t{3});
   CHECK_EQ(t.segment, int64_t{3});
+  CHECK_EQ(t.tile_rows, int64_t{10});
   GatherGeometry off = Gather(100, 10, 64);
   off.out = reinterpret_cast<void*>(std::uintptr_t{(1 << 21) + 8});
   CHECK_EQ(TileSimtGather(off, GatherOp::kGather, kH100Sms).vector_bytes, 8);
@@ -133,8 +151,8 @@ void TestSimtTiling() {
   updates.slabs = reinterpret_cast<const void*>(std::uintptr_t{(1 << 20) + 2});
   CHECK_EQ(TileSimtGather(updates, GatherOp::kGather, kH100Sms).vector_bytes, 16);
   CHECK_EQ(TileSimtGather(updates, GatherOp::kScatterSet, kH100Sms).vector_bytes, 2);
-  // 1-byte vectors: segments of 1 KiB still.
-  t = TileSimtGather(Gather(10, 3, 2001), GatherOp::kGather, kH100Sms);
+  // 1-byte vectors: segments of 1 KiB where the tiles fill a wave.
+  t = TileSimtGather(Gather(10000, 4096, 2001), GatherOp::kGather, 1);
   CHECK_EQ(t.vector_bytes, 1);
   CHECK_EQ(t.segment, int64_t{1024});
   CHECK_EQ(t.segments, int64_t{2});
@@ -159,15 +177,29 @@ void TestPathChoice() {
   // The SIMT path carries its tiling, except for add (atomics, untiled).
   GatherPlan plan;
   CHECK(PlanGather(g, GatherOp::kGather, kA100, 0, &plan).success());
-  CHECK_EQ(plan.simt.tiles, int64_t{1});
+  CHECK_EQ(plan.simt.tiles, int64_t{2});
   plan = GatherPlan{};
   CHECK(PlanGather(g, GatherOp::kScatterAdd, kA100, 0, &plan).success());
   CHECK(plan.path == GatherPath::kSimt);
   CHECK_EQ(plan.simt.tiles, int64_t{0});
-  CHECK(PathOf(g, GatherOp::kGather, true) == GatherPath::kBulk);
+  // "auto" with TMA: bulk for large slabs in large calls; SIMT for slabs of
+  // at most kAutoSimtMaxSlabBytes and calls of at most kAutoSimtMaxCallBytes;
+  // bulk for every add that fits.
+  const GatherGeometry pages = Gather(32768, 8192, 32768);
+  CHECK(PathOf(pages, GatherOp::kGather, true) == GatherPath::kBulk);
+  CHECK(PathOf(pages, GatherOp::kScatterSet, true) == GatherPath::kBulk);
+  CHECK(PathOf(pages, GatherOp::kGather, false) == GatherPath::kSimt);
+  CHECK(PathOf(Gather(1 << 22, 1 << 20, kAutoSimtMaxSlabBytes * 2), GatherOp::kGather, true) ==
+        GatherPath::kBulk);
+  CHECK(PathOf(Gather(1 << 22, 1 << 20, kAutoSimtMaxSlabBytes), GatherOp::kGather, true) ==
+        GatherPath::kSimt);
+  const GatherGeometry small_call = Gather(65536, kAutoSimtMaxCallBytes / 2048, 2048);
+  CHECK(PathOf(small_call, GatherOp::kGather, true) == GatherPath::kSimt);
+  CHECK(PathOf(small_call, GatherOp::kScatterSet, true) == GatherPath::kSimt);
+  CHECK(PathOf(small_call, GatherOp::kScatterAdd, true) == GatherPath::kBulk);
+  CHECK(PathOf(Gather(65536, kAutoSimtMaxCallBytes / 2048 + 1, 2048), GatherOp::kGather, true) ==
+        GatherPath::kBulk);
   CHECK(PathOf(g, GatherOp::kGather, false) == GatherPath::kSimt);
-  GatherGeometry small = Gather(100, 10, 16);  // "auto" takes bulk at any slab size that fits
-  CHECK(PathOf(small, GatherOp::kScatterSet, true) == GatherPath::kBulk);
   GatherGeometry odd = Gather(100, 10, 12);
   CHECK(PathOf(odd, GatherOp::kGather, true) == GatherPath::kSimt);
   g.method = GatherMethod::kSimt;
