@@ -45,11 +45,12 @@ inline bool IndexKindOf(ffi::DataType t, IndexKind* k) {
 
 // indices[i] as 64 bits: signed kinds sign-extended, unsigned ones not.
 JAX_TMA_HOST_DEVICE inline uint64_t LoadIndex(const void* indices, IndexKind kind, int64_t i) {
+  auto s = [](int64_t v) { return static_cast<uint64_t>(v); };
   switch (kind) {
-    case IndexKind::kS8: return static_cast<uint64_t>(int64_t{static_cast<const int8_t*>(indices)[i]});
-    case IndexKind::kS16: return static_cast<uint64_t>(int64_t{static_cast<const int16_t*>(indices)[i]});
-    case IndexKind::kS32: return static_cast<uint64_t>(int64_t{static_cast<const int32_t*>(indices)[i]});
-    case IndexKind::kS64: return static_cast<uint64_t>(static_cast<const int64_t*>(indices)[i]);
+    case IndexKind::kS8: return s(static_cast<const int8_t*>(indices)[i]);
+    case IndexKind::kS16: return s(static_cast<const int16_t*>(indices)[i]);
+    case IndexKind::kS32: return s(static_cast<const int32_t*>(indices)[i]);
+    case IndexKind::kS64: return s(static_cast<const int64_t*>(indices)[i]);
     case IndexKind::kU8: return static_cast<const uint8_t*>(indices)[i];
     case IndexKind::kU16: return static_cast<const uint16_t*>(indices)[i];
     case IndexKind::kU32: return static_cast<const uint32_t*>(indices)[i];
@@ -61,7 +62,9 @@ JAX_TMA_HOST_DEVICE inline uint64_t LoadIndex(const void* indices, IndexKind kin
 // values wrap once, anything outside [0, n) after that is -1. Unsigned values
 // never wrap.
 JAX_TMA_HOST_DEVICE inline int64_t IndexRow(uint64_t raw, IndexKind kind, int64_t n) {
-  if (kind >= IndexKind::kU8) return raw < static_cast<uint64_t>(n) ? static_cast<int64_t>(raw) : -1;
+  if (kind >= IndexKind::kU8) {
+    return raw < static_cast<uint64_t>(n) ? static_cast<int64_t>(raw) : -1;
+  }
   int64_t v = static_cast<int64_t>(raw);
   if (v < 0) v += n;  // no overflow: v < 0 <= n
   return v >= 0 && v < n ? v : -1;

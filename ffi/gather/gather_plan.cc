@@ -96,7 +96,8 @@ SimtGatherTiling TileSimtGather(const GatherGeometry& g, GatherOp op, int sm_cou
   constexpr int64_t kWarps = kSimtGatherThreads / 32;
   const int64_t wave = int64_t{std::max(sm_count, 1)} * kSimtGatherBlocksPerSm * kWarps;
   auto tiles = [&] {
-    return (rows + t.tile_rows - 1) / t.tile_rows * ((t.vectors_per_row + t.segment - 1) / t.segment);
+    const int64_t segments = (t.vectors_per_row + t.segment - 1) / t.segment;
+    return (rows + t.tile_rows - 1) / t.tile_rows * segments;
   };
   while (tiles() < wave && t.tile_rows * t.segment > 32) {
     if (t.segment > 32) {

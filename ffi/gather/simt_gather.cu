@@ -50,7 +50,9 @@ __global__ void __launch_bounds__(kSimtGatherThreads, kSimtGatherBlocksPerSm)
     const int64_t r = tile / t.segments * t.tile_rows + lane;
     return r < rows ? r : -1;
   };
-  auto load = [&](int64_t r) { return r < 0 ? uint64_t{0} : LoadIndex(g.indices, g.index_kind, g.IndexAt(r)); };
+  auto load = [&](int64_t r) {
+    return r < 0 ? uint64_t{0} : LoadIndex(g.indices, g.index_kind, g.IndexAt(r));
+  };
   int64_t tile = (blockIdx.x * static_cast<int64_t>(kSimtGatherThreads) + threadIdx.x) / 32;
   int64_t next_r = row_of_tile(tile);
   uint64_t next_raw = load(next_r);
