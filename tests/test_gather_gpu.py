@@ -224,27 +224,27 @@ def test_raw_handler_rejects_tma_for_odd_slabs(gpu):
                                 on(gpu, np.float32(0))))
 
 
-# "auto" takes the bulk path for slabs over 256 B in calls over 4 MiB
-# (kAutoSimt* in ffi/gather/gather_plan.h), the SIMT kernel for smaller ones.
-_LARGE = (16384, 128, 8200)   # table rows, f32 elements a slab (512 B), indices: 4.0 MiB moved
-_SMALL = (40, 16, 9)          # 64 B slabs
+# "auto" takes the SIMT kernel for slabs of at most 256 B
+# (kAutoSimtMaxSlabBytes in ffi/gather/gather_plan.h), the bulk path for
+# larger ones and for adds.
+_WIDE = (40, 128, 9)   # table rows, f32 elements a slab (512 B), indices
+_NARROW = (40, 64, 9)  # 256 B slabs
 
 
 @pytest.mark.parametrize("path, shape, call", [
-    ("gather.bulk", _LARGE, lambda x, i, u: jax_tma.gather(x, i)),
-    ("gather.simt", _SMALL, lambda x, i, u: jax_tma.gather(x, i)),
-    ("gather.simt", (16384, 64, 20000), lambda x, i, u: jax_tma.gather(x, i)),  # 256 B slabs
-    ("gather.simt", _SMALL, lambda x, i, u: jax_tma.gather(x[:, :3], i)),       # 12 B slabs
-    ("gather.simt", _LARGE, lambda x, i, u: jax_tma.gather(x, i, method="simt")),
-    ("scatter.bulk", _LARGE, lambda x, i, u: jax_tma.scatter(x, i, u)),
-    ("scatter.simt", _SMALL, lambda x, i, u: jax_tma.scatter(x, i, u)),
-    ("scatter.bulk", _SMALL, lambda x, i, u: jax_tma.scatter(x, i, u, mode="add")),
-    ("scatter.simt", _SMALL, lambda x, i, u: jax_tma.scatter(x.astype(jnp.int8), i,
-                                                             u.astype(jnp.int8), mode="add")),
-    ("scatter.ordered", _SMALL, lambda x, i, u: jax_tma.scatter(x, i, u, mode="add",
-                                                                deterministic=True)),
-], ids=["gather-large", "gather-small", "gather-256B", "gather-12B", "gather-simt", "set-large",
-        "set-small", "add-f32", "add-int8", "deterministic"])
+    ("gather.bulk", _WIDE, lambda x, i, u: jax_tma.gather(x, i)),
+    ("gather.simt", _NARROW, lambda x, i, u: jax_tma.gather(x, i)),
+    ("gather.simt", _WIDE, lambda x, i, u: jax_tma.gather(x[:, :3], i)),       # 12 B slabs
+    ("gather.simt", _WIDE, lambda x, i, u: jax_tma.gather(x, i, method="simt")),
+    ("scatter.bulk", _WIDE, lambda x, i, u: jax_tma.scatter(x, i, u)),
+    ("scatter.simt", _NARROW, lambda x, i, u: jax_tma.scatter(x, i, u)),
+    ("scatter.bulk", _NARROW, lambda x, i, u: jax_tma.scatter(x, i, u, mode="add")),
+    ("scatter.simt", _NARROW, lambda x, i, u: jax_tma.scatter(x.astype(jnp.int8), i,
+                                                              u.astype(jnp.int8), mode="add")),
+    ("scatter.ordered", _NARROW, lambda x, i, u: jax_tma.scatter(x, i, u, mode="add",
+                                                                 deterministic=True)),
+], ids=["gather-512B", "gather-256B", "gather-12B", "gather-simt", "set-512B", "set-256B",
+        "add-f32", "add-int8", "deterministic"])
 def test_auto_takes_the_path_it_should(gpu, rng, path, shape, call):
     rows, width, count = shape
     x = on(gpu, rng.standard_normal((rows, width)).astype(np.float32))

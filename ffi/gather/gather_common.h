@@ -26,7 +26,6 @@ inline constexpr std::string_view kScatterOp = "jax_tma.scatter";
 
 enum class GatherMethod { kAuto, kTma, kSimt };
 enum class ScatterMode { kSet, kAdd };
-// The signed kinds come first (IndexRow relies on it).
 enum class IndexKind : int32_t { kS8, kS16, kS32, kS64, kU8, kU16, kU32, kU64 };
 
 inline bool IndexKindOf(ffi::DataType t, IndexKind* k) {
@@ -43,37 +42,26 @@ inline bool IndexKindOf(ffi::DataType t, IndexKind* k) {
   }
 }
 
-// indices[i] as 64 bits: signed kinds sign-extended, unsigned ones not.
-JAX_TMA_HOST_DEVICE inline uint64_t LoadIndex(const void* indices, IndexKind kind, int64_t i) {
-  auto s = [](int64_t v) { return static_cast<uint64_t>(v); };
-  switch (kind) {
-    case IndexKind::kS8: return s(static_cast<const int8_t*>(indices)[i]);
-    case IndexKind::kS16: return s(static_cast<const int16_t*>(indices)[i]);
-    case IndexKind::kS32: return s(static_cast<const int32_t*>(indices)[i]);
-    case IndexKind::kS64: return s(static_cast<const int64_t*>(indices)[i]);
-    case IndexKind::kU8: return static_cast<const uint8_t*>(indices)[i];
-    case IndexKind::kU16: return static_cast<const uint16_t*>(indices)[i];
-    case IndexKind::kU32: return static_cast<const uint32_t*>(indices)[i];
-    default: return static_cast<const uint64_t*>(indices)[i];
-  }
-}
-
-// w(index) for a table of n rows, `raw` as LoadIndex gives it: negative
-// values wrap once, anything outside [0, n) after that is -1. Unsigned values
-// never wrap.
-JAX_TMA_HOST_DEVICE inline int64_t IndexRow(uint64_t raw, IndexKind kind, int64_t n) {
-  if (kind >= IndexKind::kU8) {
-    return raw < static_cast<uint64_t>(n) ? static_cast<int64_t>(raw) : -1;
-  }
-  int64_t v = static_cast<int64_t>(raw);
-  if (v < 0) v += n;  // no overflow: v < 0 <= n
-  return v >= 0 && v < n ? v : -1;
-}
-
-// w(indices[i]) for a table of n rows.
+// w(indices[i]) for a table of n rows: negative values wrap once, anything
+// outside [0, n) after that is -1. Unsigned values never wrap.
 JAX_TMA_HOST_DEVICE inline int64_t SlabRow(const void* indices, IndexKind kind, int64_t i,
                                            int64_t n) {
-  return IndexRow(LoadIndex(indices, kind, i), kind, n);
+  int64_t v = 0;
+  uint64_t u = 0;
+  bool is_signed = true;
+  switch (kind) {
+    case IndexKind::kS8: v = static_cast<const int8_t*>(indices)[i]; break;
+    case IndexKind::kS16: v = static_cast<const int16_t*>(indices)[i]; break;
+    case IndexKind::kS32: v = static_cast<const int32_t*>(indices)[i]; break;
+    case IndexKind::kS64: v = static_cast<const int64_t*>(indices)[i]; break;
+    case IndexKind::kU8: u = static_cast<const uint8_t*>(indices)[i]; is_signed = false; break;
+    case IndexKind::kU16: u = static_cast<const uint16_t*>(indices)[i]; is_signed = false; break;
+    case IndexKind::kU32: u = static_cast<const uint32_t*>(indices)[i]; is_signed = false; break;
+    default: u = static_cast<const uint64_t*>(indices)[i]; is_signed = false; break;
+  }
+  if (!is_signed) return u < static_cast<uint64_t>(n) ? static_cast<int64_t>(u) : -1;
+  if (v < 0) v += n;  // no overflow: v < 0 <= n
+  return v >= 0 && v < n ? v : -1;
 }
 
 inline bool ParseGatherMethod(std::string_view name, GatherMethod* out) {
@@ -110,26 +98,15 @@ struct GatherGeometry {
   // Flat slab row of x that slab row r of the output/updates reads/writes, or
   // -1 when its index is out of range.
   JAX_TMA_HOST_DEVICE int64_t TableRow(int64_t r) const;
-  // TableRow in two steps, for kernels that load an index early: the
-  // position in `indices` of row r's index, and row r's table row given that
-  // index as LoadIndex returns it.
-  JAX_TMA_HOST_DEVICE int64_t IndexAt(int64_t r) const;
-  JAX_TMA_HOST_DEVICE int64_t RowOf(int64_t r, uint64_t raw) const;
 };
 
-JAX_TMA_HOST_DEVICE inline int64_t GatherGeometry::IndexAt(int64_t r) const {
-  if (batch == 1 && outer == 1) return r;  // no divisions
-  return r / count / outer * count + r % count;
-}
-
-JAX_TMA_HOST_DEVICE inline int64_t GatherGeometry::RowOf(int64_t r, uint64_t raw) const {
-  const int64_t w = IndexRow(raw, index_kind, table_rows);
-  if (batch == 1 && outer == 1) return w;
-  return w < 0 ? -1 : r / count * table_rows + w;
-}
-
 JAX_TMA_HOST_DEVICE inline int64_t GatherGeometry::TableRow(int64_t r) const {
-  return RowOf(r, LoadIndex(indices, index_kind, IndexAt(r)));
+  if (batch == 1 && outer == 1) return SlabRow(indices, index_kind, r, table_rows);  // no divisions
+  const int64_t m = r % count;
+  const int64_t bp = r / count;
+  const int64_t b = bp / outer;
+  const int64_t w = SlabRow(indices, index_kind, b * count + m, table_rows);
+  return w < 0 ? -1 : bp * table_rows + w;
 }
 
 // The operands and attributes shared by both targets, appended to a binding

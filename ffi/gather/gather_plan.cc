@@ -132,13 +132,12 @@ ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& in
     if (!has_tma) return InvalidArgument(name, info.NeedsTma("tma", device));
     if (!fits) return InvalidArgument(name, "method='tma' cannot move this call: ", why);
   }
-  // "auto" moves small slabs and small calls with the SIMT kernel, which
-  // out-runs the bulk path there (benchmarks/results/gather_*.json: the slab
-  // sweep and the small gathers); adds stay on the bulk path (hardware
-  // reductions, where SIMT has atomics).
-  const bool simt_wins = op != GatherOp::kScatterAdd &&
-                         (g.slab_bytes <= kAutoSimtMaxSlabBytes ||
-                          g.rows() * g.slab_bytes <= kAutoSimtMaxCallBytes);
+  // "auto" moves slabs of at most kAutoSimtMaxSlabBytes with the SIMT kernel,
+  // which out-runs the bulk path there; larger slabs, and calls of any size,
+  // go faster in bulk (benchmarks/results/gather_*.json: the slab sweep and
+  // the small gathers). Adds stay on the bulk path (hardware reductions,
+  // where the SIMT kernel has atomics).
+  const bool simt_wins = op != GatherOp::kScatterAdd && g.slab_bytes <= kAutoSimtMaxSlabBytes;
   const bool bulk = g.method == GatherMethod::kTma ||
                     (g.method == GatherMethod::kAuto && has_tma && fits && !simt_wins);
   plan->path = bulk ? GatherPath::kBulk : GatherPath::kSimt;

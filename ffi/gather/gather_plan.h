@@ -75,10 +75,9 @@ inline constexpr int kSimtGatherBlocksPerSm = 4;  // its launch bounds: 64 regis
 inline constexpr int64_t kSimtTileRows = 32;
 inline constexpr int64_t kSimtSegmentBytes = 1024;
 
-// "auto" gathers and scatter-sets slabs of at most kAutoSimtMaxSlabBytes, and
-// calls moving at most kAutoSimtMaxCallBytes, with the SIMT kernel.
+// "auto" gathers and scatter-sets slabs of at most this many bytes with the
+// SIMT kernel.
 inline constexpr int64_t kAutoSimtMaxSlabBytes = 256;
-inline constexpr int64_t kAutoSimtMaxCallBytes = 4 << 20;
 
 // Whether the TMA bulk path can move `g` (16-byte slabs and addresses; for
 // add, an element type cp.reduce.async.bulk can sum); the first broken rule
@@ -95,7 +94,7 @@ SimtGatherTiling TileSimtGather(const GatherGeometry& g, GatherOp op, int sm_cou
 // Resolves the method of a call with rows to move: deterministic scatter
 // takes the ordered kernel; "tma" the bulk path or an error naming the rule;
 // "auto" the bulk path where it fits, TMA exists and the SIMT kernel would
-// not win (kAutoSimt*), else SIMT. Errors name the op (method="tma" without
+// not win (kAutoSimtMaxSlabBytes), else SIMT. Errors name the op (method="tma" without
 // TMA: DeviceInfo::NeedsTma for `device`).
 ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& info, int device,
                       GatherPlan* plan);

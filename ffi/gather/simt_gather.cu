@@ -29,9 +29,7 @@ __device__ __forceinline__ V FillVector(const uint8_t* fill, int64_t elem_bytes,
 // SimtGatherTiling says: per tile, lane l reads the index of the tile's row
 // l, then the warp walks the tile's vectors (row-major, `width` per row),
 // each lane taking the row's index from its owner by a shuffle and keeping
-// kUnroll independent loads in flight before it stores. The warp reads its
-// next tile's indices before it moves this one, so that their latency
-// overlaps the moves (a tile of small rows is one round of loads).
+// kUnroll independent loads in flight before it stores.
 template <typename V, bool kScatter>
 __global__ void __launch_bounds__(kSimtGatherThreads, kSimtGatherBlocksPerSm)
     SimtMoveKernel(const GatherGeometry g, const SimtGatherTiling t) {
@@ -43,26 +41,12 @@ __global__ void __launch_bounds__(kSimtGatherThreads, kSimtGatherBlocksPerSm)
   V* out = static_cast<V*>(g.out);
   const V* updates = static_cast<const V*>(g.slabs);
   const auto* fill = static_cast<const uint8_t*>(g.slabs);
-  // This lane's row of `tile`, or -1 where it has none, and that row's index
-  // as loaded: the load is issued a tile ahead and resolved when used.
-  auto row_of_tile = [&](int64_t tile) -> int64_t {
-    if (tile >= t.tiles || lane >= t.tile_rows) return -1;
-    const int64_t r = tile / t.segments * t.tile_rows + lane;
-    return r < rows ? r : -1;
-  };
-  auto load = [&](int64_t r) {
-    return r < 0 ? uint64_t{0} : LoadIndex(g.indices, g.index_kind, g.IndexAt(r));
-  };
-  int64_t tile = (blockIdx.x * static_cast<int64_t>(kSimtGatherThreads) + threadIdx.x) / 32;
-  int64_t next_r = row_of_tile(tile);
-  uint64_t next_raw = load(next_r);
-  for (; tile < t.tiles; tile += warps) {
-    const int64_t mine = next_r < 0 ? -1 : g.RowOf(next_r, next_raw);
-    next_r = row_of_tile(tile + warps);
-    next_raw = load(next_r);
+  for (int64_t tile = (blockIdx.x * static_cast<int64_t>(kSimtGatherThreads) + threadIdx.x) / 32;
+       tile < t.tiles; tile += warps) {
     const int64_t chunk = tile / t.segments;
     const int64_t c0 = (tile - chunk * t.segments) * t.segment;
     const int64_t r0 = chunk * t.tile_rows;
+    const int64_t mine = lane < t.tile_rows && r0 + lane < rows ? g.TableRow(r0 + lane) : -1;
     const auto width = static_cast<uint32_t>(min(t.segment, vpr - c0));
     const auto total = static_cast<uint32_t>(min(t.tile_rows, rows - r0)) * width;
     const int shift = (width & (width - 1)) == 0 ? __ffs(width) - 1 : -1;

@@ -182,22 +182,17 @@ void TestPathChoice() {
   CHECK(PlanGather(g, GatherOp::kScatterAdd, kA100, 0, &plan).success());
   CHECK(plan.path == GatherPath::kSimt);
   CHECK_EQ(plan.simt.tiles, int64_t{0});
-  // "auto" with TMA: bulk for large slabs in large calls; SIMT for slabs of
-  // at most kAutoSimtMaxSlabBytes and calls of at most kAutoSimtMaxCallBytes;
-  // bulk for every add that fits.
+  // "auto" with TMA: SIMT for slabs of at most kAutoSimtMaxSlabBytes, bulk for
+  // larger ones at any call size; bulk for every add that fits.
   const GatherGeometry pages = Gather(32768, 8192, 32768);
   CHECK(PathOf(pages, GatherOp::kGather, true) == GatherPath::kBulk);
   CHECK(PathOf(pages, GatherOp::kScatterSet, true) == GatherPath::kBulk);
   CHECK(PathOf(pages, GatherOp::kGather, false) == GatherPath::kSimt);
-  CHECK(PathOf(Gather(1 << 22, 1 << 20, kAutoSimtMaxSlabBytes * 2), GatherOp::kGather, true) ==
-        GatherPath::kBulk);
-  CHECK(PathOf(Gather(1 << 22, 1 << 20, kAutoSimtMaxSlabBytes), GatherOp::kGather, true) ==
-        GatherPath::kSimt);
-  const GatherGeometry small_call = Gather(65536, kAutoSimtMaxCallBytes / 2048, 2048);
-  CHECK(PathOf(small_call, GatherOp::kGather, true) == GatherPath::kSimt);
-  CHECK(PathOf(small_call, GatherOp::kScatterSet, true) == GatherPath::kSimt);
-  CHECK(PathOf(small_call, GatherOp::kScatterAdd, true) == GatherPath::kBulk);
-  CHECK(PathOf(Gather(65536, kAutoSimtMaxCallBytes / 2048 + 1, 2048), GatherOp::kGather, true) ==
+  const GatherGeometry rows = Gather(1 << 22, 1 << 20, kAutoSimtMaxSlabBytes);
+  CHECK(PathOf(rows, GatherOp::kGather, true) == GatherPath::kSimt);
+  CHECK(PathOf(rows, GatherOp::kScatterSet, true) == GatherPath::kSimt);
+  CHECK(PathOf(rows, GatherOp::kScatterAdd, true) == GatherPath::kBulk);
+  CHECK(PathOf(Gather(100, 1, kAutoSimtMaxSlabBytes + 16), GatherOp::kGather, true) ==
         GatherPath::kBulk);
   CHECK(PathOf(g, GatherOp::kGather, false) == GatherPath::kSimt);
   GatherGeometry odd = Gather(100, 10, 12);
