@@ -97,45 +97,40 @@ void TestTiling() {
   CHECK_EQ(t.blocks, int64_t{0});
 }
 
+// The tile shape and counts of `t`: rows x segment vectors a tile, segments a
+// row, tiles, blocks.
+void CheckSimt(const SimtGatherTiling& t, int64_t tile_rows, int64_t segment, int64_t segments,
+               int64_t tiles, int64_t blocks) {
+  CHECK_EQ(t.tile_rows, tile_rows);
+  CHECK_EQ(t.segment, segment);
+  CHECK_EQ(t.segments, segments);
+  CHECK_EQ(t.tiles, tiles);
+  CHECK_EQ(t.blocks, blocks);
+}
+
 void TestSimtTiling() {
   // 128 B rows: 16-byte vectors, a tile is 32 whole rows; one resident wave
   // of blocks (4 a SM) loops over the 32,768 tiles.
+  constexpr int64_t kWave = kH100Sms * kSimtGatherBlocksPerSm;  // blocks
   SimtGatherTiling t = TileSimtGather(Gather(1 << 22, 1 << 20, 128), GatherOp::kGather, kH100Sms);
   CHECK_EQ(t.vector_bytes, 16);
   CHECK_EQ(t.vectors_per_row, int64_t{8});
-  CHECK_EQ(t.tile_rows, int64_t{32});
-  CHECK_EQ(t.segment, int64_t{8});
-  CHECK_EQ(t.segments, int64_t{1});
-  CHECK_EQ(t.tiles, int64_t{32768});
-  CHECK_EQ(t.blocks, int64_t{kH100Sms * kSimtGatherBlocksPerSm});
+  CheckSimt(t, 32, 8, 1, 32768, kWave);
   // 32 KiB pages: 1 KiB segments, so that 8,192 pages make 8,192 tiles.
   t = TileSimtGather(Gather(32768, 8192, 32768), GatherOp::kGather, kH100Sms);
   CHECK_EQ(t.vectors_per_row, int64_t{2048});
-  CHECK_EQ(t.tile_rows, int64_t{32});
-  CHECK_EQ(t.segment, int64_t{64});
-  CHECK_EQ(t.segments, int64_t{32});
-  CHECK_EQ(t.tiles, int64_t{8192});
+  CheckSimt(t, 32, 64, 32, 8192, kWave);
   // Fewer tiles than a wave has warps: segments halve to one vector a lane,
   // then rows, down to a tile of 32 vectors. 64 rows of 2 KiB: 256 tiles of
   // one row's 512 B.
-  t = TileSimtGather(Gather(65536, 64, 2048), GatherOp::kGather, kH100Sms);
-  CHECK_EQ(t.tile_rows, int64_t{1});
-  CHECK_EQ(t.segment, int64_t{32});
-  CHECK_EQ(t.segments, int64_t{4});
-  CHECK_EQ(t.tiles, int64_t{256});
-  CHECK_EQ(t.blocks, int64_t{32});
+  CheckSimt(TileSimtGather(Gather(65536, 64, 2048), GatherOp::kGather, kH100Sms), 1, 32, 4, 256,
+            32);
   // 3,200 B slabs: 32-vector segments, the last one shorter; on one SM
   // (a wave of 32 warps) the 40 rows stop splitting at 8 a tile.
-  t = TileSimtGather(Gather(100, 40, 3200), GatherOp::kGather, kH100Sms);
-  CHECK_EQ(t.tile_rows, int64_t{1});
-  CHECK_EQ(t.segment, int64_t{32});
-  CHECK_EQ(t.segments, int64_t{7});
-  CHECK_EQ(t.tiles, int64_t{280});
-  t = TileSimtGather(Gather(100, 40, 3200), GatherOp::kGather, 1);
-  CHECK_EQ(t.tile_rows, int64_t{8});
-  CHECK_EQ(t.segment, int64_t{32});
-  CHECK_EQ(t.tiles, int64_t{35});
-  CHECK_EQ(t.blocks, int64_t{kSimtGatherBlocksPerSm});
+  CheckSimt(TileSimtGather(Gather(100, 40, 3200), GatherOp::kGather, kH100Sms), 1, 32, 7, 280,
+            35);
+  CheckSimt(TileSimtGather(Gather(100, 40, 3200), GatherOp::kGather, 1), 8, 32, 7, 35,
+            kSimtGatherBlocksPerSm);
   // The vector is the widest that slab size and addresses allow: 12 B slabs
   // move in 4-byte words, an output 8 bytes off the grid in 8-byte ones.
   t = TileSimtGather(Gather(100, 10, 12), GatherOp::kGather, kH100Sms);
