@@ -414,7 +414,9 @@ def gather(
         ``[-x.ndim, x.ndim)``.
       fill: the value of slabs picked by out-of-range indices: a Python or
         NumPy scalar, cast to ``x``'s dtype.
-      method: ``"auto"``, ``"tma"`` (one bulk copy per slab; a ValueError
+      method: ``"auto"`` (the SIMT kernel for slabs of at most 256 B, where
+        it is the faster, and on GPUs without TMA; ``"tma"`` otherwise where
+        the slabs allow it), ``"tma"`` (one bulk copy per slab; a ValueError
         naming the 16-byte rule where slabs break it, a RuntimeError on GPUs
         without TMA) or ``"simt"``. On the CPU every method gives the same
         host copy.
@@ -490,9 +492,10 @@ def scatter(
         ``x.shape[:axis] + indices.shape + x.shape[axis+1:]``.
       axis: the dim of ``x`` the indices pick along.
       mode: ``"set"`` or ``"add"``.
-      method: ``"auto"``, ``"tma"`` (bulk copies / bulk reduce-adds; a
-        ValueError naming the rule where slabs or dtype break it) or
-        ``"simt"``. On the CPU every method gives the same result.
+      method: ``"auto"`` (under ``"set"`` as for :func:`gather`; under
+        ``"add"`` ``"tma"`` where it can run), ``"tma"`` (bulk copies / bulk
+        reduce-adds; a ValueError naming the rule where slabs or dtype break
+        it) or ``"simt"``. On the CPU every method gives the same result.
       deterministic: fixes the order duplicates apply in (see above); costs
         a sort of the indices on the device.
 
