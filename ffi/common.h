@@ -14,11 +14,14 @@
 #include "message.h"
 #include "xla/ffi/api/ffi.h"
 
-// Marks helpers shared by host code and CUDA kernels.
+// Marks helpers shared by host code and CUDA kernels, and keeps a function
+// out of line (a cold path whose code would otherwise sit in a hot one).
 #if defined(__CUDACC__)
 #define JAX_TMA_HOST_DEVICE __host__ __device__
+#define JAX_TMA_NOINLINE __noinline__
 #else
 #define JAX_TMA_HOST_DEVICE
+#define JAX_TMA_NOINLINE __attribute__((noinline))
 #endif
 
 // Returns the ffi::Error of `expr` from the enclosing handler if it failed.

@@ -70,6 +70,32 @@ def test_gather_slab_sizes_into_poison(gpu, rng, method, rows, slab):
     assert_bits_equal(gather_poisoned(x, idx, method, gpu, fill=np.float32(-2.5)), want)
 
 
+# 4 MiB moved: more vectors than one resident wave has threads, so that the
+# SIMT path takes its tiled kernel rather than the flat one (the cases above
+# are small calls: flat).
+LARGE_BYTES = 4 << 20
+
+
+@pytest.mark.parametrize("method,rows,slab", slab_cases(np.float32), ids=str)
+def test_gather_large_calls_into_poison(gpu, rng, method, rows, slab):
+    x = random_array(rng, (rows,) + slab, np.float32)
+    count = LARGE_BYTES // (int(np.prod(slab)) * 4)
+    idx = rng.integers(-rows - 3, rows + 3, (count,)).astype(np.int32)
+    want = cpu(functools.partial(jax_tma.gather, fill=np.float32(-2.5)), x, idx)
+    assert_bits_equal(gather_poisoned(x, idx, method, gpu, fill=np.float32(-2.5)), want)
+
+
+@pytest.mark.parametrize("method,rows,slab", slab_cases(np.int16), ids=str)
+def test_scatter_set_large_calls(gpu, rng, method, rows, slab):
+    count = LARGE_BYTES // (int(np.prod(slab)) * 2)
+    x = random_array(rng, (count + 5,) + slab, np.int16)
+    idx = rng.permutation(count + 5)[:count].astype(np.int32)  # unique rows
+    u = random_array(rng, idx.shape + slab, np.int16)
+    want = cpu(functools.partial(jax_tma.scatter, method=method), x, idx, u)
+    f = jax.jit(functools.partial(jax_tma.scatter, method=method), donate_argnums=0)
+    assert_bits_equal(f(on(gpu, x), on(gpu, idx), on(gpu, u)), want)
+
+
 @pytest.mark.parametrize("dtype", BYTE_DTYPES, ids=str)
 @pytest.mark.parametrize("method", METHODS)
 def test_gather_every_dtype(gpu, rng, dtype, method):
@@ -225,26 +251,31 @@ def test_raw_handler_rejects_tma_for_odd_slabs(gpu):
 
 
 # "auto" takes the SIMT kernel for slabs of at most 256 B
-# (kAutoSimtMaxSlabBytes in ffi/gather/gather_plan.h), the bulk path for
-# larger ones and for adds.
-_WIDE = (40, 128, 9)   # table rows, f32 elements a slab (512 B), indices
-_NARROW = (40, 64, 9)  # 256 B slabs
+# (kAutoSimtMaxSlabBytes in ffi/gather/gather_plan.h) and for calls small
+# enough for its flat kernel (a vector a thread of one resident wave: on a
+# 132-SM GPU, 135,168 vectors of 16 B), the bulk path for larger slabs in
+# larger calls and for adds.
+_WIDE = (40, 128, 16384)  # table rows, f32 elements a slab (512 B), indices: 8 MiB
+_NARROW = (40, 64, 9)     # 256 B slabs
+_SMALL = (40, 128, 9)     # 512 B slabs, 4.5 KiB
 
 
 @pytest.mark.parametrize("path, shape, call", [
     ("gather.bulk", _WIDE, lambda x, i, u: jax_tma.gather(x, i)),
+    ("gather.simt", _SMALL, lambda x, i, u: jax_tma.gather(x, i)),
     ("gather.simt", _NARROW, lambda x, i, u: jax_tma.gather(x, i)),
     ("gather.simt", _WIDE, lambda x, i, u: jax_tma.gather(x[:, :3], i)),       # 12 B slabs
     ("gather.simt", _WIDE, lambda x, i, u: jax_tma.gather(x, i, method="simt")),
     ("scatter.bulk", _WIDE, lambda x, i, u: jax_tma.scatter(x, i, u)),
+    ("scatter.simt", _SMALL, lambda x, i, u: jax_tma.scatter(x, i, u)),
     ("scatter.simt", _NARROW, lambda x, i, u: jax_tma.scatter(x, i, u)),
     ("scatter.bulk", _NARROW, lambda x, i, u: jax_tma.scatter(x, i, u, mode="add")),
     ("scatter.simt", _NARROW, lambda x, i, u: jax_tma.scatter(x.astype(jnp.int8), i,
                                                               u.astype(jnp.int8), mode="add")),
     ("scatter.ordered", _NARROW, lambda x, i, u: jax_tma.scatter(x, i, u, mode="add",
                                                                  deterministic=True)),
-], ids=["gather-512B", "gather-256B", "gather-12B", "gather-simt", "set-512B", "set-256B",
-        "add-f32", "add-int8", "deterministic"])
+], ids=["gather-512B", "gather-512B-small", "gather-256B", "gather-12B", "gather-simt",
+        "set-512B", "set-512B-small", "set-256B", "add-f32", "add-int8", "deterministic"])
 def test_auto_takes_the_path_it_should(gpu, rng, path, shape, call):
     rows, width, count = shape
     x = on(gpu, rng.standard_normal((rows, width)).astype(np.float32))

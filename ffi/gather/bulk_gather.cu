@@ -20,7 +20,11 @@ namespace {
 
 constexpr int kThreads = 32;
 constexpr int kRowsPerLane = static_cast<int>(kBulkGatherMaxRowsPerUnit / kThreads);
-constexpr int kMaxSmem = kBulkGatherStages * static_cast<int>(kBulkGatherUnitBytes);
+// A compile-time power of two: the stage of unit k and its phase are a mask
+// and a shift (a runtime count cost 64-bit divisions on every unit).
+constexpr unsigned kStages = kBulkGatherStages;
+static_assert((kStages & (kStages - 1)) == 0, "stages must be a power of two");
+constexpr int kMaxSmem = kStages * static_cast<int>(kBulkGatherUnitBytes);
 
 struct BulkParams {
   GatherGeometry g;
@@ -52,41 +56,33 @@ __device__ __forceinline__ Unit UnitOf(const BulkParams& p, int64_t u) {
   return x;
 }
 
-// 16 bytes of the fill element repeated (element sizes divide 16).
-__device__ __forceinline__ uint4 FillPattern(const uint8_t* fill, int64_t elem_bytes) {
-  uint8_t b[16];
-  for (int i = 0; i < 16; ++i) b[i] = fill[i % elem_bytes];
-  uint4 v;
-  memcpy(&v, b, 16);
-  return v;
-}
-
 template <GatherOp kOp, typename AddT>
 __global__ void __launch_bounds__(kThreads) BulkGatherKernel(const __grid_constant__ BulkParams p) {
 #if JAX_TMA_HAS_BULK_COPY
   using namespace device;
   extern __shared__ __align__(128) uint8_t stage_buf[];
-  __shared__ uint64_t full[kBulkGatherStages];
+  __shared__ uint64_t full[kStages];
   const GatherGeometry& g = p.g;
   const BulkGatherTiling& t = p.t;
   const int lane = static_cast<int>(threadIdx.x);
   const int64_t first = static_cast<int64_t>(blockIdx.x) * t.units_per_cta;
-  const int64_t n = min(t.units_per_cta, t.units - first);
+  const auto n = static_cast<unsigned>(min(t.units_per_cta, t.units - first));  // < 2^31
   const int64_t s_bytes = g.slab_bytes;
   const auto* table = static_cast<const uint8_t*>(g.x);
   auto* out = static_cast<uint8_t*>(g.out);
   const auto* slabs = static_cast<const uint8_t*>(g.slabs);
 
   if (lane == 0) {
-    for (int s = 0; s < t.stages; ++s) mbarrier_init(&full[s], 1);
+#pragma unroll
+    for (unsigned s = 0; s < kStages; ++s) mbarrier_init(&full[s], 1);
     fence_mbarrier_init();
   }
   __syncwarp();
-  auto stage = [&](int64_t k) { return stage_buf + (k % t.stages) * t.unit_bytes; };
+  auto stage = [&](unsigned k) { return stage_buf + (k % kStages) * t.unit_bytes; };
 
-  auto load = [&](int64_t k) {
+  auto load = [&](unsigned k) {
     const Unit u = UnitOf(p, first + k);
-    uint64_t* bar = &full[k % t.stages];
+    uint64_t* bar = &full[k % kStages];
     uint8_t* buf = stage(k);
     if constexpr (kOp == GatherOp::kGather) {
       int64_t src[kRowsPerLane];
@@ -110,20 +106,21 @@ __global__ void __launch_bounds__(kThreads) BulkGatherKernel(const __grid_consta
       // The fill is read only where a row needs it (it would otherwise add
       // a dependent read to every call's start).
       bool filled = false;
-      uint4 pattern = {};
-      for (int i = 0; i < kRowsPerLane; ++i) {
-        for (unsigned m = fill[i]; m != 0; m &= m - 1) {
-          if (!filled) pattern = FillPattern(slabs, g.elem_bytes);
-          uint8_t* row = buf + (__ffs(m) - 1 + i * kThreads) * s_bytes;
-          for (uint32_t o = lane * 16; o < u.row_bytes; o += kThreads * 16) {
-            *reinterpret_cast<uint4*>(row + o) = pattern;
+      for (int i = 0; i < kRowsPerLane; ++i) filled = filled || fill[i] != 0;  // warp-uniform
+      if (filled) {
+        const uint4 pattern = FillPattern(slabs, g.elem_bytes);
+        for (int i = 0; i < kRowsPerLane; ++i) {
+          for (unsigned m = fill[i]; m != 0; m &= m - 1) {
+            uint8_t* row = buf + (__ffs(m) - 1 + i * kThreads) * s_bytes;
+            for (uint32_t o = lane * 16; o < u.row_bytes; o += kThreads * 16) {
+              *reinterpret_cast<uint4*>(row + o) = pattern;
+            }
           }
-          filled = true;
         }
+        // The bulk store that reads these rows is issued after this (in
+        // program order, past the warp barrier).
+        fence_proxy_async_shared();
       }
-      // The bulk store that reads these rows is issued after this (in
-      // program order, past the warp barrier).
-      if (filled) fence_proxy_async_shared();
       __syncwarp();
     } else {
       if (lane == 0) {
@@ -134,7 +131,7 @@ __global__ void __launch_bounds__(kThreads) BulkGatherKernel(const __grid_consta
     }
   };
 
-  auto store = [&](int64_t k) {
+  auto store = [&](unsigned k) {
     const Unit u = UnitOf(p, first + k);
     const uint8_t* buf = stage(k);
     if constexpr (kOp == GatherOp::kGather) {
@@ -159,16 +156,17 @@ __global__ void __launch_bounds__(kThreads) BulkGatherKernel(const __grid_consta
     store_commit_group();
   };
 
-  for (int64_t k = 0; k < t.stages && k < n; ++k) load(k);
-  for (int64_t k = 0; k < n; ++k) {
-    mbarrier_wait(&full[k % t.stages], static_cast<uint32_t>((k / t.stages) & 1));
+#pragma unroll 1
+  for (unsigned k = 0; k < kStages && k < n; ++k) load(k);
+  for (unsigned k = 0; k < n; ++k) {
+    mbarrier_wait(&full[k % kStages], (k / kStages) & 1);
     store(k);
     // Refill the previous unit's stage once its stores have read it (only
     // the group just committed may still read shared memory).
-    if (k >= 1 && k - 1 + t.stages < n) {
+    if (k >= 1 && k - 1 + kStages < n) {
       store_wait_read<1>();
       __syncwarp();
-      load(k - 1 + t.stages);
+      load(k - 1 + kStages);
     }
   }
   // Shared memory must outlive every store that reads it; the writes
@@ -190,7 +188,7 @@ ffi::Error Launch(const BulkParams& p, cudaStream_t stream, int device) {
         return ffi::Error::Success();
       },
       &done));
-  const size_t smem = static_cast<size_t>(p.t.stages) * static_cast<size_t>(p.t.unit_bytes);
+  const size_t smem = size_t{kStages} * static_cast<size_t>(p.t.unit_bytes);
   BulkGatherKernel<kOp, AddT><<<static_cast<unsigned>(p.t.blocks), kThreads, smem, stream>>>(p);
   JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ffi::Error::Success();
@@ -201,11 +199,13 @@ ffi::Error Launch(const BulkParams& p, cudaStream_t stream, int device) {
 ffi::Error LaunchBulkGather(const GatherGeometry& g, GatherOp op, const BulkGatherTiling& t,
                             cudaStream_t stream, int device) {
   if (t.units == 0) return ffi::Error::Success();
-  if (t.stages != kBulkGatherStages || t.unit_bytes <= 0 || t.unit_bytes > kBulkGatherUnitBytes ||
-      t.rows_per_unit > kBulkGatherMaxRowsPerUnit || t.blocks <= 0 || t.blocks > 0x7fffffff) {
+  if (t.unit_bytes <= 0 || t.unit_bytes > kBulkGatherUnitBytes ||
+      t.rows_per_unit > kBulkGatherMaxRowsPerUnit || t.blocks <= 0 || t.blocks > 0x7fffffff ||
+      t.units_per_cta <= 0 || t.units_per_cta > 0x7fffffff) {
     return InvalidArgument(op == GatherOp::kGather ? kGatherOp : kScatterOp,
-                           "bad bulk tiling: stages ", t.stages, ", unit ", t.unit_bytes,
-                           " B, rows per unit ", t.rows_per_unit, ", ", t.blocks, " CTAs");
+                           "bad bulk tiling: unit ", t.unit_bytes, " B, rows per unit ",
+                           t.rows_per_unit, ", ", t.units_per_cta, " units a CTA, ", t.blocks,
+                           " CTAs");
   }
   const BulkParams p{g, t};
   switch (op) {

@@ -49,7 +49,6 @@ bool BulkGatherFits(const GatherGeometry& g, GatherOp op, std::string* why) {
 
 BulkGatherTiling TileBulkGather(const GatherGeometry& g, int sm_count) {
   BulkGatherTiling t;
-  t.stages = kBulkGatherStages;
   const int64_t rows = g.rows();
   if (rows == 0 || g.slab_bytes == 0) return t;  // nothing to move: no units
   if (g.slab_bytes > kBulkGatherUnitBytes) {
@@ -88,13 +87,22 @@ SimtGatherTiling TileSimtGather(const GatherGeometry& g, GatherOp op, int sm_cou
   const int64_t rows = g.rows();
   if (rows == 0 || g.slab_bytes == 0) return t;  // nothing to move: no tiles
   t.vectors_per_row = g.slab_bytes / t.vector_bytes;
+  constexpr int64_t kWarps = kSimtGatherThreads / 32;
+  const int64_t wave = int64_t{std::max(sm_count, 1)} * kSimtGatherBlocksPerSm * kWarps;
+  // No overflow: rows * slab_bytes fits in 64 bits (DecodeSlabs).
+  if (rows * t.vectors_per_row <= wave * 32) {  // at most a vector a thread: flat
+    t.flat = true;
+    t.tile_rows = t.segment = 1;
+    t.segments = t.vectors_per_row;
+    t.tiles = rows * t.vectors_per_row;
+    t.blocks = (t.tiles + kSimtGatherThreads - 1) / kSimtGatherThreads;
+    return t;
+  }
   t.segment = std::min(t.vectors_per_row, kSimtSegmentBytes / t.vector_bytes);
   t.tile_rows = std::min(rows, kSimtTileRows);
   // A call with fewer tiles than one resident wave has warps splits its
   // tiles, segments first (down to a vector a lane), then rows, until a
   // tile is one vector a lane: a warp's time is its loads in series.
-  constexpr int64_t kWarps = kSimtGatherThreads / 32;
-  const int64_t wave = int64_t{std::max(sm_count, 1)} * kSimtGatherBlocksPerSm * kWarps;
   auto tiles = [&] {
     const int64_t segments = (t.vectors_per_row + t.segment - 1) / t.segment;
     return (rows + t.tile_rows - 1) / t.tile_rows * segments;
@@ -133,18 +141,23 @@ ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& in
     if (!fits) return InvalidArgument(name, "method='tma' cannot move this call: ", why);
   }
   // "auto" moves slabs of at most kAutoSimtMaxSlabBytes with the SIMT kernel,
-  // which out-runs the bulk path there; larger slabs, and calls of any size,
-  // go faster in bulk (benchmarks/results/gather_*.json: the slab sweep and
-  // the small gathers). Adds stay on the bulk path (hardware reductions,
-  // where the SIMT kernel has atomics).
-  const bool simt_wins = op != GatherOp::kScatterAdd && g.slab_bytes <= kAutoSimtMaxSlabBytes;
+  // which out-runs the bulk path there, and small calls with the flat SIMT
+  // kernel, whose few instructions a thread beat the bulk pipeline's set-up;
+  // larger slabs in larger calls go faster in bulk
+  // (benchmarks/results/gather_*.json: the slab sweep and the small gathers).
+  // Adds stay on the bulk path (hardware reductions, where the SIMT kernel
+  // has atomics).
+  const SimtGatherTiling simt =
+      op != GatherOp::kScatterAdd ? TileSimtGather(g, op, info.sm_count) : SimtGatherTiling{};
+  const bool simt_wins =
+      op != GatherOp::kScatterAdd && (g.slab_bytes <= kAutoSimtMaxSlabBytes || simt.flat);
   const bool bulk = g.method == GatherMethod::kTma ||
                     (g.method == GatherMethod::kAuto && has_tma && fits && !simt_wins);
   plan->path = bulk ? GatherPath::kBulk : GatherPath::kSimt;
   if (bulk) {
     plan->bulk = TileBulkGather(g, info.sm_count);
-  } else if (op != GatherOp::kScatterAdd) {
-    plan->simt = TileSimtGather(g, op, info.sm_count);
+  } else {
+    plan->simt = simt;
   }
   return ffi::Error::Success();
 }

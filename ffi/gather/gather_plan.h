@@ -24,7 +24,7 @@ inline GatherOp GatherOpOf(const GatherGeometry& g, bool scatter) {
 }
 
 // The bulk pipeline: each CTA (one warp) moves `units_per_cta` consecutive
-// units through `stages` shared-memory buffers. A unit is `rows_per_unit`
+// units through kBulkGatherStages shared-memory buffers. A unit is `rows_per_unit`
 // consecutive slab rows (small slabs) or one piece of `piece_bytes` of one
 // slab (`pieces` per slab, large slabs).
 struct BulkGatherTiling {
@@ -35,18 +35,22 @@ struct BulkGatherTiling {
   int64_t units = 0;
   int64_t units_per_cta = 1;
   int64_t blocks = 0;
-  int stages = 0;
 };
 
-// The SIMT gather / scatter-set kernel: each warp moves tiles of up to
-// `tile_rows` (at most 32) consecutive slab rows of the output (gather) or the
-// updates (scatter), one segment of each row per tile, in vectors of
-// `vector_bytes`. Each lane reads one row's index per tile (one coalesced
-// load) and the warp shares them by shuffles, so every vector load is
-// independent of the others and a lane has several in flight. Small calls
-// get smaller tiles, so that their few rows still spread over many warps.
+// The SIMT gather / scatter-set kernels, in vectors of `vector_bytes`:
+// - tiled: each warp moves tiles of up to `tile_rows` (at most 32)
+//   consecutive slab rows of the output (gather) or the updates (scatter),
+//   one segment of each row per tile. Each lane reads one row's index per
+//   tile (one coalesced load) and the warp shares them by shuffles, so every
+//   vector load is independent of the others and a lane has several in
+//   flight. Calls with few rows get smaller tiles, so that they still spread
+//   over many warps.
+// - flat: calls with at most one vector for each thread of a resident wave
+//   take a thread per vector (a tile of one vector), in 32-bit arithmetic:
+//   there the tiled kernel's work per tile would be most of the call's time.
 struct SimtGatherTiling {
   int vector_bytes = 1;         // the widest of 16, 8, 4, 2, 1 dividing slab size and addresses
+  bool flat = false;
   int64_t vectors_per_row = 0;  // slab_bytes / vector_bytes
   int64_t tile_rows = 0;        // slab rows per tile, 1 to kSimtTileRows
   int64_t segment = 0;          // vectors of a row per tile (the row's last may be fewer)
@@ -76,7 +80,7 @@ inline constexpr int64_t kSimtTileRows = 32;
 inline constexpr int64_t kSimtSegmentBytes = 1024;
 
 // "auto" gathers and scatter-sets slabs of at most this many bytes with the
-// SIMT kernel.
+// SIMT kernel, and calls of any slab size that the flat SIMT kernel moves.
 inline constexpr int64_t kAutoSimtMaxSlabBytes = 256;
 
 // Whether the TMA bulk path can move `g` (16-byte slabs and addresses; for
@@ -94,8 +98,8 @@ SimtGatherTiling TileSimtGather(const GatherGeometry& g, GatherOp op, int sm_cou
 // Resolves the method of a call with rows to move: deterministic scatter
 // takes the ordered kernel; "tma" the bulk path or an error naming the rule;
 // "auto" the bulk path where it fits, TMA exists and the SIMT kernel would
-// not win (kAutoSimtMaxSlabBytes), else SIMT. Errors name the op (method="tma" without
-// TMA: DeviceInfo::NeedsTma for `device`).
+// not win (kAutoSimtMaxSlabBytes, flat tilings), else SIMT. Errors name the
+// op (method="tma" without TMA: DeviceInfo::NeedsTma for `device`).
 ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& info, int device,
                       GatherPlan* plan);
 

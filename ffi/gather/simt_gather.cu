@@ -1,7 +1,7 @@
 // The SIMT gather/scatter kernels: slabs the bulk path cannot or should not
-// move (sizes or addresses off the 16-byte grid, small rows, GPUs without
-// TMA), scatter-add of any summable type with atomics, and the ordered
-// scatter of deterministic=True.
+// move (sizes or addresses off the 16-byte grid, small rows, small calls,
+// GPUs without TMA), scatter-add of any summable type with atomics, and the
+// ordered scatter of deterministic=True.
 #include <algorithm>
 #include <cstdint>
 
@@ -13,17 +13,6 @@ namespace jax_tma {
 namespace {
 
 constexpr int kUnroll = 8;          // vectors each lane of SimtMoveKernel has in flight
-
-// The bytes of the fill pattern at byte offset `o` of a slab, as a V.
-template <typename V>
-__device__ __forceinline__ V FillVector(const uint8_t* fill, int64_t elem_bytes, int64_t o) {
-  union {
-    V v;
-    uint8_t b[sizeof(V)];
-  } u;
-  for (int i = 0; i < static_cast<int>(sizeof(V)); ++i) u.b[i] = fill[(o + i) % elem_bytes];
-  return u.v;
-}
 
 // Gather (kScatter false) or scatter set in V-sized vectors, tiled as
 // SimtGatherTiling says: per tile, lane l reads the index of the tile's row
@@ -40,13 +29,18 @@ __global__ void __launch_bounds__(kSimtGatherThreads, kSimtGatherBlocksPerSm)
   const V* table = static_cast<const V*>(g.x);
   V* out = static_cast<V*>(g.out);
   const V* updates = static_cast<const V*>(g.slabs);
-  const auto* fill = static_cast<const uint8_t*>(g.slabs);
   for (int64_t tile = (blockIdx.x * static_cast<int64_t>(kSimtGatherThreads) + threadIdx.x) / 32;
        tile < t.tiles; tile += warps) {
     const int64_t chunk = tile / t.segments;
     const int64_t c0 = (tile - chunk * t.segments) * t.segment;
     const int64_t r0 = chunk * t.tile_rows;
-    const int64_t mine = lane < t.tile_rows && r0 + lane < rows ? g.TableRow(r0 + lane) : -1;
+    const bool owner = lane < t.tile_rows && r0 + lane < rows;
+    const int64_t mine = owner ? g.TableRow(r0 + lane) : -1;
+    // The fill is read only by tiles that need it.
+    uint4 pattern{};
+    if (!kScatter && __any_sync(~0u, owner && mine < 0)) {
+      pattern = FillPattern(g.slabs, g.elem_bytes);
+    }
     const auto width = static_cast<uint32_t>(min(t.segment, vpr - c0));
     const auto total = static_cast<uint32_t>(min(t.tile_rows, rows - r0)) * width;
     const int shift = (width & (width - 1)) == 0 ? __ffs(width) - 1 : -1;
@@ -60,6 +54,7 @@ __global__ void __launch_bounds__(kSimtGatherThreads, kSimtGatherBlocksPerSm)
       V v[kUnroll];
 #pragma unroll
       for (int k = 0; k < kUnroll; ++k) {
+        if (j0 + k * 32 >= total) break;  // the whole warp is past the tile's end
         const uint32_t j = j0 + k * 32 + lane;
         const uint32_t q = row_of(j);
         const int64_t row = __shfl_sync(~0u, mine, static_cast<int>(q % 32));
@@ -70,11 +65,12 @@ __global__ void __launch_bounds__(kSimtGatherThreads, kSimtGatherBlocksPerSm)
           if (row >= 0) v[k] = updates[(r0 + q) * vpr + col];
         } else {
           v[k] = row >= 0 ? table[row * vpr + col]
-                          : FillVector<V>(fill, g.elem_bytes, col * static_cast<int64_t>(sizeof(V)));
+                          : PatternAt<V>(pattern, col * static_cast<int64_t>(sizeof(V)));
         }
       }
 #pragma unroll
       for (int k = 0; k < kUnroll; ++k) {
+        if (j0 + k * 32 >= total) break;
         const uint32_t j = j0 + k * 32 + lane;
         const uint32_t q = row_of(j);
         if constexpr (kScatter) {
@@ -85,6 +81,28 @@ __global__ void __launch_bounds__(kSimtGatherThreads, kSimtGatherBlocksPerSm)
         }
       }
     }
+  }
+}
+
+// Gather (kScatter false) or scatter set of a flat tiling: thread i moves
+// vector i of the output (gather) or the updates (scatter), in 32-bit
+// arithmetic (t.tiles < 2^31). kPlain: no batch or outer dims, so that
+// small calls skip even TableRow's test for them (0.09 µs a call).
+template <typename V, bool kScatter, bool kPlain>
+__global__ void __launch_bounds__(kSimtGatherThreads)
+    SimtFlatKernel(const GatherGeometry g, const SimtGatherTiling t) {
+  const uint32_t i = blockIdx.x * kSimtGatherThreads + threadIdx.x;
+  if (i >= static_cast<uint32_t>(t.tiles)) return;
+  const auto vpr = static_cast<uint32_t>(t.vectors_per_row);
+  const uint32_t r = (vpr & (vpr - 1)) == 0 ? i >> (__ffs(vpr) - 1) : i / vpr;
+  const uint32_t col = i - r * vpr;
+  const int64_t row = kPlain ? SlabRow(g.indices, g.index_kind, r, g.table_rows) : g.TableRow(r);
+  if constexpr (kScatter) {
+    if (row >= 0) static_cast<V*>(g.out)[row * vpr + col] = static_cast<const V*>(g.slabs)[i];
+  } else {
+    static_cast<V*>(g.out)[i] =
+        row >= 0 ? static_cast<const V*>(g.x)[row * vpr + col]
+                 : PatternAt<V>(FillPattern(g.slabs, g.elem_bytes), col * int64_t{sizeof(V)});
   }
 }
 
@@ -192,11 +210,25 @@ int Blocks(int64_t work, const DeviceInfo& info) {
                                               static_cast<int64_t>(info.sm_count) * 16));
 }
 
+template <typename V, bool kScatter>
+void LaunchFlat(const GatherGeometry& g, const SimtGatherTiling& t, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(t.blocks);
+  if (g.batch == 1 && g.outer == 1) {
+    SimtFlatKernel<V, kScatter, true><<<blocks, kSimtGatherThreads, 0, stream>>>(g, t);
+  } else {
+    SimtFlatKernel<V, kScatter, false><<<blocks, kSimtGatherThreads, 0, stream>>>(g, t);
+  }
+}
+
 template <typename V>
 ffi::Error LaunchMove(const GatherGeometry& g, bool scatter, const SimtGatherTiling& t,
                       cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>(t.blocks);
-  if (scatter) {
+  if (t.flat && scatter) {
+    LaunchFlat<V, true>(g, t, stream);
+  } else if (t.flat) {
+    LaunchFlat<V, false>(g, t, stream);
+  } else if (scatter) {
     SimtMoveKernel<V, true><<<blocks, kSimtGatherThreads, 0, stream>>>(g, t);
   } else {
     SimtMoveKernel<V, false><<<blocks, kSimtGatherThreads, 0, stream>>>(g, t);
@@ -265,10 +297,11 @@ ffi::Error LaunchSimtGather(const GatherGeometry& g, GatherOp op, const SimtGath
   if (t.tiles <= 0 || t.blocks <= 0 || t.blocks > 0x7fffffff || t.segment <= 0 ||
       t.vectors_per_row * t.vector_bytes != g.slab_bytes ||
       t.segment * t.vector_bytes > kSimtSegmentBytes || t.tile_rows <= 0 ||
-      t.tile_rows > kSimtTileRows) {
+      t.tile_rows > kSimtTileRows ||
+      (t.flat && (t.tile_rows != 1 || t.segment != 1 || t.tiles > 0x7fffffff))) {
     return InvalidArgument(name, "bad SIMT tiling: ", t.vector_bytes, "-byte vectors, ",
                            t.tile_rows, " rows x ", t.segment, " vectors a tile, ", t.tiles,
-                           " tiles, ", t.blocks, " blocks");
+                           t.flat ? " tiles (flat), " : " tiles, ", t.blocks, " blocks");
   }
   const bool scatter = op == GatherOp::kScatterSet;
   switch (t.vector_bytes) {

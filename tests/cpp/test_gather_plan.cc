@@ -75,7 +75,6 @@ void TestTiling() {
   CHECK_EQ(t.units, int64_t{8192});
   CHECK_EQ(t.units_per_cta, int64_t{4});
   CHECK_EQ(t.blocks, int64_t{2048});
-  CHECK_EQ(t.stages, kBulkGatherStages);
   // 128 B rows: at most 64 rows (two per lane) in a unit.
   t = TileBulkGather(Gather(1 << 22, 1 << 20, 128), kH100Sms);
   CHECK_EQ(t.rows_per_unit, kBulkGatherMaxRowsPerUnit);
@@ -120,24 +119,35 @@ void TestSimtTiling() {
   t = TileSimtGather(Gather(32768, 8192, 32768), GatherOp::kGather, kH100Sms);
   CHECK_EQ(t.vectors_per_row, int64_t{2048});
   CheckSimt(t, 32, 64, 32, 8192, kWave);
+  CHECK(!t.flat);
   // Fewer tiles than a wave has warps: segments halve to one vector a lane,
-  // then rows, down to a tile of 32 vectors. 64 rows of 2 KiB: 256 tiles of
-  // one row's 512 B.
-  CheckSimt(TileSimtGather(Gather(65536, 64, 2048), GatherOp::kGather, kH100Sms), 1, 32, 4, 256,
-            32);
+  // then rows, down to a tile of 32 vectors. 2,048 rows of 2 KiB: 8,192
+  // tiles of one row's 512 B.
+  CheckSimt(TileSimtGather(Gather(65536, 2048, 2048), GatherOp::kGather, kH100Sms), 1, 32, 4,
+            8192, kWave);
   // 3,200 B slabs: 32-vector segments, the last one shorter; on one SM
   // (a wave of 32 warps) the 40 rows stop splitting at 8 a tile.
-  CheckSimt(TileSimtGather(Gather(100, 40, 3200), GatherOp::kGather, kH100Sms), 1, 32, 7, 280,
-            35);
   CheckSimt(TileSimtGather(Gather(100, 40, 3200), GatherOp::kGather, 1), 8, 32, 7, 35,
             kSimtGatherBlocksPerSm);
+  // At most a vector for each thread of a wave (132 SMs: 135,168): flat, a
+  // tile of one vector a thread. 64 rows of 2 KiB are 8,192 vectors; 40 of
+  // 3,200 B are 8,000.
+  t = TileSimtGather(Gather(65536, 64, 2048), GatherOp::kGather, kH100Sms);
+  CHECK(t.flat);
+  CheckSimt(t, 1, 1, 128, 8192, 32);
+  t = TileSimtGather(Gather(100, 40, 3200), GatherOp::kScatterSet, kH100Sms);
+  CHECK(t.flat);
+  CheckSimt(t, 1, 1, 200, 8000, 32);
+  CHECK(!TileSimtGather(Gather(100, 40, 3200), GatherOp::kGather, 1).flat);
+  const int64_t wave_threads = kWave * kSimtGatherThreads;
+  CHECK(TileSimtGather(Gather(100, wave_threads, 16), GatherOp::kGather, kH100Sms).flat);
+  CHECK(!TileSimtGather(Gather(100, wave_threads + 1, 16), GatherOp::kGather, kH100Sms).flat);
   // The vector is the widest that slab size and addresses allow: 12 B slabs
   // move in 4-byte words, an output 8 bytes off the grid in 8-byte ones.
   t = TileSimtGather(Gather(100, 10, 12), GatherOp::kGather, kH100Sms);
   CHECK_EQ(t.vector_bytes, 4);
   CHECK_EQ(t.vectors_per_row, int64_t{3});
-  CHECK_EQ(t.segment, int64_t{3});
-  CHECK_EQ(t.tile_rows, int64_t{10});
+  CHECK_EQ(t.tiles, int64_t{30});
   GatherGeometry off = Gather(100, 10, 64);
   off.out = reinterpret_cast<void*>(std::uintptr_t{(1 << 21) + 8});
   CHECK_EQ(TileSimtGather(off, GatherOp::kGather, kH100Sms).vector_bytes, 8);
@@ -172,13 +182,15 @@ void TestPathChoice() {
   // The SIMT path carries its tiling, except for add (atomics, untiled).
   GatherPlan plan;
   CHECK(PlanGather(g, GatherOp::kGather, kA100, 0, &plan).success());
-  CHECK_EQ(plan.simt.tiles, int64_t{2});
+  CHECK(plan.simt.flat);
+  CHECK_EQ(plan.simt.tiles, int64_t{40});
   plan = GatherPlan{};
   CHECK(PlanGather(g, GatherOp::kScatterAdd, kA100, 0, &plan).success());
   CHECK(plan.path == GatherPath::kSimt);
   CHECK_EQ(plan.simt.tiles, int64_t{0});
-  // "auto" with TMA: SIMT for slabs of at most kAutoSimtMaxSlabBytes, bulk for
-  // larger ones at any call size; bulk for every add that fits.
+  // "auto" with TMA: SIMT for slabs of at most kAutoSimtMaxSlabBytes and for
+  // calls the flat kernel moves, bulk for larger slabs in larger calls; bulk
+  // for every add that fits.
   const GatherGeometry pages = Gather(32768, 8192, 32768);
   CHECK(PathOf(pages, GatherOp::kGather, true) == GatherPath::kBulk);
   CHECK(PathOf(pages, GatherOp::kScatterSet, true) == GatherPath::kBulk);
@@ -187,8 +199,12 @@ void TestPathChoice() {
   CHECK(PathOf(rows, GatherOp::kGather, true) == GatherPath::kSimt);
   CHECK(PathOf(rows, GatherOp::kScatterSet, true) == GatherPath::kSimt);
   CHECK(PathOf(rows, GatherOp::kScatterAdd, true) == GatherPath::kBulk);
-  CHECK(PathOf(Gather(100, 1, kAutoSimtMaxSlabBytes + 16), GatherOp::kGather, true) ==
+  CHECK(PathOf(Gather(100, 1 << 16, kAutoSimtMaxSlabBytes + 16), GatherOp::kGather, true) ==
         GatherPath::kBulk);
+  const GatherGeometry small = Gather(65536, 64, 2048);  // flat
+  CHECK(PathOf(small, GatherOp::kGather, true) == GatherPath::kSimt);
+  CHECK(PathOf(small, GatherOp::kScatterSet, true) == GatherPath::kSimt);
+  CHECK(PathOf(small, GatherOp::kScatterAdd, true) == GatherPath::kBulk);
   CHECK(PathOf(g, GatherOp::kGather, false) == GatherPath::kSimt);
   GatherGeometry odd = Gather(100, 10, 12);
   CHECK(PathOf(odd, GatherOp::kGather, true) == GatherPath::kSimt);
