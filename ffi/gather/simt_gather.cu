@@ -34,13 +34,7 @@ __global__ void __launch_bounds__(kSimtGatherThreads, kSimtGatherBlocksPerSm)
     const int64_t chunk = tile / t.segments;
     const int64_t c0 = (tile - chunk * t.segments) * t.segment;
     const int64_t r0 = chunk * t.tile_rows;
-    const bool owner = lane < t.tile_rows && r0 + lane < rows;
-    const int64_t mine = owner ? g.TableRow(r0 + lane) : -1;
-    // The fill is read only by tiles that need it.
-    uint4 pattern{};
-    if (!kScatter && __any_sync(~0u, owner && mine < 0)) {
-      pattern = FillPattern(g.slabs, g.elem_bytes);
-    }
+    const int64_t mine = lane < t.tile_rows && r0 + lane < rows ? g.TableRow(r0 + lane) : -1;
     const auto width = static_cast<uint32_t>(min(t.segment, vpr - c0));
     const auto total = static_cast<uint32_t>(min(t.tile_rows, rows - r0)) * width;
     const int shift = (width & (width - 1)) == 0 ? __ffs(width) - 1 : -1;
@@ -65,7 +59,8 @@ __global__ void __launch_bounds__(kSimtGatherThreads, kSimtGatherBlocksPerSm)
           if (row >= 0) v[k] = updates[(r0 + q) * vpr + col];
         } else {
           v[k] = row >= 0 ? table[row * vpr + col]
-                          : PatternAt<V>(pattern, col * static_cast<int64_t>(sizeof(V)));
+                          : PatternAt<V>(FillPattern(g.slabs, g.elem_bytes),
+                                          col * static_cast<int64_t>(sizeof(V)));
         }
       }
 #pragma unroll
