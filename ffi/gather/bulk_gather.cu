@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(kThreads) BulkGatherKernel(const __grid_consta
       bool filled = false;
       for (int i = 0; i < kRowsPerLane; ++i) filled = filled || fill[i] != 0;  // warp-uniform
       if (filled) {
-        const uint4 pattern = FillPattern(slabs, g.elem_bytes);
+        const uint4 pattern = FillVector<uint4>(slabs, g.elem_bytes, 0);
         for (int i = 0; i < kRowsPerLane; ++i) {
           for (unsigned m = fill[i]; m != 0; m &= m - 1) {
             uint8_t* row = buf + (__ffs(m) - 1 + i * kThreads) * s_bytes;

@@ -35,10 +35,6 @@ __global__ void __launch_bounds__(kSimtGatherThreads, kSimtGatherBlocksPerSm)
     const int64_t c0 = (tile - chunk * t.segments) * t.segment;
     const int64_t r0 = chunk * t.tile_rows;
     const int64_t mine = lane < t.tile_rows && r0 + lane < rows ? g.TableRow(r0 + lane) : -1;
-    // One load a tile, independent of the index's (a vote on whether the
-    // tile needs the fill would wait for that: 0.8% at 128 B rows; a load a
-    // vector spills registers).
-    const uint4 pattern = kScatter ? uint4{} : FillPattern(g.slabs, g.elem_bytes);
     const auto width = static_cast<uint32_t>(min(t.segment, vpr - c0));
     const auto total = static_cast<uint32_t>(min(t.tile_rows, rows - r0)) * width;
     const int shift = (width & (width - 1)) == 0 ? __ffs(width) - 1 : -1;
@@ -63,7 +59,7 @@ __global__ void __launch_bounds__(kSimtGatherThreads, kSimtGatherBlocksPerSm)
           if (row >= 0) v[k] = updates[(r0 + q) * vpr + col];
         } else {
           v[k] = row >= 0 ? table[row * vpr + col]
-                          : PatternAt<V>(pattern, col * static_cast<int64_t>(sizeof(V)));
+                          : FillVector<V>(g.slabs, g.elem_bytes, col * int64_t{sizeof(V)});
         }
       }
 #pragma unroll
@@ -100,7 +96,7 @@ __global__ void __launch_bounds__(kSimtGatherThreads)
   } else {
     static_cast<V*>(g.out)[i] =
         row >= 0 ? static_cast<const V*>(g.x)[row * vpr + col]
-                 : PatternAt<V>(FillPattern(g.slabs, g.elem_bytes), col * int64_t{sizeof(V)});
+                 : FillVector<V>(g.slabs, g.elem_bytes, col * int64_t{sizeof(V)});
   }
 }
 
