@@ -414,9 +414,10 @@ def gather(
         ``[-x.ndim, x.ndim)``.
       fill: the value of slabs picked by out-of-range indices: a Python or
         NumPy scalar, cast to ``x``'s dtype.
-      method: ``"auto"`` (the SIMT kernel for slabs of at most 256 B, where
-        it is the faster, and on GPUs without TMA; ``"tma"`` otherwise where
-        the slabs allow it), ``"tma"`` (one bulk copy per slab; a ValueError
+      method: ``"auto"`` (the SIMT kernel for slabs of at most 256 B and
+        for calls of at most a vector for each thread of one resident wave,
+        where it is the faster, and on GPUs without TMA; ``"tma"``
+        otherwise where the slabs allow it), ``"tma"`` (one bulk copy per slab; a ValueError
         naming the 16-byte rule where slabs break it, a RuntimeError on GPUs
         without TMA) or ``"simt"``. On the CPU every method gives the same
         host copy.
