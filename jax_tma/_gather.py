@@ -414,10 +414,11 @@ def gather(
         ``[-x.ndim, x.ndim)``.
       fill: the value of slabs picked by out-of-range indices: a Python or
         NumPy scalar, cast to ``x``'s dtype.
-      method: ``"auto"`` (the SIMT kernel for slabs of at most 256 B and
-        for calls of at most a vector for each thread of one resident wave,
-        where it is the faster, and on GPUs without TMA; ``"tma"``
-        otherwise where the slabs allow it), ``"tma"`` (one bulk copy per slab; a ValueError
+      method: ``"auto"`` (the SIMT kernel for slabs of at most 4 KiB, for
+        calls of at most 64 MiB and for calls of at most a vector for each
+        thread of one resident wave, where it is the faster, and on GPUs
+        without TMA; ``"tma"`` otherwise where the slabs allow it),
+        ``"tma"`` (one bulk copy per slab; a ValueError
         naming the 16-byte rule where slabs break it, a RuntimeError on GPUs
         without TMA) or ``"simt"``. On the CPU every method gives the same
         host copy.
@@ -493,10 +494,12 @@ def scatter(
         ``x.shape[:axis] + indices.shape + x.shape[axis+1:]``.
       axis: the dim of ``x`` the indices pick along.
       mode: ``"set"`` or ``"add"``.
-      method: ``"auto"`` (under ``"set"`` as for :func:`gather`; under
-        ``"add"`` ``"tma"`` where it can run), ``"tma"`` (bulk copies / bulk
-        reduce-adds; a ValueError naming the rule where slabs or dtype break
-        it) or ``"simt"``. On the CPU every method gives the same result.
+      method: ``"auto"`` (under ``"set"`` as for :func:`gather`, but for
+        the 64 MiB rule; under ``"add"`` the SIMT kernel's 16-byte vector
+        reductions for float32, float16 and bfloat16 where slabs and
+        addresses are multiples of 16 bytes, ``"tma"`` for other types where
+        it can run), ``"tma"`` (bulk copies / bulk reduce-adds; a ValueError
+        naming the rule where slabs or dtype break it) or ``"simt"``. On the CPU every method gives the same result.
       deterministic: fixes the order duplicates apply in (see above); costs
         a sort of the indices on the device.
 

@@ -71,8 +71,8 @@ def test_gather_slab_sizes_into_poison(gpu, rng, method, rows, slab):
 
 
 # 4 MiB moved: more vectors than one resident wave has threads, so that the
-# SIMT path takes its tiled kernel rather than the flat one (the cases above
-# are small calls: flat).
+# SIMT path takes its tiled kernel for slabs of narrower vectors than 16 B
+# (the cases above are small calls: flat in every vector).
 LARGE_BYTES = 4 << 20
 
 
@@ -250,32 +250,40 @@ def test_raw_handler_rejects_tma_for_odd_slabs(gpu):
                                 on(gpu, np.float32(0))))
 
 
-# "auto" takes the SIMT kernel for slabs of at most 256 B
-# (kAutoSimtMaxSlabBytes in ffi/gather/gather_plan.h) and for calls small
-# enough for its flat kernel (a vector a thread of one resident wave: on a
-# 132-SM GPU, 135,168 vectors of 16 B), the bulk path for larger slabs in
-# larger calls and for adds.
-_WIDE = (40, 128, 16384)  # table rows, f32 elements a slab (512 B), indices: 8 MiB
-_NARROW = (40, 64, 9)     # 256 B slabs
-_SMALL = (40, 128, 9)     # 512 B slabs, 4.5 KiB
+# "auto" (kAutoSimtMaxSlabBytes in ffi/gather/gather_plan.h) takes the SIMT
+# kernel for gathers and sets of slabs of at most 4 KiB, for gathers of at
+# most 64 MiB and for calls of at most a vector for each thread of a
+# resident wave (on a 132-SM GPU, 135,168 vectors of 16 B); the bulk path
+# for larger slabs in larger calls. Adds of f32, f16 and bf16 in 16-byte
+# vectors take the SIMT kernel's vector reductions, other adds the bulk
+# reduction where it has their type.
+_PAGES = (40, 2048, 8200)  # table rows, f32 elements a slab (8 KiB), indices: 64.1 MiB
+_SETS = (40, 2048, 1024)   # 8 KiB slabs, 8 MiB: more vectors than a wave
+_SMALL = (40, 2048, 9)     # 8 KiB slabs, 72 KiB
+_WIDE = (40, 128, 16384)   # 512 B slabs, 8 MiB
 
 
 @pytest.mark.parametrize("path, shape, call", [
-    ("gather.bulk", _WIDE, lambda x, i, u: jax_tma.gather(x, i)),
-    ("gather.simt", _SMALL, lambda x, i, u: jax_tma.gather(x, i)),
-    ("gather.simt", _NARROW, lambda x, i, u: jax_tma.gather(x, i)),
+    ("gather.bulk", _PAGES, lambda x, i, u: jax_tma.gather(x, i)),
+    ("gather.simt", _SETS, lambda x, i, u: jax_tma.gather(x, i)),
+    ("gather.simt", _WIDE, lambda x, i, u: jax_tma.gather(x, i)),
     ("gather.simt", _WIDE, lambda x, i, u: jax_tma.gather(x[:, :3], i)),       # 12 B slabs
-    ("gather.simt", _WIDE, lambda x, i, u: jax_tma.gather(x, i, method="simt")),
-    ("scatter.bulk", _WIDE, lambda x, i, u: jax_tma.scatter(x, i, u)),
+    ("gather.simt", _PAGES, lambda x, i, u: jax_tma.gather(x, i, method="simt")),
+    ("scatter.bulk", _SETS, lambda x, i, u: jax_tma.scatter(x, i, u)),
     ("scatter.simt", _SMALL, lambda x, i, u: jax_tma.scatter(x, i, u)),
-    ("scatter.simt", _NARROW, lambda x, i, u: jax_tma.scatter(x, i, u)),
-    ("scatter.bulk", _NARROW, lambda x, i, u: jax_tma.scatter(x, i, u, mode="add")),
-    ("scatter.simt", _NARROW, lambda x, i, u: jax_tma.scatter(x.astype(jnp.int8), i,
-                                                              u.astype(jnp.int8), mode="add")),
-    ("scatter.ordered", _NARROW, lambda x, i, u: jax_tma.scatter(x, i, u, mode="add",
-                                                                 deterministic=True)),
-], ids=["gather-512B", "gather-512B-small", "gather-256B", "gather-12B", "gather-simt",
-        "set-512B", "set-512B-small", "set-256B", "add-f32", "add-int8", "deterministic"])
+    ("scatter.simt", _WIDE, lambda x, i, u: jax_tma.scatter(x, i, u)),
+    ("scatter.simt", _WIDE, lambda x, i, u: jax_tma.scatter(x, i, u, mode="add")),
+    ("scatter.simt", _WIDE, lambda x, i, u: jax_tma.scatter(x.astype(jnp.bfloat16), i,
+                                                            u.astype(jnp.bfloat16), mode="add")),
+    ("scatter.bulk", _WIDE, lambda x, i, u: jax_tma.scatter(x.astype(jnp.int32), i,
+                                                            u.astype(jnp.int32), mode="add")),
+    ("scatter.simt", _WIDE, lambda x, i, u: jax_tma.scatter(x.astype(jnp.int8), i,
+                                                            u.astype(jnp.int8), mode="add")),
+    ("scatter.ordered", _WIDE, lambda x, i, u: jax_tma.scatter(x, i, u, mode="add",
+                                                               deterministic=True)),
+], ids=["gather-8K-64M", "gather-8K-8M", "gather-512B", "gather-12B", "gather-simt",
+        "set-8K", "set-8K-small", "set-512B", "add-f32", "add-bf16", "add-int32", "add-int8",
+        "deterministic"])
 def test_auto_takes_the_path_it_should(gpu, rng, path, shape, call):
     rows, width, count = shape
     x = on(gpu, rng.standard_normal((rows, width)).astype(np.float32))

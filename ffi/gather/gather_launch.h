@@ -16,8 +16,9 @@ namespace jax_tma {
 ffi::Error LaunchBulkGather(const GatherGeometry& g, GatherOp op, const BulkGatherTiling& t,
                             cudaStream_t stream, int device);
 
-// Any geometry: gather and scatter set as `t` tiles them (TileSimtGather);
-// scatter add with atomics (unspecified order; `t` unused).
+// Any geometry, as `t` tiles it (TileSimtGather): gather and scatter set;
+// scatter add with atomics, in unspecified order (vector reductions where
+// VectorAddFits).
 ffi::Error LaunchSimtGather(const GatherGeometry& g, GatherOp op, const SimtGatherTiling& t,
                             cudaStream_t stream, int device);
 

@@ -88,13 +88,14 @@ SimtGatherTiling TileSimtGather(const GatherGeometry& g, GatherOp op, int sm_cou
   if (rows == 0 || g.slab_bytes == 0) return t;  // nothing to move: no tiles
   t.vectors_per_row = g.slab_bytes / t.vector_bytes;
   constexpr int64_t kWarps = kSimtGatherThreads / 32;
-  const int64_t wave = int64_t{std::max(sm_count, 1)} * kSimtGatherBlocksPerSm * kWarps;
+  const int64_t wave = SimtWaveThreads(sm_count) / 32;  // warps
   // No overflow: rows * slab_bytes fits in 64 bits (DecodeSlabs).
-  if (rows * t.vectors_per_row <= wave * 32) {  // at most a vector a thread: flat
+  const int64_t vectors = rows * t.vectors_per_row;
+  if (vectors <= wave * 32 || (t.vector_bytes == 16 && vectors <= 0x7fffffff)) {
     t.flat = true;
     t.tile_rows = t.segment = 1;
     t.segments = t.vectors_per_row;
-    t.tiles = rows * t.vectors_per_row;
+    t.tiles = vectors;
     t.blocks = (t.tiles + kSimtGatherThreads - 1) / kSimtGatherThreads;
     return t;
   }
@@ -140,17 +141,15 @@ ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& in
     if (!has_tma) return InvalidArgument(name, info.NeedsTma("tma", device));
     if (!fits) return InvalidArgument(name, "method='tma' cannot move this call: ", why);
   }
-  // "auto" moves slabs of at most kAutoSimtMaxSlabBytes with the SIMT kernel,
-  // which out-runs the bulk path there, and small calls with the flat SIMT
-  // kernel, whose few instructions a thread beat the bulk pipeline's set-up;
-  // larger slabs in larger calls go faster in bulk
-  // (benchmarks/results/gather_*.json: the slab sweep and the small gathers).
-  // Adds stay on the bulk path (hardware reductions, where the SIMT kernel
-  // has atomics).
-  const SimtGatherTiling simt =
-      op != GatherOp::kScatterAdd ? TileSimtGather(g, op, info.sm_count) : SimtGatherTiling{};
+  // "auto": see kAutoSimtMaxSlabBytes.
+  const SimtGatherTiling simt = TileSimtGather(g, op, info.sm_count);
   const bool simt_wins =
-      op != GatherOp::kScatterAdd && (g.slab_bytes <= kAutoSimtMaxSlabBytes || simt.flat);
+      op == GatherOp::kScatterAdd
+          ? VectorAddFits(g, simt) && info.cc_major >= 9
+          : simt.flat && (g.slab_bytes <= kAutoSimtMaxSlabBytes ||
+                          simt.tiles <= SimtWaveThreads(info.sm_count) ||
+                          (op == GatherOp::kGather &&
+                           g.rows() * g.slab_bytes <= kAutoSimtMaxGatherBytes));
   const bool bulk = g.method == GatherMethod::kTma ||
                     (g.method == GatherMethod::kAuto && has_tma && fits && !simt_wins);
   plan->path = bulk ? GatherPath::kBulk : GatherPath::kSimt;

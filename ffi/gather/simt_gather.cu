@@ -1,7 +1,8 @@
 // The SIMT gather/scatter kernels: slabs the bulk path cannot or should not
-// move (sizes or addresses off the 16-byte grid, small rows, small calls,
-// GPUs without TMA), scatter-add of any summable type with atomics, and the
-// ordered scatter of deterministic=True.
+// move (sizes or addresses off the 16-byte grid, the calls "auto" gives them:
+// kAutoSimtMaxSlabBytes in gather_plan.h, GPUs without TMA), scatter-add of
+// any summable type with atomics (f32, f16 and bf16 in vector reductions),
+// and the ordered scatter of deterministic=True.
 #include <algorithm>
 #include <cstdint>
 
@@ -78,24 +79,38 @@ __global__ void __launch_bounds__(kSimtGatherThreads, kSimtGatherBlocksPerSm)
   }
 }
 
+// The vector of this thread in a flat tiling (a thread per vector, 32-bit
+// arithmetic: t.tiles < 2^31): false past the last; else *i, its index in
+// the output (gather) or the updates (scatter), *col, its column in the
+// slab, and *row, the table row of its slab (-1: out of range). kPlain: no
+// batch or outer dims, so that small calls skip even TableRow's test for
+// them (0.09 µs a call).
+template <bool kPlain>
+__device__ __forceinline__ bool FlatVector(const GatherGeometry& g, const SimtGatherTiling& t,
+                                           uint32_t* i, uint32_t* col, int64_t* row) {
+  *i = blockIdx.x * kSimtGatherThreads + threadIdx.x;
+  if (*i >= static_cast<uint32_t>(t.tiles)) return false;
+  const auto vpr = static_cast<uint32_t>(t.vectors_per_row);
+  const uint32_t r = (vpr & (vpr - 1)) == 0 ? *i >> (__ffs(vpr) - 1) : *i / vpr;
+  *col = *i - r * vpr;
+  *row = kPlain ? SlabRow(g.indices, g.index_kind, r, g.table_rows) : g.TableRow(r);
+  return true;
+}
+
 // Gather (kScatter false) or scatter set of a flat tiling: thread i moves
-// vector i of the output (gather) or the updates (scatter), in 32-bit
-// arithmetic (t.tiles < 2^31). kPlain: no batch or outer dims, so that
-// small calls skip even TableRow's test for them (0.09 µs a call).
+// vector i of the output (gather) or the updates (scatter).
 template <typename V, bool kScatter, bool kPlain>
 __global__ void __launch_bounds__(kSimtGatherThreads)
     SimtFlatKernel(const GatherGeometry g, const SimtGatherTiling t) {
-  const uint32_t i = blockIdx.x * kSimtGatherThreads + threadIdx.x;
-  if (i >= static_cast<uint32_t>(t.tiles)) return;
-  const auto vpr = static_cast<uint32_t>(t.vectors_per_row);
-  const uint32_t r = (vpr & (vpr - 1)) == 0 ? i >> (__ffs(vpr) - 1) : i / vpr;
-  const uint32_t col = i - r * vpr;
-  const int64_t row = kPlain ? SlabRow(g.indices, g.index_kind, r, g.table_rows) : g.TableRow(r);
+  uint32_t i, col;
+  int64_t row;
+  if (!FlatVector<kPlain>(g, t, &i, &col, &row)) return;
+  const int64_t at = row * t.vectors_per_row + col;
   if constexpr (kScatter) {
-    if (row >= 0) static_cast<V*>(g.out)[row * vpr + col] = static_cast<const V*>(g.slabs)[i];
+    if (row >= 0) static_cast<V*>(g.out)[at] = static_cast<const V*>(g.slabs)[i];
   } else {
     static_cast<V*>(g.out)[i] =
-        row >= 0 ? static_cast<const V*>(g.x)[row * vpr + col]
+        row >= 0 ? static_cast<const V*>(g.x)[at]
                  : FillVector<V>(g.slabs, g.elem_bytes, col * int64_t{sizeof(V)});
   }
 }
@@ -144,6 +159,48 @@ __global__ void __launch_bounds__(kSimtGatherThreads) SimtAddKernel(const Gather
     const int64_t row = g.TableRow(r);
     if (row >= 0) AtomicAdd<K>(out + row * per_row + (i - r * per_row), updates[i]);
   }
+}
+
+// dst[0..16) += v, v holding the 16 bytes of f32, f16 or bf16 elements of
+// Col2imSum<K>, with one vector reduction (sm_90; element atomics before).
+template <SumKind K>
+__device__ __forceinline__ void VectorAtomicAdd(uint4* dst, uint4 v) {
+#if __CUDA_ARCH__ >= 900
+  if constexpr (K == SumKind::kF32) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst),
+                 "f"(__uint_as_float(v.x)), "f"(__uint_as_float(v.y)),
+                 "f"(__uint_as_float(v.z)), "f"(__uint_as_float(v.w))
+                 : "memory");
+  } else if constexpr (K == SumKind::kF16) {
+    asm volatile("red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x),
+                 "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+  } else {
+    static_assert(K == SumKind::kBF16, "vector reductions: f32, f16 and bf16");
+    asm volatile("red.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x),
+                 "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+  }
+#else
+  using T = typename Col2imSum<K>::T;
+  T parts[sizeof(uint4) / sizeof(T)];
+  memcpy(parts, &v, sizeof(v));
+  for (int e = 0; e < static_cast<int>(sizeof(uint4) / sizeof(T)); ++e) {
+    AtomicAdd<K>(reinterpret_cast<T*>(dst) + e, parts[e]);
+  }
+#endif
+}
+
+// Scatter add of a flat tiling of 16-byte vectors (VectorAddFits): thread i
+// adds vector i of the updates into its slab.
+template <SumKind K, bool kPlain>
+__global__ void __launch_bounds__(kSimtGatherThreads)
+    SimtVectorAddKernel(const GatherGeometry g, const SimtGatherTiling t) {
+  uint32_t i, col;
+  int64_t row;
+  if (!FlatVector<kPlain>(g, t, &i, &col, &row) || row < 0) return;
+  VectorAtomicAdd<K>(static_cast<uint4*>(g.out) + row * t.vectors_per_row + col,
+                     static_cast<const uint4*>(g.slabs)[i]);
 }
 
 // The table row of the update at sorted position k of batch entry b, or -1
@@ -204,14 +261,12 @@ int Blocks(int64_t work, const DeviceInfo& info) {
                                               static_cast<int64_t>(info.sm_count) * 16));
 }
 
-template <typename V, bool kScatter>
-void LaunchFlat(const GatherGeometry& g, const SimtGatherTiling& t, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>(t.blocks);
-  if (g.batch == 1 && g.outer == 1) {
-    SimtFlatKernel<V, kScatter, true><<<blocks, kSimtGatherThreads, 0, stream>>>(g, t);
-  } else {
-    SimtFlatKernel<V, kScatter, false><<<blocks, kSimtGatherThreads, 0, stream>>>(g, t);
-  }
+// Launches a flat kernel: `plain` where g has no batch or outer dims.
+using FlatKernel = void (*)(GatherGeometry, SimtGatherTiling);
+void LaunchFlat(FlatKernel plain, FlatKernel general, const GatherGeometry& g,
+                const SimtGatherTiling& t, cudaStream_t stream) {
+  const FlatKernel kernel = g.batch == 1 && g.outer == 1 ? plain : general;
+  kernel<<<static_cast<unsigned>(t.blocks), kSimtGatherThreads, 0, stream>>>(g, t);
 }
 
 template <typename V>
@@ -219,9 +274,9 @@ ffi::Error LaunchMove(const GatherGeometry& g, bool scatter, const SimtGatherTil
                       cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>(t.blocks);
   if (t.flat && scatter) {
-    LaunchFlat<V, true>(g, t, stream);
+    LaunchFlat(SimtFlatKernel<V, true, true>, SimtFlatKernel<V, true, false>, g, t, stream);
   } else if (t.flat) {
-    LaunchFlat<V, false>(g, t, stream);
+    LaunchFlat(SimtFlatKernel<V, false, true>, SimtFlatKernel<V, false, false>, g, t, stream);
   } else if (scatter) {
     SimtMoveKernel<V, true><<<blocks, kSimtGatherThreads, 0, stream>>>(g, t);
   } else {
@@ -233,11 +288,19 @@ ffi::Error LaunchMove(const GatherGeometry& g, bool scatter, const SimtGatherTil
 
 struct LaunchAdd {
   const GatherGeometry& g;
+  const SimtGatherTiling& t;
   cudaStream_t stream;
   const DeviceInfo& info;
 
   template <SumKind K>
   ffi::Error operator()() const {
+    if constexpr (K == SumKind::kF32 || K == SumKind::kF16 || K == SumKind::kBF16) {
+      if (VectorAddFits(g, t)) {
+        LaunchFlat(SimtVectorAddKernel<K, true>, SimtVectorAddKernel<K, false>, g, t, stream);
+        JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+        return ffi::Error::Success();
+      }
+    }
     using T = typename Col2imSum<K>::T;
     const int blocks = Blocks(g.rows() * (g.slab_bytes / static_cast<int64_t>(sizeof(T))), info);
     SimtAddKernel<K><<<blocks, kSimtGatherThreads, 0, stream>>>(g);
@@ -282,11 +345,6 @@ ffi::Error ForSumKind(const GatherGeometry& g, bool add, const Fn& fn) {
 ffi::Error LaunchSimtGather(const GatherGeometry& g, GatherOp op, const SimtGatherTiling& t,
                             cudaStream_t stream, int device) {
   if (g.rows() == 0 || g.slab_bytes == 0) return ffi::Error::Success();
-  if (op == GatherOp::kScatterAdd) {
-    DeviceInfo info;
-    JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-    return DispatchSumKind(g.sum, LaunchAdd{g, stream, info});
-  }
   const std::string_view name = op == GatherOp::kGather ? kGatherOp : kScatterOp;
   if (t.tiles <= 0 || t.blocks <= 0 || t.blocks > 0x7fffffff || t.segment <= 0 ||
       t.vectors_per_row * t.vector_bytes != g.slab_bytes ||
@@ -296,6 +354,11 @@ ffi::Error LaunchSimtGather(const GatherGeometry& g, GatherOp op, const SimtGath
     return InvalidArgument(name, "bad SIMT tiling: ", t.vector_bytes, "-byte vectors, ",
                            t.tile_rows, " rows x ", t.segment, " vectors a tile, ", t.tiles,
                            t.flat ? " tiles (flat), " : " tiles, ", t.blocks, " blocks");
+  }
+  if (op == GatherOp::kScatterAdd) {
+    DeviceInfo info;
+    JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
+    return DispatchSumKind(g.sum, LaunchAdd{g, t, stream, info});
   }
   const bool scatter = op == GatherOp::kScatterSet;
   switch (t.vector_bytes) {

@@ -107,50 +107,69 @@ void CheckSimt(const SimtGatherTiling& t, int64_t tile_rows, int64_t segment, in
   CHECK_EQ(t.blocks, blocks);
 }
 
+// g with its output 8 bytes off the 16-byte grid: 8-byte vectors.
+GatherGeometry OffGrid(GatherGeometry g) {
+  g.out = reinterpret_cast<void*>(std::uintptr_t{(1 << 21) + 8});
+  return g;
+}
+
 void TestSimtTiling() {
-  // 128 B rows: 16-byte vectors, a tile is 32 whole rows; one resident wave
-  // of blocks (4 a SM) loops over the 32,768 tiles.
+  // 16-byte vectors: flat, a thread per vector, up to 2^31 - 1 vectors. 1 M
+  // rows of 128 B are 8 M vectors; 8,192 pages of 32 KiB 16 M.
   constexpr int64_t kWave = kH100Sms * kSimtGatherBlocksPerSm;  // blocks
   SimtGatherTiling t = TileSimtGather(Gather(1 << 22, 1 << 20, 128), GatherOp::kGather, kH100Sms);
   CHECK_EQ(t.vector_bytes, 16);
   CHECK_EQ(t.vectors_per_row, int64_t{8});
-  CheckSimt(t, 32, 8, 1, 32768, kWave);
-  // 32 KiB pages: 1 KiB segments, so that 8,192 pages make 8,192 tiles.
+  CHECK(t.flat);
+  CheckSimt(t, 1, 1, 8, 1 << 23, 1 << 15);
   t = TileSimtGather(Gather(32768, 8192, 32768), GatherOp::kGather, kH100Sms);
   CHECK_EQ(t.vectors_per_row, int64_t{2048});
-  CheckSimt(t, 32, 64, 32, 8192, kWave);
-  CHECK(!t.flat);
+  CheckSimt(t, 1, 1, 2048, 1 << 24, 1 << 16);
+  CHECK(TileSimtGather(Gather(100, 0x7fffffff, 16), GatherOp::kGather, kH100Sms).flat);
+  t = TileSimtGather(Gather(100, int64_t{1} << 31, 16), GatherOp::kGather, kH100Sms);
+  CHECK(!t.flat);  // tiled: 32 rows of one vector a tile
+  CheckSimt(t, 32, 1, 1, int64_t{1} << 26, kWave);
+  // Narrower vectors are tiled: 1 M rows of 128 B in 8-byte vectors, a tile
+  // is 32 whole rows; one resident wave of blocks (4 a SM) loops over the
+  // 32,768 tiles.
+  t = TileSimtGather(OffGrid(Gather(1 << 22, 1 << 20, 128)), GatherOp::kGather, kH100Sms);
+  CHECK_EQ(t.vector_bytes, 8);
+  CheckSimt(t, 32, 16, 1, 32768, kWave);
+  // 32 KiB pages: 1 KiB segments, so that 8,192 pages make 8,192 tiles of
+  // 32 rows' 1 KiB.
+  t = TileSimtGather(OffGrid(Gather(32768, 8192, 32768)), GatherOp::kGather, kH100Sms);
+  CheckSimt(t, 32, 128, 32, 8192, kWave);
   // Fewer tiles than a wave has warps: segments halve to one vector a lane,
-  // then rows, down to a tile of 32 vectors. 2,048 rows of 2 KiB: 8,192
-  // tiles of one row's 512 B.
-  CheckSimt(TileSimtGather(Gather(65536, 2048, 2048), GatherOp::kGather, kH100Sms), 1, 32, 4,
-            8192, kWave);
+  // then rows, until the tiles fill the wave. 2,048 rows of 2 KiB: 8,192
+  // tiles of two rows' 256 B.
+  CheckSimt(TileSimtGather(OffGrid(Gather(65536, 2048, 2048)), GatherOp::kGather, kH100Sms), 2,
+            32, 8, 8192, kWave);
   // 3,200 B slabs: 32-vector segments, the last one shorter; on one SM
-  // (a wave of 32 warps) the 40 rows stop splitting at 8 a tile.
-  CheckSimt(TileSimtGather(Gather(100, 40, 3200), GatherOp::kGather, 1), 8, 32, 7, 35,
+  // (a wave of 32 warps) the 40 rows stop splitting at 16 a tile.
+  CheckSimt(TileSimtGather(OffGrid(Gather(100, 40, 3200)), GatherOp::kGather, 1), 16, 32, 13, 39,
             kSimtGatherBlocksPerSm);
-  // At most a vector for each thread of a wave (132 SMs: 135,168): flat, a
-  // tile of one vector a thread. 64 rows of 2 KiB are 8,192 vectors; 40 of
-  // 3,200 B are 8,000.
+  // At most a vector for each thread of a wave (132 SMs: 135,168): flat in
+  // any vector. 64 rows of 2 KiB are 8,192 vectors of 16 B; 40 of 3,200 B
+  // are 8,000; 40 of 3,200 B in 8-byte vectors 16,000.
   t = TileSimtGather(Gather(65536, 64, 2048), GatherOp::kGather, kH100Sms);
   CHECK(t.flat);
   CheckSimt(t, 1, 1, 128, 8192, 32);
   t = TileSimtGather(Gather(100, 40, 3200), GatherOp::kScatterSet, kH100Sms);
   CHECK(t.flat);
   CheckSimt(t, 1, 1, 200, 8000, 32);
-  CHECK(!TileSimtGather(Gather(100, 40, 3200), GatherOp::kGather, 1).flat);
+  CHECK(TileSimtGather(OffGrid(Gather(100, 40, 3200)), GatherOp::kGather, kH100Sms).flat);
   const int64_t wave_threads = kWave * kSimtGatherThreads;
-  CHECK(TileSimtGather(Gather(100, wave_threads, 16), GatherOp::kGather, kH100Sms).flat);
-  CHECK(!TileSimtGather(Gather(100, wave_threads + 1, 16), GatherOp::kGather, kH100Sms).flat);
+  CHECK_EQ(SimtWaveThreads(kH100Sms), wave_threads);
+  CHECK(TileSimtGather(Gather(100, wave_threads, 8), GatherOp::kGather, kH100Sms).flat);
+  CHECK(!TileSimtGather(Gather(100, wave_threads + 1, 8), GatherOp::kGather, kH100Sms).flat);
   // The vector is the widest that slab size and addresses allow: 12 B slabs
   // move in 4-byte words, an output 8 bytes off the grid in 8-byte ones.
   t = TileSimtGather(Gather(100, 10, 12), GatherOp::kGather, kH100Sms);
   CHECK_EQ(t.vector_bytes, 4);
   CHECK_EQ(t.vectors_per_row, int64_t{3});
   CHECK_EQ(t.tiles, int64_t{30});
-  GatherGeometry off = Gather(100, 10, 64);
-  off.out = reinterpret_cast<void*>(std::uintptr_t{(1 << 21) + 8});
-  CHECK_EQ(TileSimtGather(off, GatherOp::kGather, kH100Sms).vector_bytes, 8);
+  CHECK_EQ(TileSimtGather(OffGrid(Gather(100, 10, 64)), GatherOp::kGather, kH100Sms).vector_bytes,
+           8);
   // Gather reads no updates: only scatter minds their address.
   GatherGeometry updates = Gather(100, 10, 64);
   updates.slabs = reinterpret_cast<const void*>(std::uintptr_t{(1 << 20) + 2});
@@ -179,7 +198,7 @@ std::string Error(const GatherGeometry& g, GatherOp op, bool has_tma) {
 
 void TestPathChoice() {
   GatherGeometry g = Gather(100, 10, 64);
-  // The SIMT path carries its tiling, except for add (atomics, untiled).
+  // The SIMT path carries its tiling, add's too.
   GatherPlan plan;
   CHECK(PlanGather(g, GatherOp::kGather, kA100, 0, &plan).success());
   CHECK(plan.simt.flat);
@@ -187,24 +206,49 @@ void TestPathChoice() {
   plan = GatherPlan{};
   CHECK(PlanGather(g, GatherOp::kScatterAdd, kA100, 0, &plan).success());
   CHECK(plan.path == GatherPath::kSimt);
-  CHECK_EQ(plan.simt.tiles, int64_t{0});
-  // "auto" with TMA: SIMT for slabs of at most kAutoSimtMaxSlabBytes and for
-  // calls the flat kernel moves, bulk for larger slabs in larger calls; bulk
-  // for every add that fits.
-  const GatherGeometry pages = Gather(32768, 8192, 32768);
+  CHECK_EQ(plan.simt.tiles, int64_t{40});
+  // "auto" with TMA: SIMT for gathers and sets of slabs of at most
+  // kAutoSimtMaxSlabBytes, for gathers of at most kAutoSimtMaxGatherBytes
+  // and for calls of at most a vector a thread of a wave; bulk for larger
+  // slabs in larger calls.
+  const GatherGeometry pages = Gather(32768, 8192, 32768);  // 256 MiB
   CHECK(PathOf(pages, GatherOp::kGather, true) == GatherPath::kBulk);
   CHECK(PathOf(pages, GatherOp::kScatterSet, true) == GatherPath::kBulk);
   CHECK(PathOf(pages, GatherOp::kGather, false) == GatherPath::kSimt);
+  const int64_t max_pages = kAutoSimtMaxGatherBytes / 32768;
+  CHECK(PathOf(Gather(32768, max_pages, 32768), GatherOp::kGather, true) == GatherPath::kSimt);
+  CHECK(PathOf(Gather(32768, max_pages + 1, 32768), GatherOp::kGather, true) ==
+        GatherPath::kBulk);
+  CHECK(PathOf(Gather(32768, max_pages, 32768), GatherOp::kScatterSet, true) ==
+        GatherPath::kBulk);
   const GatherGeometry rows = Gather(1 << 22, 1 << 20, kAutoSimtMaxSlabBytes);
   CHECK(PathOf(rows, GatherOp::kGather, true) == GatherPath::kSimt);
   CHECK(PathOf(rows, GatherOp::kScatterSet, true) == GatherPath::kSimt);
-  CHECK(PathOf(rows, GatherOp::kScatterAdd, true) == GatherPath::kBulk);
   CHECK(PathOf(Gather(100, 1 << 16, kAutoSimtMaxSlabBytes + 16), GatherOp::kGather, true) ==
         GatherPath::kBulk);
-  const GatherGeometry small = Gather(65536, 64, 2048);  // flat
+  CHECK(PathOf(Gather(100, 1 << 16, kAutoSimtMaxSlabBytes + 16), GatherOp::kScatterSet, true) ==
+        GatherPath::kBulk);
+  const GatherGeometry small = Gather(65536, 64, 8192);  // flat: 32,768 vectors
   CHECK(PathOf(small, GatherOp::kGather, true) == GatherPath::kSimt);
   CHECK(PathOf(small, GatherOp::kScatterSet, true) == GatherPath::kSimt);
-  CHECK(PathOf(small, GatherOp::kScatterAdd, true) == GatherPath::kBulk);
+  // Adds: vector reductions (SIMT) for f32, f16 and bf16 in 16-byte vectors
+  // on sm_90; bulk for the other types the bulk reduction sums; element
+  // atomics (SIMT) for the rest.
+  CHECK(PathOf(pages, GatherOp::kScatterAdd, true) == GatherPath::kSimt);
+  CHECK(VectorAddFits(pages, TileSimtGather(pages, GatherOp::kScatterAdd, kH100Sms)));
+  GatherGeometry f64 = pages;
+  f64.elem_bytes = 8;
+  f64.sum = SumKind::kF64;
+  CHECK(PathOf(f64, GatherOp::kScatterAdd, true) == GatherPath::kBulk);
+  CHECK(!VectorAddFits(f64, TileSimtGather(f64, GatherOp::kScatterAdd, kH100Sms)));
+  GatherGeometry bf16 = pages;
+  bf16.elem_bytes = 2;
+  bf16.sum = SumKind::kBF16;
+  CHECK(PathOf(bf16, GatherOp::kScatterAdd, true) == GatherPath::kSimt);
+  GatherGeometry updates = pages;
+  updates.slabs = reinterpret_cast<const void*>(std::uintptr_t{(1 << 20) + 4});
+  CHECK(!VectorAddFits(updates, TileSimtGather(updates, GatherOp::kScatterAdd, kH100Sms)));
+  CHECK(PathOf(updates, GatherOp::kScatterAdd, true) == GatherPath::kSimt);  // bulk cannot
   CHECK(PathOf(g, GatherOp::kGather, false) == GatherPath::kSimt);
   GatherGeometry odd = Gather(100, 10, 12);
   CHECK(PathOf(odd, GatherOp::kGather, true) == GatherPath::kSimt);
