@@ -96,7 +96,7 @@ SimtGatherTiling TileSimtGather(const GatherGeometry& g, GatherOp op, int sm_cou
     t.tile_rows = t.segment = 1;
     t.segments = t.vectors_per_row;
     t.tiles = vectors;
-    t.blocks = (t.tiles + kSimtGatherThreads - 1) / kSimtGatherThreads;
+    t.blocks = (t.tiles + kSimtFlatThreads - 1) / kSimtFlatThreads;
     return t;
   }
   t.segment = std::min(t.vectors_per_row, kSimtSegmentBytes / t.vector_bytes);

@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kSimtGatherThreads, kSimtGatherBlocksPerSm)
 template <bool kPlain>
 __device__ __forceinline__ bool FlatVector(const GatherGeometry& g, const SimtGatherTiling& t,
                                            uint32_t* i, uint32_t* col, int64_t* row) {
-  *i = blockIdx.x * kSimtGatherThreads + threadIdx.x;
+  *i = blockIdx.x * kSimtFlatThreads + threadIdx.x;
   if (*i >= static_cast<uint32_t>(t.tiles)) return false;
   const auto vpr = static_cast<uint32_t>(t.vectors_per_row);
   const uint32_t r = (vpr & (vpr - 1)) == 0 ? *i >> (__ffs(vpr) - 1) : *i / vpr;
@@ -100,7 +100,7 @@ __device__ __forceinline__ bool FlatVector(const GatherGeometry& g, const SimtGa
 // Gather (kScatter false) or scatter set of a flat tiling: thread i moves
 // vector i of the output (gather) or the updates (scatter).
 template <typename V, bool kScatter, bool kPlain>
-__global__ void __launch_bounds__(kSimtGatherThreads)
+__global__ void __launch_bounds__(kSimtFlatThreads)
     SimtFlatKernel(const GatherGeometry g, const SimtGatherTiling t) {
   uint32_t i, col;
   int64_t row;
@@ -194,7 +194,7 @@ __device__ __forceinline__ void VectorAtomicAdd(uint4* dst, uint4 v) {
 // Scatter add of a flat tiling of 16-byte vectors (VectorAddFits): thread i
 // adds vector i of the updates into its slab.
 template <SumKind K, bool kPlain>
-__global__ void __launch_bounds__(kSimtGatherThreads)
+__global__ void __launch_bounds__(kSimtFlatThreads)
     SimtVectorAddKernel(const GatherGeometry g, const SimtGatherTiling t) {
   uint32_t i, col;
   int64_t row;
@@ -266,7 +266,7 @@ using FlatKernel = void (*)(GatherGeometry, SimtGatherTiling);
 void LaunchFlat(FlatKernel plain, FlatKernel general, const GatherGeometry& g,
                 const SimtGatherTiling& t, cudaStream_t stream) {
   const FlatKernel kernel = g.batch == 1 && g.outer == 1 ? plain : general;
-  kernel<<<static_cast<unsigned>(t.blocks), kSimtGatherThreads, 0, stream>>>(g, t);
+  kernel<<<static_cast<unsigned>(t.blocks), kSimtFlatThreads, 0, stream>>>(g, t);
 }
 
 template <typename V>

@@ -121,10 +121,10 @@ void TestSimtTiling() {
   CHECK_EQ(t.vector_bytes, 16);
   CHECK_EQ(t.vectors_per_row, int64_t{8});
   CHECK(t.flat);
-  CheckSimt(t, 1, 1, 8, 1 << 23, 1 << 15);
+  CheckSimt(t, 1, 1, 8, 1 << 23, 1 << 16);
   t = TileSimtGather(Gather(32768, 8192, 32768), GatherOp::kGather, kH100Sms);
   CHECK_EQ(t.vectors_per_row, int64_t{2048});
-  CheckSimt(t, 1, 1, 2048, 1 << 24, 1 << 16);
+  CheckSimt(t, 1, 1, 2048, 1 << 24, 1 << 17);
   CHECK(TileSimtGather(Gather(100, 0x7fffffff, 16), GatherOp::kGather, kH100Sms).flat);
   t = TileSimtGather(Gather(100, int64_t{1} << 31, 16), GatherOp::kGather, kH100Sms);
   CHECK(!t.flat);  // tiled: 32 rows of one vector a tile
@@ -153,10 +153,10 @@ void TestSimtTiling() {
   // are 8,000; 40 of 3,200 B in 8-byte vectors 16,000.
   t = TileSimtGather(Gather(65536, 64, 2048), GatherOp::kGather, kH100Sms);
   CHECK(t.flat);
-  CheckSimt(t, 1, 1, 128, 8192, 32);
+  CheckSimt(t, 1, 1, 128, 8192, 64);  // blocks of kSimtFlatThreads
   t = TileSimtGather(Gather(100, 40, 3200), GatherOp::kScatterSet, kH100Sms);
   CHECK(t.flat);
-  CheckSimt(t, 1, 1, 200, 8000, 32);
+  CheckSimt(t, 1, 1, 200, 8000, 63);
   CHECK(TileSimtGather(OffGrid(Gather(100, 40, 3200)), GatherOp::kGather, kH100Sms).flat);
   const int64_t wave_threads = kWave * kSimtGatherThreads;
   CHECK_EQ(SimtWaveThreads(kH100Sms), wave_threads);
