@@ -215,13 +215,25 @@ def _decode_step(append: Callable[..., jax.Array], take: Callable[..., jax.Array
                 tokens: int) -> Callable[..., Any]:
     """A paged decode step over K and V pools held as token rows (pages of
     `tokens` rows): append one token per sequence (`append(pool, slots,
-    token)`), then gather every sequence's pages (`take(pages, table)`).
-    The pools stay rows: XLA copies a donated pool that jax_tma.scatter
-    updates through a reshape (it does on the CPU)."""
+    token)`), then gather every sequence's pages (`take(pages, table)`),
+    a call per pool. The pools stay rows: XLA copies a donated pool that
+    jax_tma.scatter updates through a reshape (it does on the CPU)."""
     def step(pools, slots, table, new):
         pools = tuple(append(pool, slots, token) for pool, token in zip(pools, new))
-        return pools, tuple(take(pool.reshape(-1, tokens, *pool.shape[1:]), table)
-                            for pool in pools)
+        return pools, tuple(take(_pages(pool, tokens), table) for pool in pools)
+    return step
+
+
+def _pages(pool: jax.Array, tokens: int) -> jax.Array:
+    return pool.reshape(-1, tokens, *pool.shape[1:])
+
+
+def _decode_step_tables(tokens: int) -> Callable[..., Any]:
+    """The decode step with both pools as the tables of one jax_tma.scatter
+    and one jax_tma.gather (one kernel each)."""
+    def step(pools, slots, table, new):
+        pools = jax_tma.scatter(pools, slots, tuple(new))
+        return pools, jax_tma.gather(tuple(_pages(pool, tokens) for pool in pools), table)
     return step
 
 
@@ -238,8 +250,9 @@ def _decode(s: Session, p: dict[str, Any], key: jax.Array) -> dict[str, Any]:
     slots = (table[jnp.arange(batch), pos // tokens] * tokens + pos % tokens).astype(jnp.int32)
     new = jax.random.normal(jax.random.fold_in(key, 4), (2, batch, heads, dim), jnp.bfloat16)
     args = (slots, table, new)
-    ours = {"auto": _Donated(_decode_step(jax_tma.scatter, jax_tma.gather, tokens), pools, args,
-                             split=True)}
+    ours = {"auto": _Donated(_decode_step_tables(tokens), pools, args, split=True),
+            "per_pool": _Donated(_decode_step(jax_tma.scatter, jax_tma.gather, tokens), pools,
+                                 args, split=True)}
     xla = {"xla": _Donated(_decode_step(_set, _take, tokens), pools, args, split=True),
            "xla_hinted": _Donated(_decode_step(_set_hinted, _take_hinted, tokens), pools, args,
                                   split=True)}

@@ -293,6 +293,10 @@ def render_gather(r: dict[str, Any]) -> str:
     lines += ["", "XLA formulations:"]
     lines += [f"- {kind}: " + "; ".join(f"{_GATHER_LABELS[k]} `{code}`" for k, code in f.items())
               for kind, f in r["xla_formulations"].items()]
+    lines += [f"- {row['case'].split(':')[0]}, auto: both pools as the tables of one "
+              f"`jax_tma.scatter` and one `jax_tma.gather`; with a call per pool instead: "
+              f"{_us(row['times']['per_pool'])} µs busy / span "
+              f"({row['vs']['per_pool']['xla_hinted']:.2f}× XLA hinted)" for row in r["rows"] if "per_pool" in row["times"]]
     c = r["chained_tiny_gathers"]
     g, m = c["per_op"]["gather"], c["per_op"]["minimal_ffi"]
     lines += ["", f"{c['ops']} chained gathers of one {size_text(c['bytes'])} page in one "

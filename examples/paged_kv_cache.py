@@ -2,9 +2,10 @@
 
 The cache is a pool of fixed-size pages (PAGE tokens of K and V each); a page
 table maps every sequence's logical pages to pool pages. Each decode step
-appends the new token's K/V into the pool in place (jax_tma.scatter on the
-donated pool, one row per sequence) and gathers each sequence's pages for
-attention (jax_tma.gather, one bulk copy per page on Hopper GPUs). A jitted
+appends the new token's K and V into their pools in place (one
+jax_tma.scatter of both donated pools, one row per sequence) and gathers each
+sequence's pages of both pools for attention (one jax_tma.gather of both: the
+pools are the tables of one call, one kernel launch on the GPU). A jitted
 loop of decode steps is checked against the same model with a dense
 (batch, max_len) cache.
 
@@ -37,19 +38,18 @@ def project(x, w):
     return [jnp.einsum("bd,dhe->bhe", x, w[i]) for i in range(3)]
 
 
-def paged_step(pool, page_table, length, x, w):
-    """Appends this step's K/V at position `length` and attends over the
-    sequence so far. pool: (2, POOL_PAGES * PAGE, H, D) rows of K and V."""
+def paged_step(pools, page_table, length, x, w):
+    """Appends this step's K and V at position `length` and attends over the
+    sequence so far. pools: K and V, each (POOL_PAGES * PAGE, H, D) rows."""
     q, k, v = project(x, w)
     page = page_table[jnp.arange(BATCH), length // PAGE]
-    row = page * PAGE + length % PAGE  # the token's row in the pool
-    kv = jnp.stack([k, v])  # (2, B, H, D)
-    # In place: the pool is donated to the jitted loop, so only B rows move.
-    pool = jax_tma.scatter(pool, row, kv, axis=1)
-    pages = pool.reshape(2, POOL_PAGES, PAGE, HEADS, DIM)
-    seq = jax_tma.gather(pages, page_table, axis=1)  # (2, B, PAGES_PER_SEQ, PAGE, H, D)
-    seq = seq.reshape(2, BATCH, MAX_LEN, HEADS, DIM)
-    return pool, attend(q, seq[0], seq[1], length + 1)
+    row = page * PAGE + length % PAGE  # the token's row in the pools
+    # In place: the pools are donated to the jitted loop, so only B rows move.
+    pools = jax_tma.scatter(pools, row, (k, v))
+    pages = tuple(pool.reshape(POOL_PAGES, PAGE, HEADS, DIM) for pool in pools)
+    seq_k, seq_v = jax_tma.gather(pages, page_table)  # each (B, PAGES_PER_SEQ, PAGE, H, D)
+    seq_k, seq_v = (s.reshape(BATCH, MAX_LEN, HEADS, DIM) for s in (seq_k, seq_v))
+    return pools, attend(q, seq_k, seq_v, length + 1)
 
 
 def dense_step(cache, length, x, w):
@@ -60,11 +60,11 @@ def dense_step(cache, length, x, w):
 
 
 @functools.partial(jax.jit, donate_argnums=0)
-def paged_decode(pool, page_table, xs, w):
-    def body(pool, step):
+def paged_decode(pools, page_table, xs, w):
+    def body(pools, step):
         t, x = step
-        return paged_step(pool, page_table, jnp.full((BATCH,), t), x, w)
-    return jax.lax.scan(body, pool, (jnp.arange(xs.shape[0]), xs))
+        return paged_step(pools, page_table, jnp.full((BATCH,), t), x, w)
+    return jax.lax.scan(body, pools, (jnp.arange(xs.shape[0]), xs))
 
 
 @jax.jit
@@ -85,12 +85,12 @@ def main() -> None:
     # Each sequence gets distinct random pool pages.
     page_table = jax.random.permutation(jax.random.fold_in(key, 2), POOL_PAGES)
     page_table = page_table[: BATCH * PAGES_PER_SEQ].reshape(BATCH, PAGES_PER_SEQ)
-    pool = jnp.zeros((2, POOL_PAGES * PAGE, HEADS, DIM), jnp.float32)
-    pool, out = paged_decode(pool, page_table.astype(jnp.int32), xs, w)
+    pools = tuple(jnp.zeros((POOL_PAGES * PAGE, HEADS, DIM), jnp.float32) for _ in "kv")
+    pools, out = paged_decode(pools, page_table.astype(jnp.int32), xs, w)
     cache, want = dense_decode(xs, w)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
-    # The pool holds exactly the dense cache's tokens, page by page.
-    pages = np.asarray(pool).reshape(2, POOL_PAGES, PAGE, HEADS, DIM)
+    # The pools hold exactly the dense cache's tokens, page by page.
+    pages = np.stack(pools).reshape(2, POOL_PAGES, PAGE, HEADS, DIM)
     seq = pages[:, np.asarray(page_table)].reshape(2, BATCH, MAX_LEN, HEADS, DIM)
     np.testing.assert_array_equal(seq[:, :, :steps], np.asarray(cache)[:, :, :steps])
     print(f"{steps} decode steps over a paged cache of {POOL_PAGES} pages equal the dense cache")

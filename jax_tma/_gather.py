@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import jax
@@ -31,49 +32,73 @@ _OP_S = "jax_tma.scatter"
 _BULK_ADD = ("int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32", "float64",
              "complex64", "complex128")
 
-# Both ops view x as (*batch, *outer, N, *slab) with N = x.shape[axis]; the
-# first `batch` dims of the indices equal x's (vmap folds into them).
-# gather_p(x, indices): (*x.shape[:axis], *indices.shape[batch:], *slab);
-# fill is the fill element's bytes in x's dtype.
-# scatter_p(x, indices, updates): x's shape; updates are shaped like
-# gather's output. Each lowers (per device, under custom_partitioning) to
-# the *_local_p FFI call on its shard.
+_MAX_TABLES = 8  # tables of one call (kMaxGatherTables in ffi/gather/gather_common.h)
+
+# Both ops view each table x as (*batch, *outer, N, *slab) with N =
+# x.shape[axis]; the tables of one call share x.shape[:axis + 1] and the
+# indices, whose first `batch` dims equal the tables' (vmap folds into them).
+# gather_p(indices, *xs): per table (*x.shape[:axis], *indices.shape[batch:],
+# *slab); fills holds each table's fill element as bytes of its dtype.
+# scatter_p(indices, *xs, *updates): the tables' shapes; each table's
+# updates are shaped like its gathered slabs. Each lowers (per device, under
+# custom_partitioning) to the *_local_p FFI call on its shard:
+# gather_local_p(indices, *xs, *fills), scatter_local_p(indices, order, *xs,
+# *updates).
 gather_p = Primitive("jax_tma_gather")
 gather_local_p = Primitive("jax_tma_gather_local")
 scatter_p = Primitive("jax_tma_scatter")
 scatter_local_p = Primitive("jax_tma_scatter_local")
+for _p in (gather_p, gather_local_p, scatter_p, scatter_local_p):
+    _p.multiple_results = True
 
 
 def _gathered_shape(x_shape, idx_shape, axis, batch):
     return tuple(x_shape[:axis]) + tuple(idx_shape[batch:]) + tuple(x_shape[axis + 1:])
 
 
-def _gather_abstract(x, indices, *args, axis, batch, **_):
-    return jax.core.ShapedArray(_gathered_shape(x.shape, indices.shape, axis, batch), x.dtype)
+def _halves(operands):
+    """The tables and the per-table operands that follow them."""
+    n = len(operands) // 2
+    return operands[:n], operands[n:]
 
 
-def _scatter_abstract(x, *args, **_):
-    return jax.core.ShapedArray(x.shape, x.dtype)
+def _gather_abstract(indices, *xs, axis, batch, **_):
+    return [jax.core.ShapedArray(_gathered_shape(x.shape, indices.shape, axis, batch), x.dtype)
+            for x in xs]
+
+
+def _gather_local_abstract(indices, *operands, **params):
+    return _gather_abstract(indices, *_halves(operands)[0], **params)
+
+
+def _scatter_abstract(indices, *operands, **_):
+    return [jax.core.ShapedArray(x.shape, x.dtype) for x in _halves(operands)[0]]
+
+
+def _scatter_local_abstract(indices, order, *operands, **_):
+    return _scatter_abstract(indices, *operands)
 
 
 gather_p.def_abstract_eval(_gather_abstract)
-gather_local_p.def_abstract_eval(_gather_abstract)
+gather_local_p.def_abstract_eval(_gather_local_abstract)
 scatter_p.def_abstract_eval(_scatter_abstract)
-scatter_local_p.def_abstract_eval(_scatter_abstract)
+scatter_local_p.def_abstract_eval(_scatter_local_abstract)
 _ffi.def_jitted_impl(gather_p)
 _ffi.def_jitted_impl(scatter_p)
 
 
-def _gather_local_lowering(ctx, x, indices, fill, *, axis, batch, method):
+def _gather_local_lowering(ctx, indices, *operands, axis, batch, method):
     return jax.ffi.ffi_lowering("jax_tma_gather")(
-        ctx, x, indices, fill, axis=np.int64(axis), batch=np.int64(batch), method=method)
+        ctx, indices, *operands, axis=np.int64(axis), batch=np.int64(batch), method=method)
 
 
-def _scatter_local_lowering(ctx, x, indices, updates, order, *, axis, batch, mode,
-                            deterministic, method):
-    # The output is x's buffer: in place where x is donated, else XLA copies x.
-    return jax.ffi.ffi_lowering("jax_tma_scatter", operand_output_aliases={0: 0})(
-        ctx, x, indices, updates, order, axis=np.int64(axis), batch=np.int64(batch), mode=mode,
+def _scatter_local_lowering(ctx, indices, order, *operands, axis, batch, mode, deterministic,
+                            method):
+    # Each output is its table's buffer: in place where the table is donated,
+    # else XLA copies it.
+    aliases = {2 + t: t for t in range(len(operands) // 2)}
+    return jax.ffi.ffi_lowering("jax_tma_scatter", operand_output_aliases=aliases)(
+        ctx, indices, order, *operands, axis=np.int64(axis), batch=np.int64(batch), mode=mode,
         deterministic=bool(deterministic), method=method)
 
 
@@ -131,86 +156,110 @@ def _spec(sharding, ndim: int) -> list:
     return list(spec) + [None] * (ndim - len(spec))
 
 
-def _factors(x_ndim, idx_ndim, axis, batch):
-    """Shardy factor names of x, the indices and the gathered slabs."""
-    xs = ([f"b{d}" for d in range(batch)] + [f"p{d}" for d in range(batch, axis)] + ["n"]
-          + [f"s{d}" for d in range(axis + 1, x_ndim)])
-    idx = xs[:batch] + [f"i{d}" for d in range(batch, idx_ndim)]
-    slabs = xs[:axis] + idx[batch:] + xs[axis + 1:]
+def _mesh_axes(entry) -> tuple:
+    return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+
+
+def _factors(x_ndims, idx_ndim, axis, batch):
+    """Shardy factor names of the tables, the indices and the gathered slabs:
+    the tables share those of their dims up to axis, and each has its own
+    slab dims."""
+    lead = [f"b{d}" for d in range(batch)] + [f"p{d}" for d in range(batch, axis)]
+    xs = [lead + ["n"] + [f"s{t}_{d}" for d in range(axis + 1, nd)]
+          for t, nd in enumerate(x_ndims)]
+    idx = lead[:batch] + [f"i{d}" for d in range(batch, idx_ndim)]
+    slabs = [lead + idx[batch:] + x[axis + 1:] for x in xs]
     return xs, idx, slabs
 
 
-def _shardings(mesh, arg_shapes, x_ndim, idx_ndim, axis, batch):
-    """x's sharding with axis unsplit, the indices split like x's batch dims
-    and whole otherwise, and the matching sharding of gathered slabs."""
-    xs = _spec(arg_shapes[0].sharding, x_ndim)
-    xs[axis] = None
-    idx = xs[:batch] + [None] * (idx_ndim - batch)
-    slabs = xs[:axis] + idx[batch:] + xs[axis + 1:]
-    return (NamedSharding(mesh, P(*xs)), NamedSharding(mesh, P(*idx)),
-            NamedSharding(mesh, P(*slabs)))
+def _shardings(mesh, x_shapes, idx_ndim, axis, batch):
+    """The tables' shardings with axis unsplit and table 0's split of the dims
+    before it (each keeps its own slab dims' split, less mesh axes those
+    dims use), the indices split like the batch dims and whole otherwise,
+    and the matching shardings of the gathered slabs."""
+    lead = _spec(x_shapes[0].sharding, len(x_shapes[0].shape))[:axis]
+    used = {a for e in lead for a in _mesh_axes(e)}
+
+    def own(entry):
+        kept = tuple(a for a in _mesh_axes(entry) if a not in used)
+        return None if not kept else kept[0] if len(kept) == 1 else kept
+
+    xs = [lead + [None] + [own(e) for e in _spec(s.sharding, len(s.shape))[axis + 1:]]
+          for s in x_shapes]
+    idx = lead[:batch] + [None] * (idx_ndim - batch)
+    slabs = [lead + idx[batch:] + x[axis + 1:] for x in xs]
+    named = lambda specs: tuple(NamedSharding(mesh, P(*s)) for s in specs)  # noqa: E731
+    return named(xs), NamedSharding(mesh, P(*idx)), named(slabs)
+
+
+def _rule(*operands, results) -> str:
+    join = lambda groups: ", ".join(" ".join(g) for g in groups)  # noqa: E731
+    return f"{join(operands)} -> {join(results)}"
 
 
 @functools.cache
-def _partitioned_gather(x_ndim, idx_ndim, axis, batch, fill, method):
-    def local(x, indices):
-        fill_arr = jnp.asarray(np.frombuffer(fill, x.dtype).reshape(()))
-        return gather_local_p.bind(x, indices, fill_arr, axis=axis, batch=batch, method=method)
+def _partitioned_gather(x_ndims, idx_ndim, axis, batch, fills, method):
+    def local(indices, *xs):
+        fill_arrs = [jnp.asarray(np.frombuffer(f, x.dtype).reshape(())) for f, x in zip(fills, xs)]
+        return tuple(gather_local_p.bind(indices, *xs, *fill_arrs, axis=axis, batch=batch,
+                                         method=method))
 
     def infer(mesh, arg_shapes, result_shape):
-        return _shardings(mesh, arg_shapes, x_ndim, idx_ndim, axis, batch)[2]
+        return _shardings(mesh, arg_shapes[1:], idx_ndim, axis, batch)[2]
 
     def partition(mesh, arg_shapes, result_shape):
-        xs, idx, out = _shardings(mesh, arg_shapes, x_ndim, idx_ndim, axis, batch)
-        return mesh, local, out, (xs, idx)
+        xs, idx, out = _shardings(mesh, arg_shapes[1:], idx_ndim, axis, batch)
+        return mesh, local, out, (idx, *xs)
 
-    xs, idx, slabs = _factors(x_ndim, idx_ndim, axis, batch)
-    rule = f"{' '.join(xs)}, {' '.join(idx)} -> {' '.join(slabs)}"
+    xs, idx, slabs = _factors(x_ndims, idx_ndim, axis, batch)
     f = custom_partitioning(local)
-    f.def_partition(infer_sharding_from_operands=infer, partition=partition, sharding_rule=rule,
+    f.def_partition(infer_sharding_from_operands=infer, partition=partition,
+                    sharding_rule=_rule(idx, *xs, results=slabs),
                     need_replication_factors=("n",))
     return local, f
 
 
 @functools.cache
-def _partitioned_scatter(x_ndim, idx_ndim, axis, batch, mode, deterministic, method):
-    def local(x, indices, updates):
-        if deterministic:
-            order = _stable_order(_rows(indices, x.shape[axis], batch))
+def _partitioned_scatter(x_ndims, idx_ndim, axis, batch, mode, deterministic, method):
+    def local(indices, *operands):
+        xs = _halves(operands)[0]
+        if deterministic:  # one sort for every table: they share the indices
+            order = _stable_order(_rows(indices, xs[0].shape[axis], batch))
         else:
             order = jnp.zeros((0,), jnp.int32)
-        return scatter_local_p.bind(x, indices, updates, order, axis=axis, batch=batch, mode=mode,
-                                    deterministic=deterministic, method=method)
+        return tuple(scatter_local_p.bind(indices, order, *operands, axis=axis, batch=batch,
+                                          mode=mode, deterministic=deterministic, method=method))
 
     def infer(mesh, arg_shapes, result_shape):
-        return _shardings(mesh, arg_shapes, x_ndim, idx_ndim, axis, batch)[0]
+        return _shardings(mesh, _halves(arg_shapes[1:])[0], idx_ndim, axis, batch)[0]
 
     def partition(mesh, arg_shapes, result_shape):
-        xs, idx, upd = _shardings(mesh, arg_shapes, x_ndim, idx_ndim, axis, batch)
-        return mesh, local, xs, (xs, idx, upd)
+        xs, idx, upd = _shardings(mesh, _halves(arg_shapes[1:])[0], idx_ndim, axis, batch)
+        return mesh, local, xs, (idx, *xs, *upd)
 
-    xs, idx, slabs = _factors(x_ndim, idx_ndim, axis, batch)
-    rule = f"{' '.join(xs)}, {' '.join(idx)}, {' '.join(slabs)} -> {' '.join(xs)}"
+    xs, idx, slabs = _factors(x_ndims, idx_ndim, axis, batch)
     f = custom_partitioning(local)
     # Every update must reach the device that holds its row: n and the index
-    # dims stay whole.
-    f.def_partition(infer_sharding_from_operands=infer, partition=partition, sharding_rule=rule,
-                    need_replication_factors=("n",) + tuple(idx[batch:]))
+    # dims stay whole (named in the order the rule first uses them).
+    f.def_partition(infer_sharding_from_operands=infer, partition=partition,
+                    sharding_rule=_rule(idx, *xs, *slabs, results=xs),
+                    need_replication_factors=tuple(idx[batch:]) + ("n",))
     return local, f
 
 
-def _gather_lowering(ctx, x, indices, *, axis, batch, fill, method):
-    local, f = _partitioned_gather(ctx.avals_in[0].ndim, ctx.avals_in[1].ndim, axis, batch,
-                                   fill, method)
+def _gather_lowering(ctx, indices, *xs, axis, batch, fills, method):
+    x_ndims = tuple(a.ndim for a in ctx.avals_in[1:])
+    local, f = _partitioned_gather(x_ndims, ctx.avals_in[0].ndim, axis, batch, fills, method)
     fn = local if _ffi.single_device(ctx) else f
-    return mlir.lower_fun(fn, multiple_results=False)(ctx, x, indices)
+    return mlir.lower_fun(fn, multiple_results=True)(ctx, indices, *xs)
 
 
-def _scatter_lowering(ctx, x, indices, updates, *, axis, batch, mode, deterministic, method):
-    local, f = _partitioned_scatter(ctx.avals_in[0].ndim, ctx.avals_in[1].ndim, axis, batch,
-                                    mode, deterministic, method)
+def _scatter_lowering(ctx, indices, *operands, axis, batch, mode, deterministic, method):
+    x_ndims = tuple(a.ndim for a in _halves(ctx.avals_in[1:])[0])
+    local, f = _partitioned_scatter(x_ndims, ctx.avals_in[0].ndim, axis, batch, mode,
+                                    deterministic, method)
     fn = local if _ffi.single_device(ctx) else f
-    return mlir.lower_fun(fn, multiple_results=False)(ctx, x, indices, updates)
+    return mlir.lower_fun(fn, multiple_results=True)(ctx, indices, *operands)
 
 
 def _cuda_gather_lowering(ctx, *args, method, **params):
@@ -242,93 +291,158 @@ def _front(a, d, size, to):
     return jnp.moveaxis(a, d, to)
 
 
-def _gather_batcher(args, dims, *, axis, batch, **params):
-    (x, indices), (dx, di) = args, dims
-    if di is None:  # one index set for every x: the new dim is an outer dim
-        x = jnp.moveaxis(x, dx, batch)
-        return gather_p.bind(x, indices, axis=axis + 1, batch=batch, **params), batch
-    if dx is None:  # one x for every index set: more indices
-        indices = jnp.moveaxis(indices, di, batch)
-        return gather_p.bind(x, indices, axis=axis, batch=batch, **params), axis
-    x, indices = jnp.moveaxis(x, dx, 0), jnp.moveaxis(indices, di, 0)
-    return gather_p.bind(x, indices, axis=axis + 1, batch=batch + 1, **params), 0
+def _by_group(n, in_group, bind):
+    """Outputs and their vmapped dims for n tables bound in two groups: the
+    tables where in_group(t) and the others, each group one call of
+    bind(tables) -> (outputs, dim). The tables of one call share their dims
+    up to axis, so tables that the vmap reaches and tables it does not
+    cannot share one."""
+    outs, dims = [None] * n, [None] * n
+    for flag in (True, False):
+        group = [t for t in range(n) if in_group(t) == flag]
+        if group:
+            ys, dim = bind(group, flag)
+            for t, y in zip(group, ys):
+                outs[t], dims[t] = y, dim
+    return outs, dims
+
+
+def _gather_batcher(args, dims, *, axis, batch, fills, method):
+    (indices, *xs), (di, *dxs) = args, dims
+    some = lambda group: tuple(fills[t] for t in group)  # noqa: E731
+
+    def bind(group, batched):
+        fs = some(group)
+        if not batched:  # di is not None: more indices; else untouched by the vmap
+            if di is None:
+                return gather_p.bind(indices, *(xs[t] for t in group), axis=axis, batch=batch,
+                                     fills=fs, method=method), None
+            i = jnp.moveaxis(indices, di, batch)
+            return gather_p.bind(i, *(xs[t] for t in group), axis=axis, batch=batch, fills=fs,
+                                 method=method), axis
+        if di is None:  # one index set for every x: the new dim is an outer dim
+            ts = [jnp.moveaxis(xs[t], dxs[t], batch) for t in group]
+            return gather_p.bind(indices, *ts, axis=axis + 1, batch=batch, fills=fs,
+                                 method=method), batch
+        ts = [jnp.moveaxis(xs[t], dxs[t], 0) for t in group]
+        return gather_p.bind(jnp.moveaxis(indices, di, 0), *ts, axis=axis + 1, batch=batch + 1,
+                             fills=fs, method=method), 0
+
+    return _by_group(len(xs), lambda t: dxs[t] is not None, bind)
 
 
 def _scatter_batcher(args, dims, *, axis, batch, **params):
-    (x, indices, updates), (dx, di, du) = args, dims
+    indices, (xs, us) = args[0], _halves(args[1:])
+    di, (dxs, dus) = dims[0], _halves(dims[1:])
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    if di is None:  # shared indices: the new dim is an outer dim of x and updates
-        x, updates = _front(x, dx, size, batch), _front(updates, du, size, batch)
-        return scatter_p.bind(x, indices, updates, axis=axis + 1, batch=batch, **params), batch
-    x, updates = _front(x, dx, size, 0), _front(updates, du, size, 0)
-    indices = jnp.moveaxis(indices, di, 0)
-    return scatter_p.bind(x, indices, updates, axis=axis + 1, batch=batch + 1, **params), 0
+
+    def bind(group, reached):
+        x, u = [xs[t] for t in group], [us[t] for t in group]
+        if not reached:  # neither the indices nor these tables are vmapped
+            return scatter_p.bind(indices, *x, *u, axis=axis, batch=batch, **params), None
+        if di is None:  # shared indices: the new dim is an outer dim of x and updates
+            x = [_front(a, dxs[t], size, batch) for a, t in zip(x, group)]
+            u = [_front(a, dus[t], size, batch) for a, t in zip(u, group)]
+            return scatter_p.bind(indices, *x, *u, axis=axis + 1, batch=batch, **params), batch
+        x = [_front(a, dxs[t], size, 0) for a, t in zip(x, group)]
+        u = [_front(a, dus[t], size, 0) for a, t in zip(u, group)]
+        return scatter_p.bind(jnp.moveaxis(indices, di, 0), *x, *u, axis=axis + 1,
+                              batch=batch + 1, **params), 0
+
+    return _by_group(len(xs), lambda t: di is not None or dxs[t] is not None
+                     or dus[t] is not None, bind)
 
 
 batching.primitive_batchers[gather_p] = _gather_batcher
 batching.primitive_batchers[scatter_p] = _scatter_batcher
 
 
-# ---- autodiff: linear in x (and updates); the indices are constants ----------
+# ---- autodiff: linear in the tables (and updates); the indices are constants ----
 
 def _zero_fill(dtype) -> bytes:
     return np.zeros((), dtype).tobytes()
 
 
-def _gather_jvp(primals, tangents, *, fill, **params):
-    x, indices = primals
-    tx, _ = tangents
-    y = gather_p.bind(x, indices, fill=fill, **params)
-    if type(tx) is ad.Zero:
-        return y, ad.Zero.from_primal_value(y)
-    # The fill is a constant: its tangent is 0.
-    return y, gather_p.bind(tx, indices, fill=_zero_fill(tx.dtype), **params)
+def _zero_tangent(y) -> ad.Zero:
+    return ad.Zero(jax.typeof(y).to_tangent_aval())
 
 
-def _gather_transpose(ct, x, indices, *, axis, batch, fill, method):
-    assert ad.is_undefined_primal(x) and not ad.is_undefined_primal(indices)
-    if type(ct) is ad.Zero:
-        return [ad.Zero(x.aval), None]
-    zeros = jnp.zeros(x.aval.shape, ct.dtype)
-    return [scatter_p.bind(zeros, indices, ct, axis=axis, batch=batch, mode="add",
-                           deterministic=False, method=method), None]
+def _aval(a):
+    return a.aval if ad.is_undefined_primal(a) else jax.typeof(a)
+
+
+def _gather_jvp(primals, tangents, *, fills, **params):
+    indices = primals[0]
+    ys = gather_p.bind(*primals, fills=fills, **params)
+    live = [t for t, tx in enumerate(tangents[1:]) if type(tx) is not ad.Zero]
+    out = [_zero_tangent(y) for y in ys]
+    if live:
+        # The fill is a constant: its tangent is 0.
+        tys = gather_p.bind(indices, *(tangents[1 + t] for t in live),
+                            fills=tuple(_zero_fill(ys[t].dtype) for t in live), **params)
+        for t, ty in zip(live, tys):
+            out[t] = ty
+    return ys, out
+
+
+def _gather_transpose(cts, indices, *xs, axis, batch, fills, method):
+    assert not ad.is_undefined_primal(indices)
+    out = [ad.Zero(x.aval) if ad.is_undefined_primal(x) else None for x in xs]
+    live = [t for t, x in enumerate(xs) if ad.is_undefined_primal(x) and type(cts[t]) is not ad.Zero]
+    if live:
+        zeros = [jnp.zeros(xs[t].aval.shape, cts[t].dtype) for t in live]
+        sums = scatter_p.bind(indices, *zeros, *(cts[t] for t in live), axis=axis, batch=batch,
+                              mode="add", deterministic=False, method=method)
+        for t, s in zip(live, sums):
+            out[t] = s
+    return [None, *out]
 
 
 def _scatter_jvp(primals, tangents, *, axis, batch, mode, deterministic, method):
-    x, indices, updates = primals
-    tx, _, tu = tangents
+    indices, (xs, us) = primals[0], _halves(primals[1:])
+    txs, tus = _halves(tangents[1:])
     params = dict(axis=axis, batch=batch, mode=mode, deterministic=deterministic, method=method)
     if mode == "set":
         # Primal and tangent must keep the same winner of each duplicate.
-        indices = _last_wins(indices, x.shape[axis], batch)
-    y = scatter_p.bind(x, indices, updates, **params)
-    if type(tx) is ad.Zero and type(tu) is ad.Zero:
-        return y, ad.Zero.from_primal_value(y)
-    tx, tu = ad.instantiate_zeros(tx), ad.instantiate_zeros(tu)
-    return y, scatter_p.bind(tx, indices, tu, **params)
+        indices = _last_wins(indices, xs[0].shape[axis], batch)
+    ys = scatter_p.bind(indices, *xs, *us, **params)
+    live = [t for t in range(len(xs))
+            if type(txs[t]) is not ad.Zero or type(tus[t]) is not ad.Zero]
+    out = [_zero_tangent(y) for y in ys]
+    if live:
+        tys = scatter_p.bind(indices, *(ad.instantiate_zeros(txs[t]) for t in live),
+                             *(ad.instantiate_zeros(tus[t]) for t in live), **params)
+        for t, ty in zip(live, tys):
+            out[t] = ty
+    return ys, out
 
 
-def _scatter_transpose(ct, x, indices, updates, *, axis, batch, mode, deterministic, method):
+def _scatter_transpose(cts, indices, *operands, axis, batch, mode, deterministic, method):
     assert not ad.is_undefined_primal(indices)
-    x_aval = x.aval if ad.is_undefined_primal(x) else jax.typeof(x)
-    u_aval = updates.aval if ad.is_undefined_primal(updates) else jax.typeof(updates)
-    if type(ct) is ad.Zero:
-        return [ad.Zero(x_aval) if ad.is_undefined_primal(x) else None, None,
-                ad.Zero(u_aval) if ad.is_undefined_primal(updates) else None]
-    n = x_aval.shape[axis]
-    if mode == "set":
-        indices = _last_wins(indices, n, batch)
-    ct_x = ct_u = None
-    if ad.is_undefined_primal(x):
-        if mode == "add":
-            ct_x = ct
-        else:  # the overwritten slabs do not reach the output
-            ct_x = scatter_p.bind(ct, indices, jnp.zeros(u_aval.shape, ct.dtype), axis=axis,
-                                  batch=batch, mode="set", deterministic=False, method=method)
-    if ad.is_undefined_primal(updates):
-        ct_u = gather_p.bind(ct, indices, axis=axis, batch=batch, fill=_zero_fill(ct.dtype),
-                             method=method)
-    return [ct_x, None, ct_u]
+    xs, us = _halves(operands)
+    undefined = ad.is_undefined_primal
+    ct_x = [ad.Zero(_aval(x)) if undefined(x) else None for x in xs]
+    ct_u = [ad.Zero(_aval(u)) if undefined(u) else None for u in us]
+    live = [t for t in range(len(xs)) if type(cts[t]) is not ad.Zero]
+    if mode == "set" and live:
+        indices = _last_wins(indices, _aval(xs[0]).shape[axis], batch)
+    for_x = [t for t in live if undefined(xs[t])]
+    if mode == "add":
+        for t in for_x:
+            ct_x[t] = cts[t]
+    elif for_x:  # the overwritten slabs do not reach the output
+        zeros = [jnp.zeros(_aval(us[t]).shape, cts[t].dtype) for t in for_x]
+        cleared = scatter_p.bind(indices, *(cts[t] for t in for_x), *zeros, axis=axis,
+                                 batch=batch, mode="set", deterministic=False, method=method)
+        for t, c in zip(for_x, cleared):
+            ct_x[t] = c
+    for_u = [t for t in live if undefined(us[t])]
+    if for_u:
+        got = gather_p.bind(indices, *(cts[t] for t in for_u), axis=axis, batch=batch,
+                            fills=tuple(_zero_fill(cts[t].dtype) for t in for_u), method=method)
+        for t, g in zip(for_u, got):
+            ct_u[t] = g
+    return [None, *ct_x, *ct_u]
 
 
 ad.primitive_jvps[gather_p] = _gather_jvp
@@ -369,6 +483,27 @@ def _check_tma_slab(op: str, method: str, x: jax.Array, wide, axis: int) -> None
                          f"use method='auto' or 'simt'")
 
 
+def _tables(op: str, x: Any, axis: Any) -> tuple[list[jax.Array], list[str], int, bool]:
+    """x (an array, or a tuple or list of tables) as a list of arrays; the
+    name each table's errors go by; the axis, normalised; and whether x was
+    a sequence. The tables must agree in x.shape[:axis + 1]."""
+    many = isinstance(x, (tuple, list))
+    if many and not 1 <= len(x) <= _MAX_TABLES:
+        raise ValueError(f"{op}: x must be an array or a tuple of 1 to {_MAX_TABLES} arrays "
+                         f"(tables sharing the indices), got {len(x)} tables")
+    tables = [_checks.as_array(op, f"x[{t}]", a) for t, a in enumerate(x)] if many else \
+        [_checks.as_array(op, "x", x)]
+    names = [f"{op}: table {t}" for t in range(len(tables))] if many else [op]
+    axes = [_axis(name, axis, t) for name, t in zip(names, tables)]
+    lead = tables[0].shape[:axes[0] + 1]
+    for t, (table, a) in enumerate(zip(tables, axes)):
+        if a != axes[0] or table.shape[:a + 1] != lead:
+            raise ValueError(f"{op}: the tables must agree in x.shape[:axis + 1] (axis={axis}): "
+                             f"table 0 has {tuple(lead)}, table {t} "
+                             f"{tuple(table.shape[:a + 1])}")
+    return tables, names, axes[0], many
+
+
 def _fill_bytes(fill: Any, dtype: np.dtype) -> bytes:
     if isinstance(fill, jax.core.Tracer) or np.ndim(fill) != 0 or isinstance(fill, str):
         raise TypeError(f"{_OP_G}: fill must be a concrete scalar, got {fill!r:.80}")
@@ -381,16 +516,41 @@ def _fill_bytes(fill: Any, dtype: np.dtype) -> bytes:
         return np.asarray(value.astype(dtype)).astype(_checks.widen_dtype(dtype)).tobytes()
 
 
+def _check_updates(op: str, x: jax.Array, indices: jax.Array, updates: jax.Array, axis: int,
+                   mode: str, method: str) -> None:
+    """One table's rules of scatter: its updates' dtype and shape, the add's
+    dtypes and method='tma''s rules."""
+    want = _gathered_shape(x.shape, indices.shape, axis, 0)
+    if updates.dtype != x.dtype:
+        raise TypeError(f"{op}: updates have dtype {updates.dtype} but x has dtype {x.dtype}")
+    if tuple(updates.shape) != want:
+        raise ValueError(f"{op}: updates have shape {tuple(updates.shape)}; expected {want} "
+                         f"(x.shape[:axis] + indices.shape + x.shape[axis+1:] with "
+                         f"x.shape={tuple(x.shape)}, indices.shape={tuple(indices.shape)}, "
+                         f"axis={axis})")
+    summable = x.dtype.name not in _checks.SUB_BYTE_WIDE and (
+        x.dtype.kind in "iuc" or x.dtype.name in ("float16", "bfloat16", "float32", "float64"))
+    if mode == "add" and not summable:
+        raise TypeError(f"{op}: mode='add' cannot sum dtype {x.dtype} (integers, float16, "
+                        "bfloat16, float32, float64, complex64 or complex128)")
+    _check_tma_slab(op, method, x, _checks.widen_dtype(x.dtype), axis)
+    if method == "tma" and mode == "add" and x.dtype.name not in _BULK_ADD:
+        raise ValueError(f"{op}: method='tma' adds with cp.reduce.async.bulk, which has no "
+                         f"add for {x.dtype} (it has int32, uint32, int64, uint64, float16, "
+                         "bfloat16, float32, float64; complex as their parts); use method='auto' "
+                         "or 'simt'")
+
+
 # ---- the public ops -------------------------------------------------------------
 
 def gather(
-    x: jax.Array | np.ndarray,
+    x: jax.Array | np.ndarray | Sequence[jax.Array | np.ndarray],
     indices: jax.Array | np.ndarray | int,
     *,
     axis: int = 0,
     fill: float | int | complex = 0,
     method: GatherMethod = "auto",
-) -> jax.Array:
+) -> jax.Array | tuple[jax.Array, ...]:
     """The slabs of ``x`` along ``axis`` picked by ``indices``: bit for bit
     ``jnp.take(x, indices, axis, mode="fill", fill_value=fill)``.
 
@@ -432,28 +592,29 @@ def gather(
       >>> jax_tma.gather(table, jnp.array([3, -1, 4]), fill=-7).tolist()
       [[6, 7], [6, 7], [-7, -7]]
     """
-    x = _checks.as_array(_OP_G, "x", x)
+    tables, names, axis, many = _tables(_OP_G, x, axis)
     indices = _indices(_OP_G, indices)
-    axis = _axis(_OP_G, axis, x)
     _checks.check_choice(_OP_G, "method", method, _METHODS)
-    fill_bytes = _fill_bytes(fill, x.dtype)
-    src = _checks.widen(x)
-    _check_tma_slab(_OP_G, method, x, src.dtype, axis)
+    fills = tuple(_fill_bytes(fill, t.dtype) for t in tables)
+    srcs = [_checks.widen(t) for t in tables]
+    for name, t, src in zip(names, tables, srcs):
+        _check_tma_slab(name, method, t, src.dtype, axis)
     _ffi.register()
-    y = gather_p.bind(src, indices, axis=axis, batch=0, fill=fill_bytes, method=method)
-    return _checks.narrow(y, x.dtype)
+    ys = gather_p.bind(indices, *srcs, axis=axis, batch=0, fills=fills, method=method)
+    ys = tuple(_checks.narrow(y, t.dtype) for y, t in zip(ys, tables))
+    return ys if many else ys[0]
 
 
 def scatter(
-    x: jax.Array | np.ndarray,
+    x: jax.Array | np.ndarray | Sequence[jax.Array | np.ndarray],
     indices: jax.Array | np.ndarray | int,
-    updates: jax.Array | np.ndarray,
+    updates: jax.Array | np.ndarray | Sequence[jax.Array | np.ndarray],
     *,
     axis: int = 0,
     mode: ScatterMode = "set",
     method: GatherMethod = "auto",
     deterministic: bool = False,
-) -> jax.Array:
+) -> jax.Array | tuple[jax.Array, ...]:
     """``x`` with the slabs along ``axis`` at ``indices`` replaced by
     (``mode="set"``) or increased by (``mode="add"``) the slabs of
     ``updates``: ``x.at[(slice(None),) * axis + (indices,)].set(updates,
@@ -513,38 +674,29 @@ def scatter(
       ...                 mode="add").tolist()
       [[0, 0], [1, 1], [0, 0], [1, 1]]
     """
-    x = _checks.as_array(_OP_S, "x", x)
+    tables, names, axis, many = _tables(_OP_S, x, axis)
     indices = _indices(_OP_S, indices)
-    updates = _checks.as_array(_OP_S, "updates", updates)
-    axis = _axis(_OP_S, axis, x)
+    if many:
+        if not isinstance(updates, (tuple, list)) or len(updates) != len(tables):
+            got = (f"{len(updates)} arrays" if isinstance(updates, (tuple, list))
+                   else type(updates).__name__)
+            raise TypeError(f"{_OP_S}: x is {len(tables)} tables, so updates must be a tuple of "
+                            f"{len(tables)} arrays (one per table), got {got}")
+        ups = [_checks.as_array(_OP_S, f"updates[{t}]", u) for t, u in enumerate(updates)]
+    else:
+        ups = [_checks.as_array(_OP_S, "updates", updates)]
     _checks.check_choice(_OP_S, "mode", mode, _MODES)
     _checks.check_choice(_OP_S, "method", method, _METHODS)
     if not isinstance(deterministic, (bool, np.bool_)):
         raise TypeError(f"{_OP_S}: deterministic must be a bool, got {deterministic!r}")
-    want = _gathered_shape(x.shape, indices.shape, axis, 0)
-    if updates.dtype != x.dtype:
-        raise TypeError(f"{_OP_S}: updates have dtype {updates.dtype} but x has dtype {x.dtype}")
-    if tuple(updates.shape) != want:
-        raise ValueError(f"{_OP_S}: updates have shape {tuple(updates.shape)}; expected {want} "
-                         f"(x.shape[:axis] + indices.shape + x.shape[axis+1:] with "
-                         f"x.shape={tuple(x.shape)}, indices.shape={tuple(indices.shape)}, "
-                         f"axis={axis})")
-    summable = x.dtype.name not in _checks.SUB_BYTE_WIDE and (
-        x.dtype.kind in "iuc" or x.dtype.name in ("float16", "bfloat16", "float32", "float64"))
-    if mode == "add" and not summable:
-        raise TypeError(f"{_OP_S}: mode='add' cannot sum dtype {x.dtype} (integers, float16, "
-                        "bfloat16, float32, float64, complex64 or complex128)")
-    src = _checks.widen(x)
-    _check_tma_slab(_OP_S, method, x, src.dtype, axis)
-    if method == "tma" and mode == "add" and x.dtype.name not in _BULK_ADD:
-        raise ValueError(f"{_OP_S}: method='tma' adds with cp.reduce.async.bulk, which has no "
-                         f"add for {x.dtype} (it has int32, uint32, int64, uint64, float16, "
-                         "bfloat16, float32, float64; complex as their parts); use method='auto' "
-                         "or 'simt'")
     if deterministic and method == "tma":
         raise ValueError(f"{_OP_S}: deterministic=True applies updates in index order with the "
                          "SIMT kernel; method='tma' cannot (use method='auto' or 'simt')")
+    for name, t, u in zip(names, tables, ups):
+        _check_updates(name, t, indices, u, axis, mode, method)
     _ffi.register()
-    y = scatter_p.bind(src, indices, _checks.widen(updates), axis=axis, batch=0, mode=mode,
-                       deterministic=bool(deterministic), method=method)
-    return _checks.narrow(y, x.dtype)
+    ys = scatter_p.bind(indices, *map(_checks.widen, tables), *map(_checks.widen, ups),
+                        axis=axis, batch=0, mode=mode, deterministic=bool(deterministic),
+                        method=method)
+    ys = tuple(_checks.narrow(y, t.dtype) for y, t in zip(ys, tables))
+    return ys if many else ys[0]

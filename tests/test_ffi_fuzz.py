@@ -379,9 +379,19 @@ _INDEX_DTYPES = tuple(np.dtype(d) for d in (np.int8, np.int16, np.int32, np.int6
                                             np.uint16, np.uint32, np.uint64))
 
 
-def _slab_geometry(call: Call) -> tuple[int, int, int, int, int]:
-    """(B, P, N, M, slab bytes) of a gather or scatter call (gather_common.h)."""
-    x, idx = call.operands[:2]
+def _tables_of(call: Call, lead: int) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    """The indices, the tables and their fills / updates of a gather (lead=1:
+    indices, x_0..x_{n-1}, fill_0..) or scatter call (lead=2: indices, order,
+    x_0.., updates_0..), n = the results."""
+    n = len(call.results)
+    rest = call.operands[lead:]
+    return call.operands[0], rest[:n], rest[n:2 * n]
+
+
+def _slab_geometry(call: Call, x: np.ndarray) -> tuple[int, int, int, int, int]:
+    """(B, P, N, M, slab bytes) of table x of a gather or scatter call
+    (gather_common.h)."""
+    idx = call.operands[0]
     axis, batch = int(call.attrs["axis"]), int(call.attrs["batch"])
     return (math.prod(x.shape[:batch]), math.prod(x.shape[batch:axis]), x.shape[axis],
             math.prod(idx.shape[batch:]), math.prod(x.shape[axis + 1:]) * x.dtype.itemsize)
@@ -397,40 +407,53 @@ def _table_rows(idx: np.ndarray, n: int, batch: int) -> np.ndarray:
     return np.where((v >= 0) & (v < n), v, -1)
 
 
-def _slab_call(rng, dtype) -> tuple[np.ndarray, np.ndarray, dict, tuple[int, ...]]:
-    """x, indices, the axis/batch attributes and the gathered slabs' shape."""
+def _slab_call(rng, dtypes) -> tuple[np.ndarray, list[np.ndarray], dict, list[tuple[int, ...]]]:
+    """Indices, a table of each dtype (1 to 3: their dims up to axis shared,
+    their slab dims their own), the axis/batch attributes and each table's
+    gathered slabs' shape."""
     r = int(rng.integers(1, 4))
-    x_shape = tuple(int(v) for v in rng.integers(0, 5, r))
+    lead = tuple(int(v) for v in rng.integers(0, 5, r))
     axis = int(rng.integers(r))
     batch = int(rng.integers(axis + 1))
-    idx_shape = x_shape[:batch] + tuple(int(v) for v in rng.integers(0, 4, int(rng.integers(0, 3))))
-    n = x_shape[axis]
+    idx_shape = lead[:batch] + tuple(int(v) for v in rng.integers(0, 4, int(rng.integers(0, 3))))
+    n = lead[axis]
     idx_dtype = _pick(rng, _INDEX_DTYPES)
     lo = 0 if idx_dtype.kind == "u" else -n - 2
     idx = rng.integers(lo, n + 2, idx_shape).astype(idx_dtype)
-    slab_shape = x_shape[:axis] + idx_shape[batch:] + x_shape[axis + 1:]
+    xs, slab_shapes = [], []
+    for dtype in dtypes:
+        x_shape = lead[:axis + 1] + tuple(int(v) for v in rng.integers(0, 5, r - axis - 1))
+        xs.append(random_array(rng, x_shape, dtype))
+        slab_shapes.append(x_shape[:axis] + idx_shape[batch:] + x_shape[axis + 1:])
     attrs = dict(axis=np.int64(axis), batch=np.int64(batch), method=_pick(rng, _PORTABLE))
-    return random_array(rng, x_shape, dtype), idx, attrs, slab_shape
+    return idx, xs, attrs, slab_shapes
+
+
+def _table_count(rng) -> int:
+    return int(rng.choice([1, 1, 2, 3]))
 
 
 def _gather_call(rng) -> Call:
-    dtype = _dtype(rng)
-    x, idx, attrs, out_shape = _slab_call(rng, dtype)
-    return Call([x, idx, random_array(rng, (), dtype)], [S(out_shape, dtype)], attrs)
+    dtypes = [_dtype(rng) for _ in range(_table_count(rng))]
+    idx, xs, attrs, out_shapes = _slab_call(rng, dtypes)
+    return Call([idx, *xs, *(random_array(rng, (), d) for d in dtypes)],
+                [S(o, d) for o, d in zip(out_shapes, dtypes)], attrs)
 
 
 def _gather_reference(call: Call) -> list[np.ndarray]:
-    x, idx, fill = call.operands
-    b, p, n, m, s = _slab_geometry(call)
-    eb = x.dtype.itemsize
-    table = np.ascontiguousarray(x).view(np.uint8).reshape(b, p, n, s)
-    rows = _table_rows(idx, n, int(call.attrs["batch"]))
-    out = np.empty((b, p, m, s), np.uint8)
-    out[...] = np.tile(np.ascontiguousarray(fill).reshape(1).view(np.uint8), s // eb)
-    for i, j in zip(*np.nonzero(rows >= 0)):
-        out[i, :, j] = table[i, :, rows[i, j]]
-    y = call.results[0]
-    return [out.view(y.dtype).reshape(y.shape)]
+    idx, xs, fills = _tables_of(call, 1)
+    outs = []
+    for x, fill, y in zip(xs, fills, call.results):
+        b, p, n, m, s = _slab_geometry(call, x)
+        eb = x.dtype.itemsize
+        table = np.ascontiguousarray(x).view(np.uint8).reshape(b, p, n, s)
+        rows = _table_rows(idx, n, int(call.attrs["batch"]))
+        out = np.empty((b, p, m, s), np.uint8)
+        out[...] = np.tile(np.ascontiguousarray(fill).reshape(1).view(np.uint8), s // eb)
+        for i, j in zip(*np.nonzero(rows >= 0)):
+            out[i, :, j] = table[i, :, rows[i, j]]
+        outs.append(out.view(y.dtype).reshape(y.shape))
+    return outs
 
 
 def _sorted_order(idx: np.ndarray, n: int, batch: int) -> np.ndarray:
@@ -444,22 +467,26 @@ def _sorted_order(idx: np.ndarray, n: int, batch: int) -> np.ndarray:
 
 def _scatter_call(rng) -> Call:
     mode = _pick(rng, ("set", "add"))
-    dtype = _dtype(rng, _SUMMABLE if mode == "add" else _BYTE_DTYPES)
-    x, idx, attrs, upd_shape = _slab_call(rng, dtype)
+    dtypes = [_dtype(rng, _SUMMABLE if mode == "add" else _BYTE_DTYPES)
+              for _ in range(_table_count(rng))]
+    idx, xs, attrs, upd_shapes = _slab_call(rng, dtypes)
     axis, batch = int(attrs["axis"]), int(attrs["batch"])
+    n = xs[0].shape[axis]
     # Floats add in a defined order only with deterministic=True.
-    deterministic = (mode == "add" and dtype.kind not in "iu") or bool(rng.integers(2))
+    deterministic = (mode == "add" and any(d.kind not in "iu" for d in dtypes)) or \
+        bool(rng.integers(2))
     if not deterministic:  # one update per row: any winner is the same one
-        rows = _table_rows(idx, x.shape[axis], batch)
+        rows = _table_rows(idx, n, batch)
         for row in rows:
             _, first = np.unique(row, return_index=True)
             dup = np.setdiff1d(np.arange(row.size), first)
             row[dup] = -1
         flat = idx.reshape(rows.shape)
-        flat[rows < 0] = x.shape[axis] + 1 if idx.dtype.kind == "u" else -x.shape[axis] - 1
-    order = _sorted_order(idx, x.shape[axis], batch) if deterministic else np.zeros(0, np.int32)
+        flat[rows < 0] = n + 1 if idx.dtype.kind == "u" else -n - 1
+    order = _sorted_order(idx, n, batch) if deterministic else np.zeros(0, np.int32)
     attrs.update(mode=mode, deterministic=deterministic)
-    return Call([x, idx, random_array(rng, upd_shape, dtype), order], [S(x.shape, dtype)], attrs)
+    return Call([idx, order, *xs, *(random_array(rng, u, d) for u, d in zip(upd_shapes, dtypes))],
+                [S(x.shape, x.dtype) for x in xs], attrs)
 
 
 def _add_parts(a: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -484,22 +511,25 @@ _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 def _scatter_reference(call: Call) -> list[np.ndarray]:
     """Every update applied in index order (the CPU handler's order)."""
-    x, idx, upd, _ = call.operands
-    b, p, n, m, s = _slab_geometry(call)
-    eb = x.dtype.itemsize
-    out = np.ascontiguousarray(x).copy()
-    table = out.reshape(b, p, n, s // eb)
-    slabs = np.ascontiguousarray(upd).reshape(b, p, m, s // eb)
-    rows = _table_rows(idx, n, int(call.attrs["batch"]))
-    for i in range(b):
-        for j in range(m):
-            if rows[i, j] < 0:
-                continue
-            if call.attrs["mode"] == "set":
-                table[i, :, rows[i, j]] = slabs[i, :, j]
-            else:
-                table[i, :, rows[i, j]] = _add_parts(table[i, :, rows[i, j]], slabs[i, :, j])
-    return [out]
+    idx, xs, upds = _tables_of(call, 2)
+    outs = []
+    for x, upd in zip(xs, upds):
+        b, p, n, m, s = _slab_geometry(call, x)
+        eb = x.dtype.itemsize
+        out = np.ascontiguousarray(x).copy()
+        table = out.reshape(b, p, n, s // eb)
+        slabs = np.ascontiguousarray(upd).reshape(b, p, m, s // eb)
+        rows = _table_rows(idx, n, int(call.attrs["batch"]))
+        for i in range(b):
+            for j in range(m):
+                if rows[i, j] < 0:
+                    continue
+                if call.attrs["mode"] == "set":
+                    table[i, :, rows[i, j]] = slabs[i, :, j]
+                else:
+                    table[i, :, rows[i, j]] = _add_parts(table[i, :, rows[i, j]], slabs[i, :, j])
+        outs.append(out)
+    return outs
 
 
 def _scatter_exact(platform: str, call: Call) -> bool:
@@ -508,40 +538,57 @@ def _scatter_exact(platform: str, call: Call) -> bool:
     matter (integer adds; sets of one update per row)."""
     if platform == "cpu":
         return True
-    x, idx, _, order = call.operands
+    idx, xs, _ = _tables_of(call, 2)
+    order = call.operands[1]
     axis, batch = int(call.attrs["axis"]), int(call.attrs["batch"])
+    n = xs[0].shape[axis]
     if call.attrs.get("deterministic") is True:
-        want = _sorted_order(idx, x.shape[axis], batch)
+        want = _sorted_order(idx, n, batch)
         return order.dtype == np.int32 and np.array_equal(order.reshape(-1), want.reshape(-1))
     if call.attrs.get("mode") == "add":  # floats: hardware order, f32 subnormals flushed
-        return x.dtype.kind in "iu"
-    rows = _table_rows(idx, x.shape[axis], batch)
+        return all(x.dtype.kind in "iu" for x in xs)
+    rows = _table_rows(idx, n, batch)
     return all(np.unique(r[r >= 0]).size == (r >= 0).sum() for r in rows)
 
 
+def _one_table(c: Call) -> Call:
+    """Gather call c with its first table alone."""
+    idx, xs, fills = _tables_of(c, 1)
+    return _with(c, [idx, xs[0], fills[0]], c.results[:1])
+
+
+def _gathered(x: np.ndarray, axis: int, count: int) -> S:
+    return S(x.shape[:axis] + (count,) + x.shape[axis + 1:], x.dtype)
+
+
 _GATHER_NASTY = (
-    lambda c: _with(c, [c.operands[0], np.array([-2**63, 2**63 - 1, 0], np.int64),
-                        c.operands[2]],
-                    [S(c.operands[0].shape[:int(c.attrs["axis"])] + (3,)
-                       + c.operands[0].shape[int(c.attrs["axis"]) + 1:], c.operands[0].dtype)],
-                    batch=np.int64(0)),
+    lambda c: (lambda o: _with(o, [np.array([-2**63, 2**63 - 1, 0], np.int64)] + o.operands[1:],
+                               [_gathered(o.operands[1], int(o.attrs["axis"]), 3)],
+                               batch=np.int64(0)))(_one_table(c)),
     lambda c: _with(c, batch=np.int64(int(c.attrs["axis"]) + 1)),
     lambda c: _with(c, axis=np.int64(-1)),
-    lambda c: _with(c, [c.operands[0], c.operands[1], np.zeros(2, c.operands[0].dtype)]),
-    lambda c: _with(c, [np.zeros((2**40, 0), np.float32), np.zeros(3, np.int32),
+    lambda c: _with(c, c.operands[:-1] + [np.zeros(2, c.operands[-1].dtype)]),
+    lambda c: _with(c, [np.zeros(3, np.int32), np.zeros((2**40, 0), np.float32),
                         np.zeros((), np.float32)], [S((3, 0), np.float32)], axis=np.int64(0),
                     batch=np.int64(0)),
     lambda c: _with(c, method="tma"),
+    lambda c: _with(c, c.operands[:-1]),                    # a fill short
+    lambda c: _with(c, results=c.results + c.results[:1]),  # an output too many
+    lambda c: _with(c, c.operands[:1] + c.operands[1:] * 9,  # more than 8 tables
+                    results=c.results * 9),
 )
 
 _SCATTER_NASTY = (
-    lambda c: _with(c, c.operands[:3] + [np.array([2**31 - 1, -5] * 3, np.int32)],
-                    deterministic=True),
-    lambda c: _with(c, mode="add", deterministic=True) if c.operands[0].dtype == np.bool_ else c,
+    lambda c: _with(c, [c.operands[0], np.array([2**31 - 1, -5] * 3, np.int32)]
+                    + c.operands[2:], deterministic=True),
+    lambda c: (_with(c, mode="add", deterministic=True)
+               if any(x.dtype == np.bool_ for x in _tables_of(c, 2)[1]) else c),
     lambda c: _with(c, method="tma", deterministic=True),
     lambda c: _with(c, method="tma"),
-    lambda c: _with(c, [c.operands[0], np.array([-2**63, 2**63 - 1], np.int64)]
-                    + c.operands[2:], batch=np.int64(0)),
+    lambda c: _with(c, [np.array([-2**63, 2**63 - 1], np.int64)] + c.operands[1:],
+                    batch=np.int64(0)),
+    lambda c: _with(c, c.operands[:-1]),                    # an update short
+    lambda c: _with(c, results=c.results[:-1] or c.results * 2),
 )
 
 

@@ -393,7 +393,9 @@ def test_eager_calls(rng):
 
 def test_non_array_inputs_are_type_errors():
     with pytest.raises(TypeError, match=r"jax_tma\.gather: x must be an array"):
-        jax_tma.gather([1, 2], jnp.array([0]))
+        jax_tma.gather(1.0, jnp.array([0]))
+    with pytest.raises(TypeError, match=r"jax_tma\.gather: x\[0\] must be an array"):
+        jax_tma.gather([1, 2], jnp.array([0]))  # a list is a sequence of tables
     with pytest.raises(TypeError, match=r"jax_tma\.gather: indices must be an array"):
         jax_tma.gather(jnp.ones(3), [0, 1])
     with pytest.raises(TypeError, match=r"jax_tma\.scatter: updates must be an array"):
@@ -526,7 +528,7 @@ def raw_gather(x, idx, out_shape, fill=None, out_dtype=None, **attrs):
                             has_side_effect=True)
     base = dict(axis=np.int64(0), batch=np.int64(0), method="auto")
     base.update(attrs)
-    return jax.jit(lambda a, i, f: call(a, i, f, **base))(on_cpu(x), on_cpu(idx), on_cpu(fill))
+    return jax.jit(lambda a, i, f: call(i, a, f, **base))(on_cpu(x), on_cpu(idx), on_cpu(fill))
 
 
 def raw_scatter(x, idx, upd, order=None, out_shape=None, out_dtype=None, **attrs):
@@ -536,7 +538,7 @@ def raw_scatter(x, idx, upd, order=None, out_shape=None, out_dtype=None, **attrs
     base = dict(axis=np.int64(0), batch=np.int64(0), mode="set", deterministic=False,
                 method="auto")
     base.update(attrs)
-    return jax.jit(lambda *a: call(*a, **base))(*map(on_cpu, (x, idx, upd, order)))
+    return jax.jit(lambda *a: call(*a, **base))(*map(on_cpu, (idx, order, x, upd)))
 
 
 X = np.arange(24, dtype=np.float32).reshape(4, 3, 2)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jax_tma
-from paths import run_on_path
+from paths import paths_ran, run_on_path
 from reference import (ALL_DTYPES, SUB_BYTE_BITS, assert_bits_equal, cpu_device, random_array,
                        skip_unless_required)
 
@@ -290,3 +290,37 @@ def test_auto_takes_the_path_it_should(gpu, rng, path, shape, call):
     i = on(gpu, rng.integers(-rows - 2, rows + 2, (count,)).astype(np.int32))
     u = on(gpu, rng.standard_normal((count, width)).astype(np.float32))
     run_on_path(path, jax.jit(call), x, i, u)  # a fresh executable: its handler runs
+
+
+# Tables sharing one index array: the tables whose geometry and plan agree
+# (FusesWith in ffi/gather/gather_plan.h) move in one launch, a grid row
+# each; the others in a launch of their own. Two f32 pools of the same
+# pages and an int32 table of 16-byte rows: two launches, every table bit-exact against the
+# CPU handler.
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("op", ["gather", "set", "add", "deterministic"])
+def test_tables_sharing_indices_move_in_one_launch(gpu, rng, method, op):
+    if op == "deterministic" and method == "tma":
+        pytest.skip("deterministic=True with method='tma' is an error (its CPU test)")
+    rows, count = 300, 200
+    shapes = [((rows, 4, 64), np.float32), ((rows, 4, 64), np.float32), ((rows, 4), np.int32)]
+    # Small integers: float adds are exact in any order.
+    tables = [rng.integers(-4, 5, s).astype(d) for s, d in shapes]
+    idx = (rng.permutation(rows)[:count] if op == "set" else
+           rng.integers(-rows - 2, rows + 2, (count,))).astype(np.int32)
+    updates = [rng.integers(-4, 5, (count,) + s[1:]).astype(d) for s, d in shapes]
+    if op == "gather":
+        f = jax.jit(functools.partial(jax_tma.gather, fill=3, method=method))
+        args = (tables, idx)
+    else:
+        f = jax.jit(functools.partial(jax_tma.scatter, mode="set" if op == "set" else "add",
+                                      deterministic=op == "deterministic", method=method))
+        args = (tables, idx, updates)
+    with paths_ran() as ran:
+        got = jax.block_until_ready(f(*jax.tree.map(functools.partial(on, gpu), args)))
+    want = f(*jax.tree.map(functools.partial(on, cpu_device()), args))
+    name = "gather." if op == "gather" else "scatter."
+    assert sum(n for k, n in ran.items() if k.startswith(name)) == 2, ran
+    assert len(got) == 3
+    for g, w in zip(got, want):
+        assert_bits_equal(g, w)

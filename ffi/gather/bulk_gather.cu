@@ -29,6 +29,7 @@ constexpr int kMaxSmem = kStages * static_cast<int>(kBulkGatherUnitBytes);
 struct BulkParams {
   GatherGeometry g;
   BulkGatherTiling t;
+  GatherTables tables;
 };
 
 // Slab rows [row0, row0 + rows) of the output (gather) or the updates
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(kThreads) BulkGatherKernel(const __grid_consta
   using namespace device;
   extern __shared__ __align__(128) uint8_t stage_buf[];
   __shared__ uint64_t full[kStages];
-  const GatherGeometry& g = p.g;
+  const GatherGeometry g = p.tables.Of(p.g, blockIdx.y);
   const BulkGatherTiling& t = p.t;
   const int lane = static_cast<int>(threadIdx.x);
   const int64_t first = static_cast<int64_t>(blockIdx.x) * t.units_per_cta;
@@ -189,16 +190,18 @@ ffi::Error Launch(const BulkParams& p, cudaStream_t stream, int device) {
       },
       &done));
   const size_t smem = size_t{kStages} * static_cast<size_t>(p.t.unit_bytes);
-  BulkGatherKernel<kOp, AddT><<<static_cast<unsigned>(p.t.blocks), kThreads, smem, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(p.t.blocks), static_cast<unsigned>(p.tables.count));
+  BulkGatherKernel<kOp, AddT><<<grid, kThreads, smem, stream>>>(p);
   JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-ffi::Error LaunchBulkGather(const GatherGeometry& g, GatherOp op, const BulkGatherTiling& t,
-                            cudaStream_t stream, int device) {
+ffi::Error LaunchBulkGather(const GatherGeometry& g, const GatherTables& tables, GatherOp op,
+                            const BulkGatherTiling& t, cudaStream_t stream, int device) {
   if (t.units == 0) return ffi::Error::Success();
+  JAX_TMA_RETURN_IF_FAILED(CheckTables(op == GatherOp::kGather ? kGatherOp : kScatterOp, tables));
   if (t.unit_bytes <= 0 || t.unit_bytes > kBulkGatherUnitBytes ||
       t.rows_per_unit > kBulkGatherMaxRowsPerUnit || t.blocks <= 0 || t.blocks > 0x7fffffff ||
       t.units_per_cta <= 0 || t.units_per_cta > 0x7fffffff) {
@@ -207,7 +210,7 @@ ffi::Error LaunchBulkGather(const GatherGeometry& g, GatherOp op, const BulkGath
                            t.rows_per_unit, ", ", t.units_per_cta, " units a CTA, ", t.blocks,
                            " CTAs");
   }
-  const BulkParams p{g, t};
+  const BulkParams p{g, t, tables};
   switch (op) {
     case GatherOp::kGather: return Launch<GatherOp::kGather, void>(p, stream, device);
     case GatherOp::kScatterSet: return Launch<GatherOp::kScatterSet, void>(p, stream, device);

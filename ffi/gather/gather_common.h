@@ -14,7 +14,9 @@
 #define JAX_TMA_FFI_GATHER_GATHER_COMMON_H_
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
+#include <utility>
 
 #include "common.h"
 #include "im2col/im2col_common.h"  // SumKind, Col2imSum: the element arithmetic col2im shares
@@ -145,26 +147,66 @@ __device__ __forceinline__ V FillVector(const void* fill, int64_t elem_bytes, in
 }
 #endif  // __CUDACC__
 
+// One call moves up to kMaxGatherTables tables through the same indices
+// (jax_tma.gather((k_pool, v_pool), pages)). Each table is decoded into its
+// own geometry; tables whose geometry and plan agree (FusesWith) run as one
+// kernel launch, a table for each blockIdx.y, their buffers in GatherTables.
+inline constexpr int kMaxGatherTables = 8;
+
+struct GatherTables {
+  int count = 0;
+  const void* x[kMaxGatherTables] = {};
+  void* out[kMaxGatherTables] = {};
+  const void* slabs[kMaxGatherTables] = {};
+
+  // `g` with the buffers of table i.
+  JAX_TMA_HOST_DEVICE GatherGeometry Of(GatherGeometry g, int i) const {
+    g.x = x[i];
+    g.out = out[i];
+    g.slabs = slabs[i];
+    return g;
+  }
+  // Appends the buffers of `g`; false where the launch is full.
+  bool Add(const GatherGeometry& g) {
+    if (count == kMaxGatherTables) return false;
+    x[count] = g.x;
+    out[count] = g.out;
+    slabs[count] = g.slabs;
+    ++count;
+    return true;
+  }
+};
+
+// The tables of a launch: 1 to kMaxGatherTables (its grid's y dim).
+inline ffi::Error CheckTables(std::string_view op, const GatherTables& tables) {
+  if (tables.count < 1 || tables.count > kMaxGatherTables) {
+    return InvalidArgument(op, "a launch moves 1 to ", kMaxGatherTables, " tables, got ",
+                           tables.count);
+  }
+  return ffi::Error::Success();
+}
+
 // The operands and attributes shared by both targets, appended to a binding
-// that starts with the platform's context (none on the CPU).
+// that starts with the platform's context (none on the CPU). Gather:
+// (indices, x_0..x_{n-1}, fill_0..fill_{n-1}) -> (out_0..out_{n-1}).
 template <typename Binding>
 auto BindGatherCall(Binding binding) {
-  return std::move(binding).template Arg<ffi::AnyBuffer>()     // x
-      .template Arg<ffi::AnyBuffer>()                          // indices
-      .template Arg<ffi::AnyBuffer>()                          // fill (0-d, x's dtype)
-      .template Ret<ffi::AnyBuffer>()                          // out
+  return std::move(binding).template Arg<ffi::AnyBuffer>()     // indices
+      .RemainingArgs()                                         // the tables, then their fills
+      .RemainingRets()                                         // an output per table
       .template Attr<int64_t>("axis")                          // axis
       .template Attr<int64_t>("batch")                         // batch
       .template Attr<std::string_view>("method");              // method
 }
 
+// Scatter: (indices, order, x_0..x_{n-1}, updates_0..updates_{n-1}) ->
+// (out_0..out_{n-1}), out_t aliasing x_t.
 template <typename Binding>
 auto BindScatterCall(Binding binding) {
-  return std::move(binding).template Arg<ffi::AnyBuffer>()     // x
-      .template Arg<ffi::AnyBuffer>()                          // indices
-      .template Arg<ffi::AnyBuffer>()                          // updates
+  return std::move(binding).template Arg<ffi::AnyBuffer>()     // indices
       .template Arg<ffi::AnyBuffer>()                          // order (deterministic) or empty
-      .template Ret<ffi::AnyBuffer>()                          // out (aliases x)
+      .RemainingArgs()                                         // the tables, then their updates
+      .RemainingRets()                                         // an output per table (aliases it)
       .template Attr<int64_t>("axis")                          // axis
       .template Attr<int64_t>("batch")                         // batch
       .template Attr<std::string_view>("mode")                 // mode
@@ -319,6 +361,88 @@ inline ffi::Error DecodeScatter(const ffi::AnyBuffer& x, const ffi::AnyBuffer& i
     return InvalidArgument(op, "null buffer");
   }
   return ffi::Error::Success();
+}
+
+namespace gather_detail {
+
+// The error of table t of an n-table call, named as such ("jax_tma.gather:
+// table 1: ...") where n > 1.
+inline ffi::Error ForTable(ffi::Error e, std::string_view op, size_t t, size_t n) {
+  if (e.success() || n == 1) return e;
+  const std::string& what = e.message();
+  const size_t skip = what.compare(0, op.size(), op) == 0 && what.compare(op.size(), 2, ": ") == 0
+                          ? op.size() + 2 : 0;
+  Message m;
+  m << op << ": table " << t << ": " << std::string_view(what).substr(skip);
+  return ffi::Error(e.errc().value_or(ffi::ErrorCode::kInvalidArgument), m.str());
+}
+
+// Buffer i of the remaining operands (or results) of a call.
+template <typename Remaining, typename T>
+ffi::Error Get(std::string_view op, const Remaining& all, size_t i, T* out) {
+  auto got = all.template get<ffi::AnyBuffer>(i);
+  if (!got.has_value()) return InvalidArgument(op, "buffer ", i, ": ", got.error().message());
+  *out = std::move(*got);
+  return ffi::Error::Success();
+}
+
+// The n tables of a call whose `leading` operands come first, then the
+// tables and a `per_table` operand each, for n outputs: decode(t, x,
+// second, out) checks table t and fills in gs[t].
+template <typename DecodeTable>
+ffi::Error DecodeTables(std::string_view op, std::string_view leading, size_t leading_count,
+                        std::string_view per_table, const ffi::RemainingArgs& args,
+                        const ffi::RemainingRets& rets, const DecodeTable& decode, size_t* n) {
+  *n = rets.size();
+  if (*n < 1 || *n > kMaxGatherTables || args.size() != 2 * *n) {
+    return InvalidArgument(op, "takes ", leading, ", n tables and n ", per_table,
+                           " for n outputs (1 <= n <= ", kMaxGatherTables, "); got ",
+                           args.size() + leading_count, " operands and ", rets.size(),
+                           " outputs");
+  }
+  for (size_t t = 0; t < *n; ++t) {
+    std::optional<ffi::AnyBuffer> x, second;
+    std::optional<ffi::Result<ffi::AnyBuffer>> out;
+    ffi::Error e = Get(op, args, t, &x);
+    if (e.success()) e = Get(op, args, *n + t, &second);
+    if (e.success()) e = Get(op, rets, t, &out);
+    if (e.success()) e = decode(t, *x, *second, *out);
+    if (e.failure()) return ForTable(std::move(e), op, t, *n);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace gather_detail
+
+// Re-validates a call of "jax_tma_gather" (indices, n tables, n fills -> n
+// outputs) into the geometry of each table, gs[0..*n).
+inline ffi::Error DecodeGatherCall(const ffi::AnyBuffer& indices, const ffi::RemainingArgs& args,
+                                   const ffi::RemainingRets& rets, int64_t axis, int64_t batch,
+                                   std::string_view method, GatherGeometry* gs, size_t* n) {
+  return gather_detail::DecodeTables(
+      kGatherOp, "indices", 1, "fills", args, rets,
+      [&](size_t t, const ffi::AnyBuffer& x, const ffi::AnyBuffer& fill,
+          ffi::Result<ffi::AnyBuffer>& out) {
+        return DecodeGather(x, indices, fill, out, axis, batch, method, &gs[t]);
+      },
+      n);
+}
+
+// Re-validates a call of "jax_tma_scatter" (indices, order, n tables, n
+// updates -> n outputs) into the geometry of each table, gs[0..*n).
+inline ffi::Error DecodeScatterCall(const ffi::AnyBuffer& indices, const ffi::AnyBuffer& order,
+                                    const ffi::RemainingArgs& args,
+                                    const ffi::RemainingRets& rets, int64_t axis, int64_t batch,
+                                    std::string_view mode, bool deterministic,
+                                    std::string_view method, GatherGeometry* gs, size_t* n) {
+  return gather_detail::DecodeTables(
+      kScatterOp, "indices, order", 2, "updates", args, rets,
+      [&](size_t t, const ffi::AnyBuffer& x, const ffi::AnyBuffer& updates,
+          ffi::Result<ffi::AnyBuffer>& out) {
+        return DecodeScatter(x, indices, updates, order, out, axis, batch, mode, deterministic,
+                             method, &gs[t]);
+      },
+      n);
 }
 
 }  // namespace jax_tma

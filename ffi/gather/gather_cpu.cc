@@ -14,18 +14,13 @@
 namespace jax_tma {
 namespace {
 
-ffi::Error GatherCpuImpl(ffi::AnyBuffer x, ffi::AnyBuffer indices, ffi::AnyBuffer fill,
-                         ffi::Result<ffi::AnyBuffer> out, int64_t axis, int64_t batch,
-                         std::string_view method) {
-  GatherGeometry g;
-  JAX_TMA_RETURN_IF_FAILED(DecodeGather(x, indices, fill, out, axis, batch, method, &g));
-  CountPath(Path::kGatherCpu);
+void GatherTable(const GatherGeometry& g) {
   const auto* table = static_cast<const uint8_t*>(g.x);
   const auto* fill_bytes = static_cast<const uint8_t*>(g.slabs);
   auto* dst = static_cast<uint8_t*>(g.out);
   const auto s = static_cast<size_t>(g.slab_bytes);
   const auto eb = static_cast<size_t>(g.elem_bytes);
-  if (s == 0) return ffi::Error::Success();
+  if (s == 0) return;
   for (int64_t r = 0; r < g.rows(); ++r, dst += s) {
     const int64_t row = g.TableRow(r);
     if (row >= 0) {
@@ -34,6 +29,16 @@ ffi::Error GatherCpuImpl(ffi::AnyBuffer x, ffi::AnyBuffer indices, ffi::AnyBuffe
       for (size_t o = 0; o < s; o += eb) std::memcpy(dst + o, fill_bytes, eb);
     }
   }
+}
+
+ffi::Error GatherCpuImpl(ffi::AnyBuffer indices, ffi::RemainingArgs args,
+                         ffi::RemainingRets rets, int64_t axis, int64_t batch,
+                         std::string_view method) {
+  GatherGeometry gs[kMaxGatherTables];
+  size_t n = 0;
+  JAX_TMA_RETURN_IF_FAILED(DecodeGatherCall(indices, args, rets, axis, batch, method, gs, &n));
+  CountPath(Path::kGatherCpu);
+  for (size_t t = 0; t < n; ++t) GatherTable(gs[t]);
   return ffi::Error::Success();
 }
 
@@ -60,21 +65,16 @@ struct AddRows {
   }
 };
 
-ffi::Error ScatterCpuImpl(ffi::AnyBuffer x, ffi::AnyBuffer indices, ffi::AnyBuffer updates,
-                          ffi::AnyBuffer order, ffi::Result<ffi::AnyBuffer> out, int64_t axis,
-                          int64_t batch, std::string_view mode, bool deterministic,
-                          std::string_view method) {
-  GatherGeometry g;
-  JAX_TMA_RETURN_IF_FAILED(DecodeScatter(x, indices, updates, order, out, axis, batch, mode,
-                                         deterministic, method, &g));
-  CountPath(Path::kScatterCpu);
+void ScatterTable(const GatherGeometry& g) {
   // Not aliased (x still live elsewhere, or a raw call): start from a copy.
-  if (g.out != g.x && x.size_bytes() != 0) std::memcpy(g.out, g.x, x.size_bytes());
-  if (g.slab_bytes == 0) return ffi::Error::Success();
+  if (g.out != g.x && g.table_bytes != 0) {
+    std::memcpy(g.out, g.x, static_cast<size_t>(g.table_bytes));
+  }
+  if (g.slab_bytes == 0) return;
   if (g.mode == ScatterMode::kAdd) {
     KeepSubnormals keep;
     DispatchSumKind(g.sum, AddRows{g});
-    return ffi::Error::Success();
+    return;
   }
   const auto s = static_cast<size_t>(g.slab_bytes);
   const auto* src = static_cast<const uint8_t*>(g.slabs);
@@ -83,6 +83,17 @@ ffi::Error ScatterCpuImpl(ffi::AnyBuffer x, ffi::AnyBuffer indices, ffi::AnyBuff
     const int64_t row = g.TableRow(r);
     if (row >= 0) std::memcpy(dst + static_cast<size_t>(row) * s, src, s);
   }
+}
+
+ffi::Error ScatterCpuImpl(ffi::AnyBuffer indices, ffi::AnyBuffer order, ffi::RemainingArgs args,
+                          ffi::RemainingRets rets, int64_t axis, int64_t batch,
+                          std::string_view mode, bool deterministic, std::string_view method) {
+  GatherGeometry gs[kMaxGatherTables];
+  size_t n = 0;
+  JAX_TMA_RETURN_IF_FAILED(DecodeScatterCall(indices, order, args, rets, axis, batch, mode,
+                                             deterministic, method, gs, &n));
+  CountPath(Path::kScatterCpu);
+  for (size_t t = 0; t < n; ++t) ScatterTable(gs[t]);
   return ffi::Error::Success();
 }
 

@@ -24,49 +24,68 @@ Path PathOf(GatherPath p, bool scatter) {
 
 }  // namespace
 
-ffi::Error LaunchGather(const GatherGeometry& g, bool scatter, cudaStream_t stream, int device) {
+ffi::Error LaunchGather(const GatherGeometry* gs, size_t n, bool scatter, cudaStream_t stream,
+                        int device) {
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  const GatherOp op = GatherOpOf(g, scatter);
-  GatherPlan plan;
-  JAX_TMA_RETURN_IF_FAILED(PlanGather(g, op, info, device, &plan));
-  if (scatter && g.out != g.x && g.table_bytes != 0) {
-    JAX_TMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(g.out, g.x, static_cast<size_t>(g.table_bytes),
-                                                 cudaMemcpyDeviceToDevice, stream));
+  const GatherOp op = GatherOpOf(gs[0], scatter);
+  const std::string_view name = scatter ? kScatterOp : kGatherOp;
+  GatherPlan plans[kMaxGatherTables];
+  for (size_t i = 0; i < n; ++i) {
+    JAX_TMA_RETURN_IF_FAILED(gather_detail::ForTable(
+        PlanGather(gs[i], op, info, device, &plans[i]), name, i, n));
   }
-  if (g.rows() == 0 || g.slab_bytes == 0) return ffi::Error::Success();
-  switch (plan.path) {
-    case GatherPath::kOrdered:
-      JAX_TMA_RETURN_IF_FAILED(LaunchOrderedScatter(g, stream, device));
-      break;
-    case GatherPath::kBulk:
-      JAX_TMA_RETURN_IF_FAILED(LaunchBulkGather(g, op, plan.bulk, stream, device));
-      break;
-    default: JAX_TMA_RETURN_IF_FAILED(LaunchSimtGather(g, op, plan.simt, stream, device));
+  for (size_t i = 0; i < n; ++i) {
+    const GatherGeometry& g = gs[i];
+    if (scatter && g.out != g.x && g.table_bytes != 0) {
+      JAX_TMA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(g.out, g.x,
+                                                   static_cast<size_t>(g.table_bytes),
+                                                   cudaMemcpyDeviceToDevice, stream));
+    }
   }
-  CountPath(PathOf(plan.path, scatter));
+  for (size_t first = 0, end = 0; first < n; first = end) {
+    const GatherGeometry& g = gs[first];
+    const GatherPlan& plan = plans[first];
+    GatherTables tables;
+    for (end = first; end < n && FusesWith(g, plan, gs[end], plans[end]); ++end) {
+      tables.Add(gs[end]);
+    }
+    if (g.rows() == 0 || g.slab_bytes == 0) continue;
+    switch (plan.path) {
+      case GatherPath::kOrdered:
+        JAX_TMA_RETURN_IF_FAILED(LaunchOrderedScatter(g, tables, stream, device));
+        break;
+      case GatherPath::kBulk:
+        JAX_TMA_RETURN_IF_FAILED(LaunchBulkGather(g, tables, op, plan.bulk, stream, device));
+        break;
+      default:
+        JAX_TMA_RETURN_IF_FAILED(LaunchSimtGather(g, tables, op, plan.simt, stream, device));
+    }
+    CountPath(PathOf(plan.path, scatter));
+  }
   return ffi::Error::Success();
 }
 
 namespace {
 
-ffi::Error GatherCudaImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
-                          ffi::AnyBuffer indices, ffi::AnyBuffer fill,
-                          ffi::Result<ffi::AnyBuffer> out, int64_t axis, int64_t batch,
-                          std::string_view method) {
-  GatherGeometry g;
-  JAX_TMA_RETURN_IF_FAILED(DecodeGather(x, indices, fill, out, axis, batch, method, &g));
-  return LaunchGather(g, false, stream, device);
+ffi::Error GatherCudaImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer indices,
+                          ffi::RemainingArgs args, ffi::RemainingRets rets, int64_t axis,
+                          int64_t batch, std::string_view method) {
+  GatherGeometry gs[kMaxGatherTables];
+  size_t n = 0;
+  JAX_TMA_RETURN_IF_FAILED(DecodeGatherCall(indices, args, rets, axis, batch, method, gs, &n));
+  return LaunchGather(gs, n, false, stream, device);
 }
 
-ffi::Error ScatterCudaImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
-                           ffi::AnyBuffer indices, ffi::AnyBuffer updates, ffi::AnyBuffer order,
-                           ffi::Result<ffi::AnyBuffer> out, int64_t axis, int64_t batch,
-                           std::string_view mode, bool deterministic, std::string_view method) {
-  GatherGeometry g;
-  JAX_TMA_RETURN_IF_FAILED(DecodeScatter(x, indices, updates, order, out, axis, batch, mode,
-                                         deterministic, method, &g));
-  return LaunchGather(g, true, stream, device);
+ffi::Error ScatterCudaImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer indices,
+                           ffi::AnyBuffer order, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                           int64_t axis, int64_t batch, std::string_view mode, bool deterministic,
+                           std::string_view method) {
+  GatherGeometry gs[kMaxGatherTables];
+  size_t n = 0;
+  JAX_TMA_RETURN_IF_FAILED(DecodeScatterCall(indices, order, args, rets, axis, batch, mode,
+                                             deterministic, method, gs, &n));
+  return LaunchGather(gs, n, true, stream, device);
 }
 
 }  // namespace

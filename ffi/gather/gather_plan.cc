@@ -161,4 +161,33 @@ ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& in
   return ffi::Error::Success();
 }
 
+bool FusesWith(const GatherGeometry& a, const GatherPlan& pa, const GatherGeometry& b,
+               const GatherPlan& pb) {
+  const bool same_geometry =
+      a.method == b.method && a.batch == b.batch && a.outer == b.outer &&
+      a.table_rows == b.table_rows && a.count == b.count && a.slab_bytes == b.slab_bytes &&
+      a.elem_bytes == b.elem_bytes && a.index_kind == b.index_kind && a.indices == b.indices &&
+      a.mode == b.mode && a.deterministic == b.deterministic && a.order == b.order &&
+      a.order_64 == b.order_64 && a.sum == b.sum && a.components == b.components;
+  if (!same_geometry || pa.path != pb.path) return false;
+  switch (pa.path) {
+    case GatherPath::kBulk: {
+      const BulkGatherTiling& s = pa.bulk;
+      const BulkGatherTiling& t = pb.bulk;
+      return s.rows_per_unit == t.rows_per_unit && s.pieces == t.pieces &&
+             s.piece_bytes == t.piece_bytes && s.unit_bytes == t.unit_bytes &&
+             s.units == t.units && s.units_per_cta == t.units_per_cta && s.blocks == t.blocks;
+    }
+    case GatherPath::kSimt: {
+      const SimtGatherTiling& s = pa.simt;
+      const SimtGatherTiling& t = pb.simt;
+      return s.vector_bytes == t.vector_bytes && s.flat == t.flat &&
+             s.vectors_per_row == t.vectors_per_row && s.tile_rows == t.tile_rows &&
+             s.segment == t.segment && s.segments == t.segments && s.tiles == t.tiles &&
+             s.blocks == t.blocks;
+    }
+    default: return true;
+  }
+}
+
 }  // namespace jax_tma

@@ -132,6 +132,12 @@ SimtGatherTiling TileSimtGather(const GatherGeometry& g, GatherOp op, int sm_cou
 ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& info, int device,
                       GatherPlan* plan);
 
+// Whether table `b` of a call, planned as `pb`, moves in the same launch as
+// table `a` planned as `pa`: the same geometry but for the buffers, and the
+// same path and tiling (which also depend on the buffers' alignment).
+bool FusesWith(const GatherGeometry& a, const GatherPlan& pa, const GatherGeometry& b,
+               const GatherPlan& pb);
+
 }  // namespace jax_tma
 
 #endif  // JAX_TMA_FFI_GATHER_GATHER_PLAN_H_

@@ -22,7 +22,8 @@ constexpr int kUnroll = 8;          // vectors each lane of SimtMoveKernel has i
 // kUnroll independent loads in flight before it stores.
 template <typename V, bool kScatter>
 __global__ void __launch_bounds__(kSimtGatherThreads, kSimtGatherBlocksPerSm)
-    SimtMoveKernel(const GatherGeometry g, const SimtGatherTiling t) {
+    SimtMoveKernel(const GatherGeometry g0, const SimtGatherTiling t, const GatherTables tables) {
+  const GatherGeometry g = tables.Of(g0, blockIdx.y);
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kSimtGatherThreads / 32);
   const int64_t rows = g.rows();
@@ -101,7 +102,8 @@ __device__ __forceinline__ bool FlatVector(const GatherGeometry& g, const SimtGa
 // vector i of the output (gather) or the updates (scatter).
 template <typename V, bool kScatter, bool kPlain>
 __global__ void __launch_bounds__(kSimtFlatThreads)
-    SimtFlatKernel(const GatherGeometry g, const SimtGatherTiling t) {
+    SimtFlatKernel(const GatherGeometry g0, const SimtGatherTiling t, const GatherTables tables) {
+  const GatherGeometry g = tables.Of(g0, blockIdx.y);
   uint32_t i, col;
   int64_t row;
   if (!FlatVector<kPlain>(g, t, &i, &col, &row)) return;
@@ -147,7 +149,9 @@ __device__ __forceinline__ void AtomicAdd(typename Col2imSum<K>::T* dst,
 }
 
 template <SumKind K>
-__global__ void __launch_bounds__(kSimtGatherThreads) SimtAddKernel(const GatherGeometry g) {
+__global__ void __launch_bounds__(kSimtGatherThreads)
+    SimtAddKernel(const GatherGeometry g0, const GatherTables tables) {
+  const GatherGeometry g = tables.Of(g0, blockIdx.y);
   using T = typename Col2imSum<K>::T;
   const int64_t per_row = g.slab_bytes / static_cast<int64_t>(sizeof(T));
   const int64_t total = g.rows() * per_row;
@@ -195,7 +199,9 @@ __device__ __forceinline__ void VectorAtomicAdd(uint4* dst, uint4 v) {
 // adds vector i of the updates into its slab.
 template <SumKind K, bool kPlain>
 __global__ void __launch_bounds__(kSimtFlatThreads)
-    SimtVectorAddKernel(const GatherGeometry g, const SimtGatherTiling t) {
+    SimtVectorAddKernel(const GatherGeometry g0, const SimtGatherTiling t,
+                        const GatherTables tables) {
+  const GatherGeometry g = tables.Of(g0, blockIdx.y);
   uint32_t i, col;
   int64_t row;
   if (!FlatVector<kPlain>(g, t, &i, &col, &row) || row < 0) return;
@@ -218,14 +224,15 @@ __device__ __forceinline__ int64_t SortedRow(const GatherGeometry& g, int64_t b,
 // applies its updates in order (g.order is a stable sort of the rows, so in
 // index order). kAdd false: the last update of the run is stored.
 template <SumKind K, bool kAdd>
-__global__ void __launch_bounds__(kSimtGatherThreads) OrderedScatterKernel(const GatherGeometry g) {
+// (A minimum of one block a SM: without it ptxas 13.0 held the 64-bit adds
+// to 48 registers and spilled.)
+__global__ void __launch_bounds__(kSimtGatherThreads, 1)
+    OrderedScatterKernel(const GatherGeometry g, const GatherTables tables) {
   using S = Col2imSum<K>;
   using T = typename S::T;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   const int64_t per_row = g.slab_bytes / static_cast<int64_t>(sizeof(T));
-  const T* updates = static_cast<const T*>(g.slabs);
-  T* out = static_cast<T*>(g.out);
   for (int64_t pos = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
        pos < g.batch * g.count; pos += warps) {
     const int64_t b = pos / g.count;
@@ -237,8 +244,9 @@ __global__ void __launch_bounds__(kSimtGatherThreads) OrderedScatterKernel(const
     while (end < g.count && SortedRow(g, b, end, &prev_m) == row) ++end;
     for (int64_t p = 0; p < g.outer; ++p) {
       const int64_t bp = b * g.outer + p;
-      T* dst = out + (bp * g.table_rows + row) * per_row;
-      const T* src = updates + bp * g.count * per_row;
+      // g's own buffers are table 0's: this block's table is blockIdx.y.
+      T* dst = static_cast<T*>(tables.out[blockIdx.y]) + (bp * g.table_rows + row) * per_row;
+      const T* src = static_cast<const T*>(tables.slabs[blockIdx.y]) + bp * g.count * per_row;
       for (int64_t e = lane; e < per_row; e += 32) {
         if constexpr (kAdd) {
           T acc = dst[e];
@@ -261,26 +269,33 @@ int Blocks(int64_t work, const DeviceInfo& info) {
                                               static_cast<int64_t>(info.sm_count) * 16));
 }
 
+// The grid of a launch: `blocks` for each table.
+dim3 Grid(int64_t blocks, const GatherTables& tables) {
+  return dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(tables.count));
+}
+
 // Launches a flat kernel: `plain` where g has no batch or outer dims.
-using FlatKernel = void (*)(GatherGeometry, SimtGatherTiling);
+using FlatKernel = void (*)(GatherGeometry, SimtGatherTiling, GatherTables);
 void LaunchFlat(FlatKernel plain, FlatKernel general, const GatherGeometry& g,
-                const SimtGatherTiling& t, cudaStream_t stream) {
+                const GatherTables& tables, const SimtGatherTiling& t, cudaStream_t stream) {
   const FlatKernel kernel = g.batch == 1 && g.outer == 1 ? plain : general;
-  kernel<<<static_cast<unsigned>(t.blocks), kSimtFlatThreads, 0, stream>>>(g, t);
+  kernel<<<Grid(t.blocks, tables), kSimtFlatThreads, 0, stream>>>(g, t, tables);
 }
 
 template <typename V>
-ffi::Error LaunchMove(const GatherGeometry& g, bool scatter, const SimtGatherTiling& t,
-                      cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>(t.blocks);
+ffi::Error LaunchMove(const GatherGeometry& g, const GatherTables& tables, bool scatter,
+                      const SimtGatherTiling& t, cudaStream_t stream) {
+  const dim3 grid = Grid(t.blocks, tables);
   if (t.flat && scatter) {
-    LaunchFlat(SimtFlatKernel<V, true, true>, SimtFlatKernel<V, true, false>, g, t, stream);
+    LaunchFlat(SimtFlatKernel<V, true, true>, SimtFlatKernel<V, true, false>, g, tables, t,
+               stream);
   } else if (t.flat) {
-    LaunchFlat(SimtFlatKernel<V, false, true>, SimtFlatKernel<V, false, false>, g, t, stream);
+    LaunchFlat(SimtFlatKernel<V, false, true>, SimtFlatKernel<V, false, false>, g, tables, t,
+               stream);
   } else if (scatter) {
-    SimtMoveKernel<V, true><<<blocks, kSimtGatherThreads, 0, stream>>>(g, t);
+    SimtMoveKernel<V, true><<<grid, kSimtGatherThreads, 0, stream>>>(g, t, tables);
   } else {
-    SimtMoveKernel<V, false><<<blocks, kSimtGatherThreads, 0, stream>>>(g, t);
+    SimtMoveKernel<V, false><<<grid, kSimtGatherThreads, 0, stream>>>(g, t, tables);
   }
   JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ffi::Error::Success();
@@ -288,6 +303,7 @@ ffi::Error LaunchMove(const GatherGeometry& g, bool scatter, const SimtGatherTil
 
 struct LaunchAdd {
   const GatherGeometry& g;
+  const GatherTables& tables;
   const SimtGatherTiling& t;
   cudaStream_t stream;
   const DeviceInfo& info;
@@ -296,14 +312,15 @@ struct LaunchAdd {
   ffi::Error operator()() const {
     if constexpr (K == SumKind::kF32 || K == SumKind::kF16 || K == SumKind::kBF16) {
       if (VectorAddFits(g, t)) {
-        LaunchFlat(SimtVectorAddKernel<K, true>, SimtVectorAddKernel<K, false>, g, t, stream);
+        LaunchFlat(SimtVectorAddKernel<K, true>, SimtVectorAddKernel<K, false>, g, tables, t,
+                   stream);
         JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
         return ffi::Error::Success();
       }
     }
     using T = typename Col2imSum<K>::T;
     const int blocks = Blocks(g.rows() * (g.slab_bytes / static_cast<int64_t>(sizeof(T))), info);
-    SimtAddKernel<K><<<blocks, kSimtGatherThreads, 0, stream>>>(g);
+    SimtAddKernel<K><<<Grid(blocks, tables), kSimtGatherThreads, 0, stream>>>(g, tables);
     JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return ffi::Error::Success();
   }
@@ -311,16 +328,18 @@ struct LaunchAdd {
 
 struct LaunchOrdered {
   const GatherGeometry& g;
+  const GatherTables& tables;
   cudaStream_t stream;
   int blocks;
   bool add;
 
   template <SumKind K>
   ffi::Error operator()() const {
+    const dim3 grid = Grid(blocks, tables);
     if (add) {
-      OrderedScatterKernel<K, true><<<blocks, kSimtGatherThreads, 0, stream>>>(g);
+      OrderedScatterKernel<K, true><<<grid, kSimtGatherThreads, 0, stream>>>(g, tables);
     } else {
-      OrderedScatterKernel<K, false><<<blocks, kSimtGatherThreads, 0, stream>>>(g);
+      OrderedScatterKernel<K, false><<<grid, kSimtGatherThreads, 0, stream>>>(g, tables);
     }
     JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return ffi::Error::Success();
@@ -342,10 +361,11 @@ ffi::Error ForSumKind(const GatherGeometry& g, bool add, const Fn& fn) {
 
 }  // namespace
 
-ffi::Error LaunchSimtGather(const GatherGeometry& g, GatherOp op, const SimtGatherTiling& t,
-                            cudaStream_t stream, int device) {
+ffi::Error LaunchSimtGather(const GatherGeometry& g, const GatherTables& tables, GatherOp op,
+                            const SimtGatherTiling& t, cudaStream_t stream, int device) {
   if (g.rows() == 0 || g.slab_bytes == 0) return ffi::Error::Success();
   const std::string_view name = op == GatherOp::kGather ? kGatherOp : kScatterOp;
+  JAX_TMA_RETURN_IF_FAILED(CheckTables(name, tables));
   if (t.tiles <= 0 || t.blocks <= 0 || t.blocks > 0x7fffffff || t.segment <= 0 ||
       t.vectors_per_row * t.vector_bytes != g.slab_bytes ||
       t.segment * t.vector_bytes > kSimtSegmentBytes || t.tile_rows <= 0 ||
@@ -358,25 +378,27 @@ ffi::Error LaunchSimtGather(const GatherGeometry& g, GatherOp op, const SimtGath
   if (op == GatherOp::kScatterAdd) {
     DeviceInfo info;
     JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-    return DispatchSumKind(g.sum, LaunchAdd{g, t, stream, info});
+    return DispatchSumKind(g.sum, LaunchAdd{g, tables, t, stream, info});
   }
   const bool scatter = op == GatherOp::kScatterSet;
   switch (t.vector_bytes) {
-    case 16: return LaunchMove<uint4>(g, scatter, t, stream);
-    case 8: return LaunchMove<uint2>(g, scatter, t, stream);
-    case 4: return LaunchMove<uint32_t>(g, scatter, t, stream);
-    case 2: return LaunchMove<uint16_t>(g, scatter, t, stream);
-    default: return LaunchMove<uint8_t>(g, scatter, t, stream);
+    case 16: return LaunchMove<uint4>(g, tables, scatter, t, stream);
+    case 8: return LaunchMove<uint2>(g, tables, scatter, t, stream);
+    case 4: return LaunchMove<uint32_t>(g, tables, scatter, t, stream);
+    case 2: return LaunchMove<uint16_t>(g, tables, scatter, t, stream);
+    default: return LaunchMove<uint8_t>(g, tables, scatter, t, stream);
   }
 }
 
-ffi::Error LaunchOrderedScatter(const GatherGeometry& g, cudaStream_t stream, int device) {
+ffi::Error LaunchOrderedScatter(const GatherGeometry& g, const GatherTables& tables,
+                                cudaStream_t stream, int device) {
   if (g.rows() == 0 || g.slab_bytes == 0) return ffi::Error::Success();
+  JAX_TMA_RETURN_IF_FAILED(CheckTables(kScatterOp, tables));
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   const bool add = g.mode == ScatterMode::kAdd;
   const int blocks = Blocks(g.batch * g.count * 32, info);
-  return ForSumKind(g, add, LaunchOrdered{g, stream, blocks, add});
+  return ForSumKind(g, add, LaunchOrdered{g, tables, stream, blocks, add});
 }
 
 }  // namespace jax_tma

@@ -269,10 +269,47 @@ void TestPathChoice() {
         std::string::npos);
 }
 
+GatherPlan Plan(const GatherGeometry& g, GatherOp op) {
+  GatherPlan plan;
+  CHECK(PlanGather(g, op, kH100, 0, &plan).success());
+  return plan;
+}
+
+// Tables of one call run in one launch where geometry and plan agree: K and
+// V pools of the same pages; not where slabs, element size or the plan's
+// tiling (an address off the 16-byte grid) differ.
+void TestFusion() {
+  for (GatherOp op : {GatherOp::kGather, GatherOp::kScatterSet, GatherOp::kScatterAdd}) {
+    const GatherGeometry k = Gather(4096, 2048, 32768);
+    GatherGeometry v = k;
+    v.x = kAlignedOut;
+    v.out = reinterpret_cast<void*>(std::uintptr_t{1} << 22);
+    CHECK(FusesWith(k, Plan(k, op), k, Plan(k, op)));
+    CHECK(FusesWith(k, Plan(k, op), v, Plan(v, op)));
+    GatherGeometry wide = v;
+    wide.slab_bytes *= 2;
+    CHECK(!FusesWith(k, Plan(k, op), wide, Plan(wide, op)));
+    GatherGeometry f16 = v;
+    f16.elem_bytes = 2;
+    f16.sum = SumKind::kF16;
+    CHECK(!FusesWith(k, Plan(k, op), f16, Plan(f16, op)));
+    GatherGeometry odd = v;  // 8-byte vectors
+    odd.out = reinterpret_cast<void*>((std::uintptr_t{1} << 22) + 8);
+    odd.slabs = reinterpret_cast<const void*>((std::uintptr_t{1} << 22) + 8);
+    CHECK(!FusesWith(k, Plan(k, op), odd, Plan(odd, op)));
+  }
+  // The same geometry on different paths (a forced method) stays apart.
+  const GatherGeometry pages = Gather(32768, 8192, 32768);
+  GatherGeometry simt = pages;
+  simt.method = GatherMethod::kSimt;
+  CHECK(!FusesWith(pages, Plan(pages, GatherOp::kGather), simt, Plan(simt, GatherOp::kGather)));
+}
+
 }  // namespace
 }  // namespace jax_tma
 
 int main() {
+  jax_tma::TestFusion();
   jax_tma::TestBulkRules();
   jax_tma::TestTiling();
   jax_tma::TestSimtTiling();

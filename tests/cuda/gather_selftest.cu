@@ -3,7 +3,8 @@
 // geometries (batch and outer dims, out-of-range and negative indices, slabs
 // on and off the 16-byte grid, slabs split into pieces) checked byte for
 // byte against a host evaluation of gather_common.h; outputs poisoned and
-// guarded by a poisoned tail. Exit status 1 on any mismatch or launch error.
+// guarded by a poisoned tail; some cases move several tables in one launch
+// (GatherTables). Exit status 1 on any mismatch or launch error.
 //   usage: gather_selftest [seed]
 #include <cuda_runtime_api.h>
 
@@ -69,7 +70,7 @@ enum class Path { kBulk, kSimt, kOrdered };
 const char* PathName(Path p) { return p == Path::kBulk ? "bulk" : p == Path::kSimt ? "simt" : "ordered"; }
 
 // One random case; false on a mismatch or an error.
-bool RunCase(std::mt19937_64& gen, int trial, int* bulk_cases) {
+bool RunCase(std::mt19937_64& gen, int trial, int* bulk_cases, int* multi_cases) {
   auto pick = [&](int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(gen() % (hi - lo + 1)); };
   GatherGeometry g;
   const int op_pick = trial % 3;
@@ -125,109 +126,128 @@ bool RunCase(std::mt19937_64& gen, int trial, int* bulk_cases) {
     std::stable_sort(order.begin() + i * m, order.begin() + (i + 1) * m,
                      [&](int32_t x, int32_t y) { return key(x) < key(y); });
   }
-  // Random bits everywhere; float adds get small finite values instead
-  // (multiples of 1/64 in index order, integers in [-4, 4] in any order).
+  // Some cases move several tables through the same indices in one launch
+  // (GatherTables), each with its own buffers.
+  const int table_count = trial % 8 >= 5 ? static_cast<int>(pick(2, 3)) : 1;
   const int64_t table_bytes = b * g.outer * n * s, rows_bytes = b * g.outer * m * s;
-  std::vector<uint8_t> table(table_bytes), slabs(op == GatherOp::kGather ? g.elem_bytes : rows_bytes);
-  for (auto& v : table) v = static_cast<uint8_t>(gen());
-  for (auto& v : slabs) v = static_cast<uint8_t>(gen());
-  if (op == GatherOp::kScatterAdd && !integer_add) {
-    for (auto* buf : {&table, &slabs}) {
-      for (size_t o = 0; o < buf->size(); o += g.elem_bytes) {
-        const float f = g.deterministic
-                            ? static_cast<float>(static_cast<int>(gen() % 2001) - 1000) / 64.0f
-                            : static_cast<float>(static_cast<int>(gen() % 9) - 4);
-        uint8_t* e = buf->data() + o;
-        if (g.sum == SumKind::kF32) std::memcpy(e, &f, 4);
-        else if (g.sum == SumKind::kF64) { const double d = f; std::memcpy(e, &d, 8); }
-        else if (g.sum == SumKind::kF16) { const uint16_t h = jax_tma::F32ToF16(f); std::memcpy(e, &h, 2); }
-        else { const uint16_t h = jax_tma::F32ToBf16(f); std::memcpy(e, &h, 2); }
-      }
-    }
-  }
-
-  // The host evaluation: the CPU handler's row order.
-  g.indices = idx.data();
-  std::vector<uint8_t> want(op == GatherOp::kGather ? rows_bytes : table_bytes);
-  if (op == GatherOp::kGather) {
-    for (int64_t r = 0; r < g.rows(); ++r) {
-      const int64_t row = g.TableRow(r);
-      for (int64_t o = 0; o < s; ++o) {
-        want[r * s + o] = row >= 0 ? table[row * s + o] : slabs[o % g.elem_bytes];
-      }
-    }
-  } else {
-    want = table;
-    for (int64_t r = 0; r < g.rows(); ++r) {
-      const int64_t row = g.TableRow(r);
-      if (row < 0) continue;
-      if (op == GatherOp::kScatterSet) {
-        std::memcpy(want.data() + row * s, slabs.data() + r * s, s);
-      } else {
-        jax_tma::DispatchSumKind(g.sum, HostAdd{want.data() + row * s, slabs.data() + r * s, s});
-      }
-    }
-  }
-
+  const size_t want_bytes = op == GatherOp::kGather ? rows_bytes : table_bytes;
   bool ok = true;
   int32_t* d_idx = ToDevice(idx, 0, &ok);
   int32_t* d_order = ToDevice(order, 0, &ok);
-  uint8_t* d_table = ToDevice(table, 0, &ok);
-  uint8_t* d_slabs = ToDevice(slabs, 0, &ok);
-  uint8_t* d_out = nullptr;
-  if (op == GatherOp::kGather) {
-    d_out = ToDevice(std::vector<uint8_t>(), rows_bytes + kTail, &ok);
-  } else {
-    d_out = ToDevice(table, kTail, &ok);  // in place
+  std::vector<void*> buffers = {d_idx, d_order};
+  std::vector<std::vector<uint8_t>> wants;
+  jax_tma::GatherTables tables;
+  for (int t = 0; t < table_count; ++t) {
+    // Random bits everywhere; float adds get small finite values instead
+    // (multiples of 1/64 in index order, integers in [-4, 4] in any order).
+    std::vector<uint8_t> table(table_bytes),
+        slabs(op == GatherOp::kGather ? g.elem_bytes : rows_bytes);
+    for (auto& v : table) v = static_cast<uint8_t>(gen());
+    for (auto& v : slabs) v = static_cast<uint8_t>(gen());
+    if (op == GatherOp::kScatterAdd && !integer_add) {
+      for (auto* buf : {&table, &slabs}) {
+        for (size_t o = 0; o < buf->size(); o += g.elem_bytes) {
+          const float f = g.deterministic
+                              ? static_cast<float>(static_cast<int>(gen() % 2001) - 1000) / 64.0f
+                              : static_cast<float>(static_cast<int>(gen() % 9) - 4);
+          uint8_t* e = buf->data() + o;
+          if (g.sum == SumKind::kF32) std::memcpy(e, &f, 4);
+          else if (g.sum == SumKind::kF64) { const double d = f; std::memcpy(e, &d, 8); }
+          else if (g.sum == SumKind::kF16) { const uint16_t h = jax_tma::F32ToF16(f); std::memcpy(e, &h, 2); }
+          else { const uint16_t h = jax_tma::F32ToBf16(f); std::memcpy(e, &h, 2); }
+        }
+      }
+    }
+
+    // The host evaluation: the CPU handler's row order.
+    g.indices = idx.data();
+    std::vector<uint8_t> want(want_bytes);
+    if (op == GatherOp::kGather) {
+      for (int64_t r = 0; r < g.rows(); ++r) {
+        const int64_t row = g.TableRow(r);
+        for (int64_t o = 0; o < s; ++o) {
+          want[r * s + o] = row >= 0 ? table[row * s + o] : slabs[o % g.elem_bytes];
+        }
+      }
+    } else {
+      want = table;
+      for (int64_t r = 0; r < g.rows(); ++r) {
+        const int64_t row = g.TableRow(r);
+        if (row < 0) continue;
+        if (op == GatherOp::kScatterSet) {
+          std::memcpy(want.data() + row * s, slabs.data() + r * s, s);
+        } else {
+          jax_tma::DispatchSumKind(g.sum, HostAdd{want.data() + row * s, slabs.data() + r * s, s});
+        }
+      }
+    }
+    wants.push_back(std::move(want));
+
+    uint8_t* d_table = ToDevice(table, 0, &ok);
+    uint8_t* d_slabs = ToDevice(slabs, 0, &ok);
+    uint8_t* d_out = op == GatherOp::kGather
+                         ? ToDevice(std::vector<uint8_t>(), rows_bytes + kTail, &ok)
+                         : ToDevice(table, kTail, &ok);  // in place
+    buffers.insert(buffers.end(), {d_table, d_slabs, d_out});
+    GatherGeometry gt = g;
+    gt.x = op == GatherOp::kGather ? d_table : d_out;
+    gt.out = d_out;
+    gt.slabs = d_slabs;
+    tables.Add(gt);
   }
   g.indices = d_idx;
   g.order = d_order;
-  g.x = op == GatherOp::kGather ? d_table : d_out;
-  g.out = d_out;
-  g.slabs = d_slabs;
   g.table_bytes = table_bytes;
 
   Path path = Path::kSimt;
   std::string why;
+  bool bulk_fits = true;
+  for (int t = 0; t < table_count; ++t) {
+    bulk_fits = bulk_fits && jax_tma::BulkGatherFits(tables.Of(g, t), op, &why);
+  }
   if (g.deterministic) {
     path = Path::kOrdered;
-  } else if (trial % 2 == 0 && jax_tma::BulkGatherFits(g, op, &why)) {
+  } else if (trial % 2 == 0 && bulk_fits) {
     path = Path::kBulk;
   }
   *bulk_cases += path == Path::kBulk;
+  *multi_cases += table_count > 1;
+  // The tiling is planned on table 0 (the launchers read its geometry).
+  const GatherGeometry g0 = tables.Of(g, 0);
   if (ok && g.rows() != 0) {
     xla::ffi::Error err = xla::ffi::Error::Success();
     if (path == Path::kBulk) {
-      err = jax_tma::LaunchBulkGather(g, op, jax_tma::TileBulkGather(g, 132), nullptr, 0);
+      err = jax_tma::LaunchBulkGather(g0, tables, op, jax_tma::TileBulkGather(g0, 132), nullptr,
+                                      0);
     } else if (path == Path::kSimt) {
       // A one-SM tiling on some trials keeps the small cases' tiles whole.
       const int sms = trial % 4 == 1 ? 1 : 132;
-      err = jax_tma::LaunchSimtGather(g, op, jax_tma::TileSimtGather(g, op, sms), nullptr, 0);
+      err = jax_tma::LaunchSimtGather(g0, tables, op, jax_tma::TileSimtGather(g0, op, sms),
+                                      nullptr, 0);
     } else {
-      err = jax_tma::LaunchOrderedScatter(g, nullptr, 0);
+      err = jax_tma::LaunchOrderedScatter(g0, tables, nullptr, 0);
     }
     if (err.failure()) {
       std::fprintf(stderr, "launch failed: %s\n", err.message().c_str());
       ok = false;
     }
   }
-  std::vector<uint8_t> got(want.size() + kTail);
-  ok = ok && Check(cudaDeviceSynchronize(), "sync") &&
-       Check(cudaMemcpy(got.data(), d_out, got.size(), cudaMemcpyDeviceToHost), "d2h");
-  for (void* p : {static_cast<void*>(d_idx), static_cast<void*>(d_order),
-                  static_cast<void*>(d_table), static_cast<void*>(d_slabs),
-                  static_cast<void*>(d_out)}) {
-    cudaFree(p);
+  ok = ok && Check(cudaDeviceSynchronize(), "sync");
+  bool same = true, tail_ok = true;
+  for (int t = 0; ok && t < table_count; ++t) {
+    std::vector<uint8_t> got(want_bytes + kTail);
+    ok = Check(cudaMemcpy(got.data(), tables.out[t], got.size(), cudaMemcpyDeviceToHost), "d2h");
+    for (size_t i = want_bytes; i < got.size(); ++i) tail_ok &= got[i] == kPoison;
+    got.resize(want_bytes);
+    same = same && got == wants[t];
   }
-  bool tail_ok = true;
-  for (size_t i = want.size(); i < got.size(); ++i) tail_ok &= got[i] == kPoison;
-  got.resize(want.size());
-  const bool same = got == want && tail_ok;
+  for (void* p : buffers) cudaFree(p);
+  same = same && tail_ok;
   if (!ok || !same) {
     std::fprintf(stderr,
-                 "%s: op=%d path=%s B=%lld P=%lld N=%lld M=%lld slab=%lld B elem=%lld B "
-                 "sum=%d deterministic=%d%s\n",
-                 ok ? "mismatch" : "error", static_cast<int>(op), PathName(path),
+                 "%s: op=%d path=%s tables=%d B=%lld P=%lld N=%lld M=%lld slab=%lld B "
+                 "elem=%lld B sum=%d deterministic=%d%s\n",
+                 ok ? "mismatch" : "error", static_cast<int>(op), PathName(path), table_count,
                  static_cast<long long>(b), static_cast<long long>(g.outer),
                  static_cast<long long>(n), static_cast<long long>(m), static_cast<long long>(s),
                  static_cast<long long>(g.elem_bytes), static_cast<int>(g.sum), g.deterministic,
@@ -241,17 +261,18 @@ bool RunCase(std::mt19937_64& gen, int trial, int* bulk_cases) {
 int main(int argc, char** argv) {
   const uint64_t seed = argc > 1 ? std::stoull(argv[1]) : std::random_device{}();
   std::mt19937_64 gen(seed);
-  int cases = 0, failures = 0, bulk_cases = 0;
+  int cases = 0, failures = 0, bulk_cases = 0, multi_cases = 0;
   for (int trial = 0; trial < 90; ++trial) {
     ++cases;
-    failures += !RunCase(gen, trial, &bulk_cases);
+    failures += !RunCase(gen, trial, &bulk_cases, &multi_cases);
     if (cudaPeekAtLastError() != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
       std::printf("gather_selftest: seed %llu: sticky CUDA error after %d cases\n",
                   static_cast<unsigned long long>(seed), cases);
       return 1;
     }
   }
-  std::printf("gather_selftest: seed %llu: %d cases (%d on the bulk path), %d failures\n",
-              static_cast<unsigned long long>(seed), cases, bulk_cases, failures);
+  std::printf("gather_selftest: seed %llu: %d cases (%d on the bulk path, %d of several tables), "
+              "%d failures\n",
+              static_cast<unsigned long long>(seed), cases, bulk_cases, multi_cases, failures);
   return failures == 0 ? 0 : 1;
 }
