@@ -566,9 +566,16 @@ def gather(
     arrays (every dim but ``axis`` may be split, ``indices`` replicated; no
     collectives are inserted).
 
+    Several tables through one index array (a paged cache's K and V pools):
+    pass ``x`` as a tuple or list of up to 8 arrays that agree in
+    ``x.shape[:axis + 1]``, each with its own dtype and slab dims; the
+    result is a tuple, each table's gathered slabs. It is one call: on the
+    GPU the tables with the same slab bytes, element size and plan move in
+    one kernel launch, the others in a launch each.
+
     Args:
       x: an array of rank >= 1 and any dtype (sub-byte types are widened
-        around the call).
+        around the call), or a tuple or list of 1 to 8 such tables.
       indices: integers of any shape (and any integer dtype).
       axis: the dim of ``x`` that the indices pick along, in
         ``[-x.ndim, x.ndim)``.
@@ -584,13 +591,18 @@ def gather(
         host copy.
 
     Returns:
-      An array of shape ``x.shape[:axis] + indices.shape + x.shape[axis+1:]``.
+      An array of shape ``x.shape[:axis] + indices.shape + x.shape[axis+1:]``;
+      a tuple of them, one per table, where ``x`` is a tuple or list.
 
     Example:
       >>> import jax.numpy as jnp, jax_tma
       >>> table = jnp.arange(8).reshape(4, 2)
       >>> jax_tma.gather(table, jnp.array([3, -1, 4]), fill=-7).tolist()
       [[6, 7], [6, 7], [-7, -7]]
+      >>> k_pool, v_pool = jnp.arange(8).reshape(4, 2), jnp.arange(4.0)
+      >>> k, v = jax_tma.gather((k_pool, v_pool), jnp.array([2, 0]))
+      >>> k.tolist(), v.tolist()
+      ([[4, 5], [0, 1]], [2.0, 0.0])
     """
     tables, names, axis, many = _tables(_OP_G, x, axis)
     indices = _indices(_OP_G, indices)
@@ -647,12 +659,20 @@ def scatter(
     identity and gather) and on sharded arrays (every dim but ``axis`` may
     be split; ``indices`` and their ``updates`` dims replicated).
 
+    Several tables (as for :func:`gather`): ``x`` a tuple or list of up to
+    8 tables agreeing in ``x.shape[:axis + 1]`` and ``updates`` a tuple of as
+    many arrays, one per table; the result is a tuple, each table updated in
+    place where it is donated; ``deterministic=True`` sorts the shared
+    indices once.
+
     Args:
       x: an array of rank >= 1 (any dtype for ``set``; integers, f16, bf16,
-        f32, f64, c64 or c128 for ``add``).
+        f32, f64, c64 or c128 for ``add``), or a tuple or list of 1 to 8
+        such tables.
       indices: integers of any shape.
       updates: an array of ``x``'s dtype and shape
-        ``x.shape[:axis] + indices.shape + x.shape[axis+1:]``.
+        ``x.shape[:axis] + indices.shape + x.shape[axis+1:]``; for tables, a
+        tuple of one such array per table.
       axis: the dim of ``x`` the indices pick along.
       mode: ``"set"`` or ``"add"``.
       method: ``"auto"`` (under ``"set"`` as for :func:`gather`, but for
@@ -665,7 +685,7 @@ def scatter(
         a sort of the indices on the device.
 
     Returns:
-      An array of ``x``'s shape and dtype.
+      An array of ``x``'s shape and dtype; for tables, a tuple of them.
 
     Example:
       >>> import jax.numpy as jnp, jax_tma

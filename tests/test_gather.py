@@ -4,6 +4,7 @@ out-of-range index; in-place scatter of a donated x; the transformations
 (jit, vmap, grad); and every validation rule, in Python and in the handlers."""
 
 import functools
+import math
 import re
 
 import jax
@@ -627,3 +628,251 @@ def test_scatter_handler_copies_x_when_not_aliased():
     want[[1, -1]] += 1
     assert_bits_equal(y, want)
 
+
+
+# ---- several tables through one index array ----------------------------------------
+
+# Tables sharing x.shape[:axis + 1] with their own dtypes and slab dims (a
+# sub-byte one widened around the call).
+TABLE_SETS = [
+    [((6, 4, 8), jnp.bfloat16), ((6, 4, 8), np.float32)],
+    [((6, 3), np.int8), ((6, 5, 2), np.float64), ((6,), jnp.int4)],
+]
+
+
+def tables_for(rng, shapes):
+    return [random_array(rng, shape, dtype) for shape, dtype in shapes]
+
+
+def take_np(x, idx, axis, fill=0):
+    """jnp.take(x, idx, axis, mode="fill") in NumPy, NaN payloads kept."""
+    x = np.asarray(x)
+    n = x.shape[axis]
+    w = np.where(idx < 0, idx + n, idx)
+    inside = (w >= 0) & (w < n)
+    out = np.take(x, np.where(inside, w, 0), axis=axis)
+    mask = inside.reshape((1,) * axis + idx.shape + (1,) * (x.ndim - axis - 1))
+    return np.where(mask, out, np.asarray(fill).astype(x.dtype))
+
+
+@pytest.mark.parametrize("shapes", TABLE_SETS, ids=["kv", "mixed"])
+@pytest.mark.parametrize("idx_shape", [(), (0,), (7,), (2, 3)], ids=str)
+@pytest.mark.parametrize("method", METHODS)
+def test_gather_of_tables_matches_take_per_table(rng, shapes, idx_shape, method):
+    xs = tables_for(rng, shapes)
+    idx = indices_for(rng, 6, idx_shape)
+    tma_bad = method == "tma" and any(not tma_ok(x) for x in xs)
+    f = jax.jit(functools.partial(jax_tma.gather, fill=3, method=method))
+    if tma_bad:
+        with pytest.raises(ValueError, match=r"jax_tma\.gather: table \d: method='tma' moves "
+                                             r"slabs of a multiple of 16"):
+            f(list(map(on_cpu, xs)), on_cpu(idx))
+        return
+    ys = f(list(map(on_cpu, xs)), on_cpu(idx))
+    assert isinstance(ys, tuple) and len(ys) == len(xs)
+    for y, x in zip(ys, xs):
+        assert_bits_equal(y, take_np(x, idx, 0, 3))
+    # One table in a tuple gives a tuple of one.
+    (one,) = jax_tma.gather((on_cpu(xs[0]),), on_cpu(idx), fill=3, method=method)
+    assert_bits_equal(one, ys[0])
+
+
+def tma_ok(x) -> bool:
+    return math.prod(x.shape[1:]) * np.dtype(x.dtype).itemsize % 16 == 0
+
+
+@pytest.mark.parametrize("axis", [1, -2])
+def test_gather_of_tables_along_an_inner_axis(rng, axis):
+    xs = [random_array(rng, (2, 5, 3), np.int16), random_array(rng, (2, 5, 2, 2), np.uint8)]
+    if axis == -2:  # -2 is dim 1 of the first table but dim 2 of the second
+        with pytest.raises(ValueError, match=r"jax_tma\.gather: the tables must agree in "
+                                             r"x\.shape\[:axis \+ 1\] \(axis=-2\): table 0 has "
+                                             r"\(2, 5\), table 1 \(2, 5, 2\)"):
+            jax_tma.gather(xs, np.array([0]), axis=axis)
+        xs = [xs[0], xs[1].reshape(2, 5, 4)]
+    idx = indices_for(rng, 5, (4,))
+    ys = jax.jit(functools.partial(jax_tma.gather, axis=axis))(xs, idx)
+    for y, x in zip(ys, xs):
+        assert_bits_equal(y, take_np(x, idx, 1))
+
+
+@pytest.mark.parametrize("mode,deterministic", [("set", False), ("add", False), ("add", True)])
+def test_scatter_of_tables_matches_xla_per_table(rng, mode, deterministic):
+    # Small integers: no NaN whose payload XLA's reference might change.
+    def small(shape, dtype):
+        return rng.integers(-50, 50, shape).astype(dtype)
+
+    xs = [small((6, 4, 8), jnp.bfloat16), small((6, 3), np.int32), small((6, 2), np.complex64)]
+    idx = indices_for(rng, 6, (2, 4))
+    us = [small((2, 4) + x.shape[1:], x.dtype) for x in xs]
+    f = jax.jit(functools.partial(jax_tma.scatter, mode=mode, deterministic=deterministic))
+    ys = f(list(map(on_cpu, xs)), on_cpu(idx), list(map(on_cpu, us)))
+    assert isinstance(ys, tuple) and len(ys) == 3
+    for y, x, u in zip(ys, xs, us):
+        ref = jax.jit(lambda a, i, v: getattr(a.at[i], mode)(v, mode="drop"))
+        assert_bits_equal(y, ref(on_cpu(x), on_cpu(idx), on_cpu(u)))
+
+
+def test_scatter_of_donated_tables_makes_no_copy(rng):
+    xs = [on_cpu(random_array(rng, (64, 32), np.float32)),
+          on_cpu(random_array(rng, (64, 8), jnp.bfloat16))]
+    idx = on_cpu(np.array([3, 9, -1], np.int32))
+    us = [on_cpu(random_array(rng, (3,) + x.shape[1:], x.dtype)) for x in xs]
+    donated = jax.jit(jax_tma.scatter, donate_argnums=0)
+    text = donated.lower(xs, idx, us).compile().as_text()
+    assert text.count("output_to_operand_aliasing") >= 1
+    assert not _copies(text), _copies(text)
+    wants = [np.asarray(x).copy() for x in xs]
+    for w, u in zip(wants, us):
+        w[[3, 9, -1]] = np.asarray(u)
+    ys = donated(xs, idx, us)
+    assert all(x.is_deleted() for x in xs)
+    for y, w in zip(ys, wants):
+        assert_bits_equal(y, w)
+
+
+@pytest.mark.parametrize("in_axes", [((0, 0), None), ((None, None), 0), ((0, 0), 0),
+                                     ((0, None), None), ((None, 0), 0)], ids=str)
+def test_gather_of_tables_under_vmap(rng, in_axes):
+    b = 3
+    xs = [random_array(rng, (b, 5, 4), np.float32), random_array(rng, (b, 5, 2), np.int8)]
+    idx = indices_for(rng, 5, (b, 6))
+    args = ([x if d is not None else x[0] for x, d in zip(xs, in_axes[0])],
+            idx if in_axes[1] is not None else idx[0])
+    f = jax.vmap(functools.partial(jax_tma.gather, fill=-1), in_axes=(list(in_axes[0]),
+                                                                     in_axes[1]))
+    ys = jax.jit(f)(*args)
+    for t, y in enumerate(ys):
+        axes = (in_axes[0][t], in_axes[1])
+        if axes == (None, None):  # untouched by the vmap: broadcast over its entries
+            want = np.broadcast_to(take_np(args[0][t], args[1], 0, -1), y.shape)
+        else:
+            want = np.stack([take_np(args[0][t] if axes[0] is None else args[0][t][k],
+                                     args[1] if axes[1] is None else args[1][k], 0, -1)
+                             for k in range(b)])
+        assert_bits_equal(y, want)
+    # One call where the vmap reaches both tables or neither; a call each else.
+    want = 1 if in_axes[0][0] == in_axes[0][1] else 2
+    assert _prims(f, *args).count("jax_tma_gather") == want
+
+
+@pytest.mark.parametrize("in_axes", [((0, 0), None, (0, 0)), ((None, None), 0, (None, None)),
+                                     ((0, None), None, (0, None))], ids=str)
+def test_scatter_of_tables_under_vmap(rng, in_axes):
+    b = 3
+    xs = [random_array(rng, (b, 6, 4), np.int32), random_array(rng, (b, 6, 2), np.int16)]
+    idx = indices_for(rng, 6, (b, 5))
+    us = [random_array(rng, (b, 5) + x.shape[2:], x.dtype) for x in xs]
+    pick = lambda a, d: a if d is not None else a[0]  # noqa: E731
+    args = ([pick(x, d) for x, d in zip(xs, in_axes[0])], pick(idx, in_axes[1]),
+            [pick(u, d) for u, d in zip(us, in_axes[2])])
+    args = jax.tree.map(lambda a: on_cpu(jnp.asarray(a)), args)
+    spec = (list(in_axes[0]), in_axes[1], list(in_axes[2]))
+    ys = jax.jit(jax.vmap(functools.partial(jax_tma.scatter, mode="add"), in_axes=spec))(*args)
+    for t, y in enumerate(ys):
+        axes = (in_axes[0][t], in_axes[1], in_axes[2][t])
+        ref = jax.jit(lambda a, i, v: a.at[i].add(v, mode="drop"))
+        if axes == (None, None, None):  # untouched by the vmap: broadcast
+            want = np.broadcast_to(ref(args[0][t], args[1], args[2][t]), y.shape)
+        else:
+            want = jax.vmap(ref, in_axes=axes)(args[0][t], args[1], args[2][t])
+        assert_bits_equal(y, want)
+
+
+def test_grad_of_tables(rng):
+    xs = [on_cpu(jnp.asarray(rng.standard_normal((6, 3)))),
+          on_cpu(jnp.asarray(rng.standard_normal((6, 2, 2))))]
+    idx = on_cpu(jnp.array([1, 1, -1, 9, 0]))
+    ws = [jnp.asarray(rng.standard_normal((5,) + x.shape[1:])) for x in xs]
+
+    def loss(f, a, b):
+        return sum((y * w).sum() for y, w in zip(f((a, b)), ws))
+
+    g = jax.jit(jax.grad(lambda a, b: loss(lambda t: jax_tma.gather(t, idx, fill=5.0), a, b),
+                         argnums=(0, 1)))(*xs)
+    want = jax.grad(lambda a, b: loss(lambda t: [take_ref(x, idx, 0, 5.0) for x in t], a, b),
+                    argnums=(0, 1))(*xs)
+    for got, w in zip(g, want):
+        np.testing.assert_allclose(got, w, rtol=1e-12)
+    check_grads(lambda a, b: tuple(jnp.sin(y) for y in jax_tma.gather((a, b), idx)), xs,
+                order=2, modes=("fwd", "rev"))
+    us = [jnp.asarray(rng.standard_normal((5,) + x.shape[1:])) for x in xs]
+    for mode in ("set", "add"):
+        check_grads(lambda a, b, u, v: jax_tma.scatter((a, b), idx, (u, v), mode=mode),
+                    (*xs, *us), order=1, modes=("fwd", "rev"))
+        # Only one table's updates differentiated: the other table's primal
+        # still goes through the same call.
+        gu = jax.grad(lambda u: sum(y.sum() for y in jax_tma.scatter(
+            (xs[0], xs[1]), idx, (u, us[1]), mode=mode)))(us[0])
+        ref = jax.grad(lambda u: getattr(xs[0].at[idx], mode)(u, mode="drop").sum())(us[0])
+        np.testing.assert_allclose(gu, ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("call,err,msg", [
+    (lambda: jax_tma.gather((), np.array([0])), ValueError,
+     r"jax_tma\.gather: x must be an array or a tuple of 1 to 8 arrays \(tables sharing the "
+     r"indices\), got 0 tables"),
+    (lambda: jax_tma.gather([np.zeros((2, 1))] * 9, np.array([0])), ValueError,
+     r"got 9 tables"),
+    (lambda: jax_tma.gather((np.zeros((2, 1)), 1.0), np.array([0])), TypeError,
+     r"jax_tma\.gather: x\[1\] must be an array"),
+    (lambda: jax_tma.gather((np.zeros((2, 1)), np.zeros((3, 1))), np.array([0])), ValueError,
+     r"jax_tma\.gather: the tables must agree in x\.shape\[:axis \+ 1\] \(axis=0\): table 0 "
+     r"has \(2,\), table 1 \(3,\)"),
+    (lambda: jax_tma.gather((np.zeros((2, 1)), np.zeros((2,))), np.array([0]), axis=1),
+     ValueError, r"jax_tma\.gather: table 1: axis 1 is out of range for x of rank 1"),
+    (lambda: jax_tma.scatter((np.zeros((2, 1)),), np.array([0]), np.zeros((1, 1))), TypeError,
+     r"jax_tma\.scatter: x is 1 tables, so updates must be a tuple of 1 arrays \(one per "
+     r"table\), got ndarray"),
+    (lambda: jax_tma.scatter((np.zeros((2, 1)), np.zeros((2, 3))), np.array([0]),
+                             (np.zeros((1, 1)),)), TypeError,
+     r"updates must be a tuple of 2 arrays \(one per table\), got 1 arrays"),
+    (lambda: jax_tma.scatter((np.zeros((2, 1)), np.zeros((2, 3))), np.array([0]),
+                             (np.zeros((1, 1)), np.zeros((1, 2)))), ValueError,
+     r"jax_tma\.scatter: table 1: updates have shape \(1, 2\); expected \(1, 3\)"),
+    (lambda: jax_tma.scatter((np.zeros((2, 1)), np.zeros((2, 1), bool)), np.array([0]),
+                             (np.zeros((1, 1)), np.zeros((1, 1), bool)), mode="add"), TypeError,
+     r"jax_tma\.scatter: table 1: mode='add' cannot sum dtype bool"),
+    (lambda: jax_tma.scatter((np.zeros((2, 4), np.float32), np.zeros((2, 4), np.int8)),
+                             np.array([0]), (np.zeros((1, 4), np.float32),
+                                             np.zeros((1, 4), np.int8)), method="tma"),
+     ValueError, r"jax_tma\.scatter: table 1: method='tma' moves slabs of a multiple of 16"),
+])
+def test_tables_validation(call, err, msg):
+    with pytest.raises(err, match=msg):
+        call()
+
+
+def raw_tables(target, operands, results, **attrs):
+    call = jax.ffi.ffi_call(target, [jax.ShapeDtypeStruct(*r) for r in results],
+                            has_side_effect=True)
+    base = dict(axis=np.int64(0), batch=np.int64(0), method="auto")
+    if target == "jax_tma_scatter":
+        base.update(mode="set", deterministic=False)
+    base.update(attrs)
+    return jax.jit(lambda *a: call(*a, **base))(*map(on_cpu, operands))
+
+
+def test_handlers_check_the_table_count_and_name_the_table():
+    f = np.float32(0)
+    with pytest.raises(Exception, match=r"jax_tma\.gather: takes indices, n tables and n fills "
+                                        r"for n outputs \(1 <= n <= 8\); got 4 operands and 2 "
+                                        r"outputs"):
+        raw_tables("jax_tma_gather", [IDX, X, X, f], [((3, 3, 2), np.float32)] * 2)
+    with pytest.raises(Exception, match=r"got 19 operands and 9 outputs"):
+        raw_tables("jax_tma_gather", [IDX] + [X] * 9 + [f] * 9, [((3, 3, 2), np.float32)] * 9)
+    with pytest.raises(Exception, match=r"jax_tma\.gather: table 1: output dim 1 is 4; "
+                                        r"expected 3"):
+        raw_tables("jax_tma_gather", [IDX, X, X, f, f],
+                   [((3, 3, 2), np.float32), ((3, 4, 2), np.float32)])
+    order = np.zeros((0,), np.int32)
+    with pytest.raises(Exception, match=r"jax_tma\.scatter: takes indices, order, n tables and n "
+                                        r"updates for n outputs \(1 <= n <= 8\); got 5 operands "
+                                        r"and 1 outputs"):
+        raw_tables("jax_tma_scatter", [IDX, order, X, X, U], [(X.shape, np.float32)])
+    with pytest.raises(Exception, match=r"jax_tma\.scatter: table 1: updates dim 0 is 2; "
+                                        r"expected 3"):
+        raw_tables("jax_tma_scatter", [IDX, order, X, X, U, U[:2]], [(X.shape, np.float32)] * 2)
+    ys = raw_tables("jax_tma_gather", [IDX, X, X[:, :, :1], f, np.float32(7)],
+                    [((3, 3, 2), np.float32), ((3, 3, 1), np.float32)])
+    assert_bits_equal(ys[1], np.asarray(take_ref(X[:, :, :1], IDX, 0, 7)))

@@ -243,7 +243,7 @@ def test_over_4_gib_table(gpu, rng):
 def test_raw_handler_rejects_tma_for_odd_slabs(gpu):
     call = jax.ffi.ffi_call("jax_tma_gather", jax.ShapeDtypeStruct((2, 3), np.float32),
                             has_side_effect=True)
-    f = jax.jit(lambda a, i, z: call(a, i, z, axis=np.int64(0), batch=np.int64(0), method="tma"))
+    f = jax.jit(lambda a, i, z: call(i, a, z, axis=np.int64(0), batch=np.int64(0), method="tma"))
     with pytest.raises(Exception, match=r"jax_tma\.gather: method='tma' cannot move this call: "
                                         r"slabs of 12 B are not a multiple of 16 B"):
         jax.block_until_ready(f(on(gpu, np.ones((4, 3), np.float32)), on(gpu, np.array([0, 1])),

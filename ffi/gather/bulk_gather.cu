@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kThreads) BulkGatherKernel(const __grid_consta
   using namespace device;
   extern __shared__ __align__(128) uint8_t stage_buf[];
   __shared__ uint64_t full[kStages];
-  const GatherGeometry g = p.tables.Of(p.g, blockIdx.y);
+  const GatherGeometry g = BlockTable(p.g, p.tables);
   const BulkGatherTiling& t = p.t;
   const int lane = static_cast<int>(threadIdx.x);
   const int64_t first = static_cast<int64_t>(blockIdx.x) * t.units_per_cta;

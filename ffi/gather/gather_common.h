@@ -177,6 +177,16 @@ struct GatherTables {
   }
 };
 
+#if defined(__CUDACC__)
+// The geometry of this block's table: `g` itself (whose buffers are table
+// 0's) in a launch of one table, which then reads no table's buffers by
+// blockIdx.y.
+__device__ __forceinline__ GatherGeometry BlockTable(const GatherGeometry& g,
+                                                     const GatherTables& tables) {
+  return gridDim.y == 1 ? g : tables.Of(g, static_cast<int>(blockIdx.y));
+}
+#endif  // __CUDACC__
+
 // The tables of a launch: 1 to kMaxGatherTables (its grid's y dim).
 inline ffi::Error CheckTables(std::string_view op, const GatherTables& tables) {
   if (tables.count < 1 || tables.count > kMaxGatherTables) {
