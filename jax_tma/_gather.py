@@ -388,7 +388,8 @@ def _gather_jvp(primals, tangents, *, fills, **params):
 def _gather_transpose(cts, indices, *xs, axis, batch, fills, method):
     assert not ad.is_undefined_primal(indices)
     out = [ad.Zero(x.aval) if ad.is_undefined_primal(x) else None for x in xs]
-    live = [t for t, x in enumerate(xs) if ad.is_undefined_primal(x) and type(cts[t]) is not ad.Zero]
+    live = [t for t, x in enumerate(xs)
+            if ad.is_undefined_primal(x) and type(cts[t]) is not ad.Zero]
     if live:
         zeros = [jnp.zeros(xs[t].aval.shape, cts[t].dtype) for t in live]
         sums = scatter_p.bind(indices, *zeros, *(cts[t] for t in live), axis=axis, batch=batch,
@@ -570,8 +571,10 @@ def gather(
     pass ``x`` as a tuple or list of up to 8 arrays that agree in
     ``x.shape[:axis + 1]``, each with its own dtype and slab dims; the
     result is a tuple, each table's gathered slabs. It is one call: on the
-    GPU the tables with the same slab bytes, element size and plan move in
-    one kernel launch, the others in a launch each.
+    GPU neighbouring tables that share their slab geometry (the same slab
+    bytes and element size, and addresses aligned alike, so that they take
+    the same kernel and tiling) move in one kernel launch, the others in
+    separate launches.
 
     Args:
       x: an array of rank >= 1 and any dtype (sub-byte types are widened
@@ -580,7 +583,7 @@ def gather(
       axis: the dim of ``x`` that the indices pick along, in
         ``[-x.ndim, x.ndim)``.
       fill: the value of slabs picked by out-of-range indices: a Python or
-        NumPy scalar, cast to ``x``'s dtype.
+        NumPy scalar, cast to ``x``'s dtype (to each table's).
       method: ``"auto"`` (the SIMT kernel for slabs of at most 4 KiB, for
         calls of at most 64 MiB and for calls of at most a vector for each
         thread of one resident wave, where it is the faster, and on GPUs
@@ -663,7 +666,8 @@ def scatter(
     8 tables agreeing in ``x.shape[:axis + 1]`` and ``updates`` a tuple of as
     many arrays, one per table; the result is a tuple, each table updated in
     place where it is donated; ``deterministic=True`` sorts the shared
-    indices once.
+    indices once. On the GPU the tables move in one kernel launch where they
+    share their slab geometry, as for :func:`gather`.
 
     Args:
       x: an array of rank >= 1 (any dtype for ``set``; integers, f16, bf16,
@@ -680,7 +684,8 @@ def scatter(
         reductions for float32, float16 and bfloat16 where slabs and
         addresses are multiples of 16 bytes, ``"tma"`` for other types where
         it can run), ``"tma"`` (bulk copies / bulk reduce-adds; a ValueError
-        naming the rule where slabs or dtype break it) or ``"simt"``. On the CPU every method gives the same result.
+        naming the rule where slabs or dtype break it) or ``"simt"``. On the
+        CPU every method gives the same result.
       deterministic: fixes the order duplicates apply in (see above); costs
         a sort of the indices on the device.
 
@@ -693,6 +698,11 @@ def scatter(
       >>> jax_tma.scatter(table, jnp.array([1, -1, 9]), jnp.ones((3, 2), jnp.int32),
       ...                 mode="add").tolist()
       [[0, 0], [1, 1], [0, 0], [1, 1]]
+      >>> k_pool, v_pool = jnp.zeros((4, 2), jnp.int32), jnp.zeros(4)
+      >>> k, v = jax_tma.scatter((k_pool, v_pool), jnp.array([2, 0]),
+      ...                        (jnp.ones((2, 2), jnp.int32), jnp.array([5.0, 6.0])))
+      >>> k.tolist(), v.tolist()
+      ([[1, 1], [0, 0], [1, 1], [0, 0]], [6.0, 0.0, 5.0, 0.0])
     """
     tables, names, axis, many = _tables(_OP_S, x, axis)
     indices = _indices(_OP_S, indices)

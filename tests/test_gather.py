@@ -401,6 +401,10 @@ def test_non_array_inputs_are_type_errors():
         jax_tma.gather(jnp.ones(3), [0, 1])
     with pytest.raises(TypeError, match=r"jax_tma\.scatter: updates must be an array"):
         jax_tma.scatter(jnp.ones(3), jnp.array([0]), 1.0)
+    # Tables' updates for a single x: as before tables existed.
+    with pytest.raises(TypeError, match=r"jax_tma\.scatter: updates must be an array \(jax\.Array "
+                                        r"or numpy\.ndarray\), got tuple"):
+        jax_tma.scatter(jnp.ones(3), jnp.array([0]), (jnp.ones(1),))
 
 
 def test_float_indices_are_a_type_error():
@@ -713,6 +717,35 @@ def test_scatter_of_tables_matches_xla_per_table(rng, mode, deterministic):
         assert_bits_equal(y, ref(on_cpu(x), on_cpu(idx), on_cpu(u)))
 
 
+@pytest.mark.parametrize("axis,shapes", [
+    (0, TABLE_SETS[0]), (0, TABLE_SETS[1]),
+    (1, [((2, 6, 3), np.int16), ((2, 6), np.uint8)]),
+    (-1, [((2, 6), jnp.bfloat16), ((2, 6), jnp.int4)]),
+], ids=["kv", "mixed", "axis1", "axis-1"])
+@pytest.mark.parametrize("idx_shape", [(), (0,), (7,), (2, 3)], ids=str)
+@pytest.mark.parametrize("mode,deterministic", [("set", False), ("add", False), ("add", True)])
+def test_scatter_of_tables_every_axis_and_index_shape(rng, axis, shapes, idx_shape, mode,
+                                                      deterministic):
+    # Small integers (sums exact in every dtype); the sub-byte table, which
+    # cannot add, as int8 under "add".
+    def small(shape, dtype):
+        if mode == "add" and np.dtype(dtype).name in SUB_BYTE_BITS:
+            dtype = np.int8
+        return rng.integers(-7, 8, shape).astype(dtype)
+
+    xs = [small(shape, dtype) for shape, dtype in shapes]
+    a = axis % xs[0].ndim
+    idx = indices_for(rng, xs[0].shape[a], idx_shape)
+    us = [small(x.shape[:a] + idx_shape + x.shape[a + 1:], x.dtype) for x in xs]
+    f = jax.jit(functools.partial(jax_tma.scatter, axis=axis, mode=mode,
+                                  deterministic=deterministic))
+    ys = f(list(map(on_cpu, xs)), on_cpu(idx), list(map(on_cpu, us)))
+    assert isinstance(ys, tuple) and len(ys) == len(xs)
+    for y, x, u in zip(ys, xs, us):
+        ref = getattr(on_cpu(x).at[at(a, on_cpu(idx))], mode)(on_cpu(u), mode="drop")
+        assert_bits_equal(y, ref)
+
+
 def test_scatter_of_donated_tables_makes_no_copy(rng):
     xs = [on_cpu(random_array(rng, (64, 32), np.float32)),
           on_cpu(random_array(rng, (64, 8), jnp.bfloat16))]
@@ -763,7 +796,8 @@ def test_gather_of_tables_under_vmap(rng, in_axes):
 
 
 @pytest.mark.parametrize("in_axes", [((0, 0), None, (0, 0)), ((None, None), 0, (None, None)),
-                                     ((0, None), None, (0, None))], ids=str)
+                                     ((0, None), None, (0, None)), ((0, None), 0, (0, None)),
+                                     ((None, None), None, (0, None))], ids=str)
 def test_scatter_of_tables_under_vmap(rng, in_axes):
     b = 3
     xs = [random_array(rng, (b, 6, 4), np.int32), random_array(rng, (b, 6, 2), np.int16)]
@@ -774,7 +808,8 @@ def test_scatter_of_tables_under_vmap(rng, in_axes):
             [pick(u, d) for u, d in zip(us, in_axes[2])])
     args = jax.tree.map(lambda a: on_cpu(jnp.asarray(a)), args)
     spec = (list(in_axes[0]), in_axes[1], list(in_axes[2]))
-    ys = jax.jit(jax.vmap(functools.partial(jax_tma.scatter, mode="add"), in_axes=spec))(*args)
+    f = jax.vmap(functools.partial(jax_tma.scatter, mode="add"), in_axes=spec)
+    ys = jax.jit(f)(*args)
     for t, y in enumerate(ys):
         axes = (in_axes[0][t], in_axes[1], in_axes[2][t])
         ref = jax.jit(lambda a, i, v: a.at[i].add(v, mode="drop"))
@@ -783,6 +818,11 @@ def test_scatter_of_tables_under_vmap(rng, in_axes):
         else:
             want = jax.vmap(ref, in_axes=axes)(args[0][t], args[1], args[2][t])
         assert_bits_equal(y, want)
+    # One call where the vmap reaches both tables (through the indices, the
+    # table or its updates) or neither; a call each else.
+    reached = {in_axes[1] is not None or in_axes[0][t] is not None or in_axes[2][t] is not None
+               for t in range(2)}
+    assert _prims(f, *args).count("jax_tma_scatter") == len(reached)
 
 
 def test_grad_of_tables(rng):
