@@ -109,6 +109,34 @@ def test_gather_every_dtype(gpu, rng, dtype, method):
         assert_bits_equal(jax.jit(f)(on(gpu, x), on(gpu, idx)), cpu(jax.jit(f), x, idx))
 
 
+# One table of 16-byte slabs without batch dims takes the flat kernel's
+# instantiation for its index type (32-bit rows, a narrow call); each index
+# type at its extremes, wrapped and out of range, against the CPU handler.
+# Set: every update the same row, so that duplicates leave the same bits.
+@pytest.mark.parametrize("op", ["gather", "set", "add"])
+@pytest.mark.parametrize("idx_dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8,
+                                       np.uint16, np.uint32, np.uint64], ids=str)
+def test_every_index_type_at_its_extremes(gpu, rng, idx_dtype, op):
+    n = 100
+    info = np.iinfo(idx_dtype)
+    values = [v for v in (0, n - 1, n, n + 1, 1, 50, -1, -n, -n - 1, info.max, info.min,
+                          info.max - 1, info.min + 1) if info.min <= v <= info.max]
+    idx = np.array(values, idx_dtype)
+    x = rng.integers(-4, 5, (n, 4)).astype(np.float32)  # small integers: adds are exact
+    u = np.broadcast_to(rng.integers(-4, 5, (1, 4)), (idx.size, 4)) if op == "set" else \
+        rng.integers(-4, 5, (idx.size, 4))
+    if op == "gather":
+        f = jax.jit(functools.partial(jax_tma.gather, fill=7))
+        args = (x, idx)
+    else:
+        f = jax.jit(functools.partial(jax_tma.scatter, mode=op))
+        args = (x, idx, u.astype(np.float32))
+    with paths_ran() as ran:
+        got = jax.block_until_ready(f(*[on(gpu, a) for a in args]))
+    assert ran == {("gather" if op == "gather" else "scatter") + ".simt": 1}, ran
+    assert_bits_equal(got, cpu(f, *args))
+
+
 def test_gather_batched_and_outer_dims(gpu, rng):
     x = random_array(rng, (3, 2, 40, 64), jnp.bfloat16)
     idx = rng.integers(-42, 42, (3, 9)).astype(np.int32)

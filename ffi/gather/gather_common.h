@@ -70,7 +70,7 @@ JAX_TMA_HOST_DEVICE inline int64_t SlabRow(const void* indices, IndexKind kind, 
   const int unused_bits = 64 - (8 << log_bytes);
   int64_t v = static_cast<int64_t>(u << unused_bits) >> unused_bits;  // sign-extended
   if (v < 0) v += n;  // no overflow: v < 0 <= n
-  return v >= 0 && v < n ? v : -1;
+  return static_cast<uint64_t>(v) < static_cast<uint64_t>(n) ? v : -1;  // n >= 0
 }
 
 inline bool ParseGatherMethod(std::string_view name, GatherMethod* out) {

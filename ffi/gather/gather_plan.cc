@@ -28,6 +28,14 @@ std::string_view OpName(GatherOp op) { return op == GatherOp::kGather ? kGatherO
 
 }  // namespace
 
+FastDivisor FastDivisor::Of(uint32_t d) {
+  FastDivisor f;
+  while ((uint64_t{1} << f.shift) < d) ++f.shift;  // ceil(log2 d)
+  // floor(2^32 (2^shift - d) / d) + 1 < 2^32, as 2^shift < 2d.
+  f.mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << f.shift) - d)) / d + 1);
+  return f;
+}
+
 bool BulkGatherFits(const GatherGeometry& g, GatherOp op, std::string* why) {
   Message m;
   if (g.slab_bytes % kBulkAlign != 0) {
@@ -97,6 +105,9 @@ SimtGatherTiling TileSimtGather(const GatherGeometry& g, GatherOp op, int sm_cou
     t.segments = t.vectors_per_row;
     t.tiles = vectors;
     t.blocks = (t.tiles + kSimtFlatThreads - 1) / kSimtFlatThreads;
+    t.per_row = FastDivisor::Of(static_cast<uint32_t>(t.vectors_per_row));
+    t.narrow = g.batch == 1 && g.outer == 1 && g.table_rows <= 0x7fffffff &&
+               g.table_rows * t.vectors_per_row <= 0xffffffff;
     return t;
   }
   t.segment = std::min(t.vectors_per_row, kSimtSegmentBytes / t.vector_bytes);
@@ -181,7 +192,7 @@ bool FusesWith(const GatherGeometry& a, const GatherPlan& pa, const GatherGeomet
     case GatherPath::kSimt: {
       const SimtGatherTiling& s = pa.simt;
       const SimtGatherTiling& t = pb.simt;
-      return s.vector_bytes == t.vector_bytes && s.flat == t.flat &&
+      return s.vector_bytes == t.vector_bytes && s.flat == t.flat && s.narrow == t.narrow &&
              s.vectors_per_row == t.vectors_per_row && s.tile_rows == t.tile_rows &&
              s.segment == t.segment && s.segments == t.segments && s.tiles == t.tiles &&
              s.blocks == t.blocks;

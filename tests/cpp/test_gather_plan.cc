@@ -3,6 +3,7 @@
 // SIMT tilings on an H100, and the path each method gets.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "check.h"
 #include "gather/gather_plan.h"
@@ -305,10 +306,76 @@ void TestFusion() {
   CHECK(!FusesWith(pages, Plan(pages, GatherOp::kGather), simt, Plan(simt, GatherOp::kGather)));
 }
 
+// FastDivisor divides exactly: every divisor up to 4,096 and divisors near
+// powers of two and near 2^31, each on numerators around its multiples, at
+// the ends of the range and pseudo-random ones.
+void TestFastDivisor() {
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (int k = 12; k <= 31; ++k) {
+    for (int64_t e = -3; e <= 3; ++e) {
+      const int64_t d = (int64_t{1} << k) + e;
+      if (d >= 1 && d < (int64_t{1} << 31)) divisors.push_back(static_cast<uint32_t>(d));
+    }
+  }
+  uint64_t state = 0x9e3779b97f4a7c15u;
+  auto next = [&] {  // xorshift64
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return static_cast<uint32_t>(state >> 33);  // < 2^31
+  };
+  for (int k = 0; k < 2000; ++k) divisors.push_back(next() | 1u);
+  int64_t wrong = 0;
+  for (const uint32_t d : divisors) {
+    const FastDivisor f = FastDivisor::Of(d);
+    std::vector<uint32_t> ns = {0, 1, 0x7fffffff, 0x7ffffffe};
+    for (uint32_t q : {uint32_t{1}, uint32_t{2}, uint32_t{3}, 0x7fffffffu / d}) {
+      const uint64_t m = uint64_t{q} * d;
+      for (int64_t e = -1; e <= 1; ++e) {
+        if (m + e < (uint64_t{1} << 31) && static_cast<int64_t>(m) + e >= 0) {
+          ns.push_back(static_cast<uint32_t>(m + e));
+        }
+      }
+    }
+    for (int k = 0; k < 64; ++k) ns.push_back(next());
+    for (const uint32_t n : ns) wrong += f.Divide(n) != n / d;
+  }
+  CHECK_EQ(wrong, int64_t{0});
+}
+
+// A flat tiling is narrow (32-bit rows and offsets) without batch or outer
+// dims, below 2^31 table rows and 2^32 table vectors; tiled ones never are.
+void TestNarrow() {
+  auto narrow = [](const GatherGeometry& g) {
+    const SimtGatherTiling t = TileSimtGather(g, GatherOp::kGather, kH100Sms);
+    CHECK(t.flat);
+    CHECK_EQ(t.per_row.Divide(static_cast<uint32_t>(t.tiles - 1)),
+             static_cast<uint32_t>((t.tiles - 1) / t.vectors_per_row));
+    return t.narrow;
+  };
+  CHECK(narrow(Gather(65536, 64, 2048)));
+  CHECK(narrow(Gather(0x7fffffff, 64, 16)));
+  CHECK(!narrow(Gather(int64_t{1} << 31, 64, 16)));  // 2^31 rows
+  // 32 KiB slabs are 2,048 vectors: 2^21 - 1 rows are 2^32 - 2,048 vectors, 2^21 rows 2^32.
+  CHECK(narrow(Gather((int64_t{1} << 21) - 1, 64, int64_t{1} << 15)));
+  CHECK(!narrow(Gather(int64_t{1} << 21, 64, int64_t{1} << 15)));
+  GatherGeometry g = Gather(65536, 64, 2048);
+  g.batch = 2;
+  CHECK(!narrow(g));
+  g = Gather(65536, 64, 2048);
+  g.outer = 3;
+  CHECK(!narrow(g));
+  CHECK(!TileSimtGather(OffGrid(Gather(1 << 22, 1 << 20, 128)), GatherOp::kGather, kH100Sms)
+             .narrow);
+}
+
 }  // namespace
 }  // namespace jax_tma
 
 int main() {
+  jax_tma::TestFastDivisor();
+  jax_tma::TestNarrow();
   jax_tma::TestFusion();
   jax_tma::TestBulkRules();
   jax_tma::TestTiling();

@@ -1,10 +1,11 @@
 // Standalone driver of the gather/scatter kernels (TMA bulk pipeline, SIMT,
 // ordered deterministic scatter) for compute-sanitizer, without JAX: random
-// geometries (batch and outer dims, out-of-range and negative indices, slabs
-// on and off the 16-byte grid, slabs split into pieces) checked byte for
-// byte against a host evaluation of gather_common.h; outputs poisoned and
-// guarded by a poisoned tail; some cases move several tables in one launch
-// (GatherTables). Exit status 1 on any mismatch or launch error.
+// geometries (batch and outer dims, out-of-range and negative indices of
+// every integer type, slabs on and off the 16-byte grid, slabs split into
+// pieces) checked byte for byte against a host evaluation of
+// gather_common.h; outputs poisoned and guarded by a poisoned tail; some
+// cases move several tables in one launch (GatherTables). Exit status 1 on
+// any mismatch or launch error.
 //   usage: gather_selftest [seed]
 #include <cuda_runtime_api.h>
 
@@ -69,16 +70,26 @@ struct HostAdd {
 enum class Path { kBulk, kSimt, kOrdered };
 const char* PathName(Path p) { return p == Path::kBulk ? "bulk" : p == Path::kSimt ? "simt" : "ordered"; }
 
+// Cases per kind of launch.
+struct Counts {
+  int bulk = 0;    // on the bulk path
+  int multi = 0;   // of several tables
+  int narrow = 0;  // on the flat kernels' instantiation for their index type
+};
+
 // One random case; false on a mismatch or an error.
-bool RunCase(std::mt19937_64& gen, int trial, int* bulk_cases, int* multi_cases) {
+bool RunCase(std::mt19937_64& gen, int trial, Counts* counts) {
   auto pick = [&](int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(gen() % (hi - lo + 1)); };
   GatherGeometry g;
   const int op_pick = trial % 3;
   const GatherOp op = op_pick == 0 ? GatherOp::kGather
                       : op_pick == 1 ? GatherOp::kScatterSet : GatherOp::kScatterAdd;
   g.mode = op == GatherOp::kScatterAdd ? jax_tma::ScatterMode::kAdd : jax_tma::ScatterMode::kSet;
-  g.batch = pick(1, 2);
-  g.outer = pick(1, 3);
+  // Half the cases have no batch or outer dims: with one table in 16-byte
+  // vectors (or a small call), the flat kernels' narrow instantiations.
+  const bool plain = trial / 3 % 2 == 0;
+  g.batch = plain ? 1 : pick(1, 2);
+  g.outer = plain ? 1 : pick(1, 3);
   g.table_rows = pick(1, 40);
   g.count = pick(0, 50);
   const int64_t widths[] = {1, 2, 4, 8, 16};
@@ -115,11 +126,20 @@ bool RunCase(std::mt19937_64& gen, int trial, int* bulk_cases, int* multi_cases)
       }
     }
   }
-  g.index_kind = jax_tma::IndexKind::kS32;
+  // Every index type (the flat kernels have an instantiation for each):
+  // values in [-42, 41] are themselves in every signed type, and negative
+  // ones out of range in the unsigned types, so no new duplicates arise.
+  g.index_kind = static_cast<jax_tma::IndexKind>(trial % 16 < 8 ? 2 : pick(0, 7));
+  const int width = 1 << (static_cast<int>(g.index_kind) & 3);
+  std::vector<uint8_t> idx_bytes(idx.size() * width);
+  for (size_t i = 0; i < idx.size(); ++i) {
+    const int64_t v = idx[i];  // its low `width` bytes, little-endian
+    std::memcpy(idx_bytes.data() + i * width, &v, width);
+  }
   std::vector<int32_t> order(g.deterministic ? b * m : 0);
   for (int64_t i = 0; g.deterministic && i < b; ++i) {
     auto key = [&](int64_t j) {
-      const int64_t w = jax_tma::SlabRow(idx.data(), g.index_kind, i * m + j, n);
+      const int64_t w = jax_tma::SlabRow(idx_bytes.data(), g.index_kind, i * m + j, n);
       return w < 0 ? n : w;
     };
     std::iota(order.begin() + i * m, order.begin() + (i + 1) * m, 0);
@@ -132,7 +152,7 @@ bool RunCase(std::mt19937_64& gen, int trial, int* bulk_cases, int* multi_cases)
   const int64_t table_bytes = b * g.outer * n * s, rows_bytes = b * g.outer * m * s;
   const size_t want_bytes = op == GatherOp::kGather ? rows_bytes : table_bytes;
   bool ok = true;
-  int32_t* d_idx = ToDevice(idx, 0, &ok);
+  uint8_t* d_idx = ToDevice(idx_bytes, 0, &ok);
   int32_t* d_order = ToDevice(order, 0, &ok);
   std::vector<void*> buffers = {d_idx, d_order};
   std::vector<std::vector<uint8_t>> wants;
@@ -160,7 +180,7 @@ bool RunCase(std::mt19937_64& gen, int trial, int* bulk_cases, int* multi_cases)
     }
 
     // The host evaluation: the CPU handler's row order.
-    g.indices = idx.data();
+    g.indices = idx_bytes.data();
     std::vector<uint8_t> want(want_bytes);
     if (op == GatherOp::kGather) {
       for (int64_t r = 0; r < g.rows(); ++r) {
@@ -210,8 +230,8 @@ bool RunCase(std::mt19937_64& gen, int trial, int* bulk_cases, int* multi_cases)
   } else if (trial % 2 == 0 && bulk_fits) {
     path = Path::kBulk;
   }
-  *bulk_cases += path == Path::kBulk;
-  *multi_cases += table_count > 1;
+  counts->bulk += path == Path::kBulk;
+  counts->multi += table_count > 1;
   // The tiling is planned on table 0 (the launchers read its geometry).
   const GatherGeometry g0 = tables.Of(g, 0);
   if (ok && g.rows() != 0) {
@@ -222,8 +242,9 @@ bool RunCase(std::mt19937_64& gen, int trial, int* bulk_cases, int* multi_cases)
     } else if (path == Path::kSimt) {
       // A one-SM tiling on some trials keeps the small cases' tiles whole.
       const int sms = trial % 4 == 1 ? 1 : 132;
-      err = jax_tma::LaunchSimtGather(g0, tables, op, jax_tma::TileSimtGather(g0, op, sms),
-                                      nullptr, 0);
+      const jax_tma::SimtGatherTiling t = jax_tma::TileSimtGather(g0, op, sms);
+      counts->narrow += t.narrow && table_count == 1;
+      err = jax_tma::LaunchSimtGather(g0, tables, op, t, nullptr, 0);
     } else {
       err = jax_tma::LaunchOrderedScatter(g0, tables, nullptr, 0);
     }
@@ -246,12 +267,12 @@ bool RunCase(std::mt19937_64& gen, int trial, int* bulk_cases, int* multi_cases)
   if (!ok || !same) {
     std::fprintf(stderr,
                  "%s: op=%d path=%s tables=%d B=%lld P=%lld N=%lld M=%lld slab=%lld B "
-                 "elem=%lld B sum=%d deterministic=%d%s\n",
+                 "elem=%lld B sum=%d deterministic=%d index kind=%d%s\n",
                  ok ? "mismatch" : "error", static_cast<int>(op), PathName(path), table_count,
                  static_cast<long long>(b), static_cast<long long>(g.outer),
                  static_cast<long long>(n), static_cast<long long>(m), static_cast<long long>(s),
                  static_cast<long long>(g.elem_bytes), static_cast<int>(g.sum), g.deterministic,
-                 tail_ok ? "" : " (wrote past the end)");
+                 static_cast<int>(g.index_kind), tail_ok ? "" : " (wrote past the end)");
   }
   return ok && same;
 }
@@ -261,18 +282,20 @@ bool RunCase(std::mt19937_64& gen, int trial, int* bulk_cases, int* multi_cases)
 int main(int argc, char** argv) {
   const uint64_t seed = argc > 1 ? std::stoull(argv[1]) : std::random_device{}();
   std::mt19937_64 gen(seed);
-  int cases = 0, failures = 0, bulk_cases = 0, multi_cases = 0;
+  int cases = 0, failures = 0;
+  Counts counts;
   for (int trial = 0; trial < 90; ++trial) {
     ++cases;
-    failures += !RunCase(gen, trial, &bulk_cases, &multi_cases);
+    failures += !RunCase(gen, trial, &counts);
     if (cudaPeekAtLastError() != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
       std::printf("gather_selftest: seed %llu: sticky CUDA error after %d cases\n",
                   static_cast<unsigned long long>(seed), cases);
       return 1;
     }
   }
-  std::printf("gather_selftest: seed %llu: %d cases (%d on the bulk path, %d of several tables), "
-              "%d failures\n",
-              static_cast<unsigned long long>(seed), cases, bulk_cases, multi_cases, failures);
+  std::printf("gather_selftest: seed %llu: %d cases (%d on the bulk path, %d of several tables, "
+              "%d narrow), %d failures\n",
+              static_cast<unsigned long long>(seed), cases, counts.bulk, counts.multi,
+              counts.narrow, failures);
   return failures == 0 ? 0 : 1;
 }
