@@ -104,7 +104,10 @@ SimtGatherTiling TileSimtGather(const GatherGeometry& g, GatherOp op, int sm_cou
     t.tile_rows = t.segment = 1;
     t.segments = t.vectors_per_row;
     t.tiles = vectors;
-    t.blocks = (t.tiles + kSimtFlatThreads - 1) / kSimtFlatThreads;
+    t.flat_threads = vectors <= wave * 32 && vectors >= int64_t{sm_count} * kSimtFlatWaveThreads
+                         ? kSimtFlatWaveThreads
+                         : kSimtFlatThreads;
+    t.blocks = (t.tiles + t.flat_threads - 1) / t.flat_threads;
     t.per_row = FastDivisor::Of(static_cast<uint32_t>(t.vectors_per_row));
     t.narrow = g.batch == 1 && g.outer == 1 && g.table_rows <= 0x7fffffff &&
                g.table_rows * t.vectors_per_row <= 0xffffffff;
@@ -195,7 +198,7 @@ bool FusesWith(const GatherGeometry& a, const GatherPlan& pa, const GatherGeomet
       return s.vector_bytes == t.vector_bytes && s.flat == t.flat && s.narrow == t.narrow &&
              s.vectors_per_row == t.vectors_per_row && s.tile_rows == t.tile_rows &&
              s.segment == t.segment && s.segments == t.segments && s.tiles == t.tiles &&
-             s.blocks == t.blocks;
+             s.flat_threads == t.flat_threads && s.blocks == t.blocks;
     }
     default: return true;
   }

@@ -130,7 +130,7 @@ template <typename I>
 __device__ __forceinline__ bool FlatVector(const FlatArgs& a, const GatherGeometry& g,
                                            uint32_t* i, uint32_t* col, int64_t* at,
                                            bool* in_range) {
-  *i = blockIdx.x * kSimtFlatThreads + threadIdx.x;
+  *i = blockIdx.x * blockDim.x + threadIdx.x;
   if (*i >= a.tiles) return false;
   const uint32_t r = a.per_row.Divide(*i);
   *col = *i - r * a.vectors_per_row;
@@ -177,7 +177,7 @@ __device__ __forceinline__ void* FlatDst(const FlatArgs& a, const GatherGeometry
 // Gather (kScatter false) or scatter set of a flat tiling: thread i moves
 // vector i of the output (gather) or the updates (scatter).
 template <typename V, bool kScatter, typename I>
-__global__ void __launch_bounds__(kSimtFlatThreads)
+__global__ void __launch_bounds__(kSimtFlatWaveThreads)
     SimtFlatKernel(const FlatArgs a, const GatherGeometry g0, const GatherTables tables) {
   const GatherGeometry g = FlatTable<I>(g0, tables);
   uint32_t i, col;
@@ -274,7 +274,7 @@ __device__ __forceinline__ void VectorAtomicAdd(uint4* dst, uint4 v) {
 // Scatter add of a flat tiling of 16-byte vectors (VectorAddFits): thread i
 // adds vector i of the updates into its slab.
 template <SumKind K, typename I>
-__global__ void __launch_bounds__(kSimtFlatThreads)
+__global__ void __launch_bounds__(kSimtFlatWaveThreads)
     SimtVectorAddKernel(const FlatArgs a, const GatherGeometry g0, const GatherTables tables) {
   const GatherGeometry g = FlatTable<I>(g0, tables);
   uint32_t i, col;
@@ -397,7 +397,7 @@ void LaunchFlat(const GatherGeometry& g, const GatherTables& tables, const SimtG
       case IndexKind::kU64: kernel = Family::template kKernel<uint64_t>; break;
     }
   }
-  kernel<<<Grid(t.blocks, tables), kSimtFlatThreads, 0, stream>>>(a, g, tables);
+  kernel<<<Grid(t.blocks, tables), t.flat_threads, 0, stream>>>(a, g, tables);
 }
 
 template <typename V>
@@ -485,10 +485,13 @@ ffi::Error LaunchSimtGather(const GatherGeometry& g, const GatherTables& tables,
       t.vectors_per_row * t.vector_bytes != g.slab_bytes ||
       t.segment * t.vector_bytes > kSimtSegmentBytes || t.tile_rows <= 0 ||
       t.tile_rows > kSimtTileRows ||
-      (t.flat && (t.tile_rows != 1 || t.segment != 1 || t.tiles > 0x7fffffff))) {
+      (t.flat && (t.tile_rows != 1 || t.segment != 1 || t.tiles > 0x7fffffff ||
+                  (t.flat_threads != kSimtFlatThreads && t.flat_threads != kSimtFlatWaveThreads) ||
+                  t.blocks * t.flat_threads < t.tiles))) {
     return InvalidArgument(name, "bad SIMT tiling: ", t.vector_bytes, "-byte vectors, ",
                            t.tile_rows, " rows x ", t.segment, " vectors a tile, ", t.tiles,
-                           t.flat ? " tiles (flat), " : " tiles, ", t.blocks, " blocks");
+                           t.flat ? " tiles (flat), " : " tiles, ", t.blocks, " blocks of ",
+                           t.flat ? t.flat_threads : kSimtGatherThreads, " threads");
   }
   if (op == GatherOp::kScatterAdd) {
     DeviceInfo info;

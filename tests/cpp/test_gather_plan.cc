@@ -122,6 +122,7 @@ void TestSimtTiling() {
   CHECK_EQ(t.vector_bytes, 16);
   CHECK_EQ(t.vectors_per_row, int64_t{8});
   CHECK(t.flat);
+  CHECK_EQ(t.flat_threads, kSimtFlatThreads);  // more than a wave: blocks of 128
   CheckSimt(t, 1, 1, 8, 1 << 23, 1 << 16);
   t = TileSimtGather(Gather(32768, 8192, 32768), GatherOp::kGather, kH100Sms);
   CHECK_EQ(t.vectors_per_row, int64_t{2048});
@@ -154,7 +155,8 @@ void TestSimtTiling() {
   // are 8,000; 40 of 3,200 B in 8-byte vectors 16,000.
   t = TileSimtGather(Gather(65536, 64, 2048), GatherOp::kGather, kH100Sms);
   CHECK(t.flat);
-  CheckSimt(t, 1, 1, 128, 8192, 64);  // blocks of kSimtFlatThreads
+  CHECK_EQ(t.flat_threads, kSimtFlatThreads);  // fewer than 256 a SM: blocks of 128
+  CheckSimt(t, 1, 1, 128, 8192, 64);
   t = TileSimtGather(Gather(100, 40, 3200), GatherOp::kScatterSet, kH100Sms);
   CHECK(t.flat);
   CheckSimt(t, 1, 1, 200, 8000, 63);
@@ -163,6 +165,19 @@ void TestSimtTiling() {
   CHECK_EQ(SimtWaveThreads(kH100Sms), wave_threads);
   CHECK(TileSimtGather(Gather(100, wave_threads, 8), GatherOp::kGather, kH100Sms).flat);
   CHECK(!TileSimtGather(Gather(100, wave_threads + 1, 8), GatherOp::kGather, kH100Sms).flat);
+  // 16-byte vectors: blocks of 256 from 256 vectors a SM to a wave's
+  // threads, of 128 outside.
+  t = TileSimtGather(Gather(100, kH100Sms * 256 - 1, 16), GatherOp::kGather, kH100Sms);
+  CHECK_EQ(t.flat_threads, kSimtFlatThreads);
+  t = TileSimtGather(Gather(100, kH100Sms * 256, 16), GatherOp::kGather, kH100Sms);
+  CHECK_EQ(t.flat_threads, kSimtFlatWaveThreads);
+  CHECK_EQ(t.blocks, int64_t{kH100Sms});
+  t = TileSimtGather(Gather(100, wave_threads, 16), GatherOp::kGather, kH100Sms);
+  CHECK_EQ(t.flat_threads, kSimtFlatWaveThreads);
+  CHECK_EQ(t.blocks, wave_threads / kSimtFlatWaveThreads);
+  t = TileSimtGather(Gather(100, wave_threads + 1, 16), GatherOp::kGather, kH100Sms);
+  CHECK_EQ(t.flat_threads, kSimtFlatThreads);
+  CHECK_EQ(t.blocks, wave_threads / kSimtFlatThreads + 1);
   // The vector is the widest that slab size and addresses allow: 12 B slabs
   // move in 4-byte words, an output 8 bytes off the grid in 8-byte ones.
   t = TileSimtGather(Gather(100, 10, 12), GatherOp::kGather, kH100Sms);

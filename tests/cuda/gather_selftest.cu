@@ -75,6 +75,7 @@ struct Counts {
   int bulk = 0;    // on the bulk path
   int multi = 0;   // of several tables
   int narrow = 0;  // on the flat kernels' instantiation for their index type
+  int wide = 0;    // flat, in blocks of kSimtFlatWaveThreads
 };
 
 // One random case; false on a mismatch or an error.
@@ -244,6 +245,7 @@ bool RunCase(std::mt19937_64& gen, int trial, Counts* counts) {
       const int sms = trial % 4 == 1 ? 1 : 132;
       const jax_tma::SimtGatherTiling t = jax_tma::TileSimtGather(g0, op, sms);
       counts->narrow += t.narrow && table_count == 1;
+      counts->wide += t.flat && t.flat_threads == jax_tma::kSimtFlatWaveThreads;
       err = jax_tma::LaunchSimtGather(g0, tables, op, t, nullptr, 0);
     } else {
       err = jax_tma::LaunchOrderedScatter(g0, tables, nullptr, 0);
@@ -294,8 +296,8 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("gather_selftest: seed %llu: %d cases (%d on the bulk path, %d of several tables, "
-              "%d narrow), %d failures\n",
+              "%d narrow, %d flat in blocks of %d), %d failures\n",
               static_cast<unsigned long long>(seed), cases, counts.bulk, counts.multi,
-              counts.narrow, failures);
+              counts.narrow, counts.wide, jax_tma::kSimtFlatWaveThreads, failures);
   return failures == 0 ? 0 : 1;
 }
