@@ -310,12 +310,15 @@ def render_gather(r: dict[str, Any]) -> str:
     if others:
         lines[-1] += " The other methods, chained alike: " + ", ".join(others) + "."
     if "small_gathers" in r:
-        lines += ["", "Small gathers, GPU busy µs per call:", "",
-                  "| case | auto | tma | simt | XLA | XLA hinted | copy ceiling |",
-                  "|" + "---|" * (len(_GATHER_SWEEP) + 1)]
-        lines += [f"| {row['case']} | " + " | ".join(
-            f"{row['times'][k]['busy_us']:.1f}" for k in _GATHER_SWEEP) + " |"
-                  for row in r["small_gathers"]]
+        lines += ["", "Small gathers, GPU busy µs per call (the profiler's clock ticks every "
+                      "32 ns):", "",
+                  "| case | auto | tma | simt | XLA | XLA hinted | copy ceiling | auto vs XLA / "
+                  "hinted |", "|" + "---|" * (len(_GATHER_SWEEP) + 2)]
+        for row in r["small_gathers"]:
+            busy = {k: row["times"][k]["busy_us"] for k in _GATHER_SWEEP}
+            lines.append(f"| {row['case']} | " + " | ".join(f"{busy[k]:.2f}" for k in _GATHER_SWEEP)
+                         + f" | {busy['xla'] / busy['auto']:.2f} / "
+                           f"{busy['xla_hinted'] / busy['auto']:.2f} |")
     sweep = r["sweep"]
     lines += ["", f"GB/s by busy time against slab size, each case gathering "
                   f"{size_text(sweep['gathered_bytes'])} of random distinct slabs of a "
