@@ -111,8 +111,10 @@ inline constexpr int kSimtGatherThreads = 256;
 // of 128 B and 512 B rows). Calls of at most a vector for each thread of a
 // resident wave, and at least a block of 256 for every SM, take blocks of 256
 // (kSimtFlatWaveThreads), half as many for the SMs to start: a gather of
-// 1,024 rows of 2 KiB took 1.79 us against 1.92 (H100, 2026-11-24, GPU busy
-// time). Smaller calls spread over more SMs in blocks of 128.
+// 1,024 rows of 2 KiB took 1.70 us against 1.92 (H100, 2026-11-24, GPU busy
+// time). Smaller calls spread over more SMs in blocks of 128; blocks of 64
+// took a tick longer (1.31 against 1.28 us for 64 rows, 1.39 against 1.34
+// for 128).
 inline constexpr int kSimtFlatThreads = 128;
 inline constexpr int kSimtFlatWaveThreads = 256;
 inline constexpr int kSimtGatherBlocksPerSm = 4;  // its launch bounds: 64 registers a thread

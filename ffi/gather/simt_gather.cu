@@ -117,6 +117,8 @@ struct FlatArgs {
   uint32_t vectors_per_row;
   uint32_t table_rows;
   FastDivisor per_row;
+  uint32_t threads;  // a block's: blockDim.x, read from c[0x0][0x0], another line,
+                     // cost 0.1 us at 1,024 rows of 2 KiB (1.79 against 1.70 us)
 };
 static_assert(sizeof(FlatArgs) <= 48, "FlatArgs must fit in one line of the constant bank");
 
@@ -130,7 +132,7 @@ template <typename I>
 __device__ __forceinline__ bool FlatVector(const FlatArgs& a, const GatherGeometry& g,
                                            uint32_t* i, uint32_t* col, int64_t* at,
                                            bool* in_range) {
-  *i = blockIdx.x * blockDim.x + threadIdx.x;
+  *i = blockIdx.x * a.threads + threadIdx.x;
   if (*i >= a.tiles) return false;
   const uint32_t r = a.per_row.Divide(*i);
   *col = *i - r * a.vectors_per_row;
@@ -383,7 +385,8 @@ void LaunchFlat(const GatherGeometry& g, const GatherTables& tables, const SimtG
                    static_cast<uint32_t>(t.tiles),
                    static_cast<uint32_t>(t.vectors_per_row),
                    static_cast<uint32_t>(g.table_rows),
-                   t.per_row};
+                   t.per_row,
+                   static_cast<uint32_t>(t.flat_threads)};
   FlatKernel kernel = Family::template kKernel<void>;
   if (t.narrow && tables.count == 1) {
     switch (g.index_kind) {
