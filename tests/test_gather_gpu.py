@@ -269,8 +269,6 @@ def test_over_4_gib_table(gpu, rng):
 
 
 def test_raw_handler_rejects_tma_for_odd_slabs(gpu):
-    # Pure (the result has elements): a side-effecting call's failure would
-    # stay in JAX's runtime token and be raised again at exit.
     call = jax.ffi.ffi_call("jax_tma_gather", jax.ShapeDtypeStruct((2, 3), np.float32))
     f = jax.jit(lambda a, i, z: call(i, a, z, axis=np.int64(0), batch=np.int64(0), method="tma"))
     with pytest.raises(Exception, match=r"jax_tma\.gather: method='tma' cannot move this call: "
