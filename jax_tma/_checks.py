@@ -27,13 +27,62 @@ SUB_BYTE_WIDE = {
 
 
 def as_array(op: str, name: str, x: Any) -> jax.Array:
-    """`x` as a jax.Array; a TypeError naming `op` for anything but an array."""
-    if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
+    """`x` as a jax.Array, as jnp.asarray gives it: arrays, NumPy scalars and
+    Python scalars (bool, int, float, complex, weakly typed as in jnp); a
+    TypeError naming `op` for anything else."""
+    if not isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex)):
         raise TypeError(
-            f"{op}: {name} must be an array (jax.Array or numpy.ndarray), got "
-            f"{type(x).__name__} {x!r:.80}; wrap Python values in jnp.asarray"
+            f"{op}: {name} must be an array (jax.Array or numpy.ndarray) or a scalar, got "
+            f"{type(x).__name__} {x!r:.80}"
         )
     return jax.numpy.asarray(x)
+
+
+def fill_bytes(op: str, fill: Any, dtype: Any) -> bytes:
+    """The bytes of one element of `dtype` (widened where sub-byte) holding
+    `fill`, converted as jnp converts a scalar into an array of `dtype` (so
+    NaN is float8_e5m2's 0x7F and 0 is float8_e8m0fnu's 0xFF, as in
+    jnp.take and jnp.pad). `fill` is a concrete scalar: a Python or NumPy
+    number or a 0-d array that is not traced."""
+    dtype = np.dtype(dtype)
+    if isinstance(fill, jax.core.Tracer):
+        raise TypeError(f"{op}: fill must be a concrete scalar (it sets the bits written out "
+                        f"of bounds when the call is compiled), got a traced value {fill}")
+    if isinstance(fill, str) or np.ndim(fill) != 0:
+        raise TypeError(f"{op}: fill must be a scalar number, got {fill!r:.80}")
+    if isinstance(fill, int) and not isinstance(fill, bool) and not \
+            np.iinfo(np.int64).min <= fill <= np.iinfo(np.uint64).max:
+        if not jax.numpy.issubdtype(dtype, jax.numpy.inexact):
+            raise OverflowError(f"{op}: fill {fill} does not fit x's dtype {dtype}")
+        fill = float(fill)  # as jnp does for an inexact dtype (inf past its range)
+    value = np.asarray(fill)
+    if value.dtype.kind not in "biufc":
+        raise TypeError(f"{op}: fill must be a number, got {fill!r:.80}")
+    if value.dtype.kind == "c" and dtype.kind != "c":
+        raise TypeError(f"{op}: a complex fill {fill!r} needs a complex x, x has dtype {dtype}")
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.asarray(value.astype(dtype)).astype(widen_dtype(dtype)).tobytes()
+
+
+def varying_axes(x: Any) -> frozenset:
+    """The manual mesh axes along which `x` varies inside shard_map (its
+    vma); empty outside shard_map."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "mat", None)
+    return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", ()) or ())
+
+
+def align_varying(*xs: jax.Array) -> list[jax.Array]:
+    """`xs`, each made varying (jax.lax.pcast) along the mesh axes any of
+    them varies along, as jax does for its own primitives' operands inside
+    shard_map: then the results vary where the operands do, and the
+    transpose of the cast sums the cotangents of replicated operands."""
+    union = frozenset().union(*(varying_axes(x) for x in xs))
+    out = []
+    for x in xs:
+        missing = tuple(a for a in sorted(union, key=str) if a not in varying_axes(x))
+        out.append(jax.lax.pcast(x, missing, to="varying") if missing else x)
+    return out
 
 
 def check_choice(op: str, name: str, value: Any, choices: Sequence[str]) -> None:

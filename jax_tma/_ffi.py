@@ -7,6 +7,7 @@ import functools
 import importlib.machinery
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 from jax.extend.mlir.dialects import stablehlo as hlo
@@ -67,8 +68,41 @@ def _jitted_bind(prim, params: tuple):
 
 def def_jitted_impl(prim) -> None:
     """Gives `prim` an eager implementation that runs it under jit: the FFI
-    call exists only as a lowering. One compiled program per set of params."""
-    prim.def_impl(lambda *args, **params: _jitted_bind(prim, tuple(sorted(params.items())))(*args))
+    call exists only as a lowering. One compiled program per set of params.
+    Under `jax.disable_jit()` the primitive still compiles (as jax's own
+    primitives do): without jit its bind would call this impl again."""
+
+    def impl(*args, **params):
+        with jax.disable_jit(False):
+            return _jitted_bind(prim, tuple(sorted(params.items())))(*args)
+
+    prim.def_impl(impl)
+
+
+def out_aval(like, shape: Sequence[Any], dtype=None, spec: Sequence[Any] | None = None):
+    """An abstract result shaped `shape` that keeps everything else of `like`
+    (an operand's aval): its varying mesh axes (shard_map's vma), memory
+    space and mesh. `spec` gives the result's PartitionSpec, one entry per
+    dim (default: `like`'s own, which needs the same rank); explicit mesh
+    axes in it are the result's sharding type, as jax's own rules give."""
+    sharding = like.sharding
+    if spec is None:
+        spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
+    sharding = sharding.update(spec=jax.sharding.PartitionSpec(*spec))
+    return like.update(shape=tuple(shape), dtype=like.dtype if dtype is None else dtype,
+                       weak_type=False, sharding=sharding)
+
+
+def spec_of(aval) -> tuple:
+    """`aval`'s PartitionSpec as one entry per dim (None where unsharded)."""
+    spec = tuple(aval.sharding.spec)
+    return spec + (None,) * (len(aval.shape) - len(spec))
+
+
+def static_shape(*avals) -> bool:
+    """Whether every dim of every aval is a plain int (no symbolic dims of a
+    shape-polymorphic export)."""
+    return all(isinstance(d, int) for a in avals for d in a.shape)
 
 
 def require_devices_during_lowering(prim) -> None:
@@ -140,7 +174,10 @@ def batch_partitioned_lowering(target: str, num_batch_dims: int):
                 {"num_batch_dims": str(num_batch_dims)}
             )
         }
-        if jax.config.jax_use_shardy_partitioner:
+        # A Shardy rule names each factor's size; symbolic dims (a
+        # shape-polymorphic export) have none, and then the call has no rule
+        # (Shardy keeps its operands whole), as jax's own linalg calls do.
+        if jax.config.jax_use_shardy_partitioner and static_shape(*ctx.avals_in, *ctx.avals_out):
             extra["sdy.sharding_rule"] = _sdy_rule(
                 [a.shape for a in ctx.avals_in],
                 [a.shape for a in ctx.avals_out],
@@ -161,6 +198,9 @@ def elementwise_lowering(target: str):
         return jax.core.ShapedArray(tuple(aval.shape) + (1,), aval.dtype)
 
     def rule(ctx, *args, **attrs):
+        if not static_shape(*ctx.avals_in, *ctx.avals_out):
+            # Symbolic dims: no partitioning rule to give, so no unit dims.
+            return jax.ffi.ffi_lowering(target)(ctx, *args, **attrs)
         avals_in = [unit(a) for a in ctx.avals_in]
         avals_out = [unit(a) for a in ctx.avals_out]
         wide = [hlo.reshape(mlir.aval_to_ir_type(ctx.module_context, a), x) for a, x in zip(avals_in, args)]

@@ -117,7 +117,15 @@ def test_sub_byte_grad_free_types_roundtrip(rng):
 
 # ---- bad input: Python-side validation (trace time) ----
 
-@pytest.mark.parametrize("bad", [[1, 2, 3], 3.0, None, "abc"])
+@pytest.mark.parametrize("scalar", [3.0, 7, True, 1 - 2j])
+def test_python_scalars_copy_as_jnp_copy(scalar):
+    y = jax_tma.copy(scalar)
+    want = jnp.copy(scalar)
+    assert (y.dtype, y.shape, y.weak_type) == (want.dtype, want.shape, want.weak_type)
+    assert_bits_equal(y, want)
+
+
+@pytest.mark.parametrize("bad", [[1, 2, 3], None, "abc"])
 def test_non_array_input_is_a_type_error(bad):
     with pytest.raises(TypeError, match=r"jax_tma\.copy: x must be an array .* got "):
         jax_tma.copy(bad)
