@@ -40,10 +40,10 @@ def as_array(op: str, name: str, x: Any) -> jax.Array:
 
 def fill_bytes(op: str, fill: Any, dtype: Any) -> bytes:
     """The bytes of one element of `dtype` (widened where sub-byte) holding
-    `fill`, converted as jnp converts a scalar into an array of `dtype` (so
-    NaN is float8_e5m2's 0x7F and 0 is float8_e8m0fnu's 0xFF, as in
-    jnp.take and jnp.pad). `fill` is a concrete scalar: a Python or NumPy
-    number or a 0-d array that is not traced."""
+    `fill`, converted as jnp.asarray(fill, dtype) and XLA's convert at run
+    time convert a float32 or float64 (float8_e8m0fnu 0 is 0xFF; float8_e5m2
+    NaN is 0x7E, where jnp.pad writes 0x7F). `fill` is a concrete
+    scalar: a Python or NumPy number or a 0-d array that is not traced."""
     dtype = np.dtype(dtype)
     if isinstance(fill, jax.core.Tracer):
         raise TypeError(f"{op}: fill must be a concrete scalar (it sets the bits written out "
@@ -54,7 +54,7 @@ def fill_bytes(op: str, fill: Any, dtype: Any) -> bytes:
             np.iinfo(np.int64).min <= fill <= np.iinfo(np.uint64).max:
         if not jax.numpy.issubdtype(dtype, jax.numpy.inexact):
             raise OverflowError(f"{op}: fill {fill} does not fit x's dtype {dtype}")
-        fill = float(fill)  # as jnp does for an inexact dtype (inf past its range)
+        fill = float(fill)  # as jnp does for an inexact dtype
     value = np.asarray(fill)
     if value.dtype.kind not in "biufc":
         raise TypeError(f"{op}: fill must be a number, got {fill!r:.80}")

@@ -81,6 +81,9 @@ def copy(x: jax.Array | np.ndarray, *, method: CopyMethod = "auto") -> jax.Array
     _checks.check_choice(_OP, "method", method, _METHODS)
     _ffi.register()
     if method == "tiled":
+        if not all(isinstance(d, int) for d in x.shape):
+            raise ValueError(f"{_OP}: method='tiled' views x as rows of a static length, but "
+                             f"x.shape={tuple(x.shape)} has symbolic dims; use method='auto'")
         return tiled_copy(x)
     return _checks.narrow(copy_p.bind(_checks.widen(x), method=method), x.dtype)
 
@@ -103,5 +106,5 @@ def tiled_copy(x: jax.Array) -> jax.Array:
     rows = src.reshape(-1, row)
     # Bound directly (not through window()): a 2-D box, no batch folding.
     y = window_p.bind(rows, jnp.zeros(2, jnp.int32), shape=rows.shape, strides=(1, 1),
-                      fill_nan=False, method="tma")
+                      fill_bits=0, method="tma")
     return _checks.narrow(y.reshape(x.shape), x.dtype)

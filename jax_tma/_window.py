@@ -36,13 +36,41 @@ def _batch_shape(x_aval, start_aval, r):
     return tuple(start_aval.shape[:-1])
 
 
-def _window_abstract(x, start, *, shape, strides, fill_nan, method):
-    return jax.core.ShapedArray(_batch_shape(x, start, len(shape)) + tuple(shape), x.dtype)
+def _kept_spec(aval, dims, sizes) -> list:
+    """The spec entries of `aval`'s dims `dims` for result dims of `sizes`: a
+    dim keeps its mesh axes where the result's extent still divides among
+    them (jax's rule for slices), else it is unsharded."""
+    spec, mesh = _ffi.spec_of(aval), aval.sharding.mesh
+    kept = []
+    for d, size in zip(dims, sizes):
+        axes = spec[d]
+        names = axes if isinstance(axes, tuple) else (axes,)
+        parts = math.prod(mesh.shape[a] for a in names) if axes is not None else 1
+        kept.append(axes if isinstance(size, int) and size % parts == 0 else None)
+    return kept
+
+
+def _spatial_abstract(x, start, out_shape, r):
+    """window_p's result and window_transpose_p's alike: batch dims (of x, or
+    of start where only start is batched) keep their sharding, the last r
+    dims keep x's where they still divide."""
+    nb = len(out_shape) - r
+    if x.ndim > r:
+        batch = _ffi.spec_of(x)[:nb]
+    else:
+        batch = _ffi.spec_of(start)[:nb]
+    spatial = _kept_spec(x, range(x.ndim - r, x.ndim), out_shape[nb:])
+    return _ffi.out_aval(x, out_shape, spec=list(batch) + spatial)
+
+
+def _window_abstract(x, start, *, shape, strides, fill_bits, method):
+    return _spatial_abstract(x, start, _batch_shape(x, start, len(shape)) + tuple(shape),
+                             len(shape))
 
 
 def _transpose_abstract(ct, start, *, x_shape, strides, method):
     r = len(x_shape)
-    return jax.core.ShapedArray(tuple(ct.shape[: ct.ndim - r]) + tuple(x_shape), ct.dtype)
+    return _spatial_abstract(ct, start, tuple(ct.shape[: ct.ndim - r]) + tuple(x_shape), r)
 
 
 window_p.def_abstract_eval(_window_abstract)
@@ -51,18 +79,7 @@ _ffi.def_jitted_impl(window_p)
 _ffi.def_jitted_impl(window_transpose_p)
 
 
-def _fill_bits(dtype: np.dtype, fill_nan: bool) -> int:
-    """The fill element's bits as a little-endian unsigned int; complex NaN
-    is NaN in both parts, and 16-byte elements pass their first 8 bytes,
-    which the handlers repeat."""
-    if not fill_nan:
-        return 0
-    value = complex(np.nan, np.nan) if dtype.kind == "c" else np.nan
-    raw = np.array(value, dtype).reshape(1).view(np.uint8)[:8]
-    return int.from_bytes(raw.tobytes(), "little")
-
-
-def _ffi_rule(ctx, src, start, *, strides, fill_nan, transpose, method):
+def _ffi_rule(ctx, src, start, *, strides, fill_bits, transpose, method):
     src_aval, start_aval = ctx.avals_in
     out_aval = ctx.avals_out[0]
     r = len(strides)
@@ -73,10 +90,11 @@ def _ffi_rule(ctx, src, start, *, strides, fill_nan, transpose, method):
         # a shared start is broadcast to (*batch, r) (it is tiny); then the
         # batch dims shard freely. A shared src stays replicated.
         if start_aval.ndim == 1:
-            start_aval = start_aval.update(shape=tuple(out_aval.shape[:nb]) + (r,))
-            start = hlo.broadcast_in_dim(
-                mlir.aval_to_ir_type(ctx.module_context, start_aval), start,
-                mlir.dense_int_array([nb]))
+            batch = tuple(out_aval.shape[:nb])
+            start_aval = _ffi.out_aval(start_aval, batch + (r,), spec=(None,) * (nb + 1))
+            start, = mlir.lower_fun(lambda s: jnp.broadcast_to(s, batch + (r,)),
+                                    multiple_results=False)(
+                ctx.replace(avals_in=[ctx.avals_in[1]], avals_out=[start_aval]), start)
             ctx = ctx.replace(avals_in=[src_aval, start_aval])
         rule = _ffi.batch_partitioned_lowering("jax_tma_window", nb)
         starts = [start]
@@ -84,7 +102,7 @@ def _ffi_rule(ctx, src, start, *, strides, fill_nan, transpose, method):
         # One scalar operand per dim: XLA folds these slices of the stacked
         # start back into the scalars it was built from, so traced starts
         # reach the call as they are, with no kernel to stack them first.
-        scalar = start_aval.update(shape=())
+        scalar = _ffi.out_aval(start_aval, (), spec=())
         scalar_type = mlir.aval_to_ir_type(ctx.module_context, scalar)
         starts = [hlo.reshape(scalar_type, hlo.slice(start, mlir.dense_int_array([d]),
                                                      mlir.dense_int_array([d + 1]),
@@ -98,19 +116,22 @@ def _ffi_rule(ctx, src, start, *, strides, fill_nan, transpose, method):
         src,
         *starts,
         strides=np.asarray(strides, np.int64),
-        fill_bits=np.uint64(_fill_bits(np.dtype(src_aval.dtype), fill_nan)),
+        # A u64 attribute from its two's-complement int64: MLIR's Python
+        # binding takes no integer of 2^63 or more.
+        fill_bits=mlir.ir.IntegerAttr.get(mlir.ir.IntegerType.get_unsigned(64),
+                                          fill_bits - (fill_bits >> 63 << 64)),
         transpose=bool(transpose),
         method=method,
     )
 
 
-def _window_lowering(ctx, x, start, *, shape, strides, fill_nan, method):
-    return _ffi_rule(ctx, x, start, strides=strides, fill_nan=fill_nan, transpose=False,
+def _window_lowering(ctx, x, start, *, shape, strides, fill_bits, method):
+    return _ffi_rule(ctx, x, start, strides=strides, fill_bits=fill_bits, transpose=False,
                      method=method)
 
 
 def _transpose_lowering(ctx, ct, start, *, x_shape, strides, method):
-    return _ffi_rule(ctx, ct, start, strides=strides, fill_nan=False, transpose=True,
+    return _ffi_rule(ctx, ct, start, strides=strides, fill_bits=0, transpose=True,
                      method=method)
 
 
@@ -121,18 +142,18 @@ for _platform in ("cpu", "cuda"):
 
 # ---- autodiff: linear in x, start is an integer (non-differentiable) input --
 
-def _window_jvp(primals, tangents, *, shape, strides, fill_nan, method):
+def _window_jvp(primals, tangents, *, shape, strides, fill_bits, method):
     x, start = primals
     tx, _ = tangents
-    y = window_p.bind(x, start, shape=shape, strides=strides, fill_nan=fill_nan, method=method)
+    y = window_p.bind(x, start, shape=shape, strides=strides, fill_bits=fill_bits, method=method)
     if type(tx) is ad.Zero:
         return y, ad.Zero.from_primal_value(y)
-    # Out-of-bounds elements are constants (0 or NaN): their tangent is 0.
-    ty = window_p.bind(tx, start, shape=shape, strides=strides, fill_nan=False, method=method)
+    # Out-of-bounds elements are the constant fill: their tangent is 0.
+    ty = window_p.bind(tx, start, shape=shape, strides=strides, fill_bits=0, method=method)
     return y, ty
 
 
-def _window_transpose_rule(ct, x, start, *, shape, strides, fill_nan, method):
+def _window_transpose_rule(ct, x, start, *, shape, strides, fill_bits, method):
     assert ad.is_undefined_primal(x) and not ad.is_undefined_primal(start)
     x_aval = x.aval
     r = len(shape)
@@ -145,6 +166,10 @@ def _window_transpose_rule(ct, x, start, *, shape, strides, fill_nan, method):
     extra = dx.ndim - x_aval.ndim  # batch dims x did not have: its uses add up
     if extra:
         dx = dx.sum(axis=tuple(range(extra)))
+    # x's sharding, where a box that did not divide among a dim's devices
+    # left that dim of the transpose unsharded.
+    if _ffi.spec_of(jax.typeof(dx)) != _ffi.spec_of(x_aval):
+        dx = jax.sharding.reshard(dx, x_aval.sharding.spec)
     return [dx, None]
 
 
@@ -161,7 +186,7 @@ def _transpose_transpose_rule(ct, ct_in, start, *, x_shape, strides, method):
     shape = tuple(ct_in.aval.shape[ct_in.aval.ndim - len(x_shape):])
     if type(ct) is ad.Zero:
         return [ad.Zero(ct_in.aval), None]
-    return [window_p.bind(ct, start, shape=shape, strides=strides, fill_nan=False,
+    return [window_p.bind(ct, start, shape=shape, strides=strides, fill_bits=0,
                           method=method), None]
 
 
@@ -229,49 +254,79 @@ def _check_length(name: str, n: int, rank: int, x_shape) -> None:
         )
 
 
-def _start_array(start: Any, rank: int, x_shape) -> jax.Array:
+_INT32_MAX = 2**31 - 1
+
+
+def _as_start(v: Any, dtype) -> jax.Array:
+    """A traced start (one scalar, or the whole start array) in `dtype`.
+    Unsigned values past int32 saturate at 2^31 - 1: every dim is shorter,
+    so the box reads fill there as at the true start; narrower and sub-byte
+    integers widen losslessly."""
+    v = jnp.asarray(v)
+    if jnp.issubdtype(v.dtype, jnp.unsignedinteger) and jnp.iinfo(v.dtype).max > _INT32_MAX:
+        v = jnp.minimum(v, jnp.asarray(_INT32_MAX, v.dtype))
+    return v.astype(dtype)
+
+
+def _clamp_static(v: int, x_dim, size: int, stride: int) -> int:
+    """A static start that lies beyond every element of x along its dim,
+    moved to the nearest start that still does: the same all-fill result
+    with a smaller number (which also keeps merged starts within int32)."""
+    v = max(v, -(size - 1) * stride - 1)
+    return min(v, x_dim) if isinstance(x_dim, int) else v
+
+
+def _start_array(start: Any, x_shape, shape, strides) -> tuple[jax.Array, tuple]:
+    """start as one integer array, and per dim its static value (None where
+    traced; empty for a start array). int64 where a start needs it (an int64
+    start, or a static one past int32), else int32."""
+    rank = len(x_shape)
     if isinstance(start, (jax.Array, np.ndarray)) and np.ndim(start) == 1:
         _check_length("start", start.shape[0], rank, x_shape)
         if not jnp.issubdtype(start.dtype, jnp.integer):
             raise TypeError(f"{_OP}: start must be integers, got dtype {start.dtype}")
-        return jnp.asarray(start)
+        dtype = jnp.int64 if start.dtype == jnp.int64 else jnp.int32
+        return _as_start(start, dtype), ()
     if not isinstance(start, Sequence) or isinstance(start, str):
         raise TypeError(f"{_OP}: start must be a sequence of {rank} integers, got {start!r}")
     _check_length("start", len(start), rank, x_shape)
-    parts = []
+    static: list[int | None] = []
     for i, v in enumerate(start):
-        if isinstance(v, bool) or isinstance(v, float) or not (
-            isinstance(v, (int, np.integer))
-            or (hasattr(v, "dtype") and jnp.issubdtype(v.dtype, jnp.integer) and np.ndim(v) == 0)
-        ):
-            raise TypeError(f"{_OP}: start[{i}] must be an integer scalar, got {v!r}")
-        parts.append(v)
-    static = [int(v) for v in parts if isinstance(v, (int, np.integer))]
-    wide = any(abs(v) > 2**31 - 1 for v in static)
-    if wide and not jax.config.jax_enable_x64:
-        raise ValueError(f"{_OP}: start {tuple(static)} needs int64; enable jax_enable_x64")
-    dtype = jnp.int64 if wide or any(
-        getattr(v, "dtype", None) == jnp.int64 for v in parts) else jnp.int32
-    return jnp.stack([jnp.asarray(v, dtype) for v in parts])
-
-
-def _fill_is_nan(fill: Any, dtype: np.dtype) -> bool:
-    if isinstance(fill, str):
-        if fill.lower() != "nan":
-            raise ValueError(f"{_OP}: fill must be 0 or NaN ('nan'), got {fill!r}")
-        nan = True
-    elif isinstance(fill, (int, float, np.integer, np.floating)) and not isinstance(fill, bool):
-        if math.isnan(fill):
-            nan = True
-        elif fill == 0:
-            nan = False
+        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            static.append(_clamp_static(int(v), x_shape[i], shape[i], strides[i]))
+        elif hasattr(v, "dtype") and np.ndim(v) == 0 and jnp.issubdtype(v.dtype, jnp.integer):
+            static.append(None)
         else:
-            raise ValueError(f"{_OP}: fill must be 0 or NaN, got {fill!r}")
-    else:
-        raise ValueError(f"{_OP}: fill must be 0 or NaN, got {fill!r}")
-    if nan and not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.complexfloating)):
-        raise ValueError(f"{_OP}: fill=NaN needs a floating dtype, x has dtype {dtype}")
-    return nan
+            raise TypeError(f"{_OP}: start[{i}] must be an integer scalar, got {v!r}")
+    wide = [v for v in static if v is not None and not -_INT32_MAX - 1 <= v <= _INT32_MAX]
+    if wide and not jax.config.jax_enable_x64:
+        raise ValueError(f"{_OP}: start {tuple(start)} needs int64; enable jax_enable_x64")
+    dtype = jnp.int64 if wide or any(
+        s is None and v.dtype == jnp.int64 for s, v in zip(static, start)) else jnp.int32
+    parts = [jnp.asarray(s, dtype) if s is not None else _as_start(v, dtype)
+             for s, v in zip(static, start)]
+    return jnp.stack(parts), tuple(static)
+
+
+def _fill_bits(fill: Any, dtype: np.dtype) -> int:
+    """The fill element's bits as a little-endian unsigned int (the
+    handlers' attribute). NaN ("nan" or a float NaN) is NaN in both parts of
+    a complex dtype; 16-byte elements pass their first 8 bytes, which the
+    handlers repeat, so both halves must agree."""
+    nan = isinstance(fill, str) or (isinstance(fill, (float, np.floating)) and math.isnan(fill))
+    if isinstance(fill, str) and fill.lower() != "nan":
+        raise ValueError(f"{_OP}: fill must be a number or 'nan', got {fill!r}")
+    if nan:
+        if not jnp.issubdtype(dtype, jnp.inexact):
+            raise ValueError(f"{_OP}: fill=NaN needs a floating dtype, x has dtype {dtype}")
+        fill = complex(np.nan, np.nan) if jnp.issubdtype(dtype, jnp.complexfloating) else np.nan
+    raw = _checks.fill_bytes(_OP, fill, dtype)
+    if len(raw) > 8:
+        if raw[:8] != raw[8:]:
+            raise ValueError(f"{_OP}: a fill of {dtype} must have equal real and imaginary parts "
+                             f"(e.g. 0 or NaN), got {fill!r}")
+        raw = raw[:8]
+    return int.from_bytes(raw, "little")
 
 
 def window(
@@ -280,7 +335,7 @@ def window(
     shape: Sequence[int],
     *,
     strides: Sequence[int] | None = None,
-    fill: float | str = 0,
+    fill: float | int | complex | str | jax.Array = 0,
     method: WindowMethod = "auto",
 ) -> jax.Array:
     """The box of ``x`` of shape ``shape`` whose first element is ``x[start]``,
@@ -289,36 +344,48 @@ def window(
 
     ``out[i] = x[start + i * strides]`` where that index is inside ``x``, else
     ``fill``. Covers ``lax.dynamic_slice``, strided ``lax.slice``, crops and
-    constant padding (a negative start or a box past the end). Unlike
-    ``lax.dynamic_slice``, starts are **not clamped** into the array: a box
-    that hangs over an edge reads ``fill`` there.
+    constant padding (``jnp.pad``: a negative start or a box past the end).
+    Unlike ``lax.dynamic_slice``, starts are **not clamped** into the array:
+    a box that hangs over an edge reads ``fill`` there.
 
     On Hopper/Blackwell GPUs the box is moved by the TMA tensor-copy engine
     (``cp.async.bulk.tensor`` with hardware out-of-bounds fill) where the
     tensor-map rules allow and the innermost start is known to be 16-byte
     aligned; other geometries take a SIMT kernel with the same result.
-    Works under ``jit``, ``vmap`` (batched ``x`` and/or ``start`` become one
-    call), ``grad`` (the transpose scatters the cotangent back into zeros
-    shaped like ``x``) and on sharded arrays
-    (batch dims split without collectives).
+    Works under ``jit`` (also with ``jax.disable_jit()``), ``vmap`` (batched
+    ``x`` and/or ``start`` become one call), ``grad`` (the transpose scatters
+    the cotangent back into zeros shaped like ``x``), inside ``shard_map``,
+    on sharded arrays (batch dims split without collectives; on an Explicit
+    mesh a dim keeps its sharding where the box's extent still divides among
+    its devices, as for ``lax.dynamic_slice``, and is unsharded where it does
+    not, which ``lax.dynamic_slice`` refuses) and in ``jax.export`` with
+    symbolic dims.
 
     Args:
       x: an array of rank >= 1, any dtype.
       start: one integer per dim of ``x``: Python ints, traced integer
-        scalars, or an integer array of shape ``(x.ndim,)``; negative values
-        and values past the end are allowed.
+        scalars of any integer dtype, or an integer array of shape
+        ``(x.ndim,)``; negative values and values past the end are allowed
+        (an unsigned start past the end reads fill, never wraps).
       shape: the output shape, one int >= 1 (and < 2^31) per dim.
       strides: element strides >= 1 per dim (default all 1).
-      fill: ``0`` or NaN (``"nan"`` or ``float("nan")``; floating and
-        complex dtypes only).
+      fill: the value of out-of-bounds elements: a concrete scalar (Python or
+        NumPy number, or a 0-d array that is not traced) converted to ``x``'s
+        dtype as ``jnp.pad(..., constant_values=fill)`` converts it (``-0.0``
+        stays negative); ``"nan"`` is NaN (NaN in both parts for complex).
+        For ``complex128`` both parts must be equal.
       method: ``"auto"`` (the tensor-map path where the innermost start is a
         static multiple of 16 bytes and the tensor-map rules hold, else the
-        SIMT kernel, which measured faster there), ``"tma"`` (the tensor-map
-        path; an error naming the violated rule where it cannot run) or
-        ``"simt"``.
+        SIMT kernel), ``"tma"`` (the tensor-map path; an error naming the
+        violated rule where it cannot run) or ``"simt"``.
 
     Returns:
       An array of shape ``shape`` and ``x``'s dtype.
+
+    Raises:
+      TypeError: ``x``, ``start`` or ``fill`` of the wrong kind.
+      ValueError: a length, extent, stride, fill or method rule broken; the
+        message names the rule and the values.
 
     Example:
       >>> import jax.numpy as jnp, jax_tma
@@ -335,20 +402,18 @@ def window(
     shape = _checks.per_dim_ints(_OP, "shape", shape, rank, dims)
     strides = (1,) * rank if strides is None else _checks.per_dim_ints(
         _OP, "strides", strides, rank, dims)
-    start_arr = _start_array(start, rank, x.shape)
-    fill_nan = _fill_is_nan(fill, x.dtype)
+    start_arr, static = _start_array(start, x.shape, shape, strides)
+    fill_bits = _fill_bits(fill, x.dtype)
     _ffi.register()
     src = _checks.widen(x)
+    sharded = [axes is not None for axes in _ffi.spec_of(jax.typeof(x))]
     # Leading dims that the box covers in full (static start 0, the whole
     # extent, stride 1) become batch dims of the call: XLA may then split them
     # across devices without collectives.
     lead = 0
-    static = start if isinstance(start, Sequence) else ()
-    while (lead < rank - 1 and lead < len(static)
-           and isinstance(static[lead], (int, np.integer)) and static[lead] == 0
-           and shape[lead] == x.shape[lead] and strides[lead] == 1):
+    while lead < rank - 1 and _covers(static, x.shape, shape, strides, lead):
         lead += 1
-    groups = _mergeable_groups(x.shape, shape, strides, static, start_arr.dtype, lead)
+    groups = _mergeable_groups(x.shape, shape, strides, static, sharded, lead)
     if len(groups) < rank - lead:
         src, start_arr, m_shape, m_strides = _merge_dims(src, start_arr, shape, strides,
                                                          static, lead, groups)
@@ -359,8 +424,9 @@ def window(
         start_arr = jnp.broadcast_to(start_arr, x.shape[:lead] + start_arr.shape)
     if method == "auto" and not _inner_start_aligned(x.shape, src.dtype, static, groups[-1][0]):
         method = "simt"
+    src, start_arr = _checks.align_varying(src, start_arr)
     y = window_p.bind(src, start_arr, shape=m_shape, strides=m_strides,
-                      fill_nan=fill_nan, method=method)
+                      fill_bits=fill_bits, method=method)
     return _checks.narrow(y.reshape(x.shape[:lead] + shape[lead:]), x.dtype)
 
 
@@ -371,35 +437,35 @@ def _inner_start_aligned(x_shape, dtype, static, first) -> bool:
     other start is loaded wider and shifted in shared memory, which measured
     slower than the SIMT kernel (benchmarks/bench_window.py). A traced start
     may be anything, so it takes SIMT too."""
-    if first >= len(static) or not isinstance(static[first], (int, np.integer)):
+    inner = x_shape[first + 1:]
+    if first >= len(static) or static[first] is None or not all(isinstance(d, int) for d in inner):
         return False
-    elems = int(static[first]) * int(np.prod(x_shape[first + 1:]))
+    elems = static[first] * math.prod(inner)
     return (elems * np.dtype(dtype).itemsize) % 16 == 0
 
 
 def _covers(static, x_shape, shape, strides, d) -> bool:
     """Whether the box takes all of dim d (static start 0, stride 1)."""
-    return (d < len(static) and isinstance(static[d], (int, np.integer)) and static[d] == 0
+    return (d < len(static) and static[d] == 0 and isinstance(x_shape[d], int)
             and shape[d] == x_shape[d] and strides[d] == 1)
 
 
-def _mergeable_groups(x_shape, shape, strides, static, start_dtype, lead):
+def _mergeable_groups(x_shape, shape, strides, static, sharded, lead):
     """Runs of dims [first, last] (from `lead` on) that fold into one: a dim
     d+1 the box covers in full folds into dim d when strides[d] == 1, since
     then x[.., s + i, j, ..] over all j is x viewed with the two dims merged,
-    at start s * dim(d+1) (in bounds exactly when s + i is). A traced start
-    is scaled in int64, so without x64 only static starts merge. This is what
-    lets ranks over 5 reach the TMA path."""
+    at start s * dim(d+1) (in bounds exactly when s + i is). Dims of an
+    explicit sharding and symbolic dims stay apart. This is what lets ranks
+    over 5 reach the TMA path."""
     groups = [[len(x_shape) - 1] * 2]
     for d in range(len(x_shape) - 2, lead - 1, -1):
         first, last = groups[-1]
-        inner = int(np.prod(x_shape[first:last + 1]))
-        whole = all(_covers(static, x_shape, shape, strides, k) for k in range(first, last + 1))
-        static_d = d < len(static) and isinstance(static[d], (int, np.integer))
-        start_ok = (jax.config.jax_enable_x64 or start_dtype == jnp.int64
-                    or (static_d and abs(int(static[d]) * inner) <= _checks.MAX_DIM))
-        if (whole and strides[d] == 1 and start_ok
-                and x_shape[d] * inner <= _checks.MAX_DIM and shape[d] * inner <= _checks.MAX_DIM):
+        run = range(d, last + 1)
+        if (all(_covers(static, x_shape, shape, strides, k) for k in range(first, last + 1))
+                and strides[d] == 1 and isinstance(x_shape[d], int)
+                and not any(sharded[k] for k in run)
+                and max(x_shape[d], shape[d]) * math.prod(x_shape[first:last + 1])
+                <= _checks.MAX_DIM):
             groups[-1][0] = d
         else:
             groups.append([d, d])
@@ -408,15 +474,20 @@ def _mergeable_groups(x_shape, shape, strides, static, start_dtype, lead):
 
 def _merge_dims(src, start_arr, shape, strides, static, lead, groups):
     """src, start, shape and strides of the window over dims `lead` on, with
-    each group of dims folded into its first (see _mergeable_groups)."""
+    each group of dims folded into its first (see _mergeable_groups). A
+    traced start of a folded dim is clamped to [-shape, dim] first (as
+    _clamp_static does a static one: beyond that the box reads only fill),
+    so that the scaled start stays within the merged extent's bounds."""
     x_shape = src.shape
-    dtype = start_arr.dtype
-    if any(first < last for first, last in groups) and jax.config.jax_enable_x64:
-        dtype = jnp.int64
     starts, m_shape, m_strides, m_dims = [], [], [], []
     for first, last in groups:
-        inner = int(np.prod(x_shape[first + 1:last + 1]))
-        starts.append(start_arr[first].astype(dtype) * inner)
+        inner = math.prod(x_shape[first + 1:last + 1])
+        s = start_arr[first]
+        if first < last:
+            if first >= len(static) or static[first] is None:
+                s = jnp.clip(s, -shape[first], x_shape[first])
+            s = s * inner
+        starts.append(s)
         m_shape.append(shape[first] * inner)
         m_strides.append(strides[first])
         m_dims.append(x_shape[first] * inner)

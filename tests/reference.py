@@ -301,21 +301,28 @@ def cpu_device():
     return jax.devices("cpu")[0]
 
 
-def window_reference(x: np.ndarray, start, shape, strides=None, fill_nan=False) -> np.ndarray:
-    """NumPy jax_tma.window: out[i] = x[start + i * strides] inside x, else the
-    fill (0, or the dtype's NaN as NumPy writes it; complex: NaN in both parts)."""
+def window_reference(x: np.ndarray, start, shape, strides=None, fill_nan=False,
+                     fill=0) -> np.ndarray:
+    """NumPy jax_tma.window: out[i] = x[start + i * strides] inside x, else
+    `fill` converted as jnp converts a scalar (np.asarray(fill).astype), or
+    with `fill_nan` the dtype's NaN (complex: NaN in both parts)."""
     x = np.asarray(x)
+    if fill_nan:
+        fill = complex(np.nan, np.nan) if x.dtype.kind == "c" else np.nan
     strides = strides or (1,) * x.ndim
-    idx = [np.asarray(s) + np.arange(n) * st for s, n, st in zip(start, shape, strides)]
+    # Python ints: starts of any size (int64, uint64) without overflow.
+    idx = [np.array([int(s) + i * st for i in range(n)], object)
+           for s, n, st in zip(start, shape, strides)]
     grids = np.meshgrid(*idx, indexing="ij") if idx else []
     inside = np.ones(tuple(shape), bool)
     for g, dim in zip(grids, x.shape):
         inside &= (g >= 0) & (g < dim)
-    out = np.zeros(tuple(shape), x.dtype)
-    if fill_nan:
-        out[...] = complex(np.nan, np.nan) if out.dtype.kind == "c" else np.nan
+    out = np.empty(tuple(shape), x.dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        out[...] = np.asarray(fill).astype(x.dtype)
     if x.size:
-        clipped = tuple(np.clip(g, 0, max(dim - 1, 0)) for g, dim in zip(grids, x.shape))
+        clipped = tuple(np.clip(g, 0, max(dim - 1, 0)).astype(np.int64)
+                        for g, dim in zip(grids, x.shape))
         out[inside] = x[clipped][inside]
     return out
 
@@ -428,3 +435,16 @@ def raw_im2col(x, out_shape, device, **attrs):
                 method="auto")
     base.update(attrs)
     return jax.block_until_ready(jax.jit(lambda a: call(a, **base))(jax.device_put(x, device)))
+
+
+def cpu_mesh(shape, names, axis_type=None):
+    """A mesh over the forced host devices (tests/conftest.py makes 8), of
+    one axis type (Auto by default), whatever the default backend is."""
+    from jax.sharding import AxisType, Mesh
+    devices = np.array(jax.devices("cpu")[: int(np.prod(shape))]).reshape(shape)
+    return Mesh(devices, names, axis_types=(axis_type or AxisType.Auto,) * len(names))
+
+
+def use_mesh(mesh):
+    """jax.set_mesh where this jax has it (0.12), else jax.sharding.use_mesh."""
+    return (getattr(jax, "set_mesh", None) or jax.sharding.use_mesh)(mesh)

@@ -189,3 +189,23 @@ def test_build_info_reports_the_build():
             assert arch in info["cuda_archs"], (arch, info["cuda_archs"])
     for gpu in info["gpus"]:
         assert gpu["tma"] == (tuple(map(int, gpu["compute_capability"].split("."))) >= (9, 0))
+
+
+@pytest.mark.parametrize("method", ["auto", "simt", "bulk"])
+def test_export_with_symbolic_dims(rng, method):
+    """jax.export of a copy with symbolic dims, serialized, deserialized and
+    called at two sizes; method='tiled' needs static dims and says so."""
+    pytest.importorskip("flatbuffers")
+    from jax import export
+    f = jax.jit(lambda a: jax_tma.copy(a, method=method))
+    checks = [export.DisabledSafetyCheck.custom_call("jax_tma_copy")]
+    exp = export.export(f, disabled_checks=checks)(
+        jax.ShapeDtypeStruct(export.symbolic_shape("n, 3"), jnp.bfloat16))
+    call = export.deserialize(exp.serialize()).call
+    for n in (1, 6):
+        x = random_array(rng, (n, 3), jnp.bfloat16)
+        assert_bits_equal(call(on_cpu(x)), x)
+    with pytest.raises(ValueError, match=r"jax_tma\.copy: method='tiled' views x as rows of a "
+                                         r"static length, but x\.shape=\(n, 3\) has symbolic dims"):
+        export.export(jax.jit(lambda a: jax_tma.copy(a, method="tiled")), disabled_checks=checks)(
+            jax.ShapeDtypeStruct(export.symbolic_shape("n, 3"), jnp.bfloat16))

@@ -6,18 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_tma
 from reference import (assert_bits_equal, assert_no_collectives, broadcast_reference,
-                       col2im_reference, collectives_in, im2col_reference, random_array,
-                       window_reference)
-
-
-def cpu_mesh(shape, names, axis_type=AxisType.Auto):
-    devices = np.array(jax.devices("cpu")[: int(np.prod(shape))]).reshape(shape)
-    return Mesh(devices, names, axis_types=(axis_type,) * len(names))
+                       col2im_reference, collectives_in, cpu_mesh, im2col_reference,
+                       random_array, window_reference)
 
 
 @pytest.fixture(autouse=True)

@@ -15,8 +15,10 @@ import pytest
 from jax import lax
 
 import jax_tma
-from reference import (ALL_DTYPES, assert_bits_equal, cpu_device, random_array,
-                       window_reference)
+from jax.sharding import AxisType
+
+from reference import (ALL_DTYPES, assert_bits_equal, cpu_device, cpu_mesh, random_array,
+                       use_mesh, window_reference)
 
 FLOATS = [d for d in ALL_DTYPES if jnp.issubdtype(d, jnp.inexact)
           and d.name not in ("float4_e2m1fn",)]
@@ -88,11 +90,12 @@ def test_merging_reaches_rank_five():
         return jax_tma.window(a, (1,) + full, (1,) + x.shape[1:])
 
     assert _bound_rank(f, x) == [1]
-    # A traced start merges where it can be scaled in int64.
+    # A traced start merges too, clamped first so that its scaled value
+    # stays within int32, with or without x64.
     g = lambda a, i: jax_tma.window(a, (1, i) + full[1:], (1, 2) + x.shape[2:])  # noqa: E731
     assert _bound_rank(g, x, np.int32(1)) == [2]
     with jax.enable_x64(False):
-        assert _bound_rank(g, x, np.int32(1)) == [3]
+        assert _bound_rank(g, x, np.int32(1)) == [2]
     # A strided dim takes nothing in: its inner neighbour stays apart.
     h = lambda a: jax_tma.window(a, full + (0,), x.shape[:5] + (2, 8), strides=(1,) * 5 + (2, 1))  # noqa: E731
     assert _bound_rank(h, x) == [2]
@@ -259,10 +262,20 @@ def test_errors_name_the_op_rule_and_values():
          lambda: jax_tma.window(x, (0, 0), (1, 1), strides=(0, 1))),
         (ValueError, r"shape\[0\] = 2147483648 is over 2\^31 - 1",
          lambda: jax_tma.window(x, (0, 0), (2**31, 1))),
-        (ValueError, r"fill must be 0 or NaN, got 1\.5",
-         lambda: jax_tma.window(x, (0, 0), (1, 1), fill=1.5)),
-        (ValueError, r"fill must be 0 or NaN \('nan'\), got 'inf'",
+        (ValueError, r"fill must be a number or 'nan', got 'inf'",
          lambda: jax_tma.window(x, (0, 0), (1, 1), fill="inf")),
+        (TypeError, r"fill must be a scalar number, got \[0, 0\]",
+         lambda: jax_tma.window(x, (0, 0), (1, 1), fill=[0, 0])),
+        (TypeError, r"fill must be a concrete scalar .* got a traced value",
+         lambda: jax.jit(lambda f: jax_tma.window(x, (0, 0), (1, 1), fill=f))(1.0)),
+        (TypeError, r"a complex fill \(1\+1j\) needs a complex x, x has dtype float64",
+         lambda: jax_tma.window(x, (0, 0), (1, 1), fill=1 + 1j)),
+        (ValueError, r"a fill of complex128 must have equal real and imaginary parts "
+                     r"\(e\.g\. 0 or NaN\), got \(1\+2j\)",
+         lambda: jax_tma.window(x.astype(jnp.complex128), (0, 0), (1, 1), fill=1 + 2j)),
+        (ValueError, r"start \(-3000000000, 0\) needs int64; enable jax_enable_x64",
+         lambda: _without_x64(lambda: jax_tma.window(x, (-3_000_000_000, 0), (2**31 - 1, 1),
+                                                     strides=(2, 1)))),
         (ValueError, r"fill=NaN needs a floating dtype, x has dtype int32",
          lambda: jax_tma.window(x.astype(jnp.int32), (0, 0), (1, 1), fill="nan")),
         (ValueError, r"method must be one of 'auto', 'tma', 'simt', got 'bulk'",
@@ -273,6 +286,11 @@ def test_errors_name_the_op_rule_and_values():
     for exc, pattern, call in cases:
         with pytest.raises(exc, match=r"^jax_tma\.window: " + pattern):
             call()
+
+
+def _without_x64(f):
+    with jax.enable_x64(False):
+        return f()
 
 
 def _raw_window(x, start, out_shape, device=None, **attrs):
@@ -444,3 +462,150 @@ def test_auto_takes_simt_unless_the_inner_start_is_static_and_aligned(start, dty
     assert f'method = "{want}"' in text
     traced = jax.jit(lambda a, s: jax_tma.window(a, (3, s), (8, 8))).lower(x, 4).as_text()
     assert 'method = "simt"' in traced
+
+
+START_DTYPES = ["int4", "uint4", "int8", "uint8", "int16", "uint16", "int32", "uint32",
+                "int64", "uint64"]
+
+
+@pytest.mark.parametrize("dtype", START_DTYPES)
+def test_starts_of_every_integer_dtype(rng, dtype):
+    """A start of any integer dtype, traced or as one array, reads what its
+    value says; unsigned values past int32 (past every dim) read fill rather
+    than wrapping into the array."""
+    dtype = jnp.dtype(dtype)
+    x = random_array(rng, (6, 9), np.float32)
+    info = jnp.iinfo(dtype)
+    values = sorted({int(info.min), int(info.max), 0, 1, -1 if info.min < 0 else 2,
+                     min(int(info.max), 7)})
+    f = jax.jit(lambda a, i, j: jax_tma.window(a, (i, j), (3, 4)))
+    g = jax.jit(lambda a, s: jax_tma.window(a, s, (3, 4)))
+    for v in values:
+        want = window_reference(x, (v, 1), (3, 4))
+        assert_bits_equal(f(on_cpu(x), jnp.asarray(v, dtype), jnp.asarray(1, dtype)), want)
+        assert_bits_equal(g(on_cpu(x), jnp.asarray([v, 1], dtype)), want)
+
+
+def test_unsigned_start_past_int32_reads_fill_without_x64(rng):
+    x = random_array(rng, (4, 4), np.float32)
+    with jax.enable_x64(False):
+        f = jax.jit(lambda a, s: jax_tma.window(a, (s, 0), (2, 2)))
+        got = f(on_cpu(x), jnp.uint32(2**32 - 1))
+    assert_bits_equal(got, np.zeros((2, 2), np.float32))
+
+
+def test_huge_static_starts_clamp_exactly(rng):
+    """Static starts far outside x (int64 values) give the all-fill box; a
+    dim that merges keeps the rest of the box exact."""
+    x = random_array(rng, (5, 3, 4), np.float32)
+    for start in [(2**62, 0, 0), (-(2**62), 0, 0), (1, 2**40, 0), (1, 0, -(2**40))]:
+        got = jax_tma.window(on_cpu(x), start, (3, 3, 4))
+        assert_bits_equal(got, window_reference(x, start, (3, 3, 4)))
+
+
+@pytest.mark.parametrize("dtype, fill", [
+    (np.float32, -0.0), (np.float32, 2.5), (np.float32, float("inf")), (np.int32, -7),
+    (np.uint8, 255), (np.float32, 2**70), ("bfloat16", -0.0), ("float8_e5m2", float("nan")),
+    ("float8_e4m3fnuz", float("nan")),
+    ("float8_e8m0fnu", 0), ("float8_e4m3fn", 1e9), (np.complex64, 1 - 2j),
+    (np.complex128, float("nan")), (np.bool_, True), ("int4", -3),
+])
+def test_fill_is_converted_as_jnp_pad_converts_it(rng, dtype, fill):
+    """Out-of-bounds elements hold exactly the bits jnp.pad writes for the
+    same constant when XLA converts it at run time (-0.0 stays negative,
+    float8_e8m0fnu's 0 is 0xFF); a complex NaN fill is NaN in both parts."""
+    dtype = jnp.dtype(dtype)
+    x = random_array(rng, (3, 4), dtype)
+    got = jax_tma.window(on_cpu(x), (-1, 2), (3, 4), fill=fill)
+    if fill == 2**70 or fill != fill and dtype in (np.complex128, jnp.float8_e5m2):
+        # jnp.pad refuses an int past int64. Its NaN of float8_e5m2 is 0x7F,
+        # where XLA's own convert of a float32 or float64 NaN (and NumPy's)
+        # writes 0x7E, which jax_tma's fills follow.
+        want = window_reference(x, (-1, 2), (3, 4), fill=float(fill),
+                                fill_nan=dtype == np.complex128)
+    else:
+        # The fill as an argument: a constant would be folded by XLA, whose
+        # folding writes float8_e5m2's NaN as 0x7F, its run time as 0x7E.
+        pad = jax.jit(lambda a, f: jnp.pad(a, ((1, 0), (0, 2)), constant_values=f))
+        want = pad(jnp.asarray(x), fill)[:3, 2:6]
+        assert_bits_equal(jax_tma.window(on_cpu(x), (-1, 2), (3, 4), fill=jnp.asarray(fill)),
+                          want)
+    assert_bits_equal(got, want)
+
+
+def test_python_scalars_and_disable_jit(rng):
+    x = random_array(rng, (5, 6), np.float32)
+    want = window_reference(x, (-1, 2), (3, 3))
+    with jax.disable_jit():
+        assert_bits_equal(jax_tma.window(on_cpu(x), (-1, 2), (3, 3)), want)
+        assert_bits_equal(jax_tma.window(on_cpu(x), (jnp.int32(-1), 2), (3, 3)), want)
+        g = jax.grad(lambda a: jax_tma.window(a, (-1, 2), (3, 3)).sum())(on_cpu(x))
+    assert_bits_equal(g, jax.grad(lambda a: jnp.pad(a, ((1, 0), (0, 0)))[:3, 2:5].sum())(x))
+    with pytest.raises(TypeError, match=r"x must be an array .* or a scalar, got list"):
+        jax_tma.window([1.0, 2.0], (1,), (2,))
+
+
+@pytest.mark.parametrize("start, shape, want_spec", [
+    ((0, 0, 1), (8, 16, 2), ("a", "b", None)),    # the sharded dims are taken whole
+    ((1, 2, 0), (4, 4, 4), ("a", "b", None)),     # crops that still divide
+    ((0, 2, 0), (8, 3, 4), ("a", None, None)),    # 3 rows do not divide over b
+    ((-2, 0, 0), (12, 16, 4), ("a", "b", None)),  # a pad
+])
+def test_explicit_mesh_keeps_sharding_where_the_box_divides(rng, start, shape, want_spec):
+    """On an Explicit mesh the result and the grad have the types jax gives
+    lax.dynamic_slice (x's sharding where the box's extent divides among a
+    dim's devices; unsharded where not); the dims are not merged by a
+    reshape that Explicit sharding refuses."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    host = random_array(rng, (8, 16, 4), np.float32)
+    mesh = cpu_mesh((4, 2), ("a", "b"), AxisType.Explicit)
+    with use_mesh(mesh):
+        x = jax.device_put(host, NamedSharding(mesh, P("a", "b")))
+        y = jax.jit(lambda a: jax_tma.window(a, start, shape))(x)
+        g = jax.jit(jax.grad(lambda a: (jax_tma.window(a, start, shape) ** 2).sum()))(x)
+    assert tuple(jax.typeof(y).sharding.spec) == want_spec
+    assert tuple(g.sharding.spec)[:2] == ("a", "b")
+    assert_bits_equal(y, window_reference(host, start, shape))
+    want_g = jax.grad(lambda a: (jax_tma.window(a, start, shape) ** 2).sum())(on_cpu(host))
+    assert_bits_equal(g, want_g)
+
+
+def test_grad_inside_shard_map_with_checks(rng):
+    """window in shard_map (varying-axes checks on): a replicated x with a
+    varying start, and a varying x with a replicated start, both give jax's
+    dynamic_slice grads; a varying result under out_specs=P() is refused as
+    for lax.dynamic_slice."""
+    from jax.sharding import PartitionSpec as P
+    mesh = cpu_mesh((8,), ("i",))
+    x = jax.device_put(random_array(rng, (8, 4), np.float32),
+                       jax.sharding.NamedSharding(mesh, P()))
+
+    def grads(slice_fn, x_spec, s_spec):
+        f = jax.shard_map(lambda b, s: slice_fn(b, s[0]), mesh=mesh, in_specs=(x_spec, s_spec),
+                          out_specs=P("i"))
+        return jax.grad(lambda a: (f(a, jnp.arange(8) % 3) ** 2).sum())(x)
+
+    ours = lambda b, s: jax_tma.window(b, (s, 0), (1, 4))  # noqa: E731
+    ref = lambda b, s: lax.dynamic_slice(b, (jnp.minimum(s, b.shape[0] - 1), 0), (1, 4))  # noqa: E731
+    assert_bits_equal(grads(ours, P(), P("i")), grads(ref, P(), P("i")))
+    assert_bits_equal(grads(ours, P("i"), P()), grads(lambda b, s: ref(b, 0 * s), P("i"), P()))
+    for fn in (ours, ref):
+        f = jax.shard_map(lambda b: fn(b, 0), mesh=mesh, in_specs=P("i"), out_specs=P())
+        with pytest.raises(ValueError, match="out_specs"):
+            f(x)
+
+
+def test_export_with_symbolic_dims(rng):
+    """jax.export with a symbolic dim of x (and a traced start), serialized,
+    deserialized and called at two sizes."""
+    pytest.importorskip("flatbuffers")
+    from jax import export
+    f = jax.jit(lambda a, s: jax_tma.window(a, (s, 1), (3, 2), fill=-0.0))
+    exp = export.export(f, disabled_checks=[export.DisabledSafetyCheck.custom_call("jax_tma_window")])(
+        jax.ShapeDtypeStruct(export.symbolic_shape("n, 4"), jnp.float32),
+        jax.ShapeDtypeStruct((), jnp.int32))
+    call = export.deserialize(exp.serialize()).call
+    for n in (2, 7):
+        x = random_array(rng, (n, 4), np.float32)
+        assert_bits_equal(call(on_cpu(x), np.int32(n - 2)),
+                          window_reference(x, (n - 2, 1), (3, 2), fill=-0.0))
