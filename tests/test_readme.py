@@ -1,0 +1,72 @@
+"""The README's Python examples run as written, in order, on the CPU (with
+8 forced host devices for the ppermute example), on the oldest and newest
+supported jax; a line `expr  # <literal>` must evaluate to that literal."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+README = pathlib.Path(__file__).parent.parent / "README.md"
+
+_RUNNER = r'''
+import ast, json, re, sys
+import numpy as np
+scope = {}
+for first_line, code in json.loads(sys.stdin.read()):
+    lines = code.splitlines()
+    for stmt in ast.parse(code).body:
+        where = f"README.md line {first_line + stmt.lineno - 1}"
+        # The result a statement is said to give: a literal in the comment
+        # ending its last line, or in a comment line right after it.
+        tail = lines[stmt.end_lineno - 1].partition("#")[2]
+        if not tail and stmt.end_lineno < len(lines) and lines[stmt.end_lineno].lstrip().startswith("#"):
+            tail = lines[stmt.end_lineno].partition("#")[2]
+        found = re.match(r"\s*(\[[^#:]*\])", tail)
+        node = ast.Module([stmt], [])
+        if isinstance(stmt, ast.Expr) and found:
+            got = np.asarray(eval(compile(ast.Expression(stmt.value), where, "eval"), scope))
+            want = ast.literal_eval(found.group(1))
+            if got.tolist() != want:
+                sys.exit(f"{where}: gave {got.tolist()}, the README says {want}")
+        else:
+            exec(compile(node, where, "exec"), scope)
+print("README examples OK")
+'''
+
+
+def _python_blocks():
+    blocks, lines = [], README.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() == "```python":
+            start = i + 1
+            i += 1
+            while lines[i].strip() != "```":
+                i += 1
+            blocks.append((start + 1, "\n".join(lines[start:i])))
+        i += 1
+    return blocks
+
+
+def test_readme_python_examples_run_as_written():
+    blocks = _python_blocks()
+    assert len(blocks) >= 7, f"expected the README's API examples, found {len(blocks)} blocks"
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    done = subprocess.run([sys.executable, "-P", "-c", _RUNNER], input=json.dumps(blocks),
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    assert "README examples OK" in done.stdout
+
+
+def test_readme_export_example_names_every_target():
+    """The README's list of FFI targets to allow in jax.export is the list
+    the extension registers."""
+    import re
+
+    from jax_tma import _ffi
+    text = README.read_text()
+    listed = re.search(r"targets = \[([^\]]*)\]", text).group(1)
+    assert set(re.findall(r'"(jax_tma_\w+)"', listed)) == set(_ffi._ext.cpu_registrations())
