@@ -1,8 +1,9 @@
 """The documentation site's sources (docs/), read as text, so that these checks
 run in every test environment, with or without Sphinx: every public name has
 an API reference entry and every argument is documented, every guide shows an
-example that tests/test_examples.py runs, and every file, marker, function and
-image a page includes exists. Building the site (sphinx-build -W -n, its
+example that tests/test_examples.py runs, every file, marker, function and
+image a page includes exists, and the export example names every FFI target.
+Building the site (sphinx-build -W -n, its
 doctests) is CI's docs step."""
 
 from __future__ import annotations
@@ -126,3 +127,14 @@ def test_images_exist(page):
     for m in _IMAGE.finditer(page.read_text()):
         assert (page.parent / m["path"]).resolve().is_file(), (
             f"{page.relative_to(ROOT)} shows {m['path']}, which does not exist")
+
+
+def test_export_example_names_every_target():
+    """The export example's disabled_checks name every registered FFI target."""
+    from jax_tma import _jax_tma
+
+    text = (DOCS / "jax_modes.md").read_text()
+    listed = set(re.findall(r'"(jax_tma_\w+)"', text[text.index(">>> targets = "):]))
+    assert listed == set(_jax_tma.cpu_registrations()), (
+        f"docs/jax_modes.md's targets {sorted(listed)} differ from the registered "
+        f"{sorted(_jax_tma.cpu_registrations())}")
