@@ -3,8 +3,7 @@ run in every test environment, with or without Sphinx: every public name has
 an API reference entry and every argument is documented, every guide shows an
 example that tests/test_examples.py runs, every file, marker, function and
 image a page includes exists, and the export example names every FFI target.
-Building the site (sphinx-build -W -n, its
-doctests) is CI's docs step."""
+Building the site (sphinx-build -W -n, its doctests) is CI's docs step."""
 
 from __future__ import annotations
 
