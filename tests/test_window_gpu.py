@@ -262,3 +262,37 @@ def test_tiled_copy_names_the_rule(gpu):
     with pytest.raises(Exception, match=r"method='tma' cannot run this window: .*"
                                         r"not a multiple of 16"):
         jax.block_until_ready(jax_tma.copy(x, method="tiled"))
+
+
+# Fills of any bits, on both kernels: the tiled kernel patches the hardware's
+# zero fill where the fill is not +0 (-0.0 included).
+FILLS = [(np.float32, -0.0), ("bfloat16", 2.5), ("float8_e8m0fnu", 0), (np.int16, -7),
+         (np.complex64, 1 - 2j), (np.float64, -0.0), ("float8_e5m2", float("nan"))]
+
+
+@pytest.mark.parametrize("method, path", [("tma", "window.tiled"), ("simt", "window.simt")])
+@pytest.mark.parametrize("dtype, fill", FILLS, ids=[f"{d}-{f}" for d, f in FILLS])
+def test_fills_of_any_bits(gpu, rng, dtype, fill, method, path):
+    dtype = jnp.dtype(dtype)
+    x_shape, start, shape = (24, 64), (-3, 16), (16, 64)
+    x = random_array(rng, x_shape, dtype)
+    f = jax.jit(lambda a, poison: jax_tma.window(a, start, shape, fill=fill, method=method),
+                donate_argnums=1, keep_unused=True)
+    got = _into_poison(f, x, (), shape, gpu, path)
+    assert_bits_equal(got, window_reference(x, start, shape, fill=fill))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32", "uint64", "int8", "int64"])
+def test_starts_of_every_integer_dtype(gpu, rng, dtype):
+    """Unsigned starts past the end read fill (a uint32 of 2^32-1 read row -1
+    once); the start array and scalar forms agree on the GPU."""
+    x = random_array(rng, (12, 32), np.float32)
+    info = jnp.iinfo(dtype)
+    f = jax.jit(lambda a, s: jax_tma.window(a, s, (4, 32)))
+    g = jax.jit(lambda a, i, j: jax_tma.window(a, (i, j), (4, 32)))
+    xd = jax.device_put(x, gpu)
+    for v in sorted({int(info.max), 0, 9, int(info.min)}):
+        want = window_reference(x, (v, 0), (4, 32))
+        s = jax.device_put(np.array([v, 0], dtype), gpu)
+        assert_bits_equal(f(xd, s), want)
+        assert_bits_equal(g(xd, s[0], s[1]), want)
