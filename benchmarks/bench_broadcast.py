@@ -29,13 +29,19 @@ BYTES = "read + write: the input read once plus the n replicas written once"
 PUSH_BYTES = ("dsmem push: the bytes pushed SM to SM (the input times cluster_size - 1, n = 1) "
               "over the kernel's busy time")
 FULL = [
-    # name, x shape, axis, n
-    ("8 replicas of 4096² bf16 (axis=0)", (4096, 4096), 0, 8),
-    ("8 replicas of each row of 4096² bf16 (axis=1)", (4096, 4096), 1, 8),
-    ("GQA repeat K/V heads: (4, 4096, 8, 128) bf16 ×4 (axis=3)", (4, 4096, 8, 128), 3, 4),
+    # name, x shape, axis, n, dtype: bf16 (activations, K/V heads), and one
+    # case in f32 too: jax_tma moves bytes, XLA's broadcast kernel is
+    # compiled for the element type.
+    ("8 replicas of 4096² bf16 (axis=0)", (4096, 4096), 0, 8, "bfloat16"),
+    ("8 replicas of 4096² f32 (axis=0)", (4096, 4096), 0, 8, "float32"),
+    ("8 replicas of each row of 4096² bf16 (axis=1)", (4096, 4096), 1, 8, "bfloat16"),
+    ("GQA repeat K/V heads: (4, 4096, 8, 128) bf16 ×4 (axis=3)", (4, 4096, 8, 128), 3, 4,
+     "bfloat16"),
 ]
-SMOKE = [("4 replicas of 64² bf16 (axis=0)", (64, 64), 0, 4),
-         ("2 replicas of (2, 16, 4, 8) bf16 (axis=3)", (2, 16, 4, 8), 3, 2)]
+SMOKE = [("4 replicas of 64² bf16 (axis=0)", (64, 64), 0, 4, "bfloat16"),
+         ("4 replicas of 64² f32 (axis=0)", (64, 64), 0, 4, "float32"),
+         ("2 replicas of (2, 16, 4, 8) bf16 (axis=3)", (2, 16, 4, 8), 3, 2, "bfloat16")]
+_UINT = {"bfloat16": jnp.uint16, "float32": jnp.uint32}
 CLUSTER_SIZES = (2, 4, 8, 16)
 
 
@@ -57,8 +63,9 @@ def _xla_broadcast(shape: tuple[int, ...], n: int, axis: int):
     return jax.jit(lambda x: jnp.broadcast_to(jnp.expand_dims(x, axis), out))
 
 
-def _random_bf16(key: jax.Array, shape) -> jax.Array:
-    return jax.random.bits(key, shape, jnp.uint16).view(jnp.bfloat16)
+def _random_bits(key: jax.Array, shape, dtype: str = "bfloat16") -> jax.Array:
+    """Random bits of `dtype` (NaN payloads included)."""
+    return jax.random.bits(key, shape, _UINT[dtype]).view(jnp.dtype(dtype))
 
 
 def bench_broadcast(s: Session) -> dict[str, Any]:
@@ -68,18 +75,19 @@ def bench_broadcast(s: Session) -> dict[str, Any]:
     dsmem path's SM-to-SM push bandwidth: n=1 (one store per tile,
     cluster_size - 1 pushes of it)."""
     rows = []
-    for name, shape, axis, n in SMOKE if s.smoke else FULL:
-        # Four inputs (4 x 32 MiB) rotate, so that no call finds its input
-        # in L2 (50 MiB on H100).
-        inputs = [(_random_bf16(k, shape),) for k in jax.random.split(jax.random.key(11), 4)]
+    for name, shape, axis, n, dtype in SMOKE if s.smoke else FULL:
+        # Four inputs (4 x 32 MiB at bf16) rotate, so that no call finds its
+        # input in L2 (50 MiB on H100).
+        inputs = [(_random_bits(k, shape, dtype),)
+                  for k in jax.random.split(jax.random.key(11), 4)]
         x = inputs[0][0]
-        nbytes = x.size * 2 * (n + 1)
+        nbytes = x.size * x.dtype.itemsize * (n + 1)
         fns = {label: _broadcast_fn(n, axis, m, c) for label, m, c in methods()}
         fns["xla"] = _xla_broadcast(shape, n, axis)
-        # The reference moves the bits as uint16: XLA's bf16 broadcast may
-        # flush subnormals (it does on the CPU), so it is checked as a
-        # comparator.
-        want = fns["xla"](x.view(jnp.uint16)).view(jnp.bfloat16)
+        # The reference moves the bits as unsigned integers: XLA's float
+        # broadcast may flush subnormals (bf16 on the CPU does), so it is
+        # checked as a comparator.
+        want = fns["xla"](x.view(_UINT[dtype])).view(jnp.dtype(dtype))
         for label, fn in fns.items():
             s.check(f"{name} {label}", fn(x), want, comparator=label == "xla")
         del want
@@ -91,7 +99,8 @@ def bench_broadcast(s: Session) -> dict[str, Any]:
         t = timed["cases"]
         ours = [label for label, _, _ in methods() if label != "auto"]
         best = min(ours, key=lambda k: t[k]["busy_us"])
-        row = {"case": name, "shape": list(shape), "axis": axis, "n": n, "bytes": nbytes,
+        row = {"case": name, "shape": list(shape), "axis": axis, "n": n, "dtype": dtype,
+               "bytes": nbytes,
                "protocol": timed["protocol"], "times": t,
                "busy_tbps": {k: nbytes / v["busy_us"] / 1e6 for k, v in t.items()},
                "best": best, "best_vs_xla": t["xla"]["busy_us"] / t[best]["busy_us"],
@@ -102,8 +111,8 @@ def bench_broadcast(s: Session) -> dict[str, Any]:
         s.log(f"broadcast {name}: best {best} {row['best_vs_xla']:.2f}x XLA, auto at "
               f"{row['auto_vs_best']:.3f} of best")
 
-    name, shape, _, _ = (SMOKE if s.smoke else FULL)[0]
-    inputs = [(_random_bf16(k, shape),) for k in jax.random.split(jax.random.key(13), 4)]
+    name, shape, _, _, _ = (SMOKE if s.smoke else FULL)[0]
+    inputs = [(_random_bits(k, shape),) for k in jax.random.split(jax.random.key(13), 4)]
     x = inputs[0][0]
     fns = {}
     for cluster in CLUSTER_SIZES:
@@ -148,7 +157,7 @@ def bench_broadcast_ncu() -> dict[str, Any]:
     prefix = "broadcast-once variants: "
     labels = json.loads(next(line[len(prefix):] for line in prof["stdout"].splitlines()
                              if line.startswith(prefix)))
-    name, shape, _, n = FULL[0]
+    name, shape, _, n, _ = FULL[0]
     x_bytes = math.prod(shape) * 2
     return {"op": NCU_OP, "case": name, "x_bytes": x_bytes, "out_bytes": x_bytes * n,
             "metrics": list(ncu.METRICS), "command": prof["command"],
@@ -167,7 +176,7 @@ def run_once() -> list[str]:
     from references import load
 
     refs = load(smoke=False)
-    name, shape, axis, n = FULL[0]
+    name, shape, axis, n, _ = FULL[0]
     rng = np.random.default_rng(3)  # host data: no device kernel makes x
     x = jax.device_put(rng.integers(0, 1 << 16, shape, dtype=np.uint16).view(jnp.bfloat16))
     marker_in = jax.device_put(np.arange(4, dtype=np.uint32))

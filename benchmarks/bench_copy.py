@@ -22,9 +22,14 @@ OP = "copy"
 BYTES = ("read + write: a copy of n bytes counts 2n; the read-only and write-only streams of "
          "the serial bound count their one direction (n)")
 CASES = ("auto", "bulk", "simt", "seed_tma", "xla_copy", "memcpy")
+# Copies move bytes, jax_tma's and XLA's alike (XLA's copy is a memcpy
+# whatever the element type): the sizes are timed on uint32 arrays, and one
+# size on bfloat16 too, which shows whether the element type matters.
 FULL = {"sizes": [m * MIB for m in (1, 4, 16, 32, 48, 64, 256, 1024, 4096)],
-        # Inputs rotate through this many bytes, so that calls below it do
-        # not find their input in L2 (50 MiB on H100).
+        "dtype_sizes": [(256 * MIB, "bfloat16")],
+        # Each size's inputs (at most 64) rotate through this many bytes, so
+        # that calls of 1 MiB (64 MiB of inputs) and up do not find their
+        # input in L2 (50 MiB on H100).
         "rotate_bytes": 256 * MIB,
         # Written ahead of each call in the "after a write" regime: more than
         # L2 holds, so the copy starts with L2 full of another buffer's dirty
@@ -33,7 +38,8 @@ FULL = {"sizes": [m * MIB for m in (1, 4, 16, 32, 48, 64, 256, 1024, 4096)],
         # From this size up the serial bound is measured too.
         "bound_min_bytes": 256 * MIB,
         "chain_ops": 100}
-SMOKE = {"sizes": [64 << 10, 256 << 10], "rotate_bytes": 1 * MIB, "dirty_bytes": 1 * MIB,
+SMOKE = {"sizes": [64 << 10, 256 << 10], "dtype_sizes": [(64 << 10, "bfloat16")],
+         "rotate_bytes": 1 * MIB, "dirty_bytes": 1 * MIB,
          "bound_min_bytes": 256 << 10, "chain_ops": 4}
 
 
@@ -42,6 +48,15 @@ def _rounds(s: Session, nbytes: int) -> int:
     if s.smoke:
         return 2
     return 16 if nbytes <= 64 * MIB else 8 if nbytes <= 256 * MIB else 3
+
+
+def _inputs(key: jax.Array, nbytes: int, dtype: str, count: int) -> list[tuple[jax.Array]]:
+    """`count` arrays of nbytes random bits each, as `dtype`."""
+    dtype = jnp.dtype(dtype)
+    width = {2: jnp.uint16, 4: jnp.uint32}[dtype.itemsize]
+    return [(jax.lax.bitcast_convert_type(jax.random.bits(k, (nbytes // dtype.itemsize,), width),
+                                          dtype),)
+            for k in jax.random.split(key, count)]
 
 
 def _rates(times: dict[str, dict[str, float]], nbytes: int) -> dict[str, dict[str, float]]:
@@ -68,22 +83,26 @@ def bench_copy(s: Session, sizes: Sequence[int] | None = None) -> dict[str, Any]
            "seed_tma": refs.seed_copy, "xla_copy": jax.jit(jnp.copy), "memcpy": refs.memcpy}
     dirty = jax.jit(lambda: jnp.full((p["dirty_bytes"] // 4,), 7, jnp.uint32))
     rows = []
-    for nbytes in sizes or p["sizes"]:
+    runs = [(n, "uint32") for n in sizes] if sizes else \
+        [(n, "uint32") for n in p["sizes"]] + list(p["dtype_sizes"])
+    for nbytes, dtype in runs:
         copies = max(1, min(64, p["rotate_bytes"] // nbytes))
-        inputs = [(jax.random.bits(k, (nbytes // 4,), jnp.uint32),)
-                  for k in jax.random.split(jax.random.key(nbytes // 1024), copies)]
+        inputs = _inputs(jax.random.key(nbytes // 1024), nbytes, dtype, copies)
         x = inputs[0][0]
         for name, fn in fns.items():
-            s.check(f"{name} {nbytes} B", fn(x), x)
+            s.check(f"{name} {nbytes} B {dtype}", fn(x), x)
         cases = rotate_all(fns, inputs)
         rounds = _rounds(s, nbytes)
-        row: dict[str, Any] = {"bytes": nbytes, "inputs": copies}
+        row: dict[str, Any] = {"bytes": nbytes, "dtype": dtype, "inputs": copies}
         for regime, before in (("repeat", None), ("after_write", dirty)):
+            # Fewer calls a wall-clock sample where their outputs would
+            # crowd memory (a sample's outputs are all alive at once).
             timed = s.time(cases, rounds, rep=4, before=before,
-                           before_name=f"a {p['dirty_bytes']} B write")
+                           before_name=f"a {p['dirty_bytes']} B write",
+                           wall_calls=max(2, min(20, (8 << 30) // nbytes)))
             row[regime] = _rates(timed["cases"], nbytes)
             row[f"{regime}_protocol"] = timed["protocol"]
-        if nbytes >= p["bound_min_bytes"]:
+        if nbytes >= p["bound_min_bytes"] and dtype == "uint32":
             s.check(f"read stream {nbytes} B", refs.read_stream(x), jax.jit(xor_checksum)(x))
             s.check(f"write stream {nbytes} B", refs.write_stream(x),
                     jnp.full_like(x, 0x5A5A5A5A))
@@ -98,7 +117,7 @@ def bench_copy(s: Session, sizes: Sequence[int] | None = None) -> dict[str, Any]
                    for name in ("bulk", "seed_tma", "memcpy")}}
         rows.append(row)
         del inputs, x, cases
-        s.log(f"copy {nbytes / MIB:g} MiB: " + ", ".join(
+        s.log(f"copy {nbytes / MIB:g} MiB {dtype}: " + ", ".join(
             f"{name} {row['repeat'][name]['tbps']:.3f} TB/s" for name in CASES))
 
     chain = {}
@@ -112,7 +131,7 @@ def bench_copy(s: Session, sizes: Sequence[int] | None = None) -> dict[str, Any]
 
         fn = jax.jit(chained)
         s.check(f"{p['chain_ops']} chained 1 KiB copies ({method})", fn(x), x)
-        timed = s.time({method: lambda fn=fn: fn(x)}, 30 if not s.smoke else 2)
+        timed = s.time({method: lambda fn=fn: fn(x)}, 30 if not s.smoke else 2, wall=False)
         t = timed["cases"][method]
         chain[method] = {"us_per_op": t["span_us"] / p["chain_ops"],
                          "busy_us_per_op": t["busy_us"] / p["chain_ops"],

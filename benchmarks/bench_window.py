@@ -19,8 +19,14 @@ from harness import Session, rotate
 OP = "window"
 BYTES = ("read + write: every output element written once plus the input element it reads "
          "(padding: the whole input read plus the whole output written)")
-FULL = {"n": 8192, "box": 4096, "start": (1234, 2345), "aligned": (1234, 2344), "pad": 64}
-SMOKE = {"n": 256, "box": 128, "start": (12, 35), "aligned": (12, 36), "pad": 8}
+# Every case at float32 and bfloat16 (crops and pads of images and
+# activations): jax_tma moves bytes, but XLA's slice and pad kernels change
+# with the element type. The aligned start is a multiple of 16 bytes at both.
+FULL = {"n": 8192, "box": 4096, "start": (1234, 2345), "aligned": (1234, 2344), "pad": 64,
+        "dtypes": ("float32", "bfloat16")}
+SMOKE = {"n": 256, "box": 128, "start": (12, 35), "aligned": (12, 40), "pad": 8,
+         "dtypes": ("float32", "bfloat16")}
+_SHORT = {"float32": "f32", "bfloat16": "bf16"}
 
 
 def _window(start, shape, strides=None, traced=False):
@@ -34,13 +40,14 @@ def _window(start, shape, strides=None, traced=False):
     return {m: make(m) for m in ("auto", "tma", "simt")}
 
 
-def _cases(p: dict[str, Any]) -> list[dict[str, Any]]:
+def _cases(p: dict[str, Any], dtype: str) -> list[dict[str, Any]]:
     n, box, (i, j), (ai, aj), pad = p["n"], p["box"], p["start"], p["aligned"], p["pad"]
-    f32 = 4
-    moved = 2 * box * box * f32
+    size = jnp.dtype(dtype).itemsize
+    short = _SHORT[dtype]
+    moved = 2 * box * box * size
     dyn = jax.jit(lambda x, i, j: jax.lax.dynamic_slice(x, (i, j), (box, box)))
     return [
-        {"case": f"{box}² of {n}² f32 at a traced start ({i}, {j}), innermost start not "
+        {"case": f"{box}² of {n}² {short} at a traced start ({i}, {j}), innermost start not "
                  f"16-B aligned, vs lax.dynamic_slice",
          "ours": _window(None, (box, box), traced=True), "xla": dyn,
          "args": (jnp.int32(i), jnp.int32(j)), "bytes": moved},
@@ -51,21 +58,22 @@ def _cases(p: dict[str, Any]) -> list[dict[str, Any]]:
                  f"x[{ai}:{ai + box}, {aj}:{aj + box}]",
          "ours": _window((ai, aj), (box, box)),
          "xla": jax.jit(lambda x: x[ai:ai + box, aj:aj + box]), "args": (), "bytes": moved},
-        {"case": f"x[::2, ::2] of {n}² f32 vs XLA's strided slice (no tensor-map form: "
+        {"case": f"x[::2, ::2] of {n}² {short} vs XLA's strided slice (no tensor-map form: "
                  f"innermost stride 2)",
          "ours": {m: f for m, f in _window((0, 0), (n // 2, n // 2), (2, 2)).items()
                   if m != "tma"},
-         "xla": jax.jit(lambda x: x[::2, ::2]), "args": (), "bytes": 2 * (n // 2) ** 2 * f32},
-        {"case": f"pad {n}² -> {n + 2 * pad}² f32 (static start ({-pad}, {-pad})) vs jnp.pad",
+         "xla": jax.jit(lambda x: x[::2, ::2]), "args": (), "bytes": 2 * (n // 2) ** 2 * size},
+        {"case": f"pad {n}² -> {n + 2 * pad}² {short} (static start ({-pad}, {-pad})) vs "
+                 f"jnp.pad",
          "ours": _window((-pad, -pad), (n + 2 * pad,) * 2),
          "xla": jax.jit(lambda x: jnp.pad(x, pad)), "args": (),
-         "bytes": (n * n + (n + 2 * pad) ** 2) * f32},
-        {"case": f"whole-array copy of {n}² f32: jax_tma.copy (auto, 'tiled' in the tma "
+         "bytes": (n * n + (n + 2 * pad) ** 2) * size},
+        {"case": f"whole-array copy of {n}² {short}: jax_tma.copy (auto, 'tiled' in the tma "
                  f"column, simt) vs jnp.copy",
          "ours": {"auto": jax.jit(jax_tma.copy),
                   "tma": jax.jit(functools.partial(jax_tma.copy, method="tiled")),
                   "simt": jax.jit(functools.partial(jax_tma.copy, method="simt"))},
-         "xla": jax.jit(jnp.copy), "args": (), "bytes": 2 * n * n * f32},
+         "xla": jax.jit(jnp.copy), "args": (), "bytes": 2 * n * n * size},
     ]
 
 
@@ -83,9 +91,9 @@ def bench_window(s: Session) -> dict[str, Any]:
     for bit against the XLA formulation first."""
     p = SMOKE if s.smoke else FULL
     n = p["n"]
-    x = jax.random.normal(jax.random.key(7), (n, n), jnp.float32)
     rows = []
-    for c in _cases(p):
+    for dtype, c in [(d, c) for d in p["dtypes"] for c in _cases(p, d)]:
+        x = jax.random.normal(jax.random.key(7), (n, n), dtype)
         args = (x, *c["args"])
         want = c["xla"](*args)
         for method, fn in c["ours"].items():
@@ -97,7 +105,8 @@ def bench_window(s: Session) -> dict[str, Any]:
         cases["memcpy"] = rotate(s.refs.memcpy, [(ceiling_in,)])
         timed = s.time(cases, 4 if s.smoke else 10, rep=2)
         t = timed["cases"]
-        row = {"case": c["case"], "bytes": c["bytes"], "protocol": timed["protocol"],
+        row = {"case": c["case"], "dtype": dtype, "bytes": c["bytes"],
+               "protocol": timed["protocol"],
                "auto_lowered_method": _lowered_method(c["ours"]["auto"], *args),
                "times": t,
                "busy_tbps": {k: c["bytes"] / v["busy_us"] / 1e6 for k, v in t.items()},
@@ -105,7 +114,7 @@ def bench_window(s: Session) -> dict[str, Any]:
                "vs_xla": {m: t["xla"]["busy_us"] / t[m]["busy_us"] for m in c["ours"]},
                "vs_ceiling": {m: t["memcpy"]["busy_us"] / t[m]["busy_us"] for m in c["ours"]}}
         rows.append(row)
-        del ceiling_in, want
+        del ceiling_in, want, x
         s.log(f"window: {c['case']}: " + ", ".join(
             f"{k} {v:.3f} TB/s" for k, v in row["busy_tbps"].items()))
     return {"op": OP, "bytes_convention": BYTES, "rows": rows}

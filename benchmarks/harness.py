@@ -2,14 +2,19 @@
 from a jax.profiler trace, checks every case's output bit for bit before it
 is timed, prints progress, and writes each result JSON with its provenance.
 
-Times device work, not Python dispatch: every call of every case runs under
-``jax.profiler`` and is reduced to two numbers from the same trace, its
-*span* (first GPU activity to last, idle gaps inside the call included: for
-jax_tma's ops the host's tensor-map encoding shows there) and its *busy* time
-(the union of its GPU activities); each case reports the median of both over
-its counted calls. Bandwidth counts what each benchmark's `bytes_convention`
-says. A smoke session (``run.py --smoke``) runs the same code on the CPU with
-a wall clock: it tests the code path and measures nothing.
+Three clocks. Every call of every case runs under ``jax.profiler`` and is
+reduced to two numbers from the same trace, its *span* (first GPU activity
+to last, idle gaps inside the call included: for jax_tma's ops the host's
+tensor-map encoding shows there) and its *busy* time (the union of its GPU
+activities); each case reports the median of both over its counted calls.
+Then, outside the trace, the *wall* clock a user's step sees: WALL_CALLS
+calls of a case dispatched without waiting, one sync after the last, the
+time over the calls; the median of WALL_SAMPLES such samples, the cases
+taking turns. Below about 100 µs a call the wall clock measures Python
+dispatch rather than the GPU (report.WALL_MIN_US). Bandwidth counts what
+each benchmark's `bytes_convention` says. A smoke session (``run.py
+--smoke``) runs the same code on the CPU with a wall clock per call in place
+of the trace: it tests the code path and measures nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ import jax
 import jax.numpy as jnp
 
 MIB = 1 << 20
+# The wall clock: calls dispatched per sample, and samples (median taken).
+WALL_CALLS = 20
+WALL_SAMPLES = 5
 
 
 def _device_events(trace_dir: str) -> list[tuple[int, int]]:
@@ -74,6 +82,24 @@ def _split_runs(events: list[tuple[int, int]], runs: int) -> list[tuple[float, f
             reach = max(reach, stop)
         out.append(((max(e for _, e in group) - group[0][0]) * 1e-9, busy * 1e-9))
     return out
+
+
+def _wall_clock(cases: dict[str, Callable[[], Any]], calls: int,
+                samples: int) -> dict[str, float]:
+    """Median µs per call of each case over `samples` samples, each `calls`
+    calls dispatched back to back and one sync after the last (the time a
+    program that dispatches a step after another sees). The cases take
+    turns, one sample each; every sample starts on an idle device (the
+    previous one ended with a sync)."""
+    runs: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(samples):
+        for name, fn in cases.items():
+            t0 = time.perf_counter()
+            for _ in range(calls - 1):
+                fn()
+            jax.block_until_ready(fn())
+            runs[name].append((time.perf_counter() - t0) / calls)
+    return {name: statistics.median(v) * 1e6 for name, v in runs.items()}
 
 
 def _case_medians(plan: Sequence[str], runs: Sequence[tuple[float, float]],
@@ -142,22 +168,29 @@ class Session:
         return ("jax.profiler trace; per call the span (first GPU activity to last) and the "
                 "busy time (union of GPU activities), median over the counted calls; cases "
                 "interleaved (each result's `protocol` gives rounds, calls per turn and what "
-                "ran untimed before each call)")
+                "ran untimed before each call); then, outside the trace, the wall clock: "
+                "`wall.calls` calls dispatched without waiting and one sync, time per call, "
+                "median of `wall.samples`, cases in turns")
 
     def log(self, message: str) -> None:
         print(f"[{time.monotonic() - self._start:6.1f} s] {message}", flush=True)
 
     def time(self, cases: dict[str, Callable[[], Any]], rounds: int, rep: int = 1,
              before: Callable[[], Any] | None = None,
-             before_name: str | None = None) -> dict[str, Any]:
-        """Median span and busy µs per call of each zero-argument case.
+             before_name: str | None = None, wall: bool = True,
+             wall_calls: int = WALL_CALLS) -> dict[str, Any]:
+        """Median span, busy and wall µs per call of each zero-argument case.
 
         The cases take turns: each round runs every case `rep` times in a row,
         so that slow drift (clocks, temperature) hits every case alike. With
         rep > 1 the first call of each turn, which pays for what the previous
         case left in L2, is not counted. `before`, if given, runs (untimed)
-        ahead of every call, e.g. to set the L2 state. Returns {"cases":
-        {name: {"span_us", "busy_us"}}, "protocol": {...}}."""
+        ahead of every call, e.g. to set the L2 state; such cases have no wall
+        clock (it would time `before` too), nor do those of `wall=False`
+        (cases that wait for the device inside each call). `wall_calls`:
+        calls dispatched per wall-clock sample (fewer where so many outputs
+        would not fit in memory at once). Returns {"cases": {name: {"span_us",
+        "busy_us"[, "wall_us"]}}, "protocol": {...}}."""
         for fn in cases.values():
             jax.block_until_ready(fn())
         plan = [name for _ in range(rounds) for name in cases for _ in range(rep)]
@@ -171,10 +204,18 @@ class Session:
                 runs.append((time.perf_counter() - t0,) * 2)
         else:
             runs = self._trace(cases, plan, before)
+        medians = _case_medians(plan, runs, rep)
         protocol = {"rounds": rounds, "calls_per_turn": rep,
                     "counted_calls_per_case": rounds * (rep - 1 if rep > 1 else 1),
-                    "untimed_before_each_call": before_name if before else None}
-        return {"cases": _case_medians(plan, runs, rep), "protocol": protocol}
+                    "untimed_before_each_call": before_name if before else None,
+                    "wall": None}
+        if wall and before is None:
+            calls = 2 if self.smoke else max(2, wall_calls)
+            samples = 2 if self.smoke else WALL_SAMPLES
+            for name, us in _wall_clock(cases, calls, samples).items():
+                medians[name]["wall_us"] = us
+            protocol["wall"] = {"calls": calls, "samples": samples}
+        return {"cases": medians, "protocol": protocol}
 
     @staticmethod
     def _trace(cases, plan, before) -> list[tuple[float, float]]:

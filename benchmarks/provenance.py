@@ -167,5 +167,8 @@ def collect(devices: Sequence[jax.Device], allow_dirty: bool) -> dict[str, Any]:
         "nvidia_smi": nvidia_smi(),
         "versions": _versions(),
         "jax_tma": installed,
+        # Which install of jax_tma ran, as the caller names it (gpu_check.sh:
+        # "source build ..." or "wheel ..."); None where not named.
+        "install": os.environ.get("JAX_TMA_INSTALL"),
         "command": [os.path.basename(sys.executable)] + sys.argv,
     }

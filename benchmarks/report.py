@@ -2,13 +2,16 @@
 every published number comes from a file that benchmarks/run.py wrote.
 
     python benchmarks/report.py            # rewrite README.md's bench sections
-    python benchmarks/report.py --check    # exit 1 if README.md differs from the results
+    python benchmarks/report.py --check    # exit 1 if README.md differs from the results,
+                                           # or the code changed after the results' commit
     python benchmarks/report.py --plots benchmarks/plots   # also plots (needs matplotlib)
 
 The README holds one section per op between `<!-- bench:OP -->` and
-`<!-- /bench:OP -->`; everything between them is this script's output. The
-results must be one file per op, from one commit, clean and not smoke runs;
-a file written before results recorded their provenance is rendered as such.
+`<!-- /bench:OP -->` (and the sections drawn from several results, DERIVED);
+everything between them is this script's output. The results must be one
+file per op, from one commit, clean and not smoke runs, and that commit's
+measured code (WATCHED) must be HEAD's; a file written before results
+recorded their provenance is rendered as such.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import glob
 import json
 import os
 import re
+import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +31,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 README = os.path.join(ROOT, "README.md")
 MIB = 1 << 20
+# The wall clock (N calls dispatched, one sync) is shown for cases of at
+# least this busy time: below it, it measures Python dispatch.
+WALL_MIN_US = 100.0
+# What L2 holds on an H100 (50 MiB): calls that rotate through less read
+# their data from L2 (the tables say "L2-warm").
+L2_BYTES = 50 * MIB
+# The code a result measures: a change here after the results' commit makes
+# them stale (git pathspecs, from the checkout's root).
+WATCHED = ("ffi", "jax_tma", "benchmarks/*.py", "benchmarks/ffi", "CMakeLists.txt")
 _SECTION = re.compile(r"(<!-- bench:(?P<op>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=op) -->)",
                       re.S)
 
@@ -63,6 +76,44 @@ def check_results(results: dict[str, tuple[str, dict[str, Any]]], allow_dirty: b
         raise ValueError(f"results of several commits: {commits}")
 
 
+class StaleResults(ValueError):
+    """The results are not those of the code at HEAD (or that cannot be told)."""
+
+
+def changed_since(commit: str) -> list[str] | None:
+    """The WATCHED paths that differ between `commit` and HEAD of the
+    checkout at ROOT; None where git or that commit is not there."""
+    try:
+        done = subprocess.run(["git", "diff", "--name-only", commit, "HEAD", "--", *WATCHED],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.split() if done.returncode == 0 else None
+
+
+def check_fresh(results: dict[str, tuple[str, dict[str, Any]]]) -> None:
+    """Raises StaleResults unless the measured code (WATCHED) is the same at
+    every result's commit as at HEAD."""
+    for commit, paths in _commits(results).items():
+        changed = changed_since(commit)
+        if changed is None:
+            raise StaleResults(f"cannot tell whether the results of {commit[:10]} ({paths[0]}, "
+                               f"...) match the code: git or that commit is missing here")
+        if changed:
+            raise StaleResults(
+                f"the results of {commit[:10]} ({', '.join(paths)}) are stale: "
+                f"{', '.join(changed[:12])}{' ...' if len(changed) > 12 else ''} changed since; "
+                f"run the benchmarks again (scripts/gpu_check.sh bench) and benchmarks/report.py")
+
+
+def _commits(results: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for path, r in results.values():
+        if r.get("provenance") and r["provenance"].get("commit"):
+            out.setdefault(r["provenance"]["commit"], []).append(path)
+    return out
+
+
 def _provenance_line(path: str, r: dict[str, Any]) -> str:
     prov = r.get("provenance")
     if prov is None:  # written before results recorded their provenance
@@ -84,8 +135,38 @@ def _provenance_line(path: str, r: dict[str, Any]) -> str:
             f"(`{path}`)")
 
 
+def _wall_shown(*times: dict[str, float]) -> bool:
+    """Whether these cases' wall clocks mean something: measured, and every
+    case takes at least WALL_MIN_US of GPU busy time."""
+    return all("wall_us" in t and t["busy_us"] >= WALL_MIN_US for t in times)
+
+
 def _us(t: dict[str, float]) -> str:
-    return f"{t['busy_us']:.1f} / {t['span_us']:.1f}"
+    """busy / span / wall µs (the wall clock from WALL_MIN_US of busy time)."""
+    wall = f"{t['wall_us']:.1f}" if _wall_shown(t) else "—"
+    return f"{t['busy_us']:.1f} / {t['span_us']:.1f} / {wall}"
+
+
+def _ratio(times: dict[str, dict[str, float]], a: str, b: str, clock: str) -> str:
+    """b's time ÷ a's by `clock` ("busy_us", "span_us", "wall_us"), or "—"
+    where either is missing (or, for the wall clock, not shown)."""
+    if a not in times or b not in times or clock not in times[a] or clock not in times[b]:
+        return "—"
+    if clock == "wall_us" and not _wall_shown(times[a], times[b]):
+        return "—"
+    return f"{times[b][clock] / times[a][clock]:.2f}"
+
+
+def target_met(row: dict[str, Any], comparator: str, ratio: float) -> bool:
+    """Whether `auto` reaches `ratio` × the comparator's speed by busy time
+    and by span alike (a faster-than claim needs both clocks)."""
+    t = row["times"]
+    return all(t[comparator][k] / t["auto"][k] >= ratio for k in ("busy_us", "span_us"))
+
+
+# The clocks are defined in the README's "How every benchmark measures".
+WALL_NOTE = (f"busy / span / wall µs per call (the wall clock from {WALL_MIN_US:g} µs of busy "
+             f"time)")
 
 
 def _range(values: list[float], fmt: str = "{:.3f}") -> str:
@@ -104,17 +185,20 @@ def size_text(nbytes: float) -> str:
 
 def render_copy(r: dict[str, Any]) -> str:
     cases = ("auto", "bulk", "simt", "seed_tma", "xla_copy", "memcpy")
-    head = ["size", "auto", "bulk", "simt", "seed-style TMA", "XLA `jnp.copy`",
-            "cudaMemcpyAsync", "auto vs XLA, repeated",
-            "after a write: auto vs XLA (bulk vs cudaMemcpyAsync)"]
-    lines = ["TB/s by span in the repeated regime (vs cudaMemcpyAsync in parentheses), then "
-             "`auto` vs XLA in both regimes:", "",
+    head = ["size", "dtype", "inputs rotated", "auto", "bulk", "simt", "seed-style TMA",
+            "XLA `jnp.copy`", "cudaMemcpyAsync", "auto vs XLA, repeated: span / wall",
+            "after a write: auto vs XLA (bulk vs cudaMemcpyAsync), span"]
+    lines = [f"TB/s by span in the repeated regime (vs cudaMemcpyAsync in parentheses), then "
+             f"`auto` vs XLA in both regimes (the wall clock from {WALL_MIN_US:g} µs of busy "
+             f"time):", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in r["rows"]:
         rep, after = row["repeat"], row["after_write"]
-        cells = [size_text(row["bytes"])]
+        cells = [size_text(row["bytes"]), row.get("dtype", "uint32"),
+                 f"{row['inputs']} ({size_text(row['inputs'] * row['bytes'])})"]
         cells += [f"{rep[c]['tbps']:.2f} ({rep[c]['vs_memcpy']:.3f}×)" for c in cases]
-        cells.append(f"{rep['auto']['vs_xla']:.3f}×")
+        wall = _ratio(rep, "auto", "xla_copy", "wall_us")
+        cells.append(f"{rep['auto']['vs_xla']:.3f}× / {wall}{'×' if wall != '—' else ''}")
         cells.append(f"{after['auto']['vs_xla']:.3f}× ({after['bulk']['vs_memcpy']:.3f}×)")
         lines.append("| " + " | ".join(cells) + " |")
     bounded = [row for row in r["rows"] if "serial_bound" in row]
@@ -129,12 +213,12 @@ def render_copy(r: dict[str, Any]) -> str:
                          f"{b['bulk_fraction']:.3f} | {b['seed_tma_fraction']:.3f} | "
                          f"{b['memcpy_fraction']:.3f} |")
     chain = r["chained_tiny_copies"]
-    lines += ["", f"{chain['bulk']['ops']} chained 1 KiB copies inside one `jit`: "
-                  f"{chain['bulk']['us_per_op']:.2f} µs per op (bulk), "
-                  f"{chain['simt']['us_per_op']:.2f} µs per op (simt), by span."]
+    lines += ["", f"{chain['bulk']['ops']} chained 1 KiB copies inside one `jit` (L2-warm: "
+                  f"the same 1 KiB every call): {chain['bulk']['us_per_op']:.2f} µs per op "
+                  f"(bulk), {chain['simt']['us_per_op']:.2f} µs per op (simt), by span."]
     rep = [row["repeat"]["auto"]["vs_xla"] for row in r["rows"]]
     after = [row["after_write"]["auto"]["vs_xla"] for row in r["rows"]]
-    lines += ["", f"`auto` vs XLA over these sizes: {_range(rep)}× repeated, "
+    lines += ["", f"`auto` vs XLA over these sizes, by span: {_range(rep)}× repeated, "
                   f"{_range(after)}× after a write."]
     if bounded:
         lines[-1] += (f" From {size_text(bounded[0]['bytes'])} up `bulk` runs at "
@@ -157,10 +241,11 @@ def render_tune_bulk(r: dict[str, Any]) -> str:
 
 
 def render_window(r: dict[str, Any]) -> str:
-    lines = ["GPU busy / span µs per call; TB/s and ratios by busy time:", "",
+    lines = [f"GPU {WALL_NOTE}; TB/s and ratios by busy time (auto vs XLA by span and wall "
+             f"too):", "",
              "| case | auto hands the handler | auto | tma | simt | XLA | copy ceiling | "
-             "auto TB/s | vs XLA: auto / tma / simt | auto vs ceiling |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "auto TB/s | vs XLA, busy: auto / tma / simt | auto vs XLA: span / wall | "
+             "auto vs ceiling |", "|" + "---|" * 11]
     for row in r["rows"]:
         t = row["times"]
         cell = {m: _us(t[m]) if m in t else "—" for m in ("auto", "tma", "simt")}
@@ -169,7 +254,8 @@ def render_window(r: dict[str, Any]) -> str:
         lines.append(f"| {row['case']} | `method=\"{row['auto_lowered_method']}\"` | "
                      f"{cell['auto']} | {cell['tma']} | {cell['simt']} | {_us(t['xla'])} | "
                      f"{_us(t['memcpy'])} | {row['busy_tbps']['auto']:.2f} | {vs} | "
-                     f"{row['vs_ceiling']['auto']:.2f} |")
+                     f"{_ratio(t, 'auto', 'xla', 'span_us')} / "
+                     f"{_ratio(t, 'auto', 'xla', 'wall_us')} | {row['vs_ceiling']['auto']:.2f} |")
     return "\n".join(lines)
 
 
@@ -189,7 +275,7 @@ def _im2col_rows(r: dict[str, Any], ours: tuple[str, ...], xla: tuple[str, ...],
 
 
 def render_im2col(r: dict[str, Any]) -> str:
-    lines = ["GPU busy / span µs per call; TB/s and ratios by busy time:", "",
+    lines = [f"GPU {WALL_NOTE}; TB/s and ratios by busy time:", "",
              "| input (3×3 SAME) | auto | tma | simt | XLA patches | XLA slice-concat | "
              "copy ceiling | auto TB/s | auto vs XLA: patches / slice-concat | "
              "auto vs ceiling |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -206,7 +292,7 @@ def render_im2col(r: dict[str, Any]) -> str:
 def render_broadcast(r: dict[str, Any]) -> str:
     rows = r["rows"]
     labels = list(rows[0]["times"])
-    lines = ["GPU busy / span µs per call (TB/s by busy time):", "",
+    lines = [f"GPU {WALL_NOTE} (TB/s by busy time); ratios by busy time:", "",
              "| method | " + " | ".join(row["case"] for row in rows) + " |",
              "|---|" + "---|" * len(rows)]
     for label in labels:
@@ -269,74 +355,359 @@ _GATHER_SWEEP = {"auto": "jax_tma.gather", "tma": "jax_tma.gather(method='tma')"
                  "simt": "jax_tma.gather(method='simt')", "xla": "XLA jnp.take",
                  "xla_hinted": "XLA x.at[i].get, hinted",
                  "memcpy": "cudaMemcpyAsync (copy ceiling)"}
+_GATHER_TARGET_TEXT = {"pages": "gather of pages", "set": "in-place page set",
+                       "rows 512": "gather of 512 B rows", "rows 128": "gather of 128 B rows",
+                       "add": "row scatter-add", "decode": "paged decode step"}
+
+
+def _dtype_order(dtypes: list[str], use: str | None) -> list[str]:
+    """The use case's dtype first, the uint32 control last."""
+    return sorted(dict.fromkeys(dtypes), key=lambda d: (d != use, d == "uint32", d))
+_UNRECORDED = "not recorded"
 
 
 def _mark(met: bool) -> str:
     return "✓" if met else "✗"
 
 
+def _gather_key(row: dict[str, Any]) -> str:
+    """The row's case key (results written before rows recorded theirs: from
+    the case's kind and text)."""
+    if "key" in row:
+        return row["key"]
+    kind = row.get("kind", "")
+    if kind in ("scatter set", "scatter add", "decode step"):
+        return {"scatter set": "set", "scatter add": "add", "decode step": "decode"}[kind]
+    m = re.search(r"rows of (\d+) B", row["case"])
+    return f"rows {m.group(1)}" if m else "pages"
+
+
+def _bare_case(row: dict[str, Any]) -> str:
+    """The case's text without its dtype where it qualifies a noun ("random
+    bfloat16 pages"): the tables give the dtype a column."""
+    dtype = row.get("dtype")
+    return row["case"].replace(f" {dtype} ", " ") if dtype else row["case"]
+
+
+def _ratios(t: dict[str, dict[str, float]], comps: tuple[str, ...], clock: str) -> str:
+    return " / ".join(_ratio(t, "auto", c, clock) for c in comps)
+
+
+def gather_targets(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 18's targets that the gather result's rows carry, judged by
+    target_met: [{"target", "case", "dtype", "comparator", "ratio", "busy",
+    "span", "wall" (None unless shown), "met"}], then the chained gathers'."""
+    out = []
+    for row in r["rows"]:
+        t = row["times"]
+        for comp, ratio in row.get("targets", {}).items():
+            wall = _ratio(t, "auto", comp, "wall_us")
+            out.append({"target": f"{_GATHER_TARGET_TEXT.get(_gather_key(row), row['case'])}: "
+                                  f"`auto` ≥ {ratio:g}× {_GATHER_LABELS[comp]}",
+                        "case": _bare_case(row), "dtype": row.get("dtype", _UNRECORDED),
+                        "comparator": comp, "ratio": ratio,
+                        "busy": t[comp]["busy_us"] / t["auto"]["busy_us"],
+                        "span": t[comp]["span_us"] / t["auto"]["span_us"],
+                        "wall": None if wall == "—" else float(wall),
+                        "met": target_met(row, comp, ratio)})
+    return out
+
+
+def _render_gather_targets(r: dict[str, Any]) -> list[str]:
+    lines = ["Issue 18's targets, judged at the dtype of their use case (the row scatter-add at "
+             "float32 too): a target is met where `auto` reaches it by busy time and by span "
+             f"alike; the wall clock is given from {WALL_MIN_US:g} µs:", "",
+             "| target | case | dtype | clock | measured | met |", "|---|---|---|---|---|---|"]
+    for t in gather_targets(r):
+        wall = f", wall {t['wall']:.2f}×" if t["wall"] is not None else ""
+        lines.append(f"| {t['target']} | {t['case']} | {t['dtype']} | busy and span | "
+                     f"{t['busy']:.2f}× busy, {t['span']:.2f}× span{wall} | {_mark(t['met'])} |")
+    c = r["chained_tiny_gathers"]
+    lines.append(f"| chained tiny gathers: ≤ {c['target_gap_us']:g} µs per call over a minimal "
+                 f"FFI kernel | {c['ops']} chained gathers of one {size_text(c['bytes'])} page "
+                 f"(L2-warm) | {c.get('dtype', 'uint32')} | span | {c['gap_us']:+.2f} µs | "
+                 f"{_mark(c['target_met'])} |")
+    return lines
+
+
+def _rotation(row: dict[str, Any]) -> str:
+    """How many index sets a gather row's calls rotate through, and the slab
+    bytes they read together ("L2-warm" below L2's size)."""
+    sets = row.get("inputs", 1)
+    read = sets * row["bytes"] // 2
+    return f"{sets} ({size_text(read)}{': L2-warm' if read < L2_BYTES else ''})"
+
+
 def render_gather(r: dict[str, Any]) -> str:
     cols = ("auto", "tma", "simt", "deterministic", "xla", "xla_hinted", "memcpy")
-    lines = ["GPU busy / span µs per call; TB/s and ratios by busy time; issue 18's target for "
-             "`auto`, met (✓) or not (✗):", "",
-             "| case | auto | tma | simt | deterministic | XLA | XLA hinted | copy ceiling | "
-             "auto TB/s | auto vs ceiling | auto vs XLA / hinted | target |",
-             "|" + "---|" * 12]
+    comps = ("xla", "xla_hinted", "memcpy")
+    lines = _render_gather_targets(r)
+    lines += ["", f"GPU {WALL_NOTE}; ratios of `auto` to XLA, XLA hinted and the copy ceiling "
+                  f"(their time ÷ auto's) by each clock:", "",
+              "| case | dtype | auto | tma | simt | deterministic | XLA | XLA hinted | "
+              "copy ceiling | auto TB/s (busy) | auto vs XLA / hinted / ceiling: busy | span | "
+              "wall |", "|" + "---|" * 13]
     for row in r["rows"]:
-        t, vs = row["times"], row["vs"]["auto"]
-        cells = [row["case"]] + [_us(t[k]) if k in t else "—" for k in cols]
-        cells += [f"{row['busy_tbps']['auto']:.2f}", f"{vs['memcpy']:.2f}",
-                  " / ".join(f"{vs[k]:.2f}" if k in vs else "—" for k in ("xla", "xla_hinted")),
-                  ", ".join(f"≥ {v:g}× {_GATHER_LABELS[c]} {_mark(row['targets_met'][c])}"
-                            for c, v in row["targets"].items())]
+        t = row["times"]
+        cells = [_bare_case(row), row.get("dtype", _UNRECORDED)]
+        cells += [_us(t[k]) if k in t else "—" for k in cols]
+        cells += [f"{row['busy_tbps']['auto']:.2f}"]
+        cells += [_ratios(t, comps, clock) for clock in ("busy_us", "span_us", "wall_us")]
         lines.append("| " + " | ".join(cells) + " |")
+    dtypes = _dtype_order([row["dtype"] for row in r["rows"] if "dtype" in row],
+                          r.get("use_dtype"))
+    keyed: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in r["rows"]:
+        if "dtype" in row:
+            keyed.setdefault(_gather_key(row), {})[row["dtype"]] = row
+    if len(dtypes) > 1:
+        lines += ["", "The dtype's effect: each case's speed as a fraction of the copy ceiling "
+                      "(ceiling time ÷ the case's, busy) at each dtype, XLA / XLA hinted / "
+                      "`auto`:", "",
+                  "| case | " + " | ".join(dtypes) + " |", "|---|" + "---|" * len(dtypes)]
+        for key, rows in keyed.items():
+            cells = []
+            for d in dtypes:
+                if d not in rows:
+                    cells.append("—")
+                    continue
+                t = rows[d]["times"]
+                cells.append(" / ".join(_ratio(t, k, "memcpy", "busy_us")
+                                        for k in ("xla", "xla_hinted", "auto")))
+            lines.append(f"| {_GATHER_TARGET_TEXT.get(key, key)} | " + " | ".join(cells) + " |")
     lines += ["", "XLA formulations:"]
     lines += [f"- {kind}: " + "; ".join(f"{_GATHER_LABELS[k]} `{code}`" for k, code in f.items())
               for kind, f in r["xla_formulations"].items()]
-    lines += [f"- {row['case'].split(':')[0]}, auto: both pools as the tables of one "
-              f"`jax_tma.scatter` and one `jax_tma.gather`; with a call per pool instead: "
-              f"{_us(row['times']['per_pool'])} µs busy / span "
-              f"({row['vs']['per_pool']['xla_hinted']:.2f}× XLA hinted)" for row in r["rows"] if "per_pool" in row["times"]]
+    for row in r["rows"]:
+        for name, why in row.get("xla_rejects", {}).items():
+            lines.append(f"- {_bare_case(row)} ({row.get('dtype')}): XLA rejects "
+                         f"{_GATHER_LABELS[name]}: `{why}`")
+        if "per_pool" in row["times"]:
+            lines.append(f"- {row['case'].split(':')[0]}, auto: both pools as the tables of one "
+                         f"`jax_tma.scatter` and one `jax_tma.gather`; with a call per pool "
+                         f"instead: {_us(row['times']['per_pool'])} µs "
+                         f"({_ratio(row['times'], 'per_pool', 'xla_hinted', 'busy_us')}× XLA "
+                         f"hinted by busy time)")
+        if "xla_gather_kernels" in row:
+            n = row["xla_gather_kernels"]
+            lines.append(f"- {row['case'].split(':')[0]}: XLA's compiled step gathers K and V "
+                         f"in {n['xla']} kernel{'s' * (n['xla'] != 1)} (hinted: "
+                         f"{n['xla_hinted']}), counted in its optimized HLO")
     c = r["chained_tiny_gathers"]
     g, m = c["per_op"]["gather"], c["per_op"]["minimal_ffi"]
     lines += ["", f"{c['ops']} chained gathers of one {size_text(c['bytes'])} page in one "
-                  f"`jit`: {g['span_us']:.2f} µs per call by span ({g['busy_us']:.2f} busy); "
-                  f"{c['minimal_ffi']} of the same page (a minimal FFI kernel) chained alike: "
-                  f"{m['span_us']:.2f} µs ({m['busy_us']:.2f}); the gather costs "
-                  f"{c['gap_us']:+.2f} µs per call more (target ≤ {c['target_gap_us']:g} µs "
-                  f"{_mark(c['target_met'])})."]
+                  f"`jit` (L2-warm: every call moves the same page): {g['span_us']:.2f} µs per "
+                  f"call by span ({g['busy_us']:.2f} busy); {c['minimal_ffi']} of the same page "
+                  f"(a minimal FFI kernel) chained alike: {m['span_us']:.2f} µs "
+                  f"({m['busy_us']:.2f}); the gather costs {c['gap_us']:+.2f} µs per call more "
+                  f"(target ≤ {c['target_gap_us']:g} µs {_mark(c['target_met'])})."]
     others = [f"`method='{k[len('gather_'):]}'` {v['span_us']:.2f} µs ({v['busy_us']:.2f})"
               for k, v in c["per_op"].items() if k.startswith("gather_")]
     if others:
         lines[-1] += " The other methods, chained alike: " + ", ".join(others) + "."
     if "small_gathers" in r:
         lines += ["", "Small gathers, GPU busy µs per call (the profiler's clock ticks every "
-                      "32 ns):", "",
-                  "| case | auto | tma | simt | XLA | XLA hinted | copy ceiling | auto vs XLA / "
-                  "hinted |", "|" + "---|" * (len(_GATHER_SWEEP) + 2)]
+                      "32 ns); the calls of a case rotate through index sets of distinct rows "
+                      "(count, and the slab bytes they read together; a copy ceiling's inputs "
+                      "rotate alike):", "",
+                  "| case | dtype | index sets | auto | tma | simt | XLA | XLA hinted | "
+                  "copy ceiling | auto vs XLA / hinted: busy | span |", "|" + "---|" * 11]
         for row in r["small_gathers"]:
-            busy = {k: row["times"][k]["busy_us"] for k in _GATHER_SWEEP}
-            lines.append(f"| {row['case']} | " + " | ".join(f"{busy[k]:.2f}" for k in _GATHER_SWEEP)
-                         + f" | {busy['xla'] / busy['auto']:.2f} / "
-                           f"{busy['xla_hinted'] / busy['auto']:.2f} |")
+            t = row["times"]
+            lines.append(f"| {_bare_case(row)} | {row.get('dtype', _UNRECORDED)} | "
+                         f"{_rotation(row)} | "
+                         + " | ".join(f"{t[k]['busy_us']:.2f}" if k in t else "—"
+                                      for k in _GATHER_SWEEP)
+                         + f" | {_ratios(t, ('xla', 'xla_hinted'), 'busy_us')} | "
+                           f"{_ratios(t, ('xla', 'xla_hinted'), 'span_us')} |")
     sweep = r["sweep"]
     lines += ["", f"GB/s by busy time against slab size, each case gathering "
                   f"{size_text(sweep['gathered_bytes'])} of random distinct slabs of a "
-                  f"{size_text(sweep['table_bytes'])} table:", "",
+                  f"{size_text(sweep['table_bytes'])} {sweep.get('dtype', 'uint32')} table:", "",
               "| slab | auto | tma | simt | XLA | XLA hinted | copy ceiling | auto vs XLA / "
-              "hinted |", "|" + "---|" * 8]
+              "hinted: busy | span |", "|" + "---|" * 9]
     for row in sweep["rows"]:
-        gbps, vs = row["busy_tbps"], row["vs"]["auto"]
+        gbps, t = row["busy_tbps"], row["times"]
         lines.append(f"| {size_text(row['slab_bytes'])} | "
                      + " | ".join(f"{gbps[k] * 1e3:.0f}" for k in _GATHER_SWEEP)
-                     + f" | {vs['xla']:.2f} / {vs['xla_hinted']:.2f} |")
+                     + f" | {_ratios(t, ('xla', 'xla_hinted'), 'busy_us')} | "
+                       f"{_ratios(t, ('xla', 'xla_hinted'), 'span_us')} |")
+    return "\n".join(lines)
+
+
+def _find(rows: list[dict[str, Any]], key: str, dtype: str | None = None) -> dict | None:
+    return next((row for row in rows if _gather_key(row) == key
+                 and (dtype is None or row.get("dtype") == dtype)), None)
+
+
+def render_gather_limits(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None:
+    """The README's limits bullet on gather's speed, every number from the
+    gather result; None without one."""
+    if "gather" not in results:
+        return None
+    r = results["gather"][1]
+    use = r.get("use_dtype")
+    device = (r.get("provenance") or {}).get("devices", ["?"])[0]
+
+    def vs(row, comp, clock="busy_us"):
+        return _ratio(row["times"], "auto", comp, clock) if row else "—"
+
+    rows, parts = r["rows"], []
+    sweep = r["sweep"]["rows"]
+    sweep_dtype = r["sweep"].get("dtype", "uint32")
+    parts.append(f"over the slab sweep ({sweep_dtype}) `auto` runs at "
+                 f"{_range([row['vs']['auto']['xla'] for row in sweep], '{:.2f}')}× "
+                 f"`jnp.take` and "
+                 f"{_range([row['vs']['auto']['xla_hinted'] for row in sweep], '{:.2f}')}× its "
+                 f"hinted form")
+    fits = [x for x in (_find(rows, "rows 128", use), _find(rows, "rows 512", use)) if x]
+    pages = _find(rows, "pages", use)
+    if fits and pages:
+        parts.append(f"{use or 'its'} rows of 128–512 B at "
+                     f"{_range([x['vs']['auto']['memcpy'] for x in fits], '{:.2f}')}× the copy "
+                     f"ceiling, pages at {vs(pages, 'memcpy')}× and {vs(pages, 'xla')}× "
+                     f"`jnp.take`")
+    page_set = _find(rows, "set", use)
+    if page_set:
+        parts.append(f"the in-place page set at {vs(page_set, 'xla')}× XLA's `.at[].set` and "
+                     f"{vs(page_set, 'xla_hinted')}× its hinted form")
+    small = {(_gather_key(x).split()[-1], x.get("dtype")): x for x in r.get("small_gathers", [])}
+    for count in ("64", "1024"):
+        x = small.get((count, use)) or small.get((count, None))
+        if x:
+            t = x["times"]
+            parts.append(f"a gather of {int(count):,} rows of 2 KiB ({x.get('dtype', 'uint32')}, "
+                         f"index sets rotated: {_rotation(x)}) takes {t['auto']['busy_us']:.2f} "
+                         f"µs against XLA's {t['xla']['busy_us']:.2f}")
+    c = r["chained_tiny_gathers"]
+    parts.append(f"one {size_text(c['bytes'])} page chained {c['ops']} times costs "
+                 f"{c['gap_us']:+.2f} µs per call over a minimal FFI kernel (by span, L2-warm)")
+    decode = _find(rows, "decode")
+    if decode:
+        text = (f"the paged decode step ({decode.get('dtype', 'bfloat16')} pools) runs at "
+                f"{vs(decode, 'xla_hinted')}× its hinted XLA form with K and V as the tables of "
+                f"one call")
+        if "per_pool" in decode["times"]:
+            text += (f", {_ratio(decode['times'], 'per_pool', 'xla_hinted', 'busy_us')}× with "
+                     f"a call per pool")
+        if "xla_gather_kernels" in decode:
+            n = decode["xla_gather_kernels"]["xla_hinted"]
+            text += f" (XLA's hinted step gathers both pools in {n} kernel{'s' * (n != 1)})"
+        parts.append(text)
+    adds = [x for x in rows if _gather_key(x) == "add"]
+    if adds:
+        parts.append("the row scatter-add runs at " + ", ".join(
+            f"{vs(x, 'xla')}× XLA's " + (f"in {x['dtype']}" if "dtype" in x else
+                                         f"({x['case']})") for x in adds))
+    return (f"- `gather`/`scatter` speed ({device}, GPU busy time, the gather results above; "
+            f"ratios are XLA's time ÷ `auto`'s): " + "; ".join(parts) + ". `auto` moves slabs "
+            f"of up to 4 KiB and gathers of up to 64 MiB with a thread per 16-byte vector, the "
+            f"layout of XLA's own gather kernel, in 32-bit arithmetic where the table allows.")
+
+
+def render_wheel(r: dict[str, Any]) -> str:
+    row = r["rows"][0]
+    t = row["times"]
+    return (f"{_bare_case(row)} ({row.get('dtype')}), {WALL_NOTE}: `auto` {_us(t['auto'])}, "
+            f"XLA `jnp.take` {_us(t['xla'])}, copy ceiling {_us(t['memcpy'])}.")
+
+
+def _install(r: dict[str, Any]) -> str:
+    prov = r.get("provenance") or {}
+    if prov.get("install"):
+        return prov["install"]
+    path = (prov.get("jax_tma") or {}).get("file", "")
+    return "source build (gpu_check.sh)" if "jax_tma_source" in path else _UNRECORDED
+
+
+def _build_cells(r: dict[str, Any]) -> list[str]:
+    info = ((r.get("provenance") or {}).get("jax_tma") or {}).get("build_info") or {}
+    api = info.get("ffi_api_version")
+    runtime = info.get("cuda_runtime_version")
+    return [_install(r), f"`{info.get('cuda_archs') or '?'}`",
+            ".".join(map(str, api)) if api else "?",
+            f"{runtime // 1000}.{runtime % 1000 // 10}" if runtime else "?"]
+
+
+def render_build(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None:
+    """Which build of jax_tma the results measured, and the one case timed
+    on the wheel beside it; None without results."""
+    measured = [r for op, (_, r) in results.items() if op not in ("wheel", "sanitizer")]
+    if not measured:
+        return None
+    builds = {tuple(_build_cells(r)) for r in measured}
+    lines = ["The build these results measured (each result file records its own, "
+             "`provenance.jax_tma.build_info`):", "",
+             "| install | CUDA architectures | FFI API | CUDA runtime |", "|---|---|---|---|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in sorted(builds)]
+    lines += ["", "Blackwell: the wheels compile `sm_100a`, but no test, sanitizer run or "
+                  "benchmark here has run on a Blackwell GPU; every number below is from the "
+                  "GPU its provenance line names."]
+    wheel = results.get("wheel")
+    gather = results.get("gather")
+    if wheel is None:
+        lines += ["", "No wheel timing at this commit: `scripts/gpu_check.sh bench` times one "
+                      "case on the `cp312-abi3` wheel too (`benchmarks/run.py wheel`)."]
+        return "\n".join(lines)
+    wrow = wheel[1]["rows"][0]
+    same = next((row for row in (gather[1]["rows"] if gather else [])
+                 if row["case"] == wrow["case"]), None)
+    lines += ["", f"One case on the wheel as well, in a run of its own on the same GPU "
+                  f"(`{wheel[0]}`), {WALL_NOTE}:", "",
+              "| install | CUDA architectures | FFI API | case | `auto` | XLA `jnp.take` | "
+              "copy ceiling | auto vs XLA: busy / span |", "|---|---|---|---|---|---|---|---|"]
+    for r, row in ((gather[1] if gather else None, same), (wheel[1], wrow)):
+        if r is None or row is None:
+            continue
+        t = row["times"]
+        lines.append("| " + " | ".join(_build_cells(r)[:3]) + f" | {_bare_case(row)} "
+                     f"({row.get('dtype')}) | {_us(t['auto'])} | {_us(t['xla'])} | "
+                     f"{_us(t['memcpy'])} | {_ratio(t, 'auto', 'xla', 'busy_us')} / "
+                     f"{_ratio(t, 'auto', 'xla', 'span_us')} |")
+    return "\n".join(lines)
+
+
+def render_sanitizer(r: dict[str, Any]) -> str:
+    tools = ("memcheck", "racecheck", "synccheck")
+    lines = [f"compute-sanitizer ({r.get('compute_sanitizer', '?')}) on the kernels' "
+             f"standalone self-tests (`tests/cuda/*_selftest.cu`, built with "
+             f"{r.get('nvcc', 'nvcc')} for `sm_90a`), as `scripts/gpu_check.sh sanitize` ran "
+             f"them; each cell is the tool's summary line (✓: exit status 0):", "",
+             "| self-test | plain run | " + " | ".join(tools) + " |", "|---|---|---|---|---|"]
+    for prog, runs in r["programs"].items():
+        cells = []
+        for tool in ("run",) + tools:
+            x = runs.get(tool)
+            if x is None:
+                cells.append("not run")
+                continue
+            summary = x["summary"] or f"exit status {x['rc']}"
+            args = f" (`{x['args']}`)" if x.get("args") else ""
+            cells.append(f"{_mark(x['rc'] == 0)} {summary}{args}")
+        lines.append(f"| {prog} | " + " | ".join(cells) + " |")
+    probe = r.get("synccheck_cluster_probe")
+    if probe:
+        lines += ["", f"synccheck's own limit: `tests/cuda/synccheck_cluster_probe.cu` (one "
+                      f"`cp.async.bulk` per CTA into its own shared memory between two cluster "
+                      f"barriers) at cluster size {probe['cluster']}: "
+                      f"{'passes' if probe['rc'] == 0 else 'faults under synccheck'} "
+                      f"(`{probe['summary']}`); the broadcast self-test ran synccheck on "
+                      f"clusters of up to {r.get('largest_synccheck_cluster', '?')}."]
     return "\n".join(lines)
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "copy": render_copy, "tune-bulk": render_tune_bulk, "window": render_window,
     "im2col": render_im2col, "broadcast": render_broadcast,
-    "broadcast-ncu": render_broadcast_ncu, "ppermute": render_ppermute, "gather": render_gather}
+    "broadcast-ncu": render_broadcast_ncu, "ppermute": render_ppermute, "gather": render_gather,
+    "wheel": render_wheel, "sanitizer": render_sanitizer}
+# Sections drawn from several results (None: nothing to draw from).
+DERIVED: dict[str, Callable[[dict[str, tuple[str, dict[str, Any]]]], str | None]] = {
+    "build": render_build, "gather-limits": render_gather_limits}
+# What writes each op's result, for the sections that have none yet.
+_WRITTEN_BY = {"sanitizer": "`scripts/gpu_check.sh sanitize` (its `bench_sanitize.tgz`)",
+               "wheel": "`scripts/gpu_check.sh bench` (`benchmarks/run.py wheel` against the "
+                        "wheel)"}
 
 
 def render(r: dict[str, Any], path: str | None = None) -> str:
@@ -356,11 +727,16 @@ def render_readme(text: str, results: dict[str, tuple[str, dict[str, Any]]]) -> 
     """`text` with every bench section rewritten from `results`."""
     def section(m: re.Match) -> str:
         op = m["op"]
-        if op not in RENDERERS:
+        if op in DERIVED:
+            body = DERIVED[op](results) or f"No results at this commit to draw `{op}` from."
+        elif op not in RENDERERS:
             raise ValueError(f"README section bench:{op}: no such benchmark")
-        body = (render(results[op][1], results[op][0]) if op in results else
-                f"No `{op}` result at this commit: `python benchmarks/run.py all --out-dir "
-                f"benchmarks/results` writes it.")
+        elif op in results:
+            body = render(results[op][1], results[op][0])
+        else:
+            body = (f"No `{op}` result at this commit: "
+                    + _WRITTEN_BY.get(op, "`python benchmarks/run.py all --out-dir "
+                                          "benchmarks/results`") + " writes it.")
         return f"{m.group(1)}{body}\n{m.group(4)}"
     return _SECTION.sub(section, text)
 
@@ -410,7 +786,8 @@ def plot(results: dict[str, tuple[str, dict[str, Any]]], out_dir: str) -> list[s
         ax.set_xticks(sizes, [size_text(b) for b in sizes], rotation=45)
         ax.set(xlabel="slab size", ylabel="GB/s (read + write, by busy time)",
                title=f"gather of random slabs of a {size_text(r['sweep']['table_bytes'])} "
-                     f"table, {r['provenance']['devices'][0]}")
+                     f"{r['sweep'].get('dtype', 'uint32')} table, "
+                     f"{r['provenance']['devices'][0]}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
         paths.append(os.path.join(out_dir, "gather_gbps.png"))
@@ -423,7 +800,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=RESULTS, help="the result JSON files' folder")
     parser.add_argument("--readme", default=README)
     parser.add_argument("--check", action="store_true",
-                        help="change nothing; exit 1 if the README's sections differ")
+                        help="change nothing; exit 1 if the README's sections differ from the "
+                             "results or the measured code changed after their commit")
+    parser.add_argument("--allow-stale", action="store_true",
+                        help="with --check: do not compare the results' commit with HEAD")
     parser.add_argument("--plots", metavar="DIR", help="also write plots here")
     parser.add_argument("--allow-dirty", action="store_true",
                         help="render dirty-tree and smoke results too")
@@ -434,14 +814,25 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.readme) as f:
         old = f.read()
     new = render_readme(old, results)
+    try:
+        check_fresh(results)
+        stale = None
+    except StaleResults as e:
+        stale = str(e)
     if args.check:
+        failed = 0
         if new != old:
             sys.stdout.writelines(difflib.unified_diff(
                 old.splitlines(True), new.splitlines(True), args.readme, "rendered"))
             print(f"{args.readme}: the benchmark sections differ from {args.results}: run "
                   f"python benchmarks/report.py", file=sys.stderr)
-            return 1
-        return 0
+            failed = 1
+        if stale and not args.allow_stale:
+            print(f"benchmarks/report.py: {stale}", file=sys.stderr)
+            failed = 1
+        return failed
+    if stale:
+        print(f"benchmarks/report.py: warning: {stale}", file=sys.stderr)
     if new != old:
         with open(args.readme, "w") as f:
             f.write(new)

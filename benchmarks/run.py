@@ -6,10 +6,15 @@ benchmarks' extension _jax_tma_bench (build with JAX_TMA_BENCH=ON).
     python benchmarks/run.py copy window ... [--out-dir DIR]    # some ops
     python benchmarks/run.py all --smoke [--out-dir DIR]  # the code path on the CPU, tiny sizes
     python benchmarks/run.py stamp   # benchmarks/tree_stamp.json, for a copy without .git
+    python benchmarks/run.py wheel --out-dir DIR   # one gather case, against another install
+    python benchmarks/run.py sanitizer --tsv FILE --out-dir DIR   # gpu_check.sh's sanitize lines
 
 Ops: copy, window, im2col, broadcast, broadcast-ncu (DRAM bytes from ncu),
 tune-bulk (the bulk pipeline-shape sweep), gather (gather and scatter),
-ppermute (two GPUs; in `all` where two are visible). Each result JSON (<op>_<devices>_<date>.json)
+ppermute (two GPUs; in `all` where two are visible); outside `all`: wheel
+(the use case's page gather alone, which gpu_check.sh runs against the
+wheel) and sanitizer (compute-sanitizer's results as a result file, from
+the lines gpu_check.sh's sanitize stage writes). Each result JSON (<op>_<devices>_<date>.json)
 records the commit it was measured at and refuses a dirty tree (unless
 --allow-dirty, which marks it), the devices, versions and how it was timed;
 benchmarks/report.py renders the README's tables from them. How cases are
@@ -41,9 +46,10 @@ from harness import MIB, Session, write_result  # noqa: E402
 
 # Seconds each op should take on one H100 (all of them: under 10 minutes);
 # a run over its budget says so.
-BUDGET_S = {"copy": 120, "window": 40, "im2col": 40, "broadcast": 60, "broadcast-ncu": 90,
-            "tune-bulk": 60, "gather": 60, "ppermute": 120}
-OPS = tuple(BUDGET_S)
+BUDGET_S = {"copy": 60, "window": 20, "im2col": 40, "broadcast": 30, "broadcast-ncu": 30,
+            "tune-bulk": 20, "gather": 120, "ppermute": 120, "wheel": 30}
+# What `all` runs (wheel is for another install; sanitizer is not timed).
+OPS = tuple(op for op in BUDGET_S if op != "wheel")
 # What a smoke run (CPU) cannot run.
 _NOT_IN_SMOKE = {"broadcast-ncu": "needs ncu and a GPU"}
 
@@ -71,6 +77,9 @@ def _runner(op: str, args: argparse.Namespace) -> Callable[[Session], dict[str, 
     if op == "gather":
         from bench_gather import bench_gather
         return bench_gather
+    if op == "wheel":
+        from bench_gather import bench_wheel
+        return bench_wheel
     from bench_ppermute import bench_ppermute
     return lambda s: bench_ppermute(s, args.sizes_mib)
 
@@ -90,9 +99,32 @@ def _expand(ops: Sequence[str], devices: Sequence[jax.Device], smoke: bool) -> l
     return out
 
 
+def _sanitizer(args: argparse.Namespace) -> int:
+    """The sanitizer result file from gpu_check.sh's lines (sanitizer.py)."""
+    import sanitizer
+
+    if not args.tsv:
+        print("benchmarks/run.py sanitizer: --tsv FILE is needed", file=sys.stderr)
+        return 2
+    with open(args.tsv) as f:
+        result = sanitizer.summarize(f.read())
+    gpus = [d for d in jax.devices() if d.platform == "gpu"] or jax.devices()
+    try:
+        result["provenance"] = provenance.collect(gpus[:1], args.allow_dirty or not args.out_dir)
+    except provenance.DirtyTree as e:
+        print(f"benchmarks/run.py: {e}", file=sys.stderr)
+        return 3
+    result["timing_method"] = "compute-sanitizer exit status and summary lines (not timed)"
+    if args.out_dir:
+        print(f"wrote {write_result(result, args.out_dir)}")
+    print(report.render(result), flush=True)
+    return 0 if result["passed"] else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/run.py")
-    parser.add_argument("ops", nargs="+", choices=("all",) + OPS + ("stamp", "broadcast-once"))
+    parser.add_argument("ops", nargs="+", choices=("all", "wheel") + OPS + (
+        "stamp", "broadcast-once", "sanitizer"))
     parser.add_argument("--out-dir", help="write one result JSON per op here, replacing the "
                                           "op's earlier results there")
     parser.add_argument("--smoke", action="store_true",
@@ -102,7 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="measure a tree that differs from its commit (marked dirty)")
     parser.add_argument("--sizes-mib", type=float, nargs="+",
                         help="sizes for copy (bytes) and ppermute (block per device), in MiB")
+    parser.add_argument("--tsv", help="sanitizer: the lines gpu_check.sh's sanitize stage wrote")
     args = parser.parse_args(argv)
+    if args.ops == ["sanitizer"]:
+        return _sanitizer(args)
     if args.ops == ["stamp"]:
         print(provenance.make_stamp())
         return 0

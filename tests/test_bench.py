@@ -1,9 +1,12 @@
 """The benchmarks (benchmarks/ of the checkout, outside the installed
-package): the harness's bookkeeping, a smoke run of every benchmark's code
-path on the CPU rendered by report.py, the README's benchmark sections
-against the committed results (a hand edit fails here), provenance, the ncu
-listing parser; on a GPU, the reference kernels that the copy benchmark
-times jax_tma against."""
+package): the harness's bookkeeping and its three clocks, a smoke run of
+every benchmark's code path on the CPU rendered by report.py, the README's
+benchmark sections against the committed results (a hand edit fails here)
+and those results against the code (a change after their commit fails
+here), provenance, the ncu listing parser, the sanitizer summary, the HLO
+kernel count; on a GPU, the reference kernels that the copy benchmark times
+jax_tma against and the fusion of XLA's decode-step gathers that the README
+states."""
 
 import importlib
 import json
@@ -57,6 +60,51 @@ def test_case_medians_drop_the_first_call_of_each_turn():
     # one call per turn: every call counts
     one = harness._case_medians(["a", "b", "a"], [(1e-6, 1e-6), (2e-6, 2e-6), (3e-6, 3e-6)], 1)
     assert one["a"]["span_us"] == pytest.approx(2.0)
+
+
+def test_wall_clock_dispatches_a_sample_then_waits_once(monkeypatch):
+    calls, waits = [], []
+    monkeypatch.setattr(harness.jax, "block_until_ready", lambda x: waits.append(x) or x)
+    got = harness._wall_clock({"a": lambda: calls.append("a") or 1,
+                               "b": lambda: calls.append("b") or 2}, calls=3, samples=2)
+    assert calls == ["a"] * 3 + ["b"] * 3 + ["a"] * 3 + ["b"] * 3  # cases take turns
+    assert waits == [1, 2, 1, 2]  # one sync per sample, on its last call
+    assert set(got) == {"a", "b"} and all(v >= 0 for v in got.values())
+
+
+def test_session_time_gives_three_clocks_unless_told_otherwise():
+    s = harness.Session(smoke=True, refs=None)
+    cases = {"a": lambda: jnp.zeros(4), "b": lambda: jnp.ones(4)}
+    timed = s.time(cases, rounds=2, rep=2)
+    assert set(timed["cases"]["a"]) == {"busy_us", "span_us", "wall_us"}
+    assert timed["protocol"]["wall"] == {"calls": 2, "samples": 2}
+    for kwargs in ({"wall": False}, {"before": lambda: None, "before_name": "nothing"}):
+        timed = s.time(cases, rounds=2, **kwargs)
+        assert set(timed["cases"]["a"]) == {"busy_us", "span_us"}
+        assert timed["protocol"]["wall"] is None
+
+
+def test_a_target_needs_busy_time_and_span_to_agree():
+    def row(busy, span):
+        return {"times": {"auto": {"busy_us": 100.0, "span_us": 100.0},
+                          "xla": {"busy_us": busy, "span_us": span}}}
+    assert report.target_met(row(120.0, 125.0), "xla", 1.2)
+    assert not report.target_met(row(130.0, 110.0), "xla", 1.2)  # span disagrees
+    assert not report.target_met(row(110.0, 130.0), "xla", 1.2)  # busy disagrees
+
+
+def test_the_wall_clock_shows_from_100_us():
+    assert report._us({"busy_us": 99.9, "span_us": 100.0, "wall_us": 130.0}) == \
+        "99.9 / 100.0 / —"
+    assert report._us({"busy_us": 100.0, "span_us": 100.0, "wall_us": 130.0}) == \
+        "100.0 / 100.0 / 130.0"
+    assert report._us({"busy_us": 300.0, "span_us": 300.0}) == "300.0 / 300.0 / —"
+    times = {"auto": {"busy_us": 200.0, "span_us": 210.0, "wall_us": 220.0},
+             "xla": {"busy_us": 300.0, "span_us": 315.0, "wall_us": 440.0},
+             "fast": {"busy_us": 50.0, "span_us": 50.0, "wall_us": 60.0}}
+    assert [report._ratio(times, "auto", "xla", c) for c in ("busy_us", "span_us", "wall_us")] \
+        == ["1.50", "1.50", "2.00"]
+    assert report._ratio(times, "auto", "fast", "wall_us") == "—"
 
 
 def test_case_medians_need_a_run_per_planned_call():
@@ -138,10 +186,12 @@ def test_run_says_it_needs_a_gpu():
 
 @pytest.fixture(scope="module")
 def smoke_results(tmp_path_factory):
-    """Every benchmark that runs on the CPU, run once with tiny sizes."""
+    """Every benchmark that runs on the CPU, and the wheel's case, run once
+    with tiny sizes."""
     out = tmp_path_factory.mktemp("smoke")
-    run = _run_py("all", "--smoke", "--allow-dirty", "--out-dir", str(out),
-                  XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    run = _run_py("all", "wheel", "--smoke", "--allow-dirty", "--out-dir", str(out),
+                  XLA_FLAGS="--xla_force_host_platform_device_count=2",
+                  JAX_TMA_INSTALL="the smoke test's install")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "broadcast-ncu skipped in a smoke run" in run.stderr
     return out, report.load_results(str(out))
@@ -150,7 +200,7 @@ def smoke_results(tmp_path_factory):
 def test_smoke_run_writes_one_checked_result_per_op(smoke_results):
     out, results = smoke_results
     assert sorted(results) == ["broadcast", "copy", "gather", "im2col", "ppermute", "tune-bulk",
-                               "window"]
+                               "wheel", "window"]
     for op, (path, r) in results.items():
         assert os.path.basename(path).startswith(f"{op}_"), path
         assert r["smoke"] and r["timing_method"].startswith("smoke:")
@@ -159,38 +209,92 @@ def test_smoke_run_writes_one_checked_result_per_op(smoke_results):
         assert prov["date"][:10] in path and prov["versions"]["jax"] == jax.__version__
         assert prov["device_tag"] == ("2x-cpu" if op == "ppermute" else "cpu")
         assert prov["jax_tma"]["build_info"]["ffi_api_version"]
+        assert prov["install"] == "the smoke test's install"
     window = results["window"][1]["rows"]
     # auto hands a traced start to SIMT, a static aligned one to the handler
     assert [r["auto_lowered_method"] for r in window[:3]] == ["simt", "simt", "auto"]
     assert "tma" not in window[3]["times"]  # x[::2, ::2] has no tensor-map form
+    assert [r["dtype"] for r in window] == ["float32"] * 6 + ["bfloat16"] * 6
+    copy = results["copy"][1]["rows"]
+    assert [(r["bytes"], r["dtype"]) for r in copy] == [
+        (64 << 10, "uint32"), (256 << 10, "uint32"), (64 << 10, "bfloat16")]
+    assert "wall_us" in copy[0]["repeat"]["auto"]
+    assert "wall_us" not in copy[0]["after_write"]["auto"]  # a write runs before each call
+    assert [r["dtype"] for r in results["im2col"][1]["rows"]] == ["bfloat16", "float32"]
+    assert [r["dtype"] for r in results["broadcast"][1]["rows"]] == [
+        "bfloat16", "float32", "bfloat16"]
+
+
+def test_smoke_gather_times_every_case_at_its_dtypes(smoke_results):
+    _, results = smoke_results
     gather = results["gather"][1]
-    assert [row["kind"] for row in gather["rows"]] == [
-        "gather", "scatter set", "gather", "gather", "scatter add", "scatter add", "decode step"]
-    for row in gather["rows"]:
-        assert set(row["targets_met"]) == set(row["targets"]) <= {*row["vs"]["auto"]}
-        for name in row["times"]:  # every timed case was checked first
+    assert gather["use_dtype"] == "bfloat16"
+    assert [(row["key"], row["dtype"]) for row in gather["rows"]] == [
+        ("pages", "bfloat16"), ("set", "bfloat16"), ("pages", "float8_e4m3fn"),
+        ("set", "float8_e4m3fn"), ("pages", "uint32"), ("set", "uint32"),
+        ("rows 512", "bfloat16"), ("rows 512", "float32"), ("rows 512", "uint32"),
+        ("add", "float32"), ("add", "bfloat16"), ("decode", "bfloat16")]
+    for row in gather["rows"] + gather["small_gathers"] + gather["sweep"]["rows"]:
+        assert row["dtype"] in row["case"]  # each case names its dtype
+        for name, t in row["times"].items():  # three clocks, each case checked first
+            assert set(t) == {"busy_us", "span_us", "wall_us"}, (row["case"], name)
             label = "memcpy ceiling" if name == "memcpy" else name
             assert f"{row['case']}: {label}" in gather["checked_bit_exact"]
-    assert {"tma", "simt", "deterministic", "xla"} <= set(gather["rows"][4]["times"])
+        # every jax_tma method at the use case's dtype, auto alone at the others
+        ours = {"auto", "tma", "simt"} & set(row["times"])
+        assert ours == ({"auto", "tma", "simt"} if row["dtype"] == "bfloat16" or
+                        row["kind"] == "scatter add" else {"auto"}) or row["kind"] == "decode step"
+        assert set(row.get("targets_met", {})) == set(row.get("targets", {}))
+    targeted = {(row["key"], row["dtype"]): set(row["targets"])
+                for row in gather["rows"] if "targets" in row}
+    assert targeted == {("pages", "bfloat16"): {"memcpy", "xla"},
+                        ("set", "bfloat16"): {"memcpy", "xla", "xla_hinted"},
+                        ("rows 512", "bfloat16"): {"memcpy"},
+                        ("add", "float32"): {"xla"}, ("add", "bfloat16"): {"xla"},
+                        ("decode", "bfloat16"): {"xla_hinted"}}
+    assert {"tma", "simt", "deterministic", "xla"} <= set(gather["rows"][9]["times"])
+    assert set(gather["rows"][-1]["xla_gather_kernels"]) == {"xla", "xla_hinted"}
     assert [row["slab_bytes"] for row in gather["sweep"]["rows"]] == [128, 1024]
-    assert [row["bytes"] for row in gather["small_gathers"]] == [2 * 4 * 2048, 2 * 16 * 2048]
-    assert set(gather["chained_tiny_gathers"]["per_op"]) == {
-        "gather", "gather_tma", "gather_simt", "minimal_ffi"}
+    assert gather["sweep"]["dtype"] == "bfloat16"
+    # Small calls rotate through index sets of distinct rows (L2-cold on a GPU).
+    small = gather["small_gathers"]
+    assert [(row["bytes"], row["dtype"], row["inputs"]) for row in small] == [
+        (2 * 4 * 2048, "bfloat16", 8), (2 * 4 * 2048, "uint32", 8),
+        (2 * 16 * 2048, "bfloat16", 2)]
+    assert all(row["ceiling_inputs"] > 1 for row in small)
+    chain = gather["chained_tiny_gathers"]
+    assert set(chain["per_op"]) == {"gather", "gather_tma", "gather_simt", "minimal_ffi"}
+    assert chain["l2"] == "warm"
+    wheel = results["wheel"][1]["rows"]
+    assert len(wheel) == 1 and wheel[0]["case"] == gather["rows"][0]["case"]
+    assert set(wheel[0]["times"]) == {"auto", "xla", "xla_hinted", "memcpy"}
 
 
 def test_smoke_results_render_into_the_readme_sections(smoke_results):
     _, results = smoke_results
     with pytest.raises(ValueError, match="a smoke run's result cannot be published"):
         report.check_results(results)
-    readme = "".join(f"<!-- bench:{op} -->\nold\n<!-- /bench:{op} -->\n" for op in report.RENDERERS)
+    names = [*report.RENDERERS, *report.DERIVED]
+    readme = "".join(f"<!-- bench:{op} -->\nold\n<!-- /bench:{op} -->\n" for op in names)
     text = report.render_readme(readme, results)
     assert "old" not in text
     assert "(smoke run: measures nothing)" in text
     assert "No `broadcast-ncu` result at this commit" in text
+    assert "No `sanitizer` result at this commit: `scripts/gpu_check.sh sanitize`" in text
     assert "| method | 4 replicas of 64² bf16 (axis=0) |" in text  # broadcast's table
     assert "| slab | auto | tma | simt | XLA | XLA hinted | copy ceiling |" in text  # gather's
     assert "The other methods, chained alike: `method='tma'`" in text
-    assert "| gather 16 random rows of 2 KiB of 64 |" in text  # the small gathers
+    assert "| gather 16 random rows of 2 KiB of 64 | bfloat16 | 2 (" in text  # the small gathers
+    # the targets table: target, dtype, clock, measured, met
+    assert "| target | case | dtype | clock | measured | met |" in text
+    assert re.search(r"\| in-place page set: `auto` ≥ 5× XLA \| .* \| bfloat16 \| busy and span "
+                     r"\| [\d.]+× busy, [\d.]+× span \| [✓✗] \|", text)
+    assert "| case | bfloat16 | float32 | float8_e4m3fn | uint32 |" in text  # the dtype effect
+    # the build measured, and the wheel's case beside it
+    assert "| install | CUDA architectures | FFI API | CUDA runtime |" in text
+    assert text.count("| the smoke test's install | `") >= 3  # the build, the wheel's table x2
+    assert "- `gather`/`scatter` speed (cpu, GPU busy time" in text  # the limits bullet
+    assert "Blackwell" in text
     assert "XLA comparators whose output differs from the bit-exact reference" not in \
         report.render(results["copy"][1])
 
@@ -199,17 +303,83 @@ def test_readme_tables_match_the_committed_results():
     # The README's benchmark sections are report.py's rendering of
     # benchmarks/results/: edit the results (by running the benchmarks),
     # then run `python benchmarks/report.py`, never the tables by hand.
-    assert report.main(["--check"]) == 0
+    # (Whether the results are those of the code: the next test.)
+    assert report.main(["--check", "--allow-stale"]) == 0
+
+
+def test_committed_results_match_the_code():
+    # No change to the measured code (report.WATCHED) since the results'
+    # commit: after one, the benchmarks run again (scripts/gpu_check.sh
+    # bench) and report.py renders their results.
+    results = report.load_results(report.RESULTS)
+    for commit in report._commits(results):
+        if report.changed_since(commit) is None:
+            pytest.skip(f"no git history here to compare {commit[:10]} with HEAD (a copy "
+                        f"without .git, or a shallow clone)")
+    report.check_fresh(results)
+
+
+def _git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          check=True, env={**os.environ, "GIT_AUTHOR_NAME": "t",
+                                           "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                                           "GIT_COMMITTER_EMAIL": "t@t"}).stdout.strip()
+
+
+def test_check_fails_on_a_code_change_after_the_results_commit(tmp_path, monkeypatch):
+    # A checkout of its own: code, results of its first commit, a README
+    # rendered from them. Docs may change after the results; code may not.
+    repo = tmp_path / "repo"
+    for path, text in {"jax_tma/_copy.py": "one", "ffi/copy/bulk_copy.cu": "one",
+                       "benchmarks/bench_copy.py": "one", "docs/index.md": "one",
+                       "CMakeLists.txt": "one"}.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "code")
+    measured = _git(repo, "rev-parse", "HEAD")
+    result = {"op": "tune-bulk", "summary": [], "smoke": False,
+              "provenance": {"commit": measured, "dirty": False, "devices": ["H100"],
+                             "versions": {"jax": "0"}, "date": "2026-11-25T00:00:00"}}
+    (repo / "benchmarks" / "results").mkdir()
+    (repo / "benchmarks" / "results" / "tune-bulk_h100_2026-11-25.json").write_text(
+        json.dumps(result))
+    monkeypatch.setattr(report, "ROOT", str(repo))
+    args = ["--check", "--results", str(repo / "benchmarks" / "results"),
+            "--readme", str(repo / "README.md")]
+    (repo / "README.md").write_text("<!-- bench:tune-bulk -->\nx\n<!-- /bench:tune-bulk -->\n")
+    assert report.main(args[1:]) == 0  # renders it
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "results")
+    assert report.main(args) == 0
+    (repo / "docs" / "index.md").write_text("two")
+    _git(repo, "commit", "-qam", "docs")
+    assert report.main(args) == 0
+    for path in ("jax_tma/_copy.py", "ffi/copy/bulk_copy.cu", "benchmarks/bench_copy.py",
+                 "CMakeLists.txt"):
+        (repo / path).write_text("two")
+        _git(repo, "commit", "-qam", f"change {path}")
+        assert path in report.changed_since(measured)
+        assert report.main(args) == 1
+        assert report.main([*args, "--allow-stale"]) == 0
+    with pytest.raises(report.StaleResults, match=r"are stale: .*jax_tma/_copy.py"):
+        report.check_fresh(report.load_results(str(repo / "benchmarks" / "results")))
+    # Without the commit in the history, nothing can be told: that fails too.
+    monkeypatch.setattr(report, "ROOT", str(tmp_path))
+    with pytest.raises(report.StaleResults, match="cannot tell"):
+        report.check_fresh(report.load_results(str(repo / "benchmarks" / "results")))
 
 
 def test_a_hand_edit_of_a_table_is_caught(tmp_path):
     with open(report.README) as f:
         text = f.read()
-    start = text.index("<!-- bench:copy -->\n") + len("<!-- bench:copy -->\n")
-    edited = text[:start] + "| 1 MiB | 9.99 |\n" + text[start:]
-    readme = tmp_path / "README.md"
-    readme.write_text(edited)
-    assert report.main(["--check", "--readme", str(readme)]) == 1
+    for section in ("copy", "gather-limits"):
+        start = text.index(f"<!-- bench:{section} -->\n") + len(f"<!-- bench:{section} -->\n")
+        edited = text[:start] + "| 1 MiB | 9.99 |\n" + text[start:]
+        readme = tmp_path / "README.md"
+        readme.write_text(edited)
+        assert report.main(["--check", "--allow-stale", "--readme", str(readme)]) == 1
 
 
 def test_report_refuses_two_results_of_one_op(tmp_path):
@@ -319,3 +489,126 @@ def test_copy_references_are_bit_exact(gpu, bench_ext, rng, target):
         for dtype in (np.uint8, np.float32):
             x = random_array(rng, (nbytes // np.dtype(dtype).itemsize,), dtype)
             assert_bits_equal(into_poison(references.ffi_reference(target), x, gpu), x)
+
+
+_HLO = """HloModule jit_step, is_scheduled=true
+
+%fused_gather (param_0: bf16[8,4], param_1: s32[2]) -> bf16[2,4] {
+  %param_0 = bf16[8,4]{1,0} parameter(0)
+  %param_1 = s32[2]{0} parameter(1)
+  ROOT %gather.1 = bf16[2,4]{1,0} gather(%param_0, %param_1), offset_dims={1}
+}
+
+%fused_two (p0: bf16[8,4], p1: bf16[8,4], p2: s32[2]) -> (bf16[2,4], bf16[2,4]) {
+  %p0 = bf16[8,4]{1,0} parameter(0)
+  %p1 = bf16[8,4]{1,0} parameter(1)
+  %p2 = s32[2]{0} parameter(2)
+  %gather.2 = bf16[2,4]{1,0} gather(%p0, %p2), offset_dims={1}
+  %gather.3 = bf16[2,4]{1,0} gather(%p1, %p2), offset_dims={1}
+  ROOT %tuple = (bf16[2,4]{1,0}, bf16[2,4]{1,0}) tuple(%gather.2, %gather.3)
+}
+
+%fused_scatter (a: bf16[8,4]) -> bf16[8,4] {
+  ROOT %a = bf16[8,4]{1,0} parameter(0)
+}
+
+%command_buffer (x: bf16[8,4], y: bf16[8,4], i: s32[2]) -> (bf16[2,4], bf16[2,4]) {
+  %x = bf16[8,4]{1,0} parameter(0)
+  %y = bf16[8,4]{1,0} parameter(1)
+  %i = s32[2]{0} parameter(2)
+  ROOT %loop_fusion = (bf16[2,4]{1,0}, bf16[2,4]{1,0}) fusion(%x, %y, %i), kind=kLoop, \
+calls=%fused_two
+}
+
+ENTRY %main (x: bf16[8,4], y: bf16[8,4], i: s32[2]) -> bf16[2,4] {
+  %x = bf16[8,4]{1,0} parameter(0)
+  %y = bf16[8,4]{1,0} parameter(1)
+  %i = s32[2]{0} parameter(2)
+  %s = bf16[8,4]{1,0} fusion(%x), kind=kLoop, calls=%fused_scatter
+  %one = bf16[2,4]{1,0} fusion(%s, %i), kind=kLoop, calls=%fused_gather
+  %bare = bf16[2,4]{1,0} gather(%y, %i), offset_dims={1}
+  %cb = (bf16[2,4]{1,0}, bf16[2,4]{1,0}) call(%x, %y, %i), to_apply=%command_buffer
+  ROOT %r = bf16[2,4]{1,0} add(%one, %bare)
+}
+"""
+
+
+def test_kernels_with_counts_fusions_holding_the_op():
+    from bench_gather import kernels_with
+
+    # %one (a fusion of one gather), %bare (unfused), %loop_fusion inside the
+    # command buffer (two gathers in one multi-output fusion: one kernel).
+    assert kernels_with(_HLO, "gather") == 3
+    assert kernels_with(_HLO, "scatter") == 0
+    assert kernels_with(_HLO.replace("%bare = bf16[2,4]{1,0} gather(%y, %i), offset_dims={1}",
+                                     "%bare = bf16[2,4]{1,0} copy(%one)"), "gather") == 2
+
+
+def test_kernels_with_counts_a_compiled_program():
+    from bench_gather import _decode_step, _set_hinted, _take_hinted, kernels_with
+
+    pools = (jnp.zeros((32, 2, 4), jnp.bfloat16), jnp.ones((32, 2, 4), jnp.bfloat16))
+    args = (jnp.array([5, 13], jnp.int32), jnp.array([[1, 3], [2, 0]], jnp.int32),
+            jnp.zeros((2, 2, 2, 4), jnp.bfloat16))
+    text = jax.jit(_decode_step(_set_hinted, _take_hinted, 4)).lower(pools, *args).compile() \
+        .as_text()
+    assert kernels_with(text, "gather") in (1, 2), text  # the two pools' gathers
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hinted", [False, True], ids=["plain", "hinted"])
+def test_xla_gathers_a_decode_steps_pools_in_one_kernel(gpu, hinted):
+    # The README (gather's API section) says XLA fuses the gathers of a
+    # decode step's K and V pools into one kernel; the compiled step of the
+    # benchmark, its pools donated, shows it (a multi-output fusion).
+    from bench_gather import _decode_step, _set, _set_hinted, _take, _take_hinted, kernels_with
+
+    batch, per_seq, tokens, heads, dim = 4, 8, 16, 8, 128
+    pages = 2 * batch * per_seq
+    pools = tuple(jax.device_put(jnp.zeros((pages * tokens, heads, dim), jnp.bfloat16), gpu)
+                  for _ in range(2))
+    table = jnp.arange(batch * per_seq, dtype=jnp.int32).reshape(batch, per_seq)
+    args = jax.device_put((jnp.arange(batch, dtype=jnp.int32) * tokens, table,
+                           jnp.zeros((2, batch, heads, dim), jnp.bfloat16)), gpu)
+    step = _decode_step(_set_hinted, _take_hinted, tokens) if hinted else \
+        _decode_step(_set, _take, tokens)
+    text = jax.jit(step, donate_argnums=0).lower(pools, *args).compile().as_text()
+    assert kernels_with(text, "gather") == 1, text
+
+
+def test_sanitizer_lines_become_a_result():
+    import sanitizer
+
+    lines = "\n".join([
+        "nvcc\tCuda compilation tools, release 13.0, V13.0.88",
+        "compute-sanitizer\tNVIDIA (R) Compute Sanitizer 2025.3",
+        "probe\tsynccheck\t9\t16\tprobe: cluster 16 faulted",
+        "largest_synccheck_cluster\t8",
+        "copy_selftest\trun\t0\t\tcopy_selftest: 90 cases passed",
+        "copy_selftest\tmemcheck\t0\t\t========= ERROR SUMMARY: 0 errors",
+        "broadcast_selftest\tsynccheck\t0\tall 1234 8\t========= ERROR SUMMARY: 0 errors",
+    ])
+    r = sanitizer.summarize(lines)
+    assert r["passed"] and r["largest_synccheck_cluster"] == 8
+    assert r["programs"]["copy_selftest"]["memcheck"] == {
+        "rc": 0, "args": "", "summary": "========= ERROR SUMMARY: 0 errors"}
+    assert r["synccheck_cluster_probe"] == {"cluster": 16, "rc": 9,
+                                            "summary": "probe: cluster 16 faulted"}
+    text = report.render_sanitizer(r)
+    assert ("| copy_selftest | ✓ copy_selftest: 90 cases passed | ✓ ========= ERROR SUMMARY: "
+            "0 errors | not run | not run |") in text
+    assert "(`all 1234 8`)" in text and "faults under synccheck" in text
+    assert not sanitizer.summarize(lines + "\nwindow_selftest\tracecheck\t9\t\t")["passed"]
+    with pytest.raises(ValueError, match="unknown tool 'helgrind'"):
+        sanitizer.summarize("copy_selftest\thelgrind\t0\t\t")
+
+
+def test_run_writes_the_sanitizer_result(tmp_path):
+    tsv = tmp_path / "sanitizer.tsv"
+    tsv.write_text("copy_selftest\trun\t0\t\tok\ncopy_selftest\tmemcheck\t0\t\tERROR SUMMARY: "
+                   "0 errors\n")
+    run = _run_py("sanitizer", "--tsv", str(tsv), "--allow-dirty", "--out-dir", str(tmp_path))
+    assert run.returncode == 0, run.stdout + run.stderr
+    (path, r), = report.load_results(str(tmp_path)).values()
+    assert r["op"] == "sanitizer" and r["provenance"]["devices"] and r["passed"]
+    assert "| copy_selftest | ✓ ok | ✓ ERROR SUMMARY: 0 errors |" in report.render(r, path)
