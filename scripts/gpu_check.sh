@@ -11,9 +11,12 @@
 # Then the test suite against each install with GPU skips turned into
 # failures, compute-sanitizer (memcheck, racecheck, synccheck) on the kernels'
 # self-tests, and the benchmarks (benchmarks/run.py, against the source
-# install: built from this very tree, so the results are this commit's). Logs
-# under $OUT, the benchmarks' result JSON and log in $OUT/bench_<ops>.tgz
-# (`tar -xzf bench_all.tgz -C benchmarks results` puts them in
+# install: built from this very tree, so the results are this commit's; then
+# one case, `run.py wheel`, against the wheel, which must be built from the
+# same commit). Logs under $OUT, the benchmarks' result JSON and log in
+# $OUT/bench_<ops>.tgz and the sanitizers' result JSON in
+# $OUT/bench_sanitize.tgz (`tar -xzf bench_all.tgz -C benchmarks results` and
+# `tar -xzf bench_sanitize.tgz -C benchmarks results` put them in
 # benchmarks/results/; then run benchmarks/report.py), a short summary last;
 # the exit status is non-zero if any step failed.
 #   usage: bash scripts/gpu_check.sh [tests|sanitize|bench|ncu|multi]...
@@ -26,8 +29,9 @@
 #   SELFTESTS=im2col BENCH_OPS=im2col. CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90a-real
 #   builds the source install for the H100/H200 alone (about a third of the
 #   full build's time). bench runs `benchmarks/run.py all`
-#   (about 6 min on an H100; ncu's DRAM bytes per broadcast method included),
-#   ncu that step alone. The results name the commit: where this tree came
+#   (about 4 min on an H100 after the source build; ncu's DRAM bytes per
+#   broadcast method included) and `run.py wheel` on the wheel (under a
+#   minute), ncu that step alone. The results name the commit: where this tree came
 #   without .git, run `python benchmarks/run.py stamp` in the checkout and
 #   bring benchmarks/tree_stamp.json along (git-ignored; the device tool's
 #   carry); a dirty or unstamped tree is refused.
@@ -61,6 +65,10 @@ fi
 JAX_TMA_CUDA=ON JAX_TMA_BENCH=ON SKBUILD_BUILD_DIR=/tmp/jax_tma_source_build python3 -m pip install -v \
   --no-build-isolation --no-deps --target "${site[source]}" . > "$OUT/source_build.log" 2>&1
 record $? "source build: $(grep -E -- '-- jax_tma: (GNU|Clang)' "$OUT/source_build.log" | sed 's/.*-- //')"
+# What each result names as the install it measured (provenance.install).
+declare -A install_label=(
+  [source]="source build on this machine (pip install --no-build-isolation; $(grep -E -- '-- jax_tma: (GNU|Clang)' "$OUT/source_build.log" | sed 's/.*-- jax_tma: //' | head -1)${CMAKE_ARGS:+; $CMAKE_ARGS})"
+  [wheel]="wheel ${wheel:+$(basename "$wheel")}")
 # The benchmarks' extension out of the source install, so that each install
 # is tested with it but neither shadows the other.
 mkdir -p "$bench_site" && mv "${site[source]}"/_jax_tma_bench*.so "$bench_site"/
@@ -73,16 +81,24 @@ done
 export PYTHONPATH=${site[wheel]}:$bench_site
 
 # bench NAME OPS...: benchmarks/run.py OPS against the source install, one
-# result JSON per op, packed with the log into $OUT/bench_NAME.tgz (one
-# file: the device tool brings back few).
+# result JSON per op (and, with WHEEL_CASE=1, `run.py wheel` against the
+# wheel into the same folder), packed with the logs into $OUT/bench_NAME.tgz
+# (one file: the device tool brings back few).
 bench() {
   local name=$1 dir=/tmp/jax_tma_bench_out
   shift
   rm -rf "$dir" && mkdir -p "$dir"
-  PYTHONPATH=${site[source]}:$bench_site timeout 480 python3 -P benchmarks/run.py "$@" \
-    --out-dir "$dir/results" > "$dir/bench.log" 2>&1
+  PYTHONPATH=${site[source]}:$bench_site JAX_TMA_INSTALL="${install_label[source]}" timeout 480 \
+    python3 -P benchmarks/run.py "$@" --out-dir "$dir/results" > "$dir/bench.log" 2>&1
   local rc=$?
   grep -v "^WARNING" "$dir/bench.log" | tail -60
+  if [ "${WHEEL_CASE:-0}" = 1 ]; then
+    PYTHONPATH=${site[wheel]}:$bench_site JAX_TMA_INSTALL="${install_label[wheel]}" timeout 150 \
+      python3 -P benchmarks/run.py wheel --out-dir "$dir/results" > "$dir/bench_wheel.log" 2>&1
+    local wrc=$?
+    grep -v "^WARNING" "$dir/bench_wheel.log" | tail -8
+    record $wrc "bench wheel (one case on $(basename "${wheel:-no wheel}")): $(grep -A3 '^== elapsed ==' "$dir/bench_wheel.log" | tail -n +2 | tr -s ' ' | tr '\n' ';')"
+  fi
   # shellcheck disable=SC2046
   tar -czf "$OUT/bench_${name// /-}.tgz" -C "$dir" $(ls "$dir")
   record $rc "bench $name: $(grep -A12 '^== elapsed ==' "$dir/bench.log" | tail -n +2 | tr -s ' ' | tr '\n' ';')"
@@ -116,14 +132,24 @@ for stage in "${stages[@]}"; do
     # structures" on 16-CTA clusters.
     sync_opts=(--num-cuda-barriers 64)
     largest_synccheck_cluster=16
+    # One line per run for benchmarks/run.py sanitizer (benchmarks/sanitizer.py).
+    tsv=$OUT/sanitizer.tsv
+    : > "$tsv"
+    printf 'nvcc\t%s\n' "$(nvcc --version | tail -1)" >> "$tsv"
+    printf 'compute-sanitizer\t%s\n' "$(compute-sanitizer --version | grep -i version | head -1)" >> "$tsv"
     nvcc "${nvcc_args[@]}" tests/cuda/synccheck_cluster_probe.cu -o /tmp/synccheck_cluster_probe \
       >> "$OUT/selftest_build.log" 2>&1
     record $? "build synccheck_cluster_probe"
-    if ! timeout 60 compute-sanitizer --tool synccheck "${sync_opts[@]}" \
-        /tmp/synccheck_cluster_probe 16 > /tmp/probe.log 2>&1; then
+    timeout 60 compute-sanitizer --tool synccheck "${sync_opts[@]}" \
+      /tmp/synccheck_cluster_probe 16 > /tmp/probe.log 2>&1
+    rc=$?
+    printf 'probe\tsynccheck\t%s\t16\t%s\n' "$rc" \
+      "$(grep -E 'probe:|ERROR SUMMARY' /tmp/probe.log | tr '\t\n' '  ')" >> "$tsv"
+    if [ "$rc" -ne 0 ]; then
       largest_synccheck_cluster=8
       summary+=("synccheck faults on tests/cuda/synccheck_cluster_probe.cu at cluster 16 (a tool limitation, see the file): broadcast synccheck on clusters up to 8: $(grep probe: /tmp/probe.log)")
     fi
+    printf 'largest_synccheck_cluster\t%s\n' "$largest_synccheck_cluster" >> "$tsv"
     cat /tmp/probe.log >> "$OUT/sanitizer.log"
     for op in ${SELFTESTS:-copy window broadcast im2col gather}; do
       prog=${op}_selftest
@@ -135,6 +161,7 @@ for stage in "${stages[@]}"; do
       rc=$?
       cat /tmp/selftest.log >> "$OUT/selftests.log"
       record $rc "$prog: $(tail -1 /tmp/selftest.log)"
+      printf '%s\trun\t%s\t\t%s\n' "$prog" "$rc" "$(tail -1 /tmp/selftest.log | tr '\t' ' ')" >> "$tsv"
       for tool in memcheck racecheck synccheck; do
         opts=()
         args=()
@@ -144,18 +171,42 @@ for stage in "${stages[@]}"; do
           "${args[@]}" > /tmp/sanitizer.log 2>&1
         rc=$?
         cat /tmp/sanitizer.log >> "$OUT/sanitizer.log"
-        record $rc "compute-sanitizer $tool $prog: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|_selftest:|overflow' /tmp/sanitizer.log | tr '\n' ' ')"
+        line=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|_selftest:|overflow' /tmp/sanitizer.log | tr '\t\n' '  ')
+        record $rc "compute-sanitizer $tool $prog: $line"
+        printf '%s\t%s\t%s\t%s\t%s\n' "$prog" "$tool" "$rc" "${args[*]}" "$line" >> "$tsv"
       done
     done
+    # The lines as a result file (provenance: this tree's commit, the GPU),
+    # packed like a benchmark's: tar -xzf bench_sanitize.tgz -C benchmarks results
+    sdir=/tmp/jax_tma_sanitize_out
+    rm -rf "$sdir" && mkdir -p "$sdir" && cp "$tsv" "$sdir/"
+    PYTHONPATH=${site[source]}:$bench_site JAX_TMA_INSTALL="${install_label[source]}" \
+      python3 -P benchmarks/run.py sanitizer --tsv "$tsv" --out-dir "$sdir/results" \
+      > "$sdir/sanitizer_result.log" 2>&1
+    rc=$?
+    tail -3 "$sdir/sanitizer_result.log"
+    record $rc "sanitizer result file: $(ls "$sdir/results" 2>/dev/null)"
+    tar -czf "$OUT/bench_sanitize.tgz" -C "$sdir" results sanitizer.tsv sanitizer_result.log
     ;;
   multi)
     # Two or more GPUs: the sharded-ops and ppermute tests, memcheck over the
     # peer-read path, and the ppermute benchmark against NCCL (its result
     # records nvidia-smi topo -m).
     nvidia-smi topo -m
+    # The no-peer-access handler test needs a GPU pair without peer access;
+    # where every pair has it (NVLink hosts), it cannot run: say so, and
+    # deselect it rather than let JAX_TMA_REQUIRE_MULTI_GPU=1 fail it.
+    pairs=$(python3 -P -c 'import jax; from jax_tma._ppermute import peer_access
+ids = [d.local_hardware_id for d in jax.devices("cuda")]
+print(sum(not peer_access(a, b) for a in ids for b in ids if a != b))')
+    deselect=()
+    if [ "$pairs" = 0 ]; then
+      deselect=(-k "not handler_names_a_pair_without_peer_access")
+      summary+=("not run: test_ppermute_handler_names_a_pair_without_peer_access (every GPU pair here has peer access)")
+    fi
     JAX_TMA_REQUIRE_GPU=1 JAX_TMA_REQUIRE_MULTI_GPU=1 timeout 300 python3 -P -m pytest \
       tests/test_multi_gpu.py tests/test_ppermute.py tests/test_sharding.py -q -rfE \
-      -p no:cacheprovider > "$OUT/multi_tests.log" 2>&1
+      "${deselect[@]}" -p no:cacheprovider > "$OUT/multi_tests.log" 2>&1
     rc=$?
     tail -15 "$OUT/multi_tests.log"
     record $rc "multi-GPU tests: $(tail -1 "$OUT/multi_tests.log")"
@@ -169,7 +220,7 @@ for stage in "${stages[@]}"; do
     ;;
   bench)
     # shellcheck disable=SC2086
-    bench "${BENCH_OPS:-all}" ${BENCH_OPS:-all}
+    WHEEL_CASE=1 bench "${BENCH_OPS:-all}" ${BENCH_OPS:-all}
     ;;
   ncu)
     bench broadcast-ncu broadcast-ncu
