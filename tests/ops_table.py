@@ -241,19 +241,23 @@ def im2col_jnp(x, kernel, strides, pads, dilation, order):
 
 
 def col2im_jnp(p, in_shape_tail, kernel, strides, pads, dilation, order):
-    """jax_tma.col2im in jnp: each tap's patch entries added (.at[].add) onto
-    the padded input pixels it was read from, taps in increasing order, the
-    padding cropped."""
+    """jax_tma.col2im in lax: each tap's patch entries put back where they
+    were read (lax.pad with interior padding, the transpose of a strided
+    slice) and added in increasing tap order, the padding cropped. Every
+    step derives from p, so the result keeps p's sharding and varying axes."""
     spatial, c = tuple(in_shape_tail[:-1]), in_shape_tail[-1]
     out = reference._out_spatial(spatial, kernel, strides, pads, dilation)
+    padded = tuple(n + lo + hi for n, (lo, hi) in zip(spatial, pads))
     k = math.prod(kernel)
     q = p.reshape(p.shape[:-1] + ((c, k) if order == "channel_major" else (k, c)))
     if order == "channel_major":
         q = jnp.swapaxes(q, -1, -2)
-    acc = jnp.zeros((p.shape[0],) + tuple(n + lo + hi for n, (lo, hi) in zip(spatial, pads))
-                    + (c,), p.dtype)
+    acc = None
     for t, sl in enumerate(reference._tap_slices(kernel, strides, dilation, out)):
-        acc = acc.at[(slice(None),) + sl].add(q[..., t, :])
+        config = [(0, 0, 0)] + [(z.start, n - z.start - ((o - 1) * z.step + 1), z.step - 1)
+                                for z, n, o in zip(sl, padded, out)] + [(0, 0, 0)]
+        term = lax.pad(q[..., t, :], jnp.zeros((), p.dtype), config)
+        acc = term if acc is None else acc + term
     return acc[(slice(None),) + tuple(slice(lo, lo + n) for n, (lo, _) in zip(spatial, pads))]
 
 
@@ -556,7 +560,10 @@ def build_scatter(rng, dtype, *, batch=8, even=True, method="auto", mode=None,
 
     def ref(x, i, u):
         at = jnp.asarray(x).at[_at(axis % x.ndim, i)]
-        return at.set(u, mode="drop") if mode == "set" else at.add(u, mode="drop")
+        # set: distinct slabs, as the hint says (jax's grad of a plain set
+        # cannot resolve the sharding of its internal ids on Explicit meshes)
+        return at.set(u, mode="drop", unique_indices=True) if mode == "set" else \
+            at.add(u, mode="drop")
 
     return Case(
         op=f"scatter-{mode}", dtype=np.dtype(dtype), args=draw(rng),
