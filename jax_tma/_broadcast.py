@@ -37,7 +37,11 @@ def _out_shape(shape, n, axis):
 
 
 def _abstract(x, *, n, axis, method, cluster_size):
-    return jax.core.ShapedArray(_out_shape(x.shape, n, axis), x.dtype)
+    # As jnp.broadcast_to types it: x's dims keep their mesh axes (and x's
+    # varying axes and weak type carry over), the replica dim is whole.
+    spec = _ffi.spec_of(x)
+    out = _ffi.out_aval(x, _out_shape(x.shape, n, axis), spec=spec[:axis] + (None,) + spec[axis:])
+    return out.update(weak_type=x.weak_type)
 
 
 broadcast_p.def_abstract_eval(_abstract)
@@ -83,8 +87,10 @@ def _partitioned(ndim: int, n: int, axis: int, method: str, cluster_size: int):
 
 def _lowering(ctx, x, *, n, axis, method, cluster_size):
     ndim = ctx.avals_in[0].ndim
-    # A program for one device (or none yet) and a 0-d x have nothing to split.
-    if ndim == 0 or _ffi.single_device(ctx):
+    # A program for one device (or none yet) and a 0-d x have nothing to
+    # split; symbolic dims (a shape-polymorphic export) have no partitioning
+    # rule, and XLA keeps x whole.
+    if ndim == 0 or _ffi.single_device(ctx) or not _ffi.static_shape(*ctx.avals_in):
         return _local_lowering(ctx, x, n=n, axis=axis, method=method, cluster_size=cluster_size)
     f = _partitioned(ndim, n, axis, method, cluster_size)
     return mlir.lower_fun(f, multiple_results=False)(ctx, x)
@@ -135,8 +141,10 @@ def broadcast(
     from memory once, not once per replica: the tiles move through shared
     memory with the Tensor Memory Accelerator and are stored ``n`` times.
     Works under ``jit``, ``vmap``, ``grad`` (the transpose sums the replica
-    axis) and on sharded arrays (every dim of ``x`` may be split; no
-    collectives are inserted).
+    axis), ``shard_map`` and on sharded arrays (every dim of ``x`` may be
+    split; no collectives are inserted); on explicit mesh axes the result is
+    typed as ``jnp.broadcast_to``'s, and in a shape-polymorphic
+    ``jax.export`` any dim of ``x`` may be symbolic.
 
     Args:
       x: an array of any shape and dtype (sub-byte types are widened around

@@ -1,11 +1,15 @@
 """jax_tma.broadcast on the CPU: every dtype and shape class against the NumPy
 reference (bit-exact), every method and cluster size, jit, vmap, grad (the
-transpose sums the replicas), the GQA repeat form, and every error."""
+transpose sums the replicas), the GQA repeat form, Python scalars,
+disable_jit, shard_map, Explicit mesh types, shape-polymorphic export, and
+every error."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
 
 import jax_tma
@@ -107,6 +111,89 @@ def test_sub_byte_types_roundtrip(rng):
             x = random_array(rng, (3, 5), dtype)
             assert_bits_equal(jax_tma.broadcast(on_cpu(x), 4, axis=2),
                               broadcast_reference(x, 4, 2))
+
+
+def test_python_scalars_and_disable_jit(rng):
+    """Python and NumPy scalars as jnp.asarray takes them (dtype and weak
+    type as jnp.broadcast_to gives), and eager calls under
+    jax.disable_jit() (the op and its grad) as the jitted ones."""
+    for s in (1.5, 7, True, np.int8(-3), 2 - 1j):
+        got, want = jax_tma.broadcast(s, 3), jnp.broadcast_to(s, (3,))
+        assert jax.typeof(got) == jax.typeof(want)
+        assert_bits_equal(got, want)
+    x = on_cpu(random_array(rng, (4, 5), np.float32))
+    w = on_cpu(jnp.asarray(rng.standard_normal((4, 3, 5)), jnp.float32))
+    loss = lambda a: (jax_tma.broadcast(a, 3, axis=1) * w).sum()  # noqa: E731
+    with jax.disable_jit():
+        y = jax_tma.broadcast(x, 3, axis=1)
+        g = jax.grad(loss)(x)
+    assert_bits_equal(y, broadcast_reference(np.asarray(x), 3, 1))
+    np.testing.assert_allclose(g, np.asarray(w).sum(axis=1), rtol=1e-6)
+
+
+def test_grad_inside_shard_map_with_checks(rng):
+    """grad inside shard_map (varying-axes checks on) as jnp.broadcast_to's;
+    a varying result under out_specs=P() is refused as jnp's is."""
+    mesh = jax.make_mesh((8,), ("i",), axis_types=(AxisType.Auto,))
+    x = jnp.asarray(rng.standard_normal((8, 4)), jnp.float32)
+    ours = lambda a: jax_tma.broadcast(a, 3, axis=1)  # noqa: E731
+    ref = lambda a: jnp.broadcast_to(a[:, None], (a.shape[0], 3, a.shape[1]))  # noqa: E731
+
+    def grad_in_shard_map(fn):
+        loss = lambda a: (fn(a) ** 2).sum()  # noqa: E731
+        return jax.jit(jax.shard_map(jax.grad(loss), mesh=mesh, in_specs=P("i"),
+                                     out_specs=P("i")))(x)
+
+    assert_bits_equal(grad_in_shard_map(ours), grad_in_shard_map(ref))
+    for fn in (ours, ref):
+        with pytest.raises(ValueError, match="out_specs"):
+            jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P())(x)
+
+
+@pytest.mark.parametrize("spec", [P("a"), P("a", "b"), P(None, ("a", "b")), P(None, "b", "a")],
+                         ids=str)
+def test_explicit_mesh_types_match_broadcast_to(rng, spec):
+    """On an Explicit mesh the result is typed as jnp.broadcast_to's (x's dims
+    keep their mesh axes, the replica dim is whole) and sharded so; the grad
+    has x's type and the values of jnp's."""
+    host = rng.standard_normal((8, 16, 4)).astype(np.float32)
+    mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+    with jax.set_mesh(mesh):
+        x = jax.device_put(host, NamedSharding(mesh, spec))
+        for axis in range(4):
+            ours = lambda a: jax_tma.broadcast(a, 3, axis=axis)  # noqa: E731
+            ref = lambda a: jnp.broadcast_to(  # noqa: E731
+                jnp.expand_dims(a, axis), a.shape[:axis] + (3,) + a.shape[axis:])
+            y, want = jax.jit(ours)(x), jax.jit(ref)(x)
+            assert jax.typeof(y) == jax.typeof(want)
+            assert y.sharding.is_equivalent_to(want.sharding, 4)
+            assert_bits_equal(y, want)
+            g = jax.jit(jax.grad(lambda a: (ours(a) ** 2).sum()))(x)
+            want_g = jax.jit(jax.grad(lambda a: (ref(a) ** 2).sum()))(x)
+            assert jax.typeof(g) == jax.typeof(want_g) == jax.typeof(x)
+            np.testing.assert_allclose(g, want_g, rtol=1e-6)
+
+
+def test_export_with_symbolic_dims(rng):
+    """jax.export with symbolic dims (of x, any of them), serialized,
+    deserialized and called at two sizes; the grad too."""
+    pytest.importorskip("flatbuffers")
+    from jax import export
+
+    def exported(f, shape):
+        exp = export.export(jax.jit(f), disabled_checks=[
+            export.DisabledSafetyCheck.custom_call("jax_tma_broadcast")])(
+            jax.ShapeDtypeStruct(export.symbolic_shape(shape), jnp.float32))
+        return export.deserialize(exp.serialize())
+
+    fwd = exported(lambda a: jax_tma.broadcast(a, 3, axis=1), "b, c, 2")
+    grad = exported(jax.grad(lambda a: (jax_tma.broadcast(a, 4, axis=-1) ** 2).sum()), "b, 5")
+    assert str(fwd.out_avals[0].shape) == "(b, 3, c, 2)"
+    for n in (1, 6):
+        x = random_array(rng, (n, n + 1, 2), np.float32)
+        assert_bits_equal(fwd.call(on_cpu(x)), broadcast_reference(x, 3, 1))
+        xg = on_cpu(jnp.asarray(rng.standard_normal((n, 5)), jnp.float32))
+        np.testing.assert_allclose(grad.call(xg), 8 * np.asarray(xg), rtol=1e-6)
 
 
 # ---- errors ----
