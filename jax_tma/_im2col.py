@@ -5,12 +5,15 @@ directions, the batch dim N partitioned without collectives)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
@@ -24,6 +27,10 @@ _ORDERS = ("tap_major", "channel_major")
 _OP = "jax_tma.im2col"
 _OP_T = "jax_tma.col2im"
 _MAX_ROW = 2**63 - 1  # XLA dims are int64
+# What the col2im handlers add (in float32 for the 16-bit floats); other float
+# types are summed in float32 around them, sub-byte integers in 8 bits.
+_SUMMABLE = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+             "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
 
 # Both primitives carry the static geometry: kernel, strides, dilation and
 # padding (pairs) per spatial dim, the patch order and the method.
@@ -40,14 +47,40 @@ def out_spatial(in_spatial, kernel, strides, padding, dilation) -> tuple[int, ..
                  for s, k, st, (lo, hi), d in zip(in_spatial, kernel, strides, padding, dilation))
 
 
+def _result_spec(op: str, a, out_shape, name: str, last: str) -> tuple:
+    """The PartitionSpec of a result shaped `out_shape` = (N, *spatial, last)
+    from the operand aval `a` of the same rank, as lax.conv_general_dilated_patches
+    types it on explicit mesh axes: N keeps its axes, a spatial dim keeps its
+    axes where the result's extent divides among them; the last dim must be
+    whole (a patch row holds every channel of its taps)."""
+    spec, mesh = _ffi.spec_of(a), a.sharding.mesh
+    if spec[-1] is not None:
+        whole = jax.sharding.PartitionSpec(*spec[:-1], None)
+        raise ValueError(f"{op}: {name}'s {last} dim is split along mesh axes {spec[-1]!r} "
+                         f"({name}: {a.str_short()}), but a patch row holds every channel of "
+                         f"its taps, so that dim must be whole; reshard {name} to {whole} first")
+    for d in range(1, len(out_shape) - 1):
+        axes = spec[d]
+        names = axes if isinstance(axes, tuple) else (axes,)
+        parts = math.prod(mesh.shape[n] for n in names) if axes is not None else 1
+        if out_shape[d] % parts:
+            raise ValueError(f"{op}: {name}'s dim {d} is split along mesh axes {axes!r} "
+                             f"({parts} parts), but the result's dim {d} has {out_shape[d]} "
+                             f"elements, not a multiple of {parts} ({name}: {a.str_short()}); "
+                             f"reshard that dim of {name} whole first")
+    return spec[:-1] + (None,)
+
+
 def _im2col_abstract(x, *, kernel, strides, padding, dilation, order, method):
     o = out_spatial(x.shape[1:-1], kernel, strides, padding, dilation)
-    return jax.core.ShapedArray((x.shape[0], *o, math.prod(kernel) * x.shape[-1]), x.dtype)
+    shape = (x.shape[0], *o, math.prod(kernel) * x.shape[-1])
+    return _ffi.out_aval(x, shape, spec=_result_spec(_OP, x, shape, "x", "channel"))
 
 
 def _col2im_abstract(p, *, in_spatial, kernel, strides, padding, dilation, order, method):
-    channels = p.shape[-1] // math.prod(kernel)
-    return jax.core.ShapedArray((p.shape[0], *in_spatial, channels), p.dtype)
+    shape = (p.shape[0], *in_spatial, p.shape[-1] // math.prod(kernel))
+    return _ffi.out_aval(p, shape, spec=_result_spec(_OP_T, p, shape, "patches",
+                                                     "taps x channels"))
 
 
 im2col_p.def_abstract_eval(_im2col_abstract)
@@ -73,11 +106,44 @@ def _lowering(ctx, x, *, kernel, strides, padding, dilation, order, method, tran
     )
 
 
+def _as_uint(element: bytes) -> np.generic:
+    """One element's bytes as the unsigned int of the same width."""
+    return np.frombuffer(element, f"<u{len(element)}")[0]
+
+
+def _im2col_with_zero_bits(x, *, zero, **params):
+    # The handlers pad with zero bytes: x's bits XOR jnp's zero map jnp's
+    # zero to zero bytes and back, and leave every other value distinct.
+    bits = lax.bitcast_convert_type(x, zero.dtype)
+    return lax.bitcast_convert_type(im2col_p.bind(bits ^ zero, **params) ^ zero, x.dtype)
+
+
 def _im2col_lowering(ctx, x, **params):
+    zero = _checks.fill_bytes(_OP, 0, ctx.avals_in[0].dtype)
+    if any(zero):  # float8_e8m0fnu has no zero: jnp writes its NaN, 0xFF
+        f = functools.partial(_im2col_with_zero_bits, zero=_as_uint(zero), **params)
+        return mlir.lower_fun(f, multiple_results=False)(ctx, x)
     return _lowering(ctx, x, transpose=False, **params)
 
 
+def _col2im_in_float32(p, **params):
+    # Float types the handlers cannot add: summed in float32 (taps in
+    # increasing order, as the handlers add) and rounded once. A NaN result
+    # (float8_e4m3fn's overflow keeps the sum's sign) is stored as the
+    # handlers store a NaN sum: np.nan converted to the dtype (float8_e5m2:
+    # 0x7E). The choice is made on the bits: XLA's CPU select of float8_e5m2
+    # values rewrites a NaN as 0x7F.
+    y = col2im_p.bind(p.astype(np.float32), **params).astype(p.dtype)
+    nan = _as_uint(_checks.fill_bytes(_OP_T, np.nan, p.dtype))
+    bits = lax.bitcast_convert_type(y, nan.dtype)
+    return lax.bitcast_convert_type(jnp.where(jnp.isnan(y), nan, bits), p.dtype)
+
+
 def _col2im_lowering(ctx, p, *, in_spatial, **params):
+    dtype = ctx.avals_in[0].dtype
+    if dtype.name not in _SUMMABLE and jnp.issubdtype(dtype, jnp.floating):
+        f = functools.partial(_col2im_in_float32, in_spatial=in_spatial, **params)
+        return mlir.lower_fun(f, multiple_results=False)(ctx, p)
     return _lowering(ctx, p, transpose=True, **params)
 
 
@@ -164,6 +230,10 @@ def _geometry(op: str, shape, kernel_size, strides, padding, dilation):
         raise ValueError(f"{op}: x must have rank 3, 4 or 5 (NWC, NHWC or NDHWC), got rank "
                          f"{rank} (x.shape={tuple(shape)})")
     r = rank - 2
+    if not all(isinstance(d, (int, np.integer)) for d in shape[1:]):
+        raise TypeError(f"{op}: only the batch dim N may be symbolic: the spatial dims and C "
+                        f"set the patch geometry at trace time and must be ints, got "
+                        f"x.shape={tuple(shape)}")
     spatial = tuple(shape[1:-1])
     dims = f"{r} spatial dims (x.shape={tuple(shape)})"
     kernel = _checks.per_dim_ints(op, "kernel_size", kernel_size, r, dims, scalar_ok=True)
@@ -205,9 +275,11 @@ def im2col(
     (kernel taps..., channel), so ``im2col(x, k, ...) @ w.reshape(-1, O)``
     equals ``lax.conv_general_dilated(x, w, ...)`` for HWIO weights ``w``;
     ``order="channel_major"`` gives ``lax.conv_general_dilated_patches``'s
-    (channel, taps...) order. Padded pixels read as zero; values are moved
-    bit for bit (any dtype). Where the dilated kernel is larger than the
-    padded input, that output dim is 0 and the result is empty, as with
+    (channel, taps...) order. Padded pixels read as zero, as jnp writes it
+    in ``x``'s dtype (``float8_e8m0fnu``, which has no zero, gets its NaN
+    0xFF as from ``jnp.pad``); values are moved bit for bit (any dtype).
+    Where the dilated kernel is larger than the padded input, that output
+    dim is 0 and the result is empty, as with
     ``lax.conv_general_dilated_patches``.
 
     On a GPU, ``method="tma"`` loads the patches with the TMA engine in
@@ -215,7 +287,10 @@ def im2col(
     tensor stores; ``"auto"`` takes the SIMT kernel, which measured faster
     on an H100 for every benchmark shape (see the README). Works under
     ``jit``, ``vmap`` (folded into ``N``), ``grad`` (the transpose is
-    :func:`col2im`) and on arrays sharded along ``N`` (no collectives).
+    :func:`col2im`), ``shard_map`` and on arrays sharded along ``N`` (no
+    collectives); on explicit mesh axes the result is typed as
+    ``lax.conv_general_dilated_patches``'s. In a shape-polymorphic
+    ``jax.export`` only ``N`` may be symbolic.
 
     Args:
       x: ``(N, *S, C)`` with 1 to 3 spatial dims, any dtype.
@@ -249,10 +324,6 @@ def im2col(
     return _checks.narrow(y, x.dtype)
 
 
-_SUMMABLE = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-             "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
-
-
 def col2im(
     patches: jax.Array | np.ndarray,
     input_shape: Sequence[int],
@@ -269,18 +340,23 @@ def col2im(
 
     ``patches`` has the shape ``im2col`` gives for an input of shape
     ``input_shape`` with the same geometry; the result has ``input_shape``.
-    Each input element sums its patch entries in increasing tap order, in
-    float32 for 16-bit floats (rounded once), in the element type otherwise
-    (integers wrap; subnormals kept); a NaN sum is stored as the positive
-    quiet NaN (``np.nan``'s bits), so CPU and GPU results are identical bit
-    for bit.
+    Each input element sums its patch entries in increasing tap order: in
+    float32 for floats narrower than 32 bits (16-bit, 8-bit and 4-bit
+    formats; rounded once to the element type as XLA converts: to nearest
+    even, past the format's range to its inf, else its NaN, else its largest
+    value), in the element type otherwise (integers wrap, sub-byte ones at
+    their width; subnormals kept); a NaN result is stored as ``np.nan``'s
+    bits in the element type, so CPU and GPU results are identical bit for
+    bit.
     ``jax.grad`` of ``im2col`` is this op. An empty ``patches`` (an output
-    dim of 0: the dilated kernel is larger than the padded input) gives zeros.
+    dim of 0: the dilated kernel is larger than the padded input) gives
+    zeros (``float8_e8m0fnu``: its NaN, jnp's zero there).
 
     Args:
-      patches: ``(N, *O, prod(kernel_size) * C)``; integer, float16,
-        bfloat16, float32, float64 or complex.
-      input_shape: ``(N, *S, C)`` of the input of the matching ``im2col``.
+      patches: ``(N, *O, prod(kernel_size) * C)``; any numeric dtype (not
+        bool).
+      input_shape: ``(N, *S, C)`` of the input of the matching ``im2col``;
+        ``N`` may be a symbolic dim of a shape-polymorphic export.
       kernel_size, strides, padding, dilation, order: as for ``im2col``.
       method: ``"auto"`` or ``"simt"``: on a GPU both run the deterministic
         gather kernel (each input element sums its own entries, no atomics).
@@ -296,11 +372,12 @@ def col2im(
     """
     patches = _checks.as_array(_OP_T, "patches", patches)
     if (not isinstance(input_shape, Sequence) or isinstance(input_shape, str)
-            or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0
+            or any(not jax.export.is_symbolic_dim(v) and (
+                isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0)
                    for v in input_shape)):
         raise TypeError(f"{_OP_T}: input_shape must be a sequence of ints >= 0, "
                         f"got {input_shape!r}")
-    input_shape = tuple(int(v) for v in input_shape)
+    input_shape = tuple(v if jax.export.is_symbolic_dim(v) else int(v) for v in input_shape)
     kernel, strides, pads, dilation, o = _geometry(_OP_T, input_shape, kernel_size, strides,
                                                    padding, dilation)
     _options(_OP_T, order, method)
@@ -311,11 +388,11 @@ def col2im(
     if tuple(patches.shape) != want:
         raise ValueError(f"{_OP_T}: patches.shape={tuple(patches.shape)} but im2col of "
                          f"input_shape={input_shape} gives {want}")
-    dt = patches.dtype
-    if dt.name not in _SUMMABLE:
-        raise TypeError(f"{_OP_T}: patches of dtype {dt} cannot be summed here (integer, "
-                        f"float16, bfloat16, float32, float64 or complex)")
+    if patches.dtype == np.bool_:
+        raise TypeError(f"{_OP_T}: patches of dtype bool cannot be summed (integer, float or "
+                        f"complex)")
     _ffi.register()
-    return col2im_p.bind(patches, in_spatial=tuple(input_shape[1:-1]), kernel=kernel,
-                         strides=strides, padding=pads, dilation=dilation, order=order,
-                         method=method)
+    y = col2im_p.bind(_checks.widen(patches), in_spatial=tuple(input_shape[1:-1]),
+                      kernel=kernel, strides=strides, padding=pads, dilation=dilation,
+                      order=order, method=method)
+    return _checks.narrow(y, patches.dtype)

@@ -1,7 +1,8 @@
 """jax_tma.im2col / col2im on the CPU: random 1D/2D/3D geometries against the
 NumPy reference (bit-exact, both patch orders, every dtype), against
 lax.conv_general_dilated_patches and lax.conv_general_dilated, gradients
-against XLA's, vmap folding, the linear transpose, and every error."""
+against XLA's (float8 too), vmap folding, the linear transpose, shard_map,
+Explicit mesh types, shape-polymorphic export, disable_jit, and every error."""
 
 import functools
 import math
@@ -11,6 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import jax_tma
 from reference import (ALL_DTYPES, IM2COL_EMPTY_CASES, IM2COL_EMPTY_IDS, assert_bits_equal,
@@ -20,11 +23,44 @@ from reference import (ALL_DTYPES, IM2COL_EMPTY_CASES, IM2COL_EMPTY_IDS, assert_
 SUMMABLE = [d for d in ALL_DTYPES if d.name in (
     "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
     "bfloat16", "float32", "float64", "complex64", "complex128")]
+# Floats the handlers cannot add: col2im sums them in float32.
+NARROW_FLOATS = [d for d in ALL_DTYPES if d not in SUMMABLE and jnp.issubdtype(d, jnp.floating)]
 SPECS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
+TARGETS = ("jax_tma_im2col",)
 
 
 def on_cpu(a):
     return jax.device_put(a, cpu_device())
+
+
+def padded_reference(x, kernel, strides, pads, dilation, order="tap_major"):
+    """im2col_reference with padded pixels holding jnp's zero in x's dtype, as
+    jax_tma.im2col writes them (float8_e8m0fnu has no zero: 0xFF); the raw
+    target and im2col_reference write zero bytes there."""
+    want = im2col_reference(x, kernel, strides, pads, dilation, order)
+    read = im2col_reference(np.ones(np.shape(x), np.uint8), kernel, strides, pads, dilation,
+                            order)
+    want[read == 0] = np.asarray(0).astype(want.dtype)
+    return want
+
+
+def col2im_want(p, input_shape, kernel, strides, pads, dilation, order="tap_major"):
+    """col2im_reference for every dtype jax_tma.col2im takes: the floats the
+    handlers cannot add summed in float32 and rounded once, sub-byte
+    integers summed in 8 bits and wrapped to their width, NaN results as
+    np.nan's bits."""
+    p = np.asarray(p)
+    if p.dtype in SUMMABLE:
+        return col2im_reference(p, input_shape, kernel, strides, pads, dilation, order)
+    floating = jnp.issubdtype(p.dtype, jnp.floating)
+    wide = np.float32 if floating else np.int8 if jnp.issubdtype(p.dtype, jnp.signedinteger) \
+        else np.uint8
+    acc = col2im_reference(p.astype(wide), input_shape, kernel, strides, pads, dilation, order)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = acc.astype(p.dtype)
+    if floating:
+        out[np.isnan(out)] = np.nan
+    return out
 
 
 def random_geometry(rng, r):
@@ -51,7 +87,7 @@ def test_random_geometries_match_numpy(rng, trial):
     x = random_array(rng, shape, dtype)
     got = jax_tma.im2col(on_cpu(x), kernel, strides=strides, padding=pads, dilation=dilation,
                          order=order)
-    assert_bits_equal(got, im2col_reference(x, kernel, strides, pads, dilation, order))
+    assert_bits_equal(got, padded_reference(x, kernel, strides, pads, dilation, order))
 
 
 @pytest.mark.parametrize("trial", range(24))
@@ -72,7 +108,7 @@ def test_random_col2im_matches_numpy(rng, trial):
 def test_every_dtype(rng, dtype):
     x = random_array(rng, (2, 5, 6, 3), dtype)
     got = jax_tma.im2col(on_cpu(x), (3, 2), strides=(2, 1), padding=((2, 1), (0, 3)))
-    assert_bits_equal(got, im2col_reference(x, (3, 2), (2, 1), ((2, 1), (0, 3)), (1, 1)))
+    assert_bits_equal(got, padded_reference(x, (3, 2), (2, 1), ((2, 1), (0, 3)), (1, 1)))
 
 
 @pytest.mark.parametrize("r", [1, 2, 3])
@@ -259,7 +295,7 @@ def test_empty_results_match_lax(rng, shape, kernel, strides, dilation, padding,
             if padding != "SAME":  # the NumPy reference agrees (explicit padding only)
                 r = len(shape) - 2
                 pads = ((0, 0),) * r if padding == "VALID" else padding
-                assert_bits_equal(got, im2col_reference(
+                assert_bits_equal(got, padded_reference(
                     xd, _as_tuple(kernel, r), _as_tuple(strides, r), pads,
                     _as_tuple(dilation, r), order))
     xs = random_array(rng, (3,) + shape, np.float32)
@@ -347,6 +383,213 @@ def test_empty_input_with_padding_reads_only_zeros(rng):
     assert jax_tma.col2im(p, x.shape, 2, padding=((1, 1), (0, 0))).shape == x.shape
 
 
+# ---- narrow dtypes: col2im sums in float32 (floats) or 8 bits (sub-byte ints) ----
+
+@pytest.mark.parametrize("dtype", [d for d in ALL_DTYPES if d != np.bool_], ids=str)
+def test_col2im_every_dtype(rng, dtype):
+    """Overlapping patches (special values included) summed in float32 for
+    the floats the handlers cannot add, rounded once, NaN as np.nan's bits."""
+    geo = dict(strides=(1, 2), padding=((1, 2), (2, 0)), dilation=(2, 1))
+    ref = dict(strides=(1, 2), pads=((1, 2), (2, 0)), dilation=(2, 1))
+    p_shape = jax.eval_shape(lambda a: jax_tma.im2col(a, (2, 3), **geo),
+                             jax.ShapeDtypeStruct((2, 5, 6, 3), np.float32)).shape
+    p = random_array(rng, p_shape, dtype)
+    for order in ("tap_major", "channel_major"):
+        got = jax_tma.col2im(on_cpu(p), (2, 5, 6, 3), (2, 3), order=order, **geo)
+        assert_bits_equal(got, col2im_want(p, (2, 5, 6, 3), (2, 3), order=order, **ref))
+
+
+@pytest.mark.parametrize("dtype", NARROW_FLOATS, ids=str)
+def test_grad_of_narrow_floats_sums_in_float32(rng, dtype):
+    """grad and vjp through im2col on float8 (and float4) inputs: col2im of
+    the cotangent, summed in float32 and rounded once; jit and vmap agree."""
+    x = random_array(rng, (2, 6, 5, 3), dtype)
+    geo = dict(strides=(2, 1), padding="SAME", dilation=(1, 2))
+    pads = lax.padtype_to_pads((6, 5), (3, 5), (2, 1), "SAME")  # dilated kernel (3, 5)
+    f = functools.partial(jax_tma.im2col, kernel_size=3, **geo)
+    y, pull = jax.vjp(f, on_cpu(x))
+    ct = random_array(rng, y.shape, dtype)
+    want = col2im_want(ct, x.shape, (3, 3), (2, 1), pads, (1, 2))
+    assert_bits_equal(pull(on_cpu(ct))[0], want)
+    # w an argument: XLA's constant folding converts a negative float32 to
+    # float8_e8m0fnu as its magnitude, where its run time writes NaN.
+    w = on_cpu(random_array(rng, y.shape, np.float32, finite=True))
+    g = jax.jit(jax.grad(lambda a, v: (f(a).astype(np.float32) * v).sum()))(on_cpu(x), w)
+    assert_bits_equal(g, col2im_want(np.asarray(w).astype(dtype), x.shape, (3, 3), (2, 1), pads,
+                                     (1, 2)))
+    vg = jax.vmap(lambda a, c: jax.vjp(f, a)[1](c)[0])(on_cpu(x[:, None]), on_cpu(ct[:, None]))
+    assert_bits_equal(vg[:, 0], want)
+
+
+@pytest.mark.parametrize("dtype", ["float8_e8m0fnu", "float8_e5m2", "float8_e4m3fn",
+                                   "bfloat16", "int4", "float4_e2m1fn"])
+def test_padding_is_jnps_zero(rng, dtype):
+    """Padded pixels hold what jnp.pad writes for 0 in x's dtype
+    (float8_e8m0fnu, without a zero: its NaN 0xFF; float8_e5m2: 0x00)."""
+    dtype = jnp.dtype(dtype)
+    # finite: XLA's CPU pad of float8_e5m2 rewrites NaN payloads
+    x = random_array(rng, (2, 4, 3, 2), dtype, finite=True)
+    pads = ((2, 1), (0, 3))
+    got = jax_tma.im2col(on_cpu(x), (2, 3), padding=pads)
+    padded = jax.jit(lambda a: jnp.pad(a, ((0, 0), *pads, (0, 0))))(on_cpu(x))
+    assert_bits_equal(got, jax_tma.im2col(padded, (2, 3)))
+    x = random_array(rng, (2, 4, 3, 2), dtype)
+    got = jax_tma.im2col(on_cpu(x), (2, 3), padding=pads)
+    assert_bits_equal(got, padded_reference(x, (2, 3), (1, 1), pads, (1, 1)))
+    zero = np.asarray(0).astype(dtype)
+    assert_bits_equal(np.asarray(got)[:, :2, 0, :2], np.full((2, 2, 2), zero))
+    assert_bits_equal(jax.jit(lambda a: jax_tma.im2col(a, (2, 3), padding=pads))(on_cpu(x)), got)
+
+
+def test_python_scalars_and_disable_jit(rng):
+    """Eager calls under jax.disable_jit() (im2col, col2im and their grads)
+    give the jitted results bit for bit."""
+    x = on_cpu(random_array(rng, (2, 5, 4, 3), np.float32))
+    geo = dict(strides=(2, 1), padding=((1, 0), (2, 1)))
+    p = jax_tma.im2col(x, (2, 3), **geo)
+    ct = on_cpu(random_array(rng, p.shape, np.float32))
+    want_g = jax.jit(lambda a, c: jax.vjp(lambda b: jax_tma.im2col(b, (2, 3), **geo), a)[1](c))
+    with jax.disable_jit():
+        assert_bits_equal(jax_tma.im2col(x, (2, 3), **geo), p)
+        assert_bits_equal(jax_tma.col2im(ct, x.shape, (2, 3), **geo),
+                          jax.jit(lambda c: jax_tma.col2im(c, x.shape, (2, 3), **geo))(ct))
+        g = jax.vjp(lambda b: jax_tma.im2col(b, (2, 3), **geo), x)[1](ct)
+    assert_bits_equal(g[0], want_g(x, ct)[0])
+
+
+# ---- shard_map, Explicit mesh axes, shape-polymorphic export ----
+
+def _lax_tap_major(a, kernel, **geo):
+    """lax.conv_general_dilated_patches in im2col's default (tap, channel) order."""
+    p = _lax_patches(a, kernel, geo["strides"], geo["dilation"], geo["padding"])
+    k = math.prod(_as_tuple(kernel, a.ndim - 2))
+    return jnp.swapaxes(p.reshape(p.shape[:-1] + (a.shape[-1], k)), -1, -2).reshape(p.shape)
+
+
+def test_grad_inside_shard_map_with_checks(rng):
+    """grad of im2col and col2im inside shard_map (varying-axes checks on)
+    gives the unsharded grads bit for bit and lax's within rounding; a
+    varying result under out_specs=P() is refused as lax's is."""
+    mesh = jax.make_mesh((8,), ("i",), axis_types=(AxisType.Auto,))
+    x = jnp.asarray(rng.standard_normal((8, 6, 5, 3)), jnp.float32)
+    geo = dict(strides=(2, 1), padding=((1, 1), (0, 2)), dilation=(1, 2))
+    ours = functools.partial(jax_tma.im2col, kernel_size=(3, 2), **geo)
+    ref = functools.partial(_lax_tap_major, kernel=(3, 2), **geo)
+
+    def grad_in_shard_map(fn, a):
+        loss = lambda b: (fn(b) ** 2).sum()  # noqa: E731
+        return jax.jit(jax.shard_map(jax.grad(loss), mesh=mesh, in_specs=P("i"),
+                                     out_specs=P("i")))(a)
+
+    g = grad_in_shard_map(ours, x)
+    assert_bits_equal(g, jax.grad(lambda b: (ours(b) ** 2).sum())(x))
+    np.testing.assert_allclose(g, grad_in_shard_map(ref, x), rtol=1e-5, atol=1e-5)
+    p = ours(x)
+    back = functools.partial(jax_tma.col2im, input_shape=(1,) + x.shape[1:], kernel_size=(3, 2),
+                             **geo)
+    assert_bits_equal(grad_in_shard_map(back, p),
+                      jax.grad(lambda c: (jax_tma.col2im(c, x.shape, (3, 2), **geo) ** 2)
+                               .sum())(p))
+    for fn in (ours, ref):
+        f = jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P())
+        with pytest.raises(ValueError, match="out_specs"):
+            f(x)
+
+
+def _explicit_mesh():
+    return jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+
+
+@pytest.mark.parametrize("spec", [P("a"), P(("a", "b")), P(None, "a"), P("b", "a")], ids=str)
+def test_explicit_mesh_types_match_lax(rng, spec):
+    """On an Explicit mesh im2col, col2im and the grad are typed as
+    lax.conv_general_dilated_patches and its grad are: N keeps its axes, a
+    split spatial dim keeps them where the output divides among them."""
+    host = rng.standard_normal((8, 8, 8, 4)).astype(np.float32)
+    geo = dict(strides=1, padding="VALID", dilation=1)
+    mesh = _explicit_mesh()
+    with jax.set_mesh(mesh):
+        x = jax.device_put(host, NamedSharding(mesh, spec))
+        y = jax.jit(lambda a: jax_tma.im2col(a, 3, **geo))(x)
+        want = jax.jit(lambda a: _lax_tap_major(a, 3, **geo))(x)
+        back = jax.jit(lambda c: jax_tma.col2im(c, host.shape, 3, **geo))(y)
+        g = jax.jit(jax.grad(lambda a: (jax_tma.im2col(a, 3, **geo) ** 2).sum()))(x)
+        want_g = jax.jit(jax.grad(lambda a: (_lax_tap_major(a, 3, **geo) ** 2).sum()))(x)
+    assert jax.typeof(y).sharding.spec == jax.typeof(want).sharding.spec
+    assert y.sharding.is_equivalent_to(want.sharding, 4)
+    assert jax.typeof(back).sharding.spec == jax.typeof(g).sharding.spec \
+        == jax.typeof(want_g).sharding.spec
+    assert g.sharding.is_equivalent_to(x.sharding, 4)
+    assert_bits_equal(y, im2col_reference(host, (3, 3), (1, 1), ((0, 0), (0, 0)), (1, 1)))
+    assert_bits_equal(g, jax.grad(lambda a: (jax_tma.im2col(a, 3, **geo) ** 2).sum())(
+        on_cpu(host)))
+    np.testing.assert_allclose(g, want_g, rtol=1e-5, atol=1e-5)
+
+
+def test_explicit_mesh_dims_that_cannot_stay_split():
+    """A split channel dim (lax refuses it too) and a split spatial dim
+    whose output does not divide among its devices (as lax) are errors that
+    name the dim, the axes and the types."""
+    mesh = _explicit_mesh()
+    with jax.set_mesh(mesh):
+        x = jax.device_put(np.ones((8, 8, 8, 4), np.float32), NamedSharding(mesh, P("a", None,
+                                                                                      None, "b")))
+        with pytest.raises(ValueError, match=r"^jax_tma\.im2col: x's channel dim is split along "
+                           r"mesh axes 'b' \(x: float32\[8@a,8,8,4@b\]\), but a patch row holds "
+                           r"every channel of its taps, so that dim must be whole; reshard x to "
+                           r"P\('a', None, None, None\) first"):
+            jax_tma.im2col(x, 3)
+        x = jax.device_put(np.ones((8, 8, 8, 4), np.float32), NamedSharding(mesh, P(None, "b")))
+        with pytest.raises(ValueError, match=r"^jax_tma\.im2col: x's dim 1 is split along mesh "
+                           r"axes 'b' \(4 parts\), but the result's dim 1 has 6 elements, not a "
+                           r"multiple of 4 \(x: float32\[8,8@b,8,4\]\); reshard that dim of x "
+                           r"whole first"):
+            jax_tma.im2col(x, 3)
+        p = jax.device_put(np.ones((8, 6, 6, 36), np.float32),
+                           NamedSharding(mesh, P(None, None, None, "b")))
+        with pytest.raises(ValueError, match=r"^jax_tma\.col2im: patches's taps x channels dim "
+                           r"is split along mesh axes 'b'"):
+            jax_tma.col2im(p, (8, 8, 8, 4), 3)
+
+
+def _export(f, shape, dtype):
+    from jax import export
+    exp = export.export(jax.jit(f), disabled_checks=[
+        export.DisabledSafetyCheck.custom_call(t) for t in TARGETS])(
+        jax.ShapeDtypeStruct(export.symbolic_shape(shape), dtype))
+    return export.deserialize(exp.serialize())
+
+
+def test_export_with_a_symbolic_batch(rng):
+    """jax.export with a symbolic N: im2col, col2im (input_shape naming N)
+    and the grad, serialized, deserialized and called at two batch sizes;
+    symbolic spatial or channel dims are an error naming the rule."""
+    pytest.importorskip("flatbuffers")
+    geo = dict(strides=2, padding="SAME", dilation=(1, 2))
+    fwd = _export(lambda a: jax_tma.im2col(a, 3, **geo), "b, 8, 7, 4", jnp.bfloat16)
+    back = _export(lambda c: jax_tma.col2im(c, (c.shape[0], 8, 7, 4), 3, **geo),
+                   "b, 4, 4, 36", jnp.float32)
+    grad = _export(jax.grad(lambda a: (jax_tma.im2col(a, 3, **geo) ** 2).sum()), "b, 8, 7, 4",
+                   jnp.float32)
+    assert str(fwd.out_avals[0].shape) == "(b, 4, 4, 36)"
+    for n in (1, 3):
+        x = on_cpu(random_array(rng, (n, 8, 7, 4), jnp.bfloat16))
+        assert_bits_equal(fwd.call(x), jax_tma.im2col(x, 3, **geo))
+        p = on_cpu(random_array(rng, (n, 4, 4, 36), np.float32))
+        assert_bits_equal(back.call(p), jax_tma.col2im(p, (n, 8, 7, 4), 3, **geo))
+        xf = on_cpu(random_array(rng, (n, 8, 7, 4), np.float32, finite=True))
+        assert_bits_equal(grad.call(xf), jax.grad(
+            lambda a: (jax_tma.im2col(a, 3, **geo) ** 2).sum())(xf))
+    with pytest.raises(TypeError, match=r"^jax_tma\.im2col: only the batch dim N may be "
+                       r"symbolic: the spatial dims and C set the patch geometry at trace time "
+                       r"and must be ints, got x\.shape=\(b, h, 7, 4\)"):
+        _export(lambda a: jax_tma.im2col(a, 3), "b, h, 7, 4", jnp.float32)
+    with pytest.raises(TypeError, match=r"^jax_tma\.col2im: only the batch dim N may be "
+                       r"symbolic: .* got x\.shape=\(b, 8, 7, b\)"):
+        _export(lambda c: jax_tma.col2im(c, (c.shape[0], 8, 7, c.shape[0]), 3), "b, 6, 5, 9",
+                jnp.float32)
+
+
 # ---- errors ----
 
 def test_errors_name_the_op_rule_and_values():
@@ -389,7 +632,11 @@ def test_errors_name_the_op_rule_and_values():
          lambda: jax_tma.im2col(x, 2, order="hwc")),
         (ValueError, r"im2col: method must be one of 'auto', 'tma', 'simt', got 'bulk'",
          lambda: jax_tma.im2col(x, 2, method="bulk")),
-        (TypeError, r"col2im: patches must be an array", lambda: jax_tma.col2im(1, x.shape, 2)),
+        (TypeError, r"col2im: patches must be an array", lambda: jax_tma.col2im([1], x.shape, 2)),
+        (ValueError, r"col2im: patches.shape=\(\) but im2col of input_shape=\(2, 5, 6, 3\) "
+                     r"gives \(2, 4, 5, 12\)", lambda: jax_tma.col2im(1.0, x.shape, 2)),
+        (ValueError, r"im2col: x must have rank 3, 4 or 5 .* got rank 0 \(x.shape=\(\)\)",
+         lambda: jax_tma.im2col(2.0, 1)),
         (TypeError, r"col2im: input_shape must be a sequence of ints >= 0, got 5",
          lambda: jax_tma.col2im(p, 5, 2)),
         (ValueError, r"col2im: patches.shape=\(2, 3, 4, 12\) but im2col of "
