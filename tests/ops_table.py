@@ -65,7 +65,7 @@ BATCH = P(MESH_AXES)
 
 # ---- dtypes ------------------------------------------------------------------------
 
-INT_DTYPES = tuple(d for d in ALL_DTYPES if d.kind in "iu")
+INT_DTYPES = tuple(d for d in ALL_DTYPES if jnp.issubdtype(d, jnp.integer))
 FLOAT_DTYPES = tuple(d for d in ALL_DTYPES if jnp.issubdtype(d, jnp.inexact))
 # What col2im and scatter(mode="add") sum (their docstrings): other dtypes are
 # refused at trace time with a TypeError.
@@ -158,6 +158,35 @@ def wrap_rows(idx, n: int) -> tuple[np.ndarray, np.ndarray]:
     inside = np.array([0 <= r < n for r in rows], bool)
     rows = np.array([r if ok else 0 for r, ok in zip(rows, inside)], np.int64)
     return rows, inside
+
+
+def _clamped_starts(x_shape, start, shape, strides) -> list[int]:
+    """Python-int starts moved into [-extent - 1, dim + 1], which reads the
+    same (a start outside reads fill alone), so NumPy's int64 cannot wrap."""
+    return [min(max(int(v), -((n - 1) * st + 1) - 1), dim + 1)
+            for v, n, st, dim in zip(start, shape, strides, x_shape)]
+
+
+def window_expect(x, start, shape, strides, fill=0) -> np.ndarray:
+    """jax_tma.window in NumPy for starts of any size (Python ints):
+    reference.window_reference, out-of-bounds elements jnp.pad's fill."""
+    start = _clamped_starts(x.shape, start, shape, strides)
+    out = window_reference(x, start, shape, strides)
+    inside = window_reference(np.ones(x.shape, bool), start, shape, strides)
+    out[~inside] = pad_fill(jnp_fill_value(fill), x.dtype)[0]
+    return out
+
+
+def window_grad_expect(x_shape, ct, start, shape, strides) -> np.ndarray:
+    """window's transpose in NumPy: each cotangent element added onto the
+    element of x it was read from (none for those read as fill)."""
+    start = _clamped_starts(x_shape, start, shape, strides)
+    flat = window_reference(np.arange(math.prod(x_shape)).reshape(x_shape), start, shape,
+                            strides)
+    inside = window_reference(np.ones(x_shape, bool), start, shape, strides)
+    g = np.zeros(math.prod(x_shape), ct.dtype)
+    np.add.at(g, flat[inside], np.asarray(ct)[inside])
+    return g.reshape(x_shape)
 
 
 def gather_reference(x, idx, axis: int, fill_bits) -> np.ndarray:
@@ -373,16 +402,7 @@ def build_window(rng, dtype, *, batch=8, even=True, method="auto",
         return window_jnp(x, {1: s[0], 2: s[1]}, box_of(x), strides, fill)
 
     def expect(x, s):
-        # a start before -extent or past the end reads fill alone: clamped
-        # there, NumPy's int64 arithmetic cannot wrap
-        exts = ((box[0] - 1) * strides[1] + 1, (box[1] - 1) * strides[2] + 1)
-        start = [0] + [min(max(v, -e - 1), n + 1)
-                       for v, e, n in zip(as_ints(s), exts, x.shape[1:3])] + [0]
-        shp = box_of(x)
-        out = window_reference(x, start, shp, strides)
-        inside = window_reference(np.ones(x.shape, bool), start, shp, strides)
-        out[~inside] = pad_fill(jnp_fill_value(fill), x.dtype)[0]
-        return out
+        return window_expect(x, [0, *as_ints(s), 0], box_of(x), strides, fill)
 
     return Case(
         op="window", dtype=np.dtype(dtype), args=draw(rng), ours=ours, ref=ref, expect=expect,
