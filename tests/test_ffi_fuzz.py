@@ -3,11 +3,12 @@ way exported HLO reaches a handler (jax.ffi.ffi_call, none of the Python
 wrappers' checks), first correctly, then with one random mutation of that call
 (shapes, ranks, dtypes, attribute values and types, attributes, operands and
 results missing or extra) and a few hand-picked nasty calls. Every call must
-give the reference result or raise a Python exception: the handler's own
-errors name the op; XLA's binding layer rejects some calls before the handler
-runs with messages that name neither target nor op (_XLA_REJECTS). Inputs must
-come back bit for bit. Calls run in-process, so a crash fails the run and an
-ASan build catches out-of-bounds access. Rerun a failure with
+give the reference result or raise an error that names the rule the mutation
+broke: the handler's own errors name the op and then the rule (each kind of
+mutation has the rules it may break: _rule); XLA's binding layer rejects some
+calls before the handler runs, with messages of its own for each kind (_XLA).
+Inputs must come back bit for bit. Calls run in-process, so a crash fails the
+run and an ASan build catches out-of-bounds access. Rerun a failure with
 JAX_TMA_FUZZ_SEED=<seed from its message>."""
 
 from __future__ import annotations
@@ -33,17 +34,25 @@ S = jax.ShapeDtypeStruct
 CASES = 40
 
 # XLA's own rejections, before the handler runs (the same in jaxlib 0.10.2 and
-# 0.12.0.1): operand, result and attribute counts and types at execute,
-# attribute kinds it cannot encode at compile. None names the target or op.
-_XLA_REJECTS = re.compile(
-    r"Wrong number of (arguments|results|attributes): expected"
-    r"|Failed to decode all FFI handler operands"
-    r"|Unsupported (array element )?(attribute )?type for attribute"
-)
+# 0.12.0.1), by the kind of mutation that meets them: operand, result and
+# attribute counts at execute; a typed binding (an attribute's kind, a typed
+# buffer) that cannot decode at execute, attribute kinds it cannot encode at
+# compile. None names the target or op.
+_XLA = {
+    "attributes": r"Wrong number of attributes: expected",
+    "operands": r"Wrong number of arguments: expected",
+    "results": r"Wrong number of results: expected",
+    "decode": r"Failed to decode all FFI handler operands"
+              r"|Unsupported (array element )?(attribute )?type for attribute",
+}
 # JAX's own rejection while lowering: a uint64 attribute >= 2^63 (a fill
 # pattern with the top bit set) fails in its MLIR attribute builder with
 # RuntimeError("std::bad_cast"); such a value never reaches a handler.
 _BAD_CAST = "std::bad_cast"
+# The rules of an array's form that every handler checks, as they word them:
+# a shape (ranks, dims, element counts, sizes) and an element type.
+_SHAPE_RULES = r"rank|\bdims?\b|\belements?\b|entries|shape|\bsize|batch"
+_DTYPE_RULES = r"element type|sub-byte"
 
 _BYTE_DTYPES = tuple(d for d in ALL_DTYPES if d.name not in SUB_BYTE_BITS)
 _SUMMABLE = tuple(d for d in _BYTE_DTYPES  # what col2im adds
@@ -72,7 +81,15 @@ class Spec:
     ops: tuple[str, ...]                                  # names the handler's errors start with
     baseline: Callable[[np.random.Generator], Call]       # a correct call
     reference: Callable[[Call], list[np.ndarray]]         # the results of an accepted call
-    nasty: tuple[Callable[[Call], Call], ...] = ()        # hand-picked, from a baseline
+    # hand-picked calls, from a baseline, each with the rule it breaks (a
+    # pattern of the handler's error after the op's name)
+    nasty: tuple[tuple[Callable[[Call], Call], str], ...] = ()
+    # The op's own wording of the rules a kind of mutation ("shape", "dtype",
+    # "operands", "results") breaks, beyond _SHAPE_RULES / _DTYPE_RULES and
+    # XLA's; and, by attribute, what else a wrong value of it breaks (the
+    # attribute's own name always counts).
+    rules: dict[str, str] = dataclasses.field(default_factory=dict)
+    attr_rules: dict[str, str] = dataclasses.field(default_factory=dict)
     keep: tuple[str, ...] = ()                            # attributes never mutated
     waits_for_peer: Callable[[Call], bool] = lambda call: False  # would block 120 s
     # Whether an accepted call's results are defined bit for bit on the
@@ -126,10 +143,11 @@ def _read_reference(call: Call) -> list[np.ndarray]:
 
 
 _COPY_NASTY = (
-    lambda c: _with(c, [np.ones(c.operands[0].shape, jax.numpy.int4)],
-                    [S(c.results[0].shape, jax.numpy.int4)]),
-    lambda c: _with(c, results=[S((2**20,), c.results[0].dtype)]),
-    lambda c: _with(c, [np.zeros((0, 3), c.operands[0].dtype)], [S((3, 0), c.results[0].dtype)]),
+    (lambda c: _with(c, [np.ones(c.operands[0].shape, jax.numpy.int4)],
+                     [S(c.results[0].shape, jax.numpy.int4)]), r"sub-byte|size"),
+    (lambda c: _with(c, results=[S((2**20,), c.results[0].dtype)]), r"elements|size"),
+    (lambda c: _with(c, [np.zeros((0, 3), c.operands[0].dtype)],
+                     [S((3, 0), c.results[0].dtype)]), r"elements|size|shape"),
 )
 
 
@@ -205,12 +223,12 @@ def _extreme_starts(c: Call) -> Call:  # the handler clamps them to +-2^62
 
 
 _WINDOW_NASTY = (
-    _zero_box,
-    lambda c: _with(c, strides=np.full(len(c.attrs["strides"]), 2**31 - 1)),
-    lambda c: _with(c, strides=np.full(17, 1)),
-    lambda c: _with(c, fill_bits=np.uint64(2**63)),
-    _extreme_starts,
-    lambda c: _with(c, c.operands + c.operands[1:]),
+    (_zero_box, _SHAPE_RULES + r"|box"),
+    (lambda c: _with(c, strides=np.full(len(c.attrs["strides"]), 2**31 - 1)), r"strides"),
+    (lambda c: _with(c, strides=np.full(17, 1)), r"strides|spatial rank"),
+    (lambda c: _with(c, fill_bits=np.uint64(2**63)), r"fill"),  # or JAX's bad_cast
+    (_extreme_starts, r"start"),
+    (lambda c: _with(c, c.operands + c.operands[1:]), r"start"),
 )
 
 
@@ -271,15 +289,21 @@ def _huge_kernel_no_channels(r: int) -> Callable[[Call], Call]:
                                method="auto"))
 
 
+# What the convolution geometry's checks name (a kernel, stride, dilation or
+# padding value is checked against the others and the arrays' dims).
+_IM2COL_GEOMETRY = (r"kernel|strides|dilation|padding|pad_lo|pad_hi|patch|pixels|spatial|"
+                    r"columns|taps|rank")
+
 _IM2COL_NASTY = (
-    _taps_overflow(False),
-    _taps_overflow(True),
-    _huge_kernel_no_channels(2),
-    _huge_kernel_no_channels(3),
-    lambda c: _with(c, kernel=np.full(len(c.attrs["kernel"]), 2**31 - 1)),
-    lambda c: _with(c, dilation=np.full(len(c.attrs["kernel"]), 2**62)),
-    lambda c: _with(c, pad_lo=np.full(len(c.attrs["kernel"]), -2**63)),
-    lambda c: _with(c, transpose=not c.attrs["transpose"]),
+    (_taps_overflow(False), r"columns|taps"),
+    (_taps_overflow(True), r"columns|taps"),
+    (_huge_kernel_no_channels(2), r"taps|kernel|columns"),
+    (_huge_kernel_no_channels(3), r"taps|kernel|columns"),
+    (lambda c: _with(c, kernel=np.full(len(c.attrs["kernel"]), 2**31 - 1)), _IM2COL_GEOMETRY),
+    (lambda c: _with(c, dilation=np.full(len(c.attrs["kernel"]), 2**62)), r"dilation"),
+    (lambda c: _with(c, pad_lo=np.full(len(c.attrs["kernel"]), -2**63)), r"padding|pad_lo"),
+    (lambda c: _with(c, transpose=not c.attrs["transpose"]),
+     _IM2COL_GEOMETRY + r"|cannot be summed"),
 )
 
 
@@ -302,14 +326,15 @@ def _broadcast_reference(call: Call) -> list[np.ndarray]:
 
 
 _BROADCAST_NASTY = (
-    lambda c: _with(c, axis=np.int64(-1)),
-    lambda c: _with(c, axis=np.int64(2**63 - 1)),
-    lambda c: _with(c, method="multicast", cluster_size=np.int64(32)),
-    lambda c: _with(c, method="multicast", cluster_size=np.int64(16)),
-    lambda c: _with(c, method="dsmem", cluster_size=np.int64(2)),
-    lambda c: _with(c, method="store", cluster_size=np.int64(1)),
-    lambda c: _with(c, results=[S((0,) + c.operands[0].shape, c.operands[0].dtype)],
-                    axis=np.int64(0)),
+    (lambda c: _with(c, axis=np.int64(-1)), r"axis"),
+    (lambda c: _with(c, axis=np.int64(2**63 - 1)), r"axis"),
+    (lambda c: _with(c, method="multicast", cluster_size=np.int64(32)), r"cluster_size"),
+    # The forced hardware methods may refuse a geometry (on a GPU), naming it.
+    (lambda c: _with(c, method="multicast", cluster_size=np.int64(16)), r"method|cluster"),
+    (lambda c: _with(c, method="dsmem", cluster_size=np.int64(2)), r"method|cluster"),
+    (lambda c: _with(c, method="store", cluster_size=np.int64(1)), r"method|cluster"),
+    (lambda c: _with(c, results=[S((0,) + c.operands[0].shape, c.operands[0].dtype)],
+                     axis=np.int64(0)), _SHAPE_RULES),
 )
 
 
@@ -367,10 +392,11 @@ def _reused_instance(c: Call) -> Call:
 
 
 _PPERMUTE_NASTY = (
-    _reused_instance,
-    lambda c: _with(c, instance=np.int64(-2**63), devices=_i64(0), sources=_i64(0)),
-    lambda c: _with(c, devices=_i64(2**63 - 1, 0), sources=_i64(-2**63, 1)),
-    lambda c: _with(c, devices=_i64(), sources=_i64()),
+    (_reused_instance, r"instance"),
+    (lambda c: _with(c, instance=np.int64(-2**63), devices=_i64(0), sources=_i64(0)),
+     r"instance"),
+    (lambda c: _with(c, devices=_i64(2**63 - 1, 0), sources=_i64(-2**63, 1)), r"sources"),
+    (lambda c: _with(c, devices=_i64(), sources=_i64()), r"devices|sources"),
 )
 
 
@@ -562,61 +588,125 @@ def _gathered(x: np.ndarray, axis: int, count: int) -> S:
     return S(x.shape[:axis] + (count,) + x.shape[axis + 1:], x.dtype)
 
 
+# What gather's and scatter's handlers say of the operands and outputs they take.
+_TAKES = r"takes indices"
+
 _GATHER_NASTY = (
-    lambda c: (lambda o: _with(o, [np.array([-2**63, 2**63 - 1, 0], np.int64)] + o.operands[1:],
-                               [_gathered(o.operands[1], int(o.attrs["axis"]), 3)],
-                               batch=np.int64(0)))(_one_table(c)),
-    lambda c: _with(c, batch=np.int64(int(c.attrs["axis"]) + 1)),
-    lambda c: _with(c, axis=np.int64(-1)),
-    lambda c: _with(c, c.operands[:-1] + [np.zeros(2, c.operands[-1].dtype)]),
-    lambda c: _with(c, [np.zeros(3, np.int32), np.zeros((2**40, 0), np.float32),
-                        np.zeros((), np.float32)], [S((3, 0), np.float32)], axis=np.int64(0),
-                    batch=np.int64(0)),
-    lambda c: _with(c, method="tma"),
-    lambda c: _with(c, c.operands[:-1]),                    # a fill short
-    lambda c: _with(c, results=c.results + c.results[:1]),  # an output too many
-    lambda c: _with(c, c.operands[:1] + c.operands[1:] * 9,  # more than 8 tables
-                    results=c.results * 9),
+    # extreme indices: in range or a fill, never out of bounds
+    (lambda c: (lambda o: _with(o, [np.array([-2**63, 2**63 - 1, 0], np.int64)] + o.operands[1:],
+                                [_gathered(o.operands[1], int(o.attrs["axis"]), 3)],
+                                batch=np.int64(0)))(_one_table(c)), r"indices|output"),
+    (lambda c: _with(c, batch=np.int64(int(c.attrs["axis"]) + 1)), r"batch"),
+    (lambda c: _with(c, axis=np.int64(-1)), r"axis"),
+    (lambda c: _with(c, c.operands[:-1] + [np.zeros(2, c.operands[-1].dtype)]), r"fill"),
+    (lambda c: _with(c, [np.zeros(3, np.int32), np.zeros((2**40, 0), np.float32),
+                         np.zeros((), np.float32)], [S((3, 0), np.float32)], axis=np.int64(0),
+                     batch=np.int64(0)), _SHAPE_RULES),
+    (lambda c: _with(c, method="tma"), r"method"),
+    (lambda c: _with(c, c.operands[:-1]), _TAKES),                    # a fill short
+    (lambda c: _with(c, results=c.results + c.results[:1]), _TAKES),  # an output too many
+    (lambda c: _with(c, c.operands[:1] + c.operands[1:] * 9,  # more than 8 tables
+                     results=c.results * 9), _TAKES),
 )
 
 _SCATTER_NASTY = (
-    lambda c: _with(c, [c.operands[0], np.array([2**31 - 1, -5] * 3, np.int32)]
-                    + c.operands[2:], deterministic=True),
-    lambda c: (_with(c, mode="add", deterministic=True)
-               if any(x.dtype == np.bool_ for x in _tables_of(c, 2)[1]) else c),
-    lambda c: _with(c, method="tma", deterministic=True),
-    lambda c: _with(c, method="tma"),
-    lambda c: _with(c, [np.array([-2**63, 2**63 - 1], np.int64)] + c.operands[1:],
-                    batch=np.int64(0)),
-    lambda c: _with(c, c.operands[:-1]),                    # an update short
-    lambda c: _with(c, results=c.results[:-1] or c.results * 2),
+    (lambda c: _with(c, [c.operands[0], np.array([2**31 - 1, -5] * 3, np.int32)]
+                     + c.operands[2:], deterministic=True), r"order"),
+    (lambda c: (_with(c, mode="add", deterministic=True)
+                if any(x.dtype == np.bool_ for x in _tables_of(c, 2)[1]) else c),
+     r"mode|summed|\bsum\b|order"),
+    (lambda c: _with(c, method="tma", deterministic=True), r"method|deterministic|order"),
+    (lambda c: _with(c, method="tma"), r"method"),
+    (lambda c: _with(c, [np.array([-2**63, 2**63 - 1], np.int64)] + c.operands[1:],
+                     batch=np.int64(0)), r"indices|updates|order|" + _SHAPE_RULES),
+    (lambda c: _with(c, c.operands[:-1]), _TAKES),                    # an update short
+    (lambda c: _with(c, results=c.results[:-1] or c.results * 2), _TAKES),
 )
 
 
+# The slab ops' attributes: a wrong axis or batch leaves the arrays' dims
+# unexplained (an output or updates rank or dim, indices dims).
+_SLAB_DIMS = r"axis|batch|rank|\bdims?\b|shape|indices|updates|\belements?\b"
+# The benchmarks' 16-byte rules (seed copy, read stream) of sizes and addresses.
+_BENCH_16B = r"multiples of 16"
+
 SPECS: dict[str, Spec] = {
-    "jax_tma_gather": Spec(("jax_tma.gather",), _gather_call, _gather_reference, _GATHER_NASTY),
-    "jax_tma_scatter": Spec(("jax_tma.scatter",), _scatter_call, _scatter_reference,
-                            _SCATTER_NASTY, exact=_scatter_exact),
+    "jax_tma_gather": Spec(
+        ("jax_tma.gather",), _gather_call, _gather_reference, _GATHER_NASTY,
+        rules={"shape": r"fill|axis", "dtype": r"indices must be integers|fill must be",
+               "operands": _TAKES, "results": _TAKES},
+        attr_rules={"axis": _SLAB_DIMS, "batch": _SLAB_DIMS}),
+    "jax_tma_scatter": Spec(
+        ("jax_tma.scatter",), _scatter_call, _scatter_reference, _SCATTER_NASTY,
+        rules={"shape": r"order|axis|updates", "dtype": r"integers|order|updates|summed",
+               "operands": _TAKES, "results": _TAKES},
+        attr_rules={"axis": _SLAB_DIMS + r"|order", "batch": _SLAB_DIMS + r"|order",
+                    "deterministic": r"order",
+                    "mode": r"summed|\bsum\b|order"},
+        exact=_scatter_exact),
     "jax_tma_copy": Spec(("jax_tma.copy",), _copy_call, _copy_reference, _COPY_NASTY),
-    "jax_tma_window": Spec(("jax_tma.window",), _window_call, _window_reference, _WINDOW_NASTY),
-    "jax_tma_im2col": Spec(("jax_tma.im2col", "jax_tma.col2im"), _im2col_call,
-                           _im2col_reference, _IM2COL_NASTY),
-    "jax_tma_broadcast": Spec(("jax_tma.broadcast",), _broadcast_call, _broadcast_reference,
-                              _BROADCAST_NASTY),
-    "jax_tma_ppermute": Spec(("jax_tma.ppermute",), _ppermute_call, _ppermute_reference,
-                             _PPERMUTE_NASTY, keep=("instance",),
-                             waits_for_peer=_ppermute_waits_for_peer),
+    "jax_tma_window": Spec(
+        ("jax_tma.window",), _window_call, _window_reference, _WINDOW_NASTY,
+        rules={"shape": r"start|cotangent", "dtype": r"start must be",
+               # A start operand more or fewer shifts the others: the handler
+               # meets the first operand out of place.
+               "operands": r"start|input rank|element type"},
+        # strides has an entry per spatial dim: its length sets the rank that
+        # the arrays and starts are checked against.
+        attr_rules={"fill_bits": r"fill", "strides": r"rank|batch dim|start|entries",
+                    "transpose": r"fill|cotangent|start|rank|batch|\bdims?\b|entries"}),
+    "jax_tma_im2col": Spec(
+        ("jax_tma.im2col", "jax_tma.col2im"), _im2col_call, _im2col_reference, _IM2COL_NASTY,
+        rules={"shape": r"patch|pixels|columns|taps", "dtype": r"cannot be summed"},
+        attr_rules={**{k: _IM2COL_GEOMETRY for k in ("kernel", "strides", "dilation",
+                                                     "pad_lo", "pad_hi")},
+                    "transpose": _IM2COL_GEOMETRY + r"|cannot be summed|" + _SHAPE_RULES}),
+    "jax_tma_broadcast": Spec(
+        ("jax_tma.broadcast",), _broadcast_call, _broadcast_reference, _BROADCAST_NASTY,
+        attr_rules={"axis": r"output dim|rank", "method": r"cluster"}),
+    "jax_tma_ppermute": Spec(
+        ("jax_tma.ppermute",), _ppermute_call, _ppermute_reference, _PPERMUTE_NASTY,
+        attr_rules={"devices": r"devices?\b|sources", "sources": r"sources?\b|position|devices"},
+        keep=("instance",), waits_for_peer=_ppermute_waits_for_peer),
     # CUDA only, from the benchmarks' module: their references, errors named by target.
     "jax_tma_bench_memcpy": Spec(("jax_tma_bench_memcpy",), lambda rng: _copy_call(rng, ()),
                                  _copy_reference, _COPY_NASTY),
     "jax_tma_bench_seed_copy": Spec(("jax_tma_bench_seed_copy",),
                                     lambda rng: _copy_call(rng, (), multiple=16),
-                                    _copy_reference, _COPY_NASTY),
+                                    _copy_reference, _COPY_NASTY,
+                                    rules={"shape": _BENCH_16B, "dtype": _BENCH_16B}),
     "jax_tma_bench_write": Spec(("jax_tma_bench_write",), lambda rng: _copy_call(rng, ()),
-                                _write_reference, _COPY_NASTY),
+                                _write_reference, _COPY_NASTY,
+                                rules={"dtype": r"size of x"}),
     "jax_tma_bench_read": Spec(("jax_tma_bench_read",), lambda rng: _with(
-        _copy_call(rng, (), multiple=16), results=[S((4,), np.uint32)]), _read_reference),
+        _copy_call(rng, (), multiple=16), results=[S((4,), np.uint32)]), _read_reference,
+        rules={"shape": _BENCH_16B + r"|checksum", "dtype": _BENCH_16B + r"|checksum"}),
 }
+
+
+def _rule(spec: Spec, kind: str) -> str:
+    """The pattern an error of a call mutated in `kind` ("shape", "dtype",
+    "operands", "results", "attributes", "attr:NAME", or "nasty:PATTERN")
+    must match: XLA's rejection of that kind, or the handler's error naming
+    the op and then the rule."""
+    ops = "|".join(map(re.escape, spec.ops))
+
+    def handler(rule: str) -> str:
+        return rf"(?:{ops}): .*?(?:{rule})"
+
+    if kind.startswith("nasty:"):
+        return f"{_XLA['decode']}|{handler(kind[len('nasty:'):])}"
+    if kind == "attributes":
+        return _XLA["attributes"]
+    if kind in ("operands", "results"):
+        return _XLA[kind] + (f"|{handler(spec.rules[kind])}" if kind in spec.rules else "")
+    if kind in ("shape", "dtype"):
+        rule = {"shape": _SHAPE_RULES, "dtype": _DTYPE_RULES}[kind]
+        return f"{_XLA['decode']}|{handler(rule + '|' + spec.rules.get(kind, rule))}"
+    name = kind[len("attr:"):]
+    rule = rf"\b{re.escape(name)}\b" + (f"|{spec.attr_rules[name]}" if name in spec.attr_rules
+                                         else "")
+    return f"{_XLA['decode']}|{handler(rule)}"
 
 
 # ---- the mutation engine ----------------------------------------------------------
@@ -659,8 +749,9 @@ def _new_shape(shape, rng) -> tuple[int, ...]:
     return tuple(int(v) for v in s)
 
 
-def _mutate(call: Call, spec: Spec, rng) -> tuple[str, Call]:
-    """One random mutation of `call` and a description of it."""
+def _mutate(call: Call, spec: Spec, rng) -> tuple[str, str, Call]:
+    """One random mutation of `call`: its kind (as _rule takes it), a
+    description and the call."""
     c = _with(call)
     ops, res = c.operands, c.results
     attrs = [k for k in c.attrs if k not in spec.keep]
@@ -678,35 +769,35 @@ def _mutate(call: Call, spec: Spec, rng) -> tuple[str, Call]:
         else:
             res[i - len(ops)] = S(shape, dtype)
             where = f"result {i - len(ops)}"
-        return f"{kind} of {where}: {old.shape} {old.dtype} -> {shape} {dtype}", c
+        return kind, f"{kind} of {where}: {old.shape} {old.dtype} -> {shape} {dtype}", c
     if kind == "dtype all":  # every array of the first operand's dtype, alike
         old, new = (ops or res)[0].dtype, _dtype(rng, ALL_DTYPES)
         c.operands = [random_array(rng, a.shape, new) if a.dtype == old else a for a in ops]
         c.results = [S(r.shape, new) if r.dtype == old else r for r in res]
-        return f"dtype {old} -> {new} everywhere", c
+        return "dtype", f"dtype {old} -> {new} everywhere", c
     if kind == "attr value" and attrs:
         k = _pick(rng, attrs)
         c.attrs[k] = _bad_attr(c.attrs[k], rng)
-        return f"attribute {k}: {call.attrs[k]!r} -> {c.attrs[k]!r:.80}", c
+        return f"attr:{k}", f"attribute {k}: {call.attrs[k]!r} -> {c.attrs[k]!r:.80}", c
     if kind == "missing attr" and attrs:
         k = _pick(rng, attrs)
         del c.attrs[k]
-        return f"no attribute {k}", c
+        return "attributes", f"no attribute {k}", c
     if kind == "extra attr":
         c.attrs["extra"] = _pick(rng, (np.int64(1), "auto", True, _i64(1, 2), np.float32(1)))
-        return f"extra attribute {c.attrs['extra']!r}", c
+        return "attributes", f"extra attribute {c.attrs['extra']!r}", c
     if kind == "missing operand" and ops:
         del ops[rng.integers(len(ops))]
-        return "an operand fewer", c
+        return "operands", "an operand fewer", c
     if kind == "extra operand":
         ops.insert(int(rng.integers(len(ops) + 1)),
                    random_array(rng, _new_shape((), rng), _dtype(rng, ALL_DTYPES)))
-        return "an operand more", c
+        return "operands", "an operand more", c
     if kind == "missing result" and res:
         del res[rng.integers(len(res))]
-        return "a result fewer", c
+        return "results", "a result fewer", c
     res.append(S(_new_shape((), rng), _dtype(rng, ALL_DTYPES)))
-    return "a result more", c
+    return "results", "a result more", c
 
 
 # ---- running a call -----------------------------------------------------------
@@ -728,19 +819,24 @@ def _run(platform: str, target: str, call: Call, what: str) -> list[np.ndarray]:
 
 
 def _check(platform: str, target: str, spec: Spec, call: Call, what: str,
-           must_run: bool = False) -> None:
-    """The call gives the reference results or (unless `must_run`) raises an
-    exception that names the op or is one of XLA's or JAX's own rejections."""
+           kind: str | None = None) -> None:
+    """The call gives the reference results or, where it was mutated in
+    `kind` (None: a correct call, which must run), raises the error of the
+    rule that kind breaks (_rule): XLA's, the handler's naming the op, or
+    for an attribute's value JAX's own bad_cast."""
     try:
         got = _run(platform, target, call, what)
     except AssertionError:
         raise
     except Exception as e:
         msg = str(e)
-        allowed = (type(e) is RuntimeError and msg == _BAD_CAST) or (
-            isinstance(e, jax.errors.JaxRuntimeError)
-            and (any(f"{op}: " in msg for op in spec.ops) or _XLA_REJECTS.search(msg)))
-        assert allowed and not must_run, f"{what}: {type(e).__name__}: {msg}"
+        assert kind is not None, f"{what}: {type(e).__name__}: {msg}"
+        if type(e) is RuntimeError and msg == _BAD_CAST:
+            assert kind.startswith(("attr:", "nasty:")), f"{what}: {type(e).__name__}: {msg}"
+            return
+        rule = _rule(spec, kind)
+        assert isinstance(e, jax.errors.JaxRuntimeError) and re.search(rule, msg, re.S), \
+            f"{what}: {type(e).__name__}: {msg}\n  (mutated: {kind}; expected /{rule}/)"
         return
     if all(math.prod(r.shape) == 0 for r in call.results):  # geometry beyond the reference
         want = [np.zeros(r.shape, r.dtype) for r in call.results]
@@ -809,10 +905,10 @@ def test_fuzz(platform, target, seed):
     where = f"{platform} {target}, seed {seed}"
     for case in range(CASES):
         base = spec.baseline(rng)
-        _check(platform, target, spec, base, f"{where}, case {case}: baseline", must_run=True)
-        what, call = _mutate(base, spec, rng)
+        _check(platform, target, spec, base, f"{where}, case {case}: baseline")
+        kind, what, call = _mutate(base, spec, rng)
         while spec.waits_for_peer(call):
-            what, call = _mutate(base, spec, rng)
-        _check(platform, target, spec, call, f"{where}, case {case}: {what}")
-    for i, nasty in enumerate(spec.nasty):  # from the last baseline, which ran
-        _check(platform, target, spec, nasty(base), f"{where}, nasty case {i}")
+            kind, what, call = _mutate(base, spec, rng)
+        _check(platform, target, spec, call, f"{where}, case {case}: {what}", kind)
+    for i, (nasty, rule) in enumerate(spec.nasty):  # from the last baseline, which ran
+        _check(platform, target, spec, nasty(base), f"{where}, nasty case {i}", f"nasty:{rule}")
