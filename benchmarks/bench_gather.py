@@ -374,11 +374,14 @@ def kernels_with(hlo_text: str, opcode: str) -> int:
     comps: dict[str, list[str]] = {}
     name = None
     for line in hlo_text.splitlines():
-        head = re.match(r"\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
-        if head and "=" not in line.split("{")[0]:
+        # A computation opens at column 0 ("%name (params) -> shape {", the
+        # entry with "ENTRY ") and closes with "}" there; its instructions
+        # are indented.
+        head = re.match(r"(?:ENTRY\s+)?%?([\w.\-]+)\s", line)
+        if head and line.rstrip().endswith("{"):
             name = head.group(1)
             comps[name] = []
-        elif name is not None and line.strip() == "}":
+        elif line.rstrip() == "}":
             name = None
         elif name is not None:
             comps[name].append(line)

@@ -499,7 +499,7 @@ _HLO = """HloModule jit_step, is_scheduled=true
   ROOT %gather.1 = bf16[2,4]{1,0} gather(%param_0, %param_1), offset_dims={1}
 }
 
-%fused_two (p0: bf16[8,4], p1: bf16[8,4], p2: s32[2]) -> (bf16[2,4], bf16[2,4]) {
+%fused_two (p0: bf16[8,4], p1: bf16[8,4], /*index=2*/p2: s32[2]) -> (bf16[2,4], bf16[2,4]) {
   %p0 = bf16[8,4]{1,0} parameter(0)
   %p1 = bf16[8,4]{1,0} parameter(1)
   %p2 = s32[2]{0} parameter(2)
