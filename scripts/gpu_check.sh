@@ -26,7 +26,7 @@
 #   within the device tool's 10-min call use one install a call:
 #   INSTALLS=wheel bash scripts/gpu_check.sh tests; INSTALLS=source ... tests sanitize
 #   TESTS, SELFTESTS and BENCH_OPS narrow a stage, e.g. TESTS=tests/test_im2col_gpu.py
-#   SELFTESTS=im2col BENCH_OPS=im2col. CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90a-real
+#   SELFTESTS=im2col BENCH_OPS=im2col (WHEEL_CASE=0 leaves out the wheel's case). CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90a-real
 #   builds the source install for the H100/H200 alone (about a third of the
 #   full build's time). bench runs `benchmarks/run.py all`
 #   (about 4 min on an H100 after the source build; ncu's DRAM bytes per
@@ -220,7 +220,7 @@ print(sum(not peer_access(a, b) for a in ids for b in ids if a != b))')
     ;;
   bench)
     # shellcheck disable=SC2086
-    WHEEL_CASE=1 bench "${BENCH_OPS:-all}" ${BENCH_OPS:-all}
+    WHEEL_CASE=${WHEEL_CASE:-1} bench "${BENCH_OPS:-all}" ${BENCH_OPS:-all}
     ;;
   ncu)
     bench broadcast-ncu broadcast-ncu
