@@ -1,12 +1,14 @@
 """jax_tma.gather / jax_tma.scatter: whole slabs (rows, pages) picked by an
 index array, as JAX primitives (jit, vmap folded into shared batch dims,
-AD gather <-> scatter-add, partitioning of every dim but `axis` without
-collectives; scatter works in place on a donated x)."""
+AD gather <-> scatter-add, shard_map, explicit and automatic sharding with
+every dim but `axis` partitioned without collectives; scatter works in
+place on a donated x)."""
 
 from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -62,21 +64,111 @@ def _halves(operands):
     return operands[:n], operands[n:]
 
 
+def _bind_gather(indices, *xs, **params):
+    """gather_p on operands cast to the union of their varying mesh axes
+    (shard_map), which the results then carry."""
+    return gather_p.bind(*_checks.align_varying(indices, *xs), **params)
+
+
+def _bind_scatter(indices, *operands, **params):
+    """scatter_p(indices, *xs, *updates) as _bind_gather binds gather_p."""
+    return scatter_p.bind(*_checks.align_varying(indices, *operands), **params)
+
+
+def _mesh_axes(entry) -> tuple:
+    return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+
+
+def _like(*avals):
+    """The operand whose mesh a result takes: the first with one (a
+    replicated constant has none). Operands are bound with the same varying
+    mesh axes (_bind_gather, _bind_scatter), which the result keeps."""
+    return next((a for a in avals if not a.sharding.mesh.empty), avals[0])
+
+
+def _lead_spec(op: str, indices, xs, axis: int, batch: int) -> list:
+    """The split of x.shape[:axis] that every result shares, from the
+    operands' explicit shardings (an Auto mesh and shard_map's manual axes
+    leave specs empty): the tables', which must agree and leave `axis`
+    whole, and on the batch dims the indices' where the tables have none."""
+    specs = [_ffi.spec_of(x) for x in xs]
+    for t, spec in enumerate(specs):
+        if spec[axis] is not None:
+            name = f"{op}: table {t}" if len(xs) > 1 else op
+            raise ValueError(
+                f"{name}: x is split along axis {axis} over mesh axes {spec[axis]!r} (x is "
+                f"sharded {P(*spec)}), but every device needs that whole dim to pick slabs from "
+                "(as jnp.take and x.at[] do); replicate it first (jax.sharding.reshard)")
+        if spec[:axis] != specs[0][:axis]:
+            raise ValueError(f"{op}: the tables must be sharded alike in x.shape[:axis] "
+                             f"(axis={axis}): table 0 has {P(*specs[0][:axis])}, table {t} "
+                             f"{P(*spec[:axis])}")
+    ispec = _ffi.spec_of(indices)
+    lead = list(specs[0][:axis])
+    for d in range(batch):
+        if lead[d] is None:
+            lead[d] = ispec[d]
+        elif ispec[d] is not None and ispec[d] != lead[d]:
+            raise ValueError(f"{op}: batch dim {d} (a vmapped dim of x and the indices) is split "
+                             f"over {lead[d]!r} in x but over {ispec[d]!r} in the indices")
+    return lead
+
+
+def _distinct(op: str, spec: list, *operands) -> tuple:
+    """`spec`, once each mesh axis splits one dim at most."""
+    seen: set = set()
+    for entry in spec:
+        for a in _mesh_axes(entry):
+            if a in seen:
+                shown = ", ".join(f"{name} {P(*_ffi.spec_of(v))}" for name, v in operands)
+                raise ValueError(f"{op}: mesh axis {a!r} would split two dims of the result "
+                                 f"{P(*spec)} ({shown}); reshard one of them first "
+                                 "(jax.sharding.reshard)")
+            seen.add(a)
+    return tuple(spec)
+
+
+def _check_whole_indices(indices, batch: int) -> None:
+    """A scatter's indices are whole beyond the batch dims: every device that
+    holds rows of x needs every index."""
+    spec = _ffi.spec_of(indices)
+    if any(e is not None for e in spec[batch:]):
+        raise ValueError(f"{_OP_S}: the indices are split over mesh axes (sharded {P(*spec)}), "
+                         "but every device that holds rows of x needs every index (as x.at[] "
+                         "does); replicate them first (jax.sharding.reshard)")
+
+
 def _gather_abstract(indices, *xs, axis, batch, **_):
-    return [jax.core.ShapedArray(_gathered_shape(x.shape, indices.shape, axis, batch), x.dtype)
-            for x in xs]
+    # Explicit shardings: x's dims but axis keep theirs, the index dims take
+    # the indices' (no collective: each device picks its own indices' slabs).
+    lead = _lead_spec(_OP_G, indices, xs, axis, batch)
+    ispec = _ffi.spec_of(indices)
+    return [_ffi.out_aval(
+        _like(x, indices), _gathered_shape(x.shape, indices.shape, axis, batch), x.dtype,
+        _distinct(_OP_G, lead + list(ispec[batch:]) + list(_ffi.spec_of(x)[axis + 1:]),
+                  ("x", x), ("indices", indices)))
+        for x in xs]
 
 
 def _gather_local_abstract(indices, *operands, **params):
     return _gather_abstract(indices, *_halves(operands)[0], **params)
 
 
-def _scatter_abstract(indices, *operands, **_):
-    return [jax.core.ShapedArray(x.shape, x.dtype) for x in _halves(operands)[0]]
+def _scatter_abstract(indices, *operands, axis, batch, **_):
+    # Explicit shardings as x.at[].set gives them: the result is split as x
+    # (its batch dims as the indices' where x has none); the indices must be
+    # whole beyond the batch dims. The updates are resharded as x's slabs.
+    xs, us = _halves(operands)
+    lead = _lead_spec(_OP_S, indices, xs, axis, batch)
+    _check_whole_indices(indices, batch)
+    return [_ffi.out_aval(_like(x, indices, u), x.shape, x.dtype,
+                          _distinct(_OP_S, lead + list(_ffi.spec_of(x)[axis:]), ("x", x),
+                                    ("indices", indices)))
+            for x, u in zip(xs, us)]
 
 
-def _scatter_local_abstract(indices, order, *operands, **_):
-    return _scatter_abstract(indices, *operands)
+def _scatter_local_abstract(indices, order, *operands, **params):
+    return _scatter_abstract(indices, *operands, **params)
 
 
 gather_p.def_abstract_eval(_gather_abstract)
@@ -109,13 +201,24 @@ for _platform in ("cpu", "cuda"):
 
 # ---- index arithmetic shared by AD and deterministic scatter ----------------
 
-def _rows(indices: jax.Array, n: int, batch: int) -> jax.Array:
-    """(B, M) keys: each index wrapped as the handlers wrap it (negative +n,
-    once), n where it is out of range. int32 unless n needs int64."""
-    if n >= 2**31 - 1 and not jax.config.jax_enable_x64:
-        raise ValueError(f"{_OP_S}: a table of {n} rows needs int64 row numbers; enable "
+def _count_dtype(count) -> np.dtype:
+    """The integer type of numbers up to `count` (row numbers, positions):
+    int32 where it holds them, else int64; for a symbolic count (a
+    shape-polymorphic export) jnp's default int, as jnp.argsort gives."""
+    if not isinstance(count, int):
+        return jax.dtypes.canonicalize_dtype(jnp.int64)
+    if count < 2**31 - 1:
+        return np.dtype(np.int32)
+    if not jax.config.jax_enable_x64:
+        raise ValueError(f"{_OP_S}: {count} rows or indices need int64 row numbers; enable "
                          "jax_enable_x64")
-    dtype = jnp.int64 if n >= 2**31 - 1 else jnp.int32
+    return np.dtype(np.int64)
+
+
+def _rows(indices: jax.Array, n, batch: int) -> jax.Array:
+    """(B, M) keys: each index wrapped as the handlers wrap it (negative +n,
+    once), n where it is out of range."""
+    dtype = _count_dtype(n)
     b = math.prod(indices.shape[:batch])
     i = indices.reshape(b, -1)
     if jnp.issubdtype(i.dtype, jnp.unsignedinteger):
@@ -131,8 +234,7 @@ def _rows(indices: jax.Array, n: int, batch: int) -> jax.Array:
 
 def _stable_order(keys: jax.Array) -> jax.Array:
     """Per batch row, the positions of the keys in stable sorted order."""
-    dtype = jnp.int32 if keys.shape[-1] < 2**31 else jnp.int64
-    return jnp.argsort(keys, axis=-1, stable=True).astype(dtype)
+    return jnp.argsort(keys, axis=-1, stable=True).astype(_count_dtype(keys.shape[-1]))
 
 
 def _last_wins(indices: jax.Array, n: int, batch: int) -> jax.Array:
@@ -156,10 +258,6 @@ def _spec(sharding, ndim: int) -> list:
     return list(spec) + [None] * (ndim - len(spec))
 
 
-def _mesh_axes(entry) -> tuple:
-    return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
-
-
 def _factors(x_ndims, idx_ndim, axis, batch):
     """Shardy factor names of the tables, the indices and the gathered slabs:
     the tables share those of their dims up to axis, and each has its own
@@ -172,11 +270,13 @@ def _factors(x_ndims, idx_ndim, axis, batch):
     return xs, idx, slabs
 
 
-def _shardings(mesh, x_shapes, idx_ndim, axis, batch):
+def _shardings(mesh, x_shapes, idx_shape, axis, batch, split_indices):
     """The tables' shardings with axis unsplit and table 0's split of the dims
     before it (each keeps its own slab dims' split, less mesh axes those
-    dims use), the indices split like the batch dims and whole otherwise,
-    and the matching shardings of the gathered slabs."""
+    dims use), the indices split like the batch dims and, with
+    `split_indices` (a gather: each device picks its own indices' slabs),
+    their other dims as they come less mesh axes the tables' dims use,
+    else whole; and the matching shardings of the gathered slabs."""
     lead = _spec(x_shapes[0].sharding, len(x_shapes[0].shape))[:axis]
     used = {a for e in lead for a in _mesh_axes(e)}
 
@@ -186,8 +286,13 @@ def _shardings(mesh, x_shapes, idx_ndim, axis, batch):
 
     xs = [lead + [None] + [own(e) for e in _spec(s.sharding, len(s.shape))[axis + 1:]]
           for s in x_shapes]
-    idx = lead[:batch] + [None] * (idx_ndim - batch)
-    slabs = [lead + idx[batch:] + x[axis + 1:] for x in xs]
+    idx_ndim = len(idx_shape.shape)
+    rest = [None] * (idx_ndim - batch)
+    if split_indices:
+        used |= {a for x in xs for e in x for a in _mesh_axes(e)}
+        rest = [own(e) for e in _spec(idx_shape.sharding, idx_ndim)[batch:]]
+    idx = lead[:batch] + rest
+    slabs = [lead + rest + x[axis + 1:] for x in xs]
     named = lambda specs: tuple(NamedSharding(mesh, P(*s)) for s in specs)  # noqa: E731
     return named(xs), NamedSharding(mesh, P(*idx)), named(slabs)
 
@@ -205,10 +310,10 @@ def _partitioned_gather(x_ndims, idx_ndim, axis, batch, fills, method):
                                          method=method))
 
     def infer(mesh, arg_shapes, result_shape):
-        return _shardings(mesh, arg_shapes[1:], idx_ndim, axis, batch)[2]
+        return _shardings(mesh, arg_shapes[1:], arg_shapes[0], axis, batch, True)[2]
 
     def partition(mesh, arg_shapes, result_shape):
-        xs, idx, out = _shardings(mesh, arg_shapes[1:], idx_ndim, axis, batch)
+        xs, idx, out = _shardings(mesh, arg_shapes[1:], arg_shapes[0], axis, batch, True)
         return mesh, local, out, (idx, *xs)
 
     xs, idx, slabs = _factors(x_ndims, idx_ndim, axis, batch)
@@ -231,10 +336,11 @@ def _partitioned_scatter(x_ndims, idx_ndim, axis, batch, mode, deterministic, me
                                           mode=mode, deterministic=deterministic, method=method))
 
     def infer(mesh, arg_shapes, result_shape):
-        return _shardings(mesh, _halves(arg_shapes[1:])[0], idx_ndim, axis, batch)[0]
+        return _shardings(mesh, _halves(arg_shapes[1:])[0], arg_shapes[0], axis, batch, False)[0]
 
     def partition(mesh, arg_shapes, result_shape):
-        xs, idx, upd = _shardings(mesh, _halves(arg_shapes[1:])[0], idx_ndim, axis, batch)
+        xs, idx, upd = _shardings(mesh, _halves(arg_shapes[1:])[0], arg_shapes[0], axis, batch,
+                                  False)
         return mesh, local, xs, (idx, *xs, *upd)
 
     xs, idx, slabs = _factors(x_ndims, idx_ndim, axis, batch)
@@ -247,10 +353,18 @@ def _partitioned_scatter(x_ndims, idx_ndim, axis, batch, mode, deterministic, me
     return local, f
 
 
+def _partitioned(ctx) -> bool:
+    """Whether the call is lowered through custom_partitioning: a program on
+    several devices, with static shapes (symbolic dims of a
+    shape-polymorphic export have no partitioning rule; XLA keeps such
+    operands whole)."""
+    return not _ffi.single_device(ctx) and _ffi.static_shape(*ctx.avals_in, *ctx.avals_out)
+
+
 def _gather_lowering(ctx, indices, *xs, axis, batch, fills, method):
     x_ndims = tuple(a.ndim for a in ctx.avals_in[1:])
     local, f = _partitioned_gather(x_ndims, ctx.avals_in[0].ndim, axis, batch, fills, method)
-    fn = local if _ffi.single_device(ctx) else f
+    fn = f if _partitioned(ctx) else local
     return mlir.lower_fun(fn, multiple_results=True)(ctx, indices, *xs)
 
 
@@ -258,7 +372,7 @@ def _scatter_lowering(ctx, indices, *operands, axis, batch, mode, deterministic,
     x_ndims = tuple(a.ndim for a in _halves(ctx.avals_in[1:])[0])
     local, f = _partitioned_scatter(x_ndims, ctx.avals_in[0].ndim, axis, batch, mode,
                                     deterministic, method)
-    fn = local if _ffi.single_device(ctx) else f
+    fn = f if _partitioned(ctx) else local
     return mlir.lower_fun(fn, multiple_results=True)(ctx, indices, *operands)
 
 
@@ -315,17 +429,17 @@ def _gather_batcher(args, dims, *, axis, batch, fills, method):
         fs = some(group)
         if not batched:  # di is not None: more indices; else untouched by the vmap
             if di is None:
-                return gather_p.bind(indices, *(xs[t] for t in group), axis=axis, batch=batch,
+                return _bind_gather(indices, *(xs[t] for t in group), axis=axis, batch=batch,
                                      fills=fs, method=method), None
             i = jnp.moveaxis(indices, di, batch)
-            return gather_p.bind(i, *(xs[t] for t in group), axis=axis, batch=batch, fills=fs,
+            return _bind_gather(i, *(xs[t] for t in group), axis=axis, batch=batch, fills=fs,
                                  method=method), axis
         if di is None:  # one index set for every x: the new dim is an outer dim
             ts = [jnp.moveaxis(xs[t], dxs[t], batch) for t in group]
-            return gather_p.bind(indices, *ts, axis=axis + 1, batch=batch, fills=fs,
+            return _bind_gather(indices, *ts, axis=axis + 1, batch=batch, fills=fs,
                                  method=method), batch
         ts = [jnp.moveaxis(xs[t], dxs[t], 0) for t in group]
-        return gather_p.bind(jnp.moveaxis(indices, di, 0), *ts, axis=axis + 1, batch=batch + 1,
+        return _bind_gather(jnp.moveaxis(indices, di, 0), *ts, axis=axis + 1, batch=batch + 1,
                              fills=fs, method=method), 0
 
     return _by_group(len(xs), lambda t: dxs[t] is not None, bind)
@@ -339,14 +453,14 @@ def _scatter_batcher(args, dims, *, axis, batch, **params):
     def bind(group, reached):
         x, u = [xs[t] for t in group], [us[t] for t in group]
         if not reached:  # neither the indices nor these tables are vmapped
-            return scatter_p.bind(indices, *x, *u, axis=axis, batch=batch, **params), None
+            return _bind_scatter(indices, *x, *u, axis=axis, batch=batch, **params), None
         if di is None:  # shared indices: the new dim is an outer dim of x and updates
             x = [_front(a, dxs[t], size, batch) for a, t in zip(x, group)]
             u = [_front(a, dus[t], size, batch) for a, t in zip(u, group)]
-            return scatter_p.bind(indices, *x, *u, axis=axis + 1, batch=batch, **params), batch
+            return _bind_scatter(indices, *x, *u, axis=axis + 1, batch=batch, **params), batch
         x = [_front(a, dxs[t], size, 0) for a, t in zip(x, group)]
         u = [_front(a, dus[t], size, 0) for a, t in zip(u, group)]
-        return scatter_p.bind(jnp.moveaxis(indices, di, 0), *x, *u, axis=axis + 1,
+        return _bind_scatter(jnp.moveaxis(indices, di, 0), *x, *u, axis=axis + 1,
                               batch=batch + 1, **params), 0
 
     return _by_group(len(xs), lambda t: di is not None or dxs[t] is not None
@@ -371,15 +485,36 @@ def _aval(a):
     return a.aval if ad.is_undefined_primal(a) else jax.typeof(a)
 
 
+def _zeros(aval, dtype):
+    """Zeros of `dtype` with `aval`'s shape, sharding and varying mesh axes."""
+    return ad.instantiate_zeros(ad.Zero(aval.update(dtype=np.dtype(dtype), weak_type=False)))
+
+
+def _adds_natively(dtype) -> bool:
+    """Whether the handlers' add sums `dtype`: integers, f16, bf16, f32, f64,
+    c64 and c128. Other floats (float8_*, float4_e2m1fn) are summed in
+    float32 and rounded to their dtype once (XLA rounds after every add)."""
+    return jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.complexfloating) or \
+        np.dtype(dtype).name in ("float16", "bfloat16", "float32", "float64")
+
+
+def _resharded(a, spec) -> jax.Array:
+    """`a` with the explicit PartitionSpec `spec` (one entry per dim); a
+    no-op where it has it (always, but for explicit meshes)."""
+    if _ffi.spec_of(jax.typeof(a)) == tuple(spec):
+        return a
+    return jax.sharding.reshard(a, P(*spec))
+
+
 def _gather_jvp(primals, tangents, *, fills, **params):
     indices = primals[0]
-    ys = gather_p.bind(*primals, fills=fills, **params)
+    ys = _bind_gather(*primals, fills=fills, **params)
     live = [t for t, tx in enumerate(tangents[1:]) if type(tx) is not ad.Zero]
     out = [_zero_tangent(y) for y in ys]
     if live:
         # The fill is a constant: its tangent is 0.
-        tys = gather_p.bind(indices, *(tangents[1 + t] for t in live),
-                            fills=tuple(_zero_fill(ys[t].dtype) for t in live), **params)
+        tys = _bind_gather(indices, *(tangents[1 + t] for t in live),
+                           fills=tuple(_zero_fill(ys[t].dtype) for t in live), **params)
         for t, ty in zip(live, tys):
             out[t] = ty
     return ys, out
@@ -391,11 +526,24 @@ def _gather_transpose(cts, indices, *xs, axis, batch, fills, method):
     live = [t for t, x in enumerate(xs)
             if ad.is_undefined_primal(x) and type(cts[t]) is not ad.Zero]
     if live:
-        zeros = [jnp.zeros(xs[t].aval.shape, cts[t].dtype) for t in live]
-        sums = scatter_p.bind(indices, *zeros, *(cts[t] for t in live), axis=axis, batch=batch,
-                              mode="add", deterministic=False, method=method)
-        for t, s in zip(live, sums):
-            out[t] = s
+        # A scatter-add into zeros, as jnp.take's transpose; its indices and
+        # updates whole beyond the batch dims (an explicit gather may split
+        # them, a scatter may not).
+        ispec = _ffi.spec_of(jax.typeof(indices))
+        indices = _resharded(indices, ispec[:batch] + (None,) * (indices.ndim - batch))
+        avals = [xs[t].aval for t in live]
+        wide = [a.dtype if _adds_natively(a.dtype) else np.dtype(np.float32) for a in avals]
+        ups = []
+        for t in live:
+            spec = _ffi.spec_of(jax.typeof(cts[t]))
+            spec = spec[:axis] + (None,) * (indices.ndim - batch) + spec[axis + indices.ndim
+                                                                        - batch:]
+            ups.append(_resharded(cts[t], spec))
+        sums = _bind_scatter(indices, *(_zeros(a, w) for a, w in zip(avals, wide)),
+                             *(u.astype(w) for u, w in zip(ups, wide)), axis=axis,
+                             batch=batch, mode="add", deterministic=False, method=method)
+        for t, a, total in zip(live, avals, sums):
+            out[t] = total.astype(a.dtype)
     return [None, *out]
 
 
@@ -406,13 +554,13 @@ def _scatter_jvp(primals, tangents, *, axis, batch, mode, deterministic, method)
     if mode == "set":
         # Primal and tangent must keep the same winner of each duplicate.
         indices = _last_wins(indices, xs[0].shape[axis], batch)
-    ys = scatter_p.bind(indices, *xs, *us, **params)
+    ys = _bind_scatter(indices, *xs, *us, **params)
     live = [t for t in range(len(xs))
             if type(txs[t]) is not ad.Zero or type(tus[t]) is not ad.Zero]
     out = [_zero_tangent(y) for y in ys]
     if live:
-        tys = scatter_p.bind(indices, *(ad.instantiate_zeros(txs[t]) for t in live),
-                             *(ad.instantiate_zeros(tus[t]) for t in live), **params)
+        tys = _bind_scatter(indices, *(ad.instantiate_zeros(txs[t]) for t in live),
+                            *(ad.instantiate_zeros(tus[t]) for t in live), **params)
         for t, ty in zip(live, tys):
             out[t] = ty
     return ys, out
@@ -432,17 +580,17 @@ def _scatter_transpose(cts, indices, *operands, axis, batch, mode, deterministic
         for t in for_x:
             ct_x[t] = cts[t]
     elif for_x:  # the overwritten slabs do not reach the output
-        zeros = [jnp.zeros(_aval(us[t]).shape, cts[t].dtype) for t in for_x]
-        cleared = scatter_p.bind(indices, *(cts[t] for t in for_x), *zeros, axis=axis,
-                                 batch=batch, mode="set", deterministic=False, method=method)
+        zeros = [_zeros(_aval(us[t]), cts[t].dtype) for t in for_x]
+        cleared = _bind_scatter(indices, *(cts[t] for t in for_x), *zeros, axis=axis,
+                                batch=batch, mode="set", deterministic=False, method=method)
         for t, c in zip(for_x, cleared):
             ct_x[t] = c
     for_u = [t for t in live if undefined(us[t])]
     if for_u:
-        got = gather_p.bind(indices, *(cts[t] for t in for_u), axis=axis, batch=batch,
-                            fills=tuple(_zero_fill(cts[t].dtype) for t in for_u), method=method)
+        got = _bind_gather(indices, *(cts[t] for t in for_u), axis=axis, batch=batch,
+                           fills=tuple(_zero_fill(cts[t].dtype) for t in for_u), method=method)
         for t, g in zip(for_u, got):
-            ct_u[t] = g
+            ct_u[t] = _resharded(g, _ffi.spec_of(_aval(us[t])))
     return [None, *ct_x, *ct_u]
 
 
@@ -455,12 +603,12 @@ ad.primitive_transposes[scatter_p] = _scatter_transpose
 # ---- argument checks -----------------------------------------------------------
 
 def _indices(op: str, indices: Any) -> jax.Array:
-    if isinstance(indices, (int, np.integer)) and not isinstance(indices, bool):
-        indices = np.asarray(indices)
+    """`indices` as an integer array (Python ints as jnp.asarray takes them),
+    sub-byte integers widened to a byte for the handlers (every value kept)."""
     indices = _checks.as_array(op, "indices", indices)
     if not jnp.issubdtype(indices.dtype, jnp.integer):
         raise TypeError(f"{op}: indices must be integers, got dtype {indices.dtype}")
-    return indices
+    return _checks.widen(indices)
 
 
 def _axis(op: str, axis: Any, x: jax.Array) -> int:
@@ -475,13 +623,15 @@ def _axis(op: str, axis: Any, x: jax.Array) -> int:
 
 
 def _check_tma_slab(op: str, method: str, x: jax.Array, wide, axis: int) -> None:
-    """method='tma' moves each slab with one bulk copy: 16-byte multiples."""
+    """method='tma' moves each slab with one bulk copy: 16-byte multiples.
+    `wide` is the dtype the slabs move as."""
     slab = x.shape[axis + 1:]
     nbytes = math.prod(slab) * np.dtype(wide).itemsize
+    moved = "" if np.dtype(wide) == _checks.widen_dtype(x.dtype) else f", moved as {wide},"
     if method == "tma" and nbytes % 16:
         raise ValueError(f"{op}: method='tma' moves slabs of a multiple of 16 bytes (the bulk-copy "
-                         f"size rule), but x.shape[axis + 1:] = {slab} of {x.dtype} is {nbytes} B; "
-                         f"use method='auto' or 'simt'")
+                         f"size rule), but x.shape[axis + 1:] = {slab} of {x.dtype}{moved} is "
+                         f"{nbytes} B; use method='auto' or 'simt'")
 
 
 def _tables(op: str, x: Any, axis: Any) -> tuple[list[jax.Array], list[str], int, bool]:
@@ -505,41 +655,89 @@ def _tables(op: str, x: Any, axis: Any) -> tuple[list[jax.Array], list[str], int
     return tables, names, axes[0], many
 
 
-def _fill_bytes(fill: Any, dtype: np.dtype) -> bytes:
-    if isinstance(fill, jax.core.Tracer) or np.ndim(fill) != 0 or isinstance(fill, str):
-        raise TypeError(f"{_OP_G}: fill must be a concrete scalar, got {fill!r:.80}")
-    value = np.asarray(fill)
-    if value.dtype.kind not in "biufc":
-        raise TypeError(f"{_OP_G}: fill must be a number, got {fill!r:.80}")
-    if value.dtype.kind == "c" and np.dtype(dtype).kind != "c":
-        raise TypeError(f"{_OP_G}: a complex fill {fill!r} needs a complex x, x has dtype {dtype}")
-    with np.errstate(invalid="ignore", over="ignore"):
-        return np.asarray(value.astype(dtype)).astype(_checks.widen_dtype(dtype)).tobytes()
-
-
-def _check_updates(op: str, x: jax.Array, indices: jax.Array, updates: jax.Array, axis: int,
-                   mode: str, method: str) -> None:
-    """One table's rules of scatter: its updates' dtype and shape, the add's
-    dtypes and method='tma''s rules."""
+def _updates(op: str, name: str, x: jax.Array, indices: jax.Array, updates: Any,
+             axis: int) -> jax.Array:
+    """One table's updates as x.at[].set takes them (jax's _scatter_update):
+    a Python int that fits an integer x in x's dtype, anything else as
+    jnp.asarray takes it; broadcast to the gathered slabs' shape."""
+    if isinstance(updates, int) and not isinstance(updates, bool) and \
+            jnp.issubdtype(x.dtype, jnp.integer) and \
+            jnp.iinfo(x.dtype).min <= updates <= jnp.iinfo(x.dtype).max:
+        updates = jnp.asarray(updates, x.dtype)
+    updates = _checks.as_array(op, name, updates)
     want = _gathered_shape(x.shape, indices.shape, axis, 0)
-    if updates.dtype != x.dtype:
-        raise TypeError(f"{op}: updates have dtype {updates.dtype} but x has dtype {x.dtype}")
-    if tuple(updates.shape) != want:
-        raise ValueError(f"{op}: updates have shape {tuple(updates.shape)}; expected {want} "
-                         f"(x.shape[:axis] + indices.shape + x.shape[axis+1:] with "
-                         f"x.shape={tuple(x.shape)}, indices.shape={tuple(indices.shape)}, "
-                         f"axis={axis})")
-    summable = x.dtype.name not in _checks.SUB_BYTE_WIDE and (
-        x.dtype.kind in "iuc" or x.dtype.name in ("float16", "bfloat16", "float32", "float64"))
-    if mode == "add" and not summable:
-        raise TypeError(f"{op}: mode='add' cannot sum dtype {x.dtype} (integers, float16, "
-                        "bfloat16, float32, float64, complex64 or complex128)")
-    _check_tma_slab(op, method, x, _checks.widen_dtype(x.dtype), axis)
-    if method == "tma" and mode == "add" and x.dtype.name not in _BULK_ADD:
+    try:
+        fits = jnp.broadcast_shapes(updates.shape, want) == want
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f"{op}: updates have shape {tuple(updates.shape)}, which does not "
+                         f"broadcast to {want} (x.shape[:axis] + indices.shape + "
+                         f"x.shape[axis+1:] with x.shape={tuple(x.shape)}, "
+                         f"indices.shape={tuple(indices.shape)}, axis={axis})")
+    return jnp.broadcast_to(updates, want)
+
+
+def _promoted(op: str, x: jax.Array, updates: jax.Array) -> list[jax.Array]:
+    """x and its updates in the dtype x.at[].set/add computes in, converted
+    by jnp's own helpers as jax/_src/ops/scatter.py's _scatter_impl does
+    (the same in jax 0.10.2 to 0.12), with its FutureWarning where the
+    updates cannot be cast safely to x's dtype. The result goes back to
+    x's dtype."""
+    from jax._src import dtypes
+    from jax._src.numpy.util import promote_dtypes
+
+    if not dtypes.safe_to_cast(updates, x):
+        warnings.warn(
+            f"{op}: updates of dtype {updates.dtype} cannot be cast safely to x's dtype "
+            f"{x.dtype} (jax_numpy_dtype_promotion={jax.config.jax_numpy_dtype_promotion}); "
+            "they are converted as x.at[].set converts them, which warns the same and will "
+            "raise in a future JAX release", FutureWarning, stacklevel=3)
+    return promote_dtypes(x, updates)
+
+
+def _sums_in_f32(dtype) -> bool:
+    """Whether an add into a table of `dtype` is summed in float32: a float
+    type the handlers cannot add (float8_*, float4_e2m1fn)."""
+    return jnp.issubdtype(dtype, jnp.floating) and not _adds_natively(dtype)
+
+
+def _check_bound(op: str, x: jax.Array, axis: int, mode: str, method: str) -> None:
+    """One table's rules of scatter, on x in the dtype it is computed in:
+    the add's dtypes and method='tma''s rules."""
+    if mode == "add" and not (_adds_natively(x.dtype) or _sums_in_f32(x.dtype)):
+        raise TypeError(f"{op}: mode='add' cannot sum dtype {x.dtype} (as x.at[].add cannot)")
+    wide = _checks.widen_dtype(x.dtype)
+    _check_tma_slab(op, method, x, wide, axis)
+    added = np.dtype(np.float32) if _sums_in_f32(x.dtype) else wide
+    if method == "tma" and mode == "add" and added.name not in _BULK_ADD:
         raise ValueError(f"{op}: method='tma' adds with cp.reduce.async.bulk, which has no "
-                         f"add for {x.dtype} (it has int32, uint32, int64, uint64, float16, "
+                         f"add for {added} (it has int32, uint32, int64, uint64, float16, "
                          "bfloat16, float32, float64; complex as their parts); use method='auto' "
                          "or 'simt'")
+
+
+def _add_in_f32(indices: jax.Array, x: jax.Array, updates: jax.Array, axis: int,
+                deterministic: bool, method: str) -> jax.Array:
+    """x.at[].add(updates) for a float type the handlers cannot add: each
+    row's updates summed in float32 (from -0, the identity of +, in index
+    order where deterministic), added to the row in float32 and rounded to
+    x's dtype once (XLA rounds after every add), then set. Rows without
+    updates are never converted: they keep their bits, NaN payloads too
+    (XLA's CPU float8 arithmetic and select run in float32 and change
+    them)."""
+    f32 = np.dtype(np.float32)
+    wide = _checks.widen(x)
+    params = dict(axis=axis, batch=0, method=method)
+    (sums,) = _bind_scatter(indices, -_zeros(jax.typeof(x), f32), updates.astype(f32),
+                            mode="add", deterministic=deterministic, **params)
+    rows, row_sums = _bind_gather(indices, wide, sums,
+                                  fills=(_zero_fill(wide.dtype), _zero_fill(f32)), **params)
+    new = (_checks.narrow(rows, x.dtype).astype(f32) + row_sums).astype(x.dtype)
+    # Duplicate indices set equal values: any winner gives the same table.
+    (y,) = _bind_scatter(indices, wide, _checks.widen(new), mode="set", deterministic=False,
+                         **params)
+    return _checks.narrow(y, x.dtype)
 
 
 # ---- the public ops -------------------------------------------------------------
@@ -563,9 +761,17 @@ def gather(
     (``cp.async.bulk``) where slabs are 16-byte multiples; other slabs, and
     small ones, take a vectorised SIMT kernel with the same result.
     Works under ``jit``, ``vmap`` (batched ``x`` and/or ``indices`` become
-    one call), ``grad`` (the transpose is a scatter-add) and on sharded
-    arrays (every dim but ``axis`` may be split, ``indices`` replicated; no
-    collectives are inserted).
+    one call), ``grad`` (the transpose is a scatter-add; float types the
+    handlers cannot add, float8_* and float4_e2m1fn, are summed in float32
+    and rounded once, where XLA rounds after every add: with duplicate
+    indices the last bit may differ), ``shard_map`` (the result varies
+    along the mesh axes ``x`` or ``indices`` vary along) and on sharded
+    arrays without collectives: under an automatic mesh every dim but
+    ``axis`` may be split; under an explicit mesh (``AxisType.Explicit``)
+    the result is split as ``x`` on ``x``'s dims and as ``indices`` on the
+    index dims (jnp.take refuses split indices), and an ``x`` split along
+    ``axis``, or a mesh axis that would split two dims of the result, is a
+    ValueError (jnp.take refuses both too).
 
     Several tables through one index array (a paged cache's K and V pools):
     pass ``x`` as a tuple or list of up to 8 arrays that agree in
@@ -579,11 +785,17 @@ def gather(
     Args:
       x: an array of rank >= 1 and any dtype (sub-byte types are widened
         around the call), or a tuple or list of 1 to 8 such tables.
-      indices: integers of any shape (and any integer dtype).
+      indices: integers of any shape and integer dtype (sub-byte ones
+        widened around the call), or a Python int. Every index counts as
+        its exact value: a uint64 index past 2^63, or a negative one whose
+        table is longer than its dtype's range, is neither wrapped nor
+        reinterpreted (jnp.take wraps both).
       axis: the dim of ``x`` that the indices pick along, in
         ``[-x.ndim, x.ndim)``.
       fill: the value of slabs picked by out-of-range indices: a Python or
-        NumPy scalar, cast to ``x``'s dtype (to each table's).
+        NumPy scalar or a concrete 0-d array, converted to ``x``'s dtype (to
+        each table's) as jnp converts a scalar (a Python int past int64 is a
+        float for float tables; float8_e8m0fnu's default 0 is 0xFF, its NaN).
       method: ``"auto"`` (the SIMT kernel for slabs of at most 4 KiB, for
         calls of at most 64 MiB and for calls of at most a vector for each
         thread of one resident wave, where it is the faster, and on GPUs
@@ -610,12 +822,12 @@ def gather(
     tables, names, axis, many = _tables(_OP_G, x, axis)
     indices = _indices(_OP_G, indices)
     _checks.check_choice(_OP_G, "method", method, _METHODS)
-    fills = tuple(_fill_bytes(fill, t.dtype) for t in tables)
+    fills = tuple(_checks.fill_bytes(name, fill, t.dtype) for name, t in zip(names, tables))
     srcs = [_checks.widen(t) for t in tables]
     for name, t, src in zip(names, tables, srcs):
         _check_tma_slab(name, method, t, src.dtype, axis)
     _ffi.register()
-    ys = gather_p.bind(indices, *srcs, axis=axis, batch=0, fills=fills, method=method)
+    ys = _bind_gather(indices, *srcs, axis=axis, batch=0, fills=fills, method=method)
     ys = tuple(_checks.narrow(y, t.dtype) for y, t in zip(ys, tables))
     return ys if many else ys[0]
 
@@ -656,11 +868,24 @@ def scatter(
         after each add, identically on the CPU and GPU (the CPU always does;
         a NaN sum is stored as the canonical quiet NaN on both).
 
+    Float types the handlers cannot add (float8_*, float4_e2m1fn) are
+    summed in float32: each row's updates, then the row, rounded to the
+    dtype once (XLA rounds after every add: with duplicate indices the last
+    bit may differ); rows without updates keep their bits.
+
+    ``updates`` of another dtype are converted as ``x.at[].set`` converts
+    them (jnp's own promotion: computed in the common type and converted
+    back to ``x``'s dtype, with jnp's FutureWarning where the cast is not
+    safe); in place only where no conversion of ``x`` is needed.
+
     Works under ``jit``, ``vmap``, ``grad`` (``set``: the cotangent of ``x``
     has the overwritten slabs zeroed and that of ``updates`` is the gathered
     cotangent, zero for dropped and losing duplicate updates; ``add``:
-    identity and gather) and on sharded arrays (every dim but ``axis`` may
-    be split; ``indices`` and their ``updates`` dims replicated).
+    identity and gather), ``shard_map`` and on sharded arrays without
+    collectives: every dim but ``axis`` may be split, ``indices`` and their
+    ``updates`` dims replicated (under an explicit mesh the result is split
+    as ``x``, and split indices or an ``x`` split along ``axis`` are a
+    ValueError, as ``x.at[]`` refuses them).
 
     Several tables (as for :func:`gather`): ``x`` a tuple or list of up to
     8 tables agreeing in ``x.shape[:axis + 1]`` and ``updates`` a tuple of as
@@ -670,13 +895,13 @@ def scatter(
     share their slab geometry, as for :func:`gather`.
 
     Args:
-      x: an array of rank >= 1 (any dtype for ``set``; integers, f16, bf16,
-        f32, f64, c64 or c128 for ``add``), or a tuple or list of 1 to 8
-        such tables.
-      indices: integers of any shape.
-      updates: an array of ``x``'s dtype and shape
+      x: an array of rank >= 1 (any dtype for ``set``; any numeric dtype
+        for ``add``), or a tuple or list of 1 to 8 such tables.
+      indices: integers of any shape and integer dtype, as for
+        :func:`gather`.
+      updates: an array or a Python scalar that broadcasts to
         ``x.shape[:axis] + indices.shape + x.shape[axis+1:]``; for tables, a
-        tuple of one such array per table.
+        tuple of one per table.
       axis: the dim of ``x`` the indices pick along.
       mode: ``"set"`` or ``"add"``.
       method: ``"auto"`` (under ``"set"`` as for :func:`gather`, but for
@@ -712,9 +937,9 @@ def scatter(
                    else type(updates).__name__)
             raise TypeError(f"{_OP_S}: x is {len(tables)} tables, so updates must be a tuple of "
                             f"{len(tables)} arrays (one per table), got {got}")
-        ups = [_checks.as_array(_OP_S, f"updates[{t}]", u) for t, u in enumerate(updates)]
+        labels = [f"updates[{t}]" for t in range(len(tables))]
     else:
-        ups = [_checks.as_array(_OP_S, "updates", updates)]
+        labels, updates = ["updates"], [updates]
     _checks.check_choice(_OP_S, "mode", mode, _MODES)
     _checks.check_choice(_OP_S, "method", method, _METHODS)
     if not isinstance(deterministic, (bool, np.bool_)):
@@ -722,11 +947,28 @@ def scatter(
     if deterministic and method == "tma":
         raise ValueError(f"{_OP_S}: deterministic=True applies updates in index order with the "
                          "SIMT kernel; method='tma' cannot (use method='auto' or 'simt')")
-    for name, t, u in zip(names, tables, ups):
-        _check_updates(name, t, indices, u, axis, mode, method)
+    _check_whole_indices(jax.typeof(indices), 0)
+    ups = [_updates(name, label, t, indices, u, axis)
+           for name, label, t, u in zip(names, labels, tables, updates)]
+    pairs = []
+    for name, t, u in zip(names, tables, ups):  # a loop: the warning's stacklevel is the caller's
+        pairs.append(_promoted(name, t, u))
+        _check_bound(name, pairs[-1][0], axis, mode, method)
     _ffi.register()
-    ys = scatter_p.bind(indices, *map(_checks.widen, tables), *map(_checks.widen, ups),
-                        axis=axis, batch=0, mode=mode, deterministic=bool(deterministic),
-                        method=method)
-    ys = tuple(_checks.narrow(y, t.dtype) for y, t in zip(ys, tables))
-    return ys if many else ys[0]
+    params = dict(axis=axis, batch=0, mode=mode, deterministic=bool(deterministic),
+                  method=method)
+    outs = [None] * len(tables)
+    in_f32 = [t for t, (xp, _) in enumerate(pairs) if mode == "add" and _sums_in_f32(xp.dtype)]
+    rest = [t for t in range(len(tables)) if t not in in_f32]
+    if rest:
+        ys = _bind_scatter(indices, *(_checks.widen(pairs[t][0]) for t in rest),
+                           *(_checks.widen(pairs[t][1]) for t in rest), **params)
+        for t, y in zip(rest, ys):
+            outs[t] = _checks.narrow(y, pairs[t][0].dtype)
+    for t in in_f32:
+        outs[t] = _add_in_f32(indices, *pairs[t], axis, bool(deterministic), method)
+    # Back to x's dtype, as x.at[] converts; x itself where nothing is
+    # scattered (no slab), as x.at[] returns it.
+    outs = [x if x.dtype != y.dtype and u.size == 0 else y.astype(x.dtype)
+            for x, u, y in zip(tables, ups, outs)]
+    return tuple(outs) if many else outs[0]

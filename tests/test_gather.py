@@ -6,6 +6,7 @@ out-of-range index; in-place scatter of a donated x; the transformations
 import functools
 import math
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -79,14 +80,66 @@ def test_gather_axes_and_index_shapes_match_take(rng, axis, idx_shape, method):
     assert_bits_equal(f(on_cpu(x), on_cpu(idx)), take_ref(x, idx, axis))
 
 
-@pytest.mark.parametrize("idx_dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8,
-                                       np.uint16, np.uint32, np.uint64], ids=str)
-def test_gather_every_index_dtype(rng, idx_dtype):
-    x = random_array(rng, (100, 3), np.int16)
-    info = np.iinfo(idx_dtype)
-    idx = np.array([0, 99, 100, 1, info.max, info.min, 50], idx_dtype)
-    want = take_ref(x, idx, 0)
-    assert_bits_equal(jax_tma.gather(on_cpu(x), on_cpu(idx)), want)
+INDEX_DTYPES = [np.dtype(d) for d in (np.int8, np.int16, np.int32, np.int64, np.uint8,
+                                      np.uint16, np.uint32, np.uint64)] + \
+    [d for d in ALL_DTYPES if d.name in ("int4", "uint4", "int2", "uint2")]
+
+
+def exact_rows(idx, n):
+    """Each index as a row of an n-row table (negative + n, once), -1 where
+    out of range: Python ints, so no index type wraps (jnp.take does here:
+    an int8 -1 of a 300-row table picks row 43, a uint64 index past 2^63
+    a small row)."""
+    vals = [int(v) for v in np.asarray(idx).ravel()]
+    rows = [v + n if v < 0 else v for v in vals]
+    return np.array([r if 0 <= r < n else -1 for r in rows], np.int64).reshape(np.shape(idx))
+
+
+def take_exact(x, idx, fill=0):
+    """gather along axis 0 by exact_rows, in NumPy."""
+    x = np.asarray(x)
+    rows = exact_rows(idx, x.shape[0])
+    out = x[np.maximum(rows, 0)]
+    out[rows < 0] = np.asarray(fill).astype(x.dtype)
+    return out
+
+
+def index_extremes(rng, dtype, n, count):
+    """Indices of `dtype`: its extremes, the edges of an n-row table (in
+    range, wrapped, out of range) where the type holds them, and random
+    ones."""
+    info = jnp.iinfo(dtype)
+    lo, hi = int(info.min), int(info.max)
+    edges = [v for v in (0, 1, n - 1, n, n + 1, -1, -n, -n - 1, lo, hi, 2**63 + 1)
+             if lo <= v <= hi]
+    rand = rng.integers(max(lo, -n - 2), min(hi, n + 2), count, endpoint=True)
+    return np.array(edges + [int(v) for v in rand], dtype=object).astype(np.int64 if lo < 0 else
+                                                                        np.uint64).astype(dtype)
+
+
+@pytest.mark.parametrize("idx_dtype", INDEX_DTYPES, ids=str)
+def test_every_index_dtype(rng, idx_dtype):
+    n = 5 if idx_dtype.name in SUB_BYTE_BITS else 300
+    x = random_array(rng, (n, 3), np.int16)
+    idx = index_extremes(rng, idx_dtype, n, 12)
+    rows = exact_rows(idx, n)
+    got = jax.jit(functools.partial(jax_tma.gather, fill=-9))(on_cpu(x), on_cpu(idx))
+    assert_bits_equal(got, take_exact(x, idx, -9))
+    # Scatter: the last update of a row wins on the CPU; out-of-range ones drop.
+    u = random_array(rng, (idx.size, 3), np.int16)
+    want = x.copy()
+    for k, r in enumerate(rows):
+        if r >= 0:
+            want[r] = u[k]
+    assert_bits_equal(jax.jit(jax_tma.scatter)(on_cpu(x), on_cpu(idx), on_cpu(u)), want)
+    # The transpose: a row's cotangent is the sum over the indices that pick it.
+    w = rng.standard_normal((idx.size, 3))
+    g = jax.grad(lambda a: (jax_tma.gather(a, idx) * w).sum())(jnp.zeros((n, 3)))
+    want_g = np.zeros((n, 3))
+    for k, r in enumerate(rows):
+        if r >= 0:
+            want_g[r] += w[k]
+    np.testing.assert_allclose(g, want_g, rtol=1e-12)
 
 
 @pytest.mark.parametrize("fill,dtype", [(np.nan, np.float32), (-3, np.int8), (2.5, jnp.bfloat16),
@@ -102,6 +155,43 @@ def test_gather_fill_values(rng, fill, dtype):
     # gathered 16-bit float rows pass through f32 on the CPU, which quiets NaN
     # payloads and flushes subnormals, so those rows are checked against x.
     assert_bits_equal(y[~inside], np.asarray(take_ref(x, idx, 0, fill=fill))[~inside])
+
+
+@pytest.mark.parametrize("fill,dtype", [(2**70, np.float32), (2**70, np.float64),
+                                        (2**64 - 1, np.uint64), (-2**63, np.int64),
+                                        (np.float64(1e300), np.float32), (0, jnp.float8_e8m0fnu),
+                                        (-2.5, jnp.float8_e4m3fn)], ids=str)
+def test_fill_converts_as_jnp_take(rng, fill, dtype):
+    x = random_array(rng, (4, 3), dtype)
+    idx = np.array([5, 1, -5])
+    with np.errstate(over="ignore"):
+        y = np.asarray(jax_tma.gather(on_cpu(x), on_cpu(idx), fill=fill))
+        want = np.asarray(take_ref(x, idx, 0, fill=fill))
+    assert_bits_equal(y[1], x[1])
+    assert_bits_equal(y[[0, 2]], want[[0, 2]])
+
+
+@pytest.mark.parametrize("fill,dtype", [(jnp.array(0.5), np.float16),
+                                        (jnp.array(3, jnp.int8), np.int32),
+                                        (np.array(-1.5), jnp.bfloat16)], ids=str)
+def test_fill_may_be_a_concrete_0d_array(rng, fill, dtype):
+    # (jnp.take wants a hashable fill_value: its reference takes the scalar.)
+    x = random_array(rng, (4, 3), dtype)
+    y = jax.jit(functools.partial(jax_tma.gather, fill=fill))(on_cpu(x), on_cpu(np.array([7])))
+    assert_bits_equal(y, take_ref(x, np.array([7]), 0, fill=fill.item()))
+
+
+def test_default_fill_of_e8m0_is_its_nan():
+    # float8_e8m0fnu has no 0: jnp converts it to 0xFF, its NaN.
+    x = jnp.ones((2, 2), jnp.float8_e8m0fnu)
+    y = np.asarray(jax_tma.gather(x, jnp.array([7])))
+    assert (y.view(np.uint8) == 0xFF).all()
+
+
+def test_fill_that_does_not_fit_an_integer_x():
+    with pytest.raises(OverflowError, match=r"jax_tma\.gather: fill 1180591620717411303424 does "
+                                            r"not fit x's dtype int32"):
+        jax_tma.gather(jnp.ones((2, 2), jnp.int32), jnp.array([7]), fill=2**70)
 
 
 @pytest.mark.parametrize("x_shape,axis", [((0, 3), 0), ((3, 0), 0), ((3, 0, 2), 1),
@@ -129,6 +219,34 @@ def test_gather_python_int_index_and_numpy_inputs(rng):
     x = random_array(rng, (4, 3), np.uint16)
     assert_bits_equal(jax_tma.gather(x, 2), x[2])
     assert_bits_equal(jax_tma.gather(x, -1, axis=1), x[:, 2])
+
+
+@pytest.mark.parametrize("x_dtype,updates", [(np.float32, 2.5), (np.int8, 7), (np.int8, 300),
+                                             (np.uint8, -1), (np.float32, 3), (np.int32, 1.5),
+                                             (np.bool_, True), (np.complex64, 1 - 2j)], ids=str)
+@pytest.mark.parametrize("index", [1, -2], ids=str)
+def test_python_scalar_updates_and_indices_as_at(rng, x_dtype, updates, index):
+    # Python scalars are converted as x.at[].set converts them (an int that
+    # fits an integer x takes its dtype, 300 into int8 wraps as in jnp),
+    # and broadcast to the slabs.
+    x = random_array(rng, (5, 3), x_dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # an unsafe cast warns in both
+        got = jax_tma.scatter(on_cpu(x), index, updates)
+        want = on_cpu(x).at[index].set(updates)
+    assert_bits_equal(got, want)
+
+
+def test_updates_broadcast_as_at(rng):
+    x = random_array(rng, (6, 4, 3), np.float32)
+    idx = np.array([[1, 4], [0, -1]])
+    u = random_array(rng, (1, 4, 3), np.float32)  # one slab for every index
+    got = jax_tma.scatter(on_cpu(x), on_cpu(idx), on_cpu(u))
+    assert_bits_equal(got, on_cpu(x).at[on_cpu(idx)].set(on_cpu(u)))
+    x = rng.standard_normal(x.shape).astype(np.float32)  # sums of numbers, not of NaNs
+    v = rng.standard_normal(3).astype(np.float32)
+    got = jax_tma.scatter(on_cpu(x), on_cpu(idx), on_cpu(v), axis=1, mode="add")
+    assert_bits_equal(got, on_cpu(x).at[:, on_cpu(idx)].add(on_cpu(v)))
 
 
 # ---- scatter ---------------------------------------------------------------------
@@ -393,18 +511,24 @@ def test_eager_calls(rng):
 # ---- bad input: Python-side validation ---------------------------------------------
 
 def test_non_array_inputs_are_type_errors():
-    with pytest.raises(TypeError, match=r"jax_tma\.gather: x must be an array"):
-        jax_tma.gather(1.0, jnp.array([0]))
-    with pytest.raises(TypeError, match=r"jax_tma\.gather: x\[0\] must be an array"):
-        jax_tma.gather([1, 2], jnp.array([0]))  # a list is a sequence of tables
     with pytest.raises(TypeError, match=r"jax_tma\.gather: indices must be an array"):
         jax_tma.gather(jnp.ones(3), [0, 1])
+    with pytest.raises(TypeError, match=r"jax_tma\.gather: x\[1\] must be an array"):
+        jax_tma.gather((jnp.ones(3), "abc"), jnp.array([0]))  # a list or tuple is tables
     with pytest.raises(TypeError, match=r"jax_tma\.scatter: updates must be an array"):
-        jax_tma.scatter(jnp.ones(3), jnp.array([0]), 1.0)
+        jax_tma.scatter(jnp.ones(3), jnp.array([0]), None)
     # Tables' updates for a single x: as before tables existed.
     with pytest.raises(TypeError, match=r"jax_tma\.scatter: updates must be an array \(jax\.Array "
-                                        r"or numpy\.ndarray\), got tuple"):
+                                        r"or numpy\.ndarray\) or a scalar, got tuple"):
         jax_tma.scatter(jnp.ones(3), jnp.array([0]), (jnp.ones(1),))
+
+
+def test_scalar_x_is_a_rank_error():
+    # As jnp.take, which has no axis 0 to pick along in a 0-d array.
+    with pytest.raises(ValueError, match=r"jax_tma\.gather: x must have rank >= 1, got a 0-d"):
+        jax_tma.gather(1.0, jnp.array([0]))
+    with pytest.raises(ValueError, match=r"jax_tma\.gather: table 0: x must have rank >= 1"):
+        jax_tma.gather([1, 2], jnp.array([0]))
 
 
 def test_float_indices_are_a_type_error():
@@ -456,24 +580,26 @@ def test_traced_fill_is_a_type_error():
         jax.jit(lambda f: jax_tma.gather(jnp.ones(3), jnp.array([0]), fill=f))(1.0)
 
 
-def test_updates_shape_and_dtype():
+def test_updates_shape():
     x = jnp.ones((4, 3, 2), jnp.float32)
-    with pytest.raises(ValueError, match=r"jax_tma\.scatter: updates have shape \(2, 3\); "
-                                         r"expected \(4, 5, 2\) \(x\.shape\[:axis\] \+ "
-                                         r"indices\.shape \+ x\.shape\[axis\+1:\] with "
+    with pytest.raises(ValueError, match=r"jax_tma\.scatter: updates have shape \(2, 3\), which "
+                                         r"does not broadcast to \(4, 5, 2\) \(x\.shape\[:axis\] "
+                                         r"\+ indices\.shape \+ x\.shape\[axis\+1:\] with "
                                          r"x\.shape=\(4, 3, 2\), indices\.shape=\(5,\), axis=1\)"):
         jax_tma.scatter(x, jnp.zeros(5, jnp.int32), jnp.ones((2, 3), jnp.float32), axis=1)
-    with pytest.raises(TypeError, match=r"jax_tma\.scatter: updates have dtype float16 but x has "
-                                        r"dtype float32"):
-        jax_tma.scatter(x, jnp.zeros(2, jnp.int32), jnp.ones((2, 3, 2), jnp.float16))
+    with pytest.raises(ValueError, match=r"updates have shape \(1, 5, 2, 1\), which does not "
+                                         r"broadcast to \(4, 5, 2\)"):
+        jax_tma.scatter(x, jnp.zeros(5, jnp.int32), jnp.ones((1, 5, 2, 1)), axis=1)
 
 
-@pytest.mark.parametrize("dtype", [np.bool_, jnp.float8_e4m3fn, jnp.int4], ids=str)
-def test_add_of_an_unsummable_dtype(dtype):
-    x = jnp.zeros((3, 2), dtype)
-    with pytest.raises(TypeError, match=r"jax_tma\.scatter: mode='add' cannot sum dtype "
-                                        + re.escape(str(np.dtype(dtype)))):
-        jax_tma.scatter(x, jnp.array([0]), jnp.zeros((1, 2), dtype), mode="add")
+def test_add_of_bool_is_a_type_error():
+    # As x.at[].add: XLA has no add of booleans (an int update promotes).
+    x = jnp.zeros((3, 2), bool)
+    with pytest.raises(TypeError, match=r"jax_tma\.scatter: mode='add' cannot sum dtype bool "
+                                        r"\(as x\.at\[\]\.add cannot\)"):
+        jax_tma.scatter(x, jnp.array([0]), jnp.zeros((1, 2), bool), mode="add")
+    with pytest.raises(TypeError):
+        x.at[jnp.array([0])].add(jnp.zeros((1, 2), bool))
 
 
 def test_deterministic_must_be_a_bool():
@@ -860,8 +986,8 @@ def test_grad_of_tables(rng):
      r"indices\), got 0 tables"),
     (lambda: jax_tma.gather([np.zeros((2, 1))] * 9, np.array([0])), ValueError,
      r"got 9 tables"),
-    (lambda: jax_tma.gather((np.zeros((2, 1)), 1.0), np.array([0])), TypeError,
-     r"jax_tma\.gather: x\[1\] must be an array"),
+    (lambda: jax_tma.gather((np.zeros((2, 1)), 1.0), np.array([0])), ValueError,
+     r"jax_tma\.gather: table 1: x must have rank >= 1, got a 0-d array"),
     (lambda: jax_tma.gather((np.zeros((2, 1)), np.zeros((3, 1))), np.array([0])), ValueError,
      r"jax_tma\.gather: the tables must agree in x\.shape\[:axis \+ 1\] \(axis=0\): table 0 "
      r"has \(2,\), table 1 \(3,\)"),
@@ -875,7 +1001,8 @@ def test_grad_of_tables(rng):
      r"updates must be a tuple of 2 arrays \(one per table\), got 1 arrays"),
     (lambda: jax_tma.scatter((np.zeros((2, 1)), np.zeros((2, 3))), np.array([0]),
                              (np.zeros((1, 1)), np.zeros((1, 2)))), ValueError,
-     r"jax_tma\.scatter: table 1: updates have shape \(1, 2\); expected \(1, 3\)"),
+     r"jax_tma\.scatter: table 1: updates have shape \(1, 2\), which does not broadcast to "
+     r"\(1, 3\)"),
     (lambda: jax_tma.scatter((np.zeros((2, 1)), np.zeros((2, 1), bool)), np.array([0]),
                              (np.zeros((1, 1)), np.zeros((1, 1), bool)), mode="add"), TypeError,
      r"jax_tma\.scatter: table 1: mode='add' cannot sum dtype bool"),
@@ -922,3 +1049,178 @@ def test_handlers_check_the_table_count_and_name_the_table():
     ys = raw_tables("jax_tma_gather", [IDX, X, X[:, :, :1], f, np.float32(7)],
                     [((3, 3, 2), np.float32), ((3, 3, 1), np.float32)])
     assert_bits_equal(ys[1], np.asarray(take_ref(X[:, :, :1], IDX, 0, 7)))
+
+
+# ---- updates of another dtype: converted as x.at[].set/.add converts them ----------
+
+CASTS = [
+    (np.float32, jnp.bfloat16, "set"), (np.float32, jnp.bfloat16, "add"),
+    (jnp.bfloat16, np.float32, "add"), (np.float32, np.float64, "set"),
+    (np.int32, np.float32, "add"), (np.int64, np.float64, "set"), (np.bool_, np.int32, "add"),
+    (jnp.float8_e4m3fn, np.float32, "add"), (jnp.int4, np.int8, "add"),
+    (np.uint8, np.int16, "set"), (np.complex64, np.float64, "add"),
+]
+
+
+@pytest.mark.parametrize("x_dtype,u_dtype,mode", CASTS, ids=str)
+def test_updates_cast_as_at(rng, x_dtype, u_dtype, mode):
+    # jnp promotes x and the updates to their common type, scatters there
+    # and converts back to x's dtype, warning (FutureWarning) where the
+    # updates cannot be cast safely; so does jax_tma.scatter, through the
+    # same helpers.
+    def values(shape, dtype):
+        if jnp.issubdtype(dtype, jnp.inexact):
+            return rng.standard_normal(shape).astype(dtype)  # numbers: sums, not NaN payloads
+        return random_array(rng, shape, dtype)
+
+    x = on_cpu(values((6, 4), x_dtype))
+    idx = on_cpu(indices_for(rng, 6, (5,)))
+    u = on_cpu(values((5, 4), u_dtype))
+    with warnings.catch_warnings(record=True) as theirs:
+        warnings.simplefilter("always")
+        try:
+            want = getattr(x.at[idx], mode)(u, mode="drop")
+        except jax.dtypes.TypePromotionError:  # no implicit promotion (8-bit floats)
+            with pytest.raises(jax.dtypes.TypePromotionError):
+                jax_tma.scatter(x, idx, u, mode=mode)
+            return
+    with warnings.catch_warnings(record=True) as ours:
+        warnings.simplefilter("always")
+        got = jax_tma.scatter(x, idx, u, mode=mode)
+    assert_bits_equal(got, want)
+    future = [w for w in ours if issubclass(w.category, FutureWarning)]
+    assert len(future) == sum(issubclass(w.category, FutureWarning) for w in theirs)
+    for w in future:
+        assert re.match(r"jax_tma\.scatter: updates of dtype \S+ cannot be cast safely to x's "
+                        r"dtype \S+ \(jax_numpy_dtype_promotion=standard\)", str(w.message))
+        assert w.filename == __file__  # the warning points at the caller's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        assert_bits_equal(jax.jit(functools.partial(jax_tma.scatter, mode=mode))(x, idx, u), want)
+
+
+def test_safe_cast_is_silent_and_strict_promotion_refuses(rng):
+    x = jnp.zeros((4, 2), jnp.float32)
+    u = jnp.ones((1, 2), jnp.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_bits_equal(jax_tma.scatter(x, jnp.array([2]), u), x.at[jnp.array([2])].set(u))
+    with jax.numpy_dtype_promotion("strict"):
+        with pytest.raises(jax.dtypes.TypePromotionError):
+            x.at[jnp.array([2])].set(u)
+        with pytest.raises(jax.dtypes.TypePromotionError):
+            jax_tma.scatter(x, jnp.array([2]), u)
+
+
+def test_same_dtype_scatter_stays_in_place(rng):
+    # Conversions happen only for another dtype: a donated x of the updates'
+    # dtype is still written in place.
+    x = on_cpu(random_array(rng, (16, 4), np.float32))
+    text = jax.jit(jax_tma.scatter, donate_argnums=0).lower(
+        x, np.array([3]), 1.5).compile().as_text()
+    assert "output_to_operand_aliasing" in text and not _copies(text)
+
+
+def test_empty_scatter_of_another_dtype_returns_x(rng):
+    # As x.at[] (which returns x before converting it): an int64 x with
+    # float updates keeps every bit.
+    x = np.array([[2**62 + 1, -3]], np.int64)
+    with pytest.warns(FutureWarning, match=r"jax_tma\.scatter: updates of dtype float64"):
+        y = jax_tma.scatter(x, np.zeros((0,), np.int32), np.zeros((0, 2)))
+    assert_bits_equal(y, x)
+    with pytest.warns(FutureWarning):
+        want = jnp.asarray(x).at[np.zeros((0,), np.int32)].set(np.zeros((0, 2)))
+    assert_bits_equal(y, want)
+
+
+# ---- every float type: adds and gradients ------------------------------------------
+
+FLOAT_DTYPES = [d for d in ALL_DTYPES if jnp.issubdtype(d, jnp.floating)]
+NATIVE_ADD = ("float16", "bfloat16", "float32", "float64")
+
+
+def small_values(rng, shape, dtype):
+    """Values every float type holds exactly (powers of two; positive for
+    float8_e8m0fnu, which has no sign)."""
+    v = 2.0 ** rng.integers(-2, 2, shape)
+    if np.dtype(dtype).name != "float8_e8m0fnu":
+        v *= rng.choice([-1.0, 1.0], shape)
+    return v.astype(dtype)
+
+
+def summed_once(x_f32, idx, u, dtype):
+    """x plus the updates of each row, summed in float32 in index order and
+    rounded to `dtype` once, by XLA's convert."""
+    acc = np.array(x_f32, np.float32)
+    for k, r in enumerate(exact_rows(idx, acc.shape[0])):
+        if r >= 0:
+            acc[r] += np.asarray(u[k], np.float32)
+    return np.asarray(jnp.asarray(acc).astype(dtype))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_gather_grad_every_float_dtype(rng, dtype):
+    x = on_cpu(small_values(rng, (6, 3), dtype))
+    idx = np.array([1, 4, 1, -1, 9, 1])  # row 1 three times, row 5 twice
+    ct = small_values(rng, (6, 3), dtype)
+    _, vjp = jax.vjp(lambda a: jax_tma.gather(a, idx), x)
+    (g,) = vjp(on_cpu(ct))
+    if dtype.name in NATIVE_ADD:  # summed in the dtype, in index order, as XLA's CPU scatter
+        assert_bits_equal(g, jax.vjp(lambda a: take_ref(a, idx, 0), x)[1](on_cpu(ct))[0])
+    else:
+        # Summed in float32, rounded once (XLA rounds after every add).
+        assert_bits_equal(g, summed_once(np.zeros((6, 3), np.float32), idx, ct, dtype))
+    # Without duplicates there is one add per row: jnp's bits (float8_e8m0fnu
+    # has no 0, so jnp's zeros are NaN and so is every sum of its own).
+    unique = np.array([3, 0, -2])
+    _, vjp = jax.vjp(lambda a: jax_tma.gather(a, unique), x)
+    _, ref = jax.vjp(lambda a: take_ref(a, unique, 0), x)
+    if dtype.name != "float8_e8m0fnu":
+        assert_bits_equal(vjp(on_cpu(ct[:3]))[0], ref(on_cpu(ct[:3]))[0])
+
+
+@pytest.mark.parametrize("dtype", [d for d in FLOAT_DTYPES if d.name not in NATIVE_ADD], ids=str)
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_scatter_add_of_float_types_the_handlers_cannot_sum(rng, dtype, deterministic):
+    x = random_array(rng, (7, 3), dtype)  # NaN payloads and all: untouched rows keep their bits
+    idx = np.array([2, 5, 2, -1, 9, 2])  # rows 2 and 6 take several updates, row 9 none
+    u = small_values(rng, (6, 3), dtype)
+    y = np.asarray(jax.jit(functools.partial(jax_tma.scatter, mode="add",
+                                             deterministic=deterministic))(x, idx, u))
+    touched = np.isin(np.arange(7), exact_rows(idx, 7))
+    assert_bits_equal(y[~touched], x[~touched])
+    want = summed_once(np.asarray(jnp.asarray(x).astype(np.float32)), idx, u, dtype)
+    np.testing.assert_array_equal(y[touched].astype(np.float32),
+                                  want[touched].astype(np.float32))  # NaN equals NaN
+    # One update per row: x.at[].add's value (it rounds after each add).
+    unique = np.array([4, 0, -2])
+    got = jax_tma.scatter(x, unique, u[:3], mode="add")
+    want = jnp.asarray(x).at[unique].add(u[:3])
+    np.testing.assert_array_equal(np.asarray(got).astype(np.float32),
+                                  np.asarray(want).astype(np.float32))
+
+
+# float8_e8m0fnu has no 0: the zeros of its cotangents are a convention (jnp's
+# are NaN), and so are sums with them.
+@pytest.mark.parametrize("dtype", [d for d in FLOAT_DTYPES if d.name not in NATIVE_ADD
+                                   and d.name != "float8_e8m0fnu"], ids=str)
+@pytest.mark.parametrize("mode", ["set", "add"])
+def test_scatter_grads_of_float_types_the_handlers_cannot_sum(rng, dtype, mode):
+    x = on_cpu(small_values(rng, (5, 2), dtype))
+    u = on_cpu(small_values(rng, (3, 2), dtype))
+    idx = np.array([1, -1, 1])
+    ct = on_cpu(small_values(rng, (5, 2), dtype))
+    _, vjp = jax.vjp(lambda a, v: jax_tma.scatter(a, idx, v, mode=mode), x, u)
+    _, ref = jax.vjp(lambda a, v: getattr(a.at[idx], mode)(v, mode="drop"), x, u)
+    for got, want in zip(vjp(ct), ref(ct)):
+        np.testing.assert_array_equal(np.asarray(got).astype(np.float32),
+                                      np.asarray(want).astype(np.float32))
+
+
+def test_sub_byte_integer_add_wraps_as_at(rng):
+    for dtype in (jnp.int4, jnp.uint4, jnp.int2, jnp.uint2):
+        x = random_array(rng, (4, 3), dtype)
+        idx = np.array([1, 1, 1, -1, 3])
+        u = random_array(rng, (5, 3), dtype)
+        got = jax.jit(functools.partial(jax_tma.scatter, mode="add"))(x, idx, u)
+        assert_bits_equal(got, jnp.asarray(x).at[idx].add(u))
