@@ -378,13 +378,19 @@ IM2COL_EMPTY_CASES = [
 IM2COL_EMPTY_IDS = [f"{len(c[0]) - 2}d-{'x'.join(map(str, c[5]))}" for c in IM2COL_EMPTY_CASES]
 
 
-def im2col_reference(x, kernel, strides, pads, dilation, order="tap_major") -> np.ndarray:
-    """NumPy jax_tma.im2col: (N, *S, C) -> (N, *O, K * C), padded pixels zero."""
+def im2col_reference(x, kernel, strides, pads, dilation, order="tap_major",
+                     fill=None) -> np.ndarray:
+    """NumPy jax_tma.im2col: (N, *S, C) -> (N, *O, K * C). Padded pixels hold
+    `fill` converted as jnp converts a scalar (jax_tma.im2col's is 0, which
+    is 0xFF in float8_e8m0fnu), or zero bytes with fill=None, as the raw
+    jax_tma_im2col target writes them."""
     x = np.asarray(x)
     spatial = x.shape[1:-1]
     out = _out_spatial(spatial, kernel, strides, pads, dilation)
     xp = np.zeros((x.shape[0],) + tuple(n + lo + hi for n, (lo, hi) in zip(spatial, pads))
                   + (x.shape[-1],), x.dtype)
+    if fill is not None:
+        xp[...] = np.asarray(fill).astype(x.dtype)
     xp[(slice(None),) + tuple(slice(lo, lo + n) for n, (lo, _) in zip(spatial, pads))] = x
     taps = [xp[(slice(None),) + sl] for sl in _tap_slices(kernel, strides, dilation, out)]
     p = np.stack(taps, axis=-2)  # (N, *O, K, C)

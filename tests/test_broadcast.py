@@ -176,24 +176,33 @@ def test_explicit_mesh_types_match_broadcast_to(rng, spec):
 
 def test_export_with_symbolic_dims(rng):
     """jax.export with symbolic dims (of x, any of them), serialized,
-    deserialized and called at two sizes; the grad too."""
+    deserialized and called at two sizes; the grad too, and x sharded over
+    8 devices (no partitioning rule for symbolic dims: XLA keeps x whole)."""
     pytest.importorskip("flatbuffers")
     from jax import export
 
-    def exported(f, shape):
-        exp = export.export(jax.jit(f), disabled_checks=[
+    def exported(f, shape, **jit_args):
+        exp = export.export(jax.jit(f, **jit_args), disabled_checks=[
             export.DisabledSafetyCheck.custom_call("jax_tma_broadcast")])(
             jax.ShapeDtypeStruct(export.symbolic_shape(shape), jnp.float32))
         return export.deserialize(exp.serialize())
 
     fwd = exported(lambda a: jax_tma.broadcast(a, 3, axis=1), "b, c, 2")
     grad = exported(jax.grad(lambda a: (jax_tma.broadcast(a, 4, axis=-1) ** 2).sum()), "b, 5")
+    mesh = jax.make_mesh((8,), ("i",), axis_types=(AxisType.Auto,))
+    split = NamedSharding(mesh, P("i"))
+    sharded = exported(lambda a: jax_tma.broadcast(a, 2, axis=1), "8*b, 3", in_shardings=split,
+                       out_shardings=split)
     assert str(fwd.out_avals[0].shape) == "(b, 3, c, 2)"
     for n in (1, 6):
         x = random_array(rng, (n, n + 1, 2), np.float32)
         assert_bits_equal(fwd.call(on_cpu(x)), broadcast_reference(x, 3, 1))
         xg = on_cpu(jnp.asarray(rng.standard_normal((n, 5)), jnp.float32))
         np.testing.assert_allclose(grad.call(xg), 8 * np.asarray(xg), rtol=1e-6)
+        xs = random_array(rng, (8 * n, 3), np.float32)
+        ys = sharded.call(jax.device_put(xs, split))
+        assert ys.sharding.is_equivalent_to(split, 3)
+        assert_bits_equal(ys, broadcast_reference(xs, 2, 1))
 
 
 # ---- errors ----

@@ -33,17 +33,6 @@ def on_cpu(a):
     return jax.device_put(a, cpu_device())
 
 
-def padded_reference(x, kernel, strides, pads, dilation, order="tap_major"):
-    """im2col_reference with padded pixels holding jnp's zero in x's dtype, as
-    jax_tma.im2col writes them (float8_e8m0fnu has no zero: 0xFF); the raw
-    target and im2col_reference write zero bytes there."""
-    want = im2col_reference(x, kernel, strides, pads, dilation, order)
-    read = im2col_reference(np.ones(np.shape(x), np.uint8), kernel, strides, pads, dilation,
-                            order)
-    want[read == 0] = np.asarray(0).astype(want.dtype)
-    return want
-
-
 def col2im_want(p, input_shape, kernel, strides, pads, dilation, order="tap_major"):
     """col2im_reference for every dtype jax_tma.col2im takes: the floats the
     handlers cannot add summed in float32 and rounded once, sub-byte
@@ -87,7 +76,7 @@ def test_random_geometries_match_numpy(rng, trial):
     x = random_array(rng, shape, dtype)
     got = jax_tma.im2col(on_cpu(x), kernel, strides=strides, padding=pads, dilation=dilation,
                          order=order)
-    assert_bits_equal(got, padded_reference(x, kernel, strides, pads, dilation, order))
+    assert_bits_equal(got, im2col_reference(x, kernel, strides, pads, dilation, order, fill=0))
 
 
 @pytest.mark.parametrize("trial", range(24))
@@ -108,7 +97,8 @@ def test_random_col2im_matches_numpy(rng, trial):
 def test_every_dtype(rng, dtype):
     x = random_array(rng, (2, 5, 6, 3), dtype)
     got = jax_tma.im2col(on_cpu(x), (3, 2), strides=(2, 1), padding=((2, 1), (0, 3)))
-    assert_bits_equal(got, padded_reference(x, (3, 2), (2, 1), ((2, 1), (0, 3)), (1, 1)))
+    assert_bits_equal(got, im2col_reference(x, (3, 2), (2, 1), ((2, 1), (0, 3)), (1, 1),
+                                            fill=0))
 
 
 @pytest.mark.parametrize("r", [1, 2, 3])
@@ -295,7 +285,7 @@ def test_empty_results_match_lax(rng, shape, kernel, strides, dilation, padding,
             if padding != "SAME":  # the NumPy reference agrees (explicit padding only)
                 r = len(shape) - 2
                 pads = ((0, 0),) * r if padding == "VALID" else padding
-                assert_bits_equal(got, padded_reference(
+                assert_bits_equal(got, im2col_reference(
                     xd, _as_tuple(kernel, r), _as_tuple(strides, r), pads,
                     _as_tuple(dilation, r), order))
     xs = random_array(rng, (3,) + shape, np.float32)
@@ -435,7 +425,7 @@ def test_padding_is_jnps_zero(rng, dtype):
     assert_bits_equal(got, jax_tma.im2col(padded, (2, 3)))
     x = random_array(rng, (2, 4, 3, 2), dtype)
     got = jax_tma.im2col(on_cpu(x), (2, 3), padding=pads)
-    assert_bits_equal(got, padded_reference(x, (2, 3), (1, 1), pads, (1, 1)))
+    assert_bits_equal(got, im2col_reference(x, (2, 3), (1, 1), pads, (1, 1), fill=0))
     zero = np.asarray(0).astype(dtype)
     assert_bits_equal(np.asarray(got)[:, :2, 0, :2], np.full((2, 2, 2), zero))
     assert_bits_equal(jax.jit(lambda a: jax_tma.im2col(a, (2, 3), padding=pads))(on_cpu(x)), got)
@@ -552,9 +542,9 @@ def test_explicit_mesh_dims_that_cannot_stay_split():
             jax_tma.col2im(p, (8, 8, 8, 4), 3)
 
 
-def _export(f, shape, dtype):
+def _export(f, shape, dtype, **jit_args):
     from jax import export
-    exp = export.export(jax.jit(f), disabled_checks=[
+    exp = export.export(jax.jit(f, **jit_args), disabled_checks=[
         export.DisabledSafetyCheck.custom_call(t) for t in TARGETS])(
         jax.ShapeDtypeStruct(export.symbolic_shape(shape), dtype))
     return export.deserialize(exp.serialize())
@@ -562,11 +552,17 @@ def _export(f, shape, dtype):
 
 def test_export_with_a_symbolic_batch(rng):
     """jax.export with a symbolic N: im2col, col2im (input_shape naming N)
-    and the grad, serialized, deserialized and called at two batch sizes;
-    symbolic spatial or channel dims are an error naming the rule."""
+    and the grad, serialized, deserialized and called at two batch sizes,
+    also with N split over 8 devices; symbolic spatial or channel dims are
+    an error naming the rule."""
     pytest.importorskip("flatbuffers")
     geo = dict(strides=2, padding="SAME", dilation=(1, 2))
     fwd = _export(lambda a: jax_tma.im2col(a, 3, **geo), "b, 8, 7, 4", jnp.bfloat16)
+    split = NamedSharding(jax.make_mesh((8,), ("i",), axis_types=(AxisType.Auto,)), P("i"))
+    # out_shardings: XLA's CPU all-gather of bf16 (into a replicated result)
+    # goes through float32, which rewrites NaN payloads.
+    fwd_split = _export(lambda a: jax_tma.im2col(a, 3, **geo), "8*b, 8, 7, 4", jnp.bfloat16,
+                        in_shardings=split, out_shardings=split)
     back = _export(lambda c: jax_tma.col2im(c, (c.shape[0], 8, 7, 4), 3, **geo),
                    "b, 4, 4, 36", jnp.float32)
     grad = _export(jax.grad(lambda a: (jax_tma.im2col(a, 3, **geo) ** 2).sum()), "b, 8, 7, 4",
@@ -575,6 +571,10 @@ def test_export_with_a_symbolic_batch(rng):
     for n in (1, 3):
         x = on_cpu(random_array(rng, (n, 8, 7, 4), jnp.bfloat16))
         assert_bits_equal(fwd.call(x), jax_tma.im2col(x, 3, **geo))
+        xs = random_array(rng, (8 * n, 8, 7, 4), jnp.bfloat16)
+        ys = fwd_split.call(jax.device_put(xs, split))
+        assert ys.sharding.is_equivalent_to(split, 4)
+        assert_bits_equal(ys, jax_tma.im2col(on_cpu(xs), 3, **geo))
         p = on_cpu(random_array(rng, (n, 4, 4, 36), np.float32))
         assert_bits_equal(back.call(p), jax_tma.col2im(p, (n, 8, 7, 4), 3, **geo))
         xf = on_cpu(random_array(rng, (n, 8, 7, 4), np.float32, finite=True))
