@@ -167,13 +167,22 @@ def _clamped_starts(x_shape, start, shape, strides) -> list[int]:
             for v, n, st, dim in zip(start, shape, strides, x_shape)]
 
 
+def window_fill_bits(fill, dtype) -> np.ndarray:
+    """window's fill element: as jnp.pad converts `fill`, but the string
+    "nan", which its docstring makes NaN in both parts of a complex dtype."""
+    dtype = np.dtype(dtype)
+    if isinstance(fill, str) and dtype.kind == "c":
+        return np.array([complex(np.nan, np.nan)], dtype)
+    return pad_fill(jnp_fill_value(fill), dtype)
+
+
 def window_expect(x, start, shape, strides, fill=0) -> np.ndarray:
     """jax_tma.window in NumPy for starts of any size (Python ints):
-    reference.window_reference, out-of-bounds elements jnp.pad's fill."""
+    reference.window_reference, out-of-bounds elements window_fill_bits."""
     start = _clamped_starts(x.shape, start, shape, strides)
     out = window_reference(x, start, shape, strides)
     inside = window_reference(np.ones(x.shape, bool), start, shape, strides)
-    out[~inside] = pad_fill(jnp_fill_value(fill), x.dtype)[0]
+    out[~inside] = window_fill_bits(fill, x.dtype)[0]
     return out
 
 
@@ -277,6 +286,8 @@ def col2im_jnp(p, in_shape_tail, kernel, strides, pads, dilation, order):
     spatial, c = tuple(in_shape_tail[:-1]), in_shape_tail[-1]
     out = reference._out_spatial(spatial, kernel, strides, pads, dilation)
     padded = tuple(n + lo + hi for n, (lo, hi) in zip(spatial, pads))
+    if not all(out):  # no patches: nothing read, zeros
+        return jnp.zeros((p.shape[0],) + tuple(in_shape_tail), p.dtype)
     k = math.prod(kernel)
     q = p.reshape(p.shape[:-1] + ((c, k) if order == "channel_major" else (k, c)))
     if order == "channel_major":
@@ -385,7 +396,10 @@ def build_window(rng, dtype, *, batch=8, even=True, method="auto",
     box = (int(rng.integers(1, r + 2)), int(rng.integers(1, w + 2)))
     strides = (1, int(rng.integers(1, 3)), int(rng.integers(1, 3)), 1)
     floating = jnp.issubdtype(dtype, jnp.inexact)
-    fill = ["nan", float("nan"), 0.0, 0][int(rng.integers(0, 4))] if floating else 0
+    fills = ["nan", float("nan"), 0.0, 0, -0.0] if floating else [0]
+    if np.dtype(dtype) == np.complex128:  # both halves equal (window's docstring)
+        fills = ["nan", 0.0, 0]
+    fill = fills[int(rng.integers(0, len(fills)))]
 
     def draw(rr):
         starts = [int(rr.integers(-box[0] - 1, r + 2)), int(rr.integers(-box[1] - 1, w + 2))]

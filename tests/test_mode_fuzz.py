@@ -1,0 +1,77 @@
+"""Fuzz: every op against its NumPy result (bit for bit) and its jnp/lax
+equivalent on random dtypes, shapes, methods and modes (eager, jit, vmap,
+disable_jit, vjp, shard_map), fresh each run: the `rng` fixture's seed is
+in every failure report (JAX_TMA_SEED=<seed> replays it)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ops_table as T
+from reference import assert_bits_equal
+
+TRIALS = 3
+MODES = ("eager", "jit", "vmap", "disable_jit", "vjp", "shard_map")
+
+
+def _draw_case(rng, name):
+    op = T.BY_NAME[name]
+    dtype = op.dtypes[int(rng.integers(len(op.dtypes)))]
+    modes = [m for m in MODES if m != "vjp" or jnp.issubdtype(dtype, jnp.inexact)]
+    if name == "ppermute":  # it runs inside shard_map, so under none of these two
+        modes = [m for m in modes if m not in ("vmap", "shard_map")]
+    mode = str(rng.choice(modes))
+    kw = dict(even=False, method=str(rng.choice(op.methods)))
+    if name == "ppermute":
+        kw["batch"] = 8 * int(rng.integers(1, 3))
+    elif mode == "shard_map":
+        kw["batch"] = 8
+    else:  # window's shape entries are >= 1: its batch dim is too
+        kw["batch"] = int(rng.integers(1 if name == "window" else 0, 5))
+    if name in ("im2col", "col2im"):
+        kw["empty"] = True
+    return op.build(rng, dtype, **kw), mode
+
+
+def _run(case, mode, rng):
+    """(ours, the jnp equivalent's, the NumPy result) in `mode`."""
+    if mode in ("eager", "jit", "disable_jit"):
+        ours, ref = ((jax.jit(case.ours), jax.jit(case.ref)) if mode == "jit"
+                     else (case.ours, case.ref))
+        if mode == "disable_jit":
+            with jax.disable_jit():
+                return ours(*case.args), ref(*case.args), case.want()
+        return ours(*case.args), ref(*case.args), case.want()
+    if mode == "vmap":
+        k = int(rng.integers(1, len(case.args) + 1))
+        batched = tuple(sorted(rng.permutation(len(case.args))[:k]))
+        args, in_axes, want = T.stacked(case, rng, batched=batched)
+        return (jax.jit(jax.vmap(case.ours, in_axes=in_axes))(*args),
+                jax.jit(jax.vmap(case.ref, in_axes=in_axes))(*args), want)
+    if mode == "vjp":
+        ct = T.cotangent(rng, T.out_struct(case).shape, case.dtype)
+        y, got = jax.jit(lambda c, *a: T.vjp(case, case.ours, a, c))(ct, *case.args)
+        _, want = jax.jit(lambda c, *a: T.vjp(case, case.ref, a, c))(ct, *case.args)
+        for g, w in zip(got, want):
+            T.assert_like_jnp(g, w)
+        return y, None, case.want()
+    mesh = T.cpu_mesh()
+    specs = case.batch_specs()
+    ours, ref = (jax.jit(T.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=T.BATCH))
+                 for fn in T.local_fns(case))
+    return ours(*case.args), ref(*case.args), case.want()
+
+
+@pytest.mark.parametrize("trial", range(TRIALS))
+@pytest.mark.parametrize("name", T.OP_NAMES)
+def test_fuzz(rng, name, trial):
+    case, mode = _draw_case(rng, name)
+    note = f"{name} of {case.dtype} {[a.shape for a in case.args]} in mode {mode}"
+    try:
+        y, ref, want = _run(case, mode, rng)
+        assert_bits_equal(y, want)
+        if ref is not None:
+            T.assert_like_jnp(y, ref, case.exact)
+    except Exception as e:
+        raise AssertionError(f"{note}: {type(e).__name__}: {e}") from e
