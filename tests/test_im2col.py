@@ -431,9 +431,10 @@ def test_padding_is_jnps_zero(rng, dtype):
     assert_bits_equal(jax.jit(lambda a: jax_tma.im2col(a, (2, 3), padding=pads))(on_cpu(x)), got)
 
 
-def test_python_scalars_and_disable_jit(rng):
+def test_disable_jit(rng):
     """Eager calls under jax.disable_jit() (im2col, col2im and their grads)
-    give the jitted results bit for bit."""
+    give the jitted results bit for bit. (Python scalars are taken as jnp
+    takes them: rank 0, an error naming the rank, as for lax's patches.)"""
     x = on_cpu(random_array(rng, (2, 5, 4, 3), np.float32))
     geo = dict(strides=(2, 1), padding=((1, 0), (2, 1)))
     p = jax_tma.im2col(x, (2, 3), **geo)
