@@ -1,5 +1,5 @@
-"""Every op under jax.disable_jit(): eager calls, vjp, jvp and vmap give the
-NumPy result and what the jnp/lax equivalent gives under disable_jit."""
+"""Every op under jax.disable_jit(): eager calls and vmap give the NumPy
+result, vjp and jvp what the jnp/lax equivalent gives under disable_jit."""
 
 import jax
 import numpy as np
@@ -15,9 +15,7 @@ def test_call(rng, name):
     case = T.build(name, rng, np.int8)
     with jax.disable_jit():
         y = case.ours(*case.args)
-        r = case.ref(*case.args)
     assert_bits_equal(y, case.want())
-    T.assert_like_jnp(y, r, case.exact)
 
 
 @pytest.mark.parametrize("name", T.OP_NAMES)
@@ -52,6 +50,4 @@ def test_vmap(rng, name):
     args, in_axes, want = T.stacked(case, rng)
     with jax.disable_jit():
         y = jax.vmap(case.ours, in_axes=in_axes)(*args)
-        r = jax.vmap(case.ref, in_axes=in_axes)(*args)
     assert_bits_equal(y, want)
-    T.assert_like_jnp(y, r, case.exact)
