@@ -6,6 +6,7 @@ on the devices, with and without jit, and the values are exact."""
 import jax
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
 
 import ops_table as T
 from reference import assert_bits_equal
@@ -52,18 +53,19 @@ def test_outputs_and_grads_keep_the_sharding(rng, mesh, name, layout):
     specs = case.in_specs(_dims(case, layout))
     with T.set_mesh(mesh):
         args = T.put(case.args, mesh, specs)
-        want = jax.jit(case.ref)(*args)
-        for how, fn in (("jit", jax.jit(case.ours)), ("eager", case.ours)):
-            y = fn(*args)
-            assert_same_sharding(y, want, f"{how} output")
-            assert_bits_equal(y, case.want())
-        ct = jax.device_put(T.cotangent(rng, want.shape, np.float32), want.sharding)
-        y, grads = jax.jit(lambda c, *a: T.vjp(case, case.ours, a, c))(ct, *args)
-        _, want_grads = jax.jit(lambda c, *a: T.vjp(case, case.ref, a, c))(ct, *args)
-        assert_same_sharding(y, want, "vjp's output")
-        for i, g, w in zip(case.diff, grads, want_grads):
-            assert_same_sharding(g, w, f"grad of operand {i}")
-            T.assert_like_jnp(g, w)
+        out = jax.eval_shape(jax.jit(case.ref), *args)  # the jnp equivalent's type
+        ct = jax.device_put(T.cotangent(rng, out.shape, np.float32),
+                            NamedSharding(mesh, out.sharding.spec))
+        # one program for both (one compilation): outputs and vjp grads
+        (y, grads), (want, want_grads) = jax.jit(
+            lambda c, *a: (T.vjp(case, case.ours, a, c), T.vjp(case, case.ref, a, c)))(ct, *args)
+        eager = case.ours(*args)
+    for how, got in (("jit", y), ("eager", eager)):
+        assert_same_sharding(got, want, f"{how} output")
+        assert_bits_equal(got, case.want())
+    for i, g, w in zip(case.diff, grads, want_grads):
+        assert_same_sharding(g, w, f"grad of operand {i}")
+        T.assert_like_jnp(g, w)
 
 
 @pytest.mark.parametrize("name", T.LOCAL_OPS)
@@ -84,10 +86,11 @@ def test_grad_of_a_loss_keeps_the_sharding(rng, mesh, name):
 
     with T.set_mesh(mesh):
         args = T.put(case.args, mesh, specs)
-        out = jax.jit(case.ref)(*args)
-        w = jax.device_put(T.cotangent(rng, out.shape, np.float32), out.sharding)
-        got = jax.jit(lambda w_, *a: grads(case.ours, w_, a))(w, *args)
-        want = jax.jit(lambda w_, *a: grads(case.ref, w_, a))(w, *args)
+        out = jax.eval_shape(jax.jit(case.ref), *args)
+        w = jax.device_put(T.cotangent(rng, out.shape, np.float32),
+                           NamedSharding(mesh, out.sharding.spec))
+        got, want = jax.jit(lambda w_, *a: (grads(case.ours, w_, a), grads(case.ref, w_, a)))(
+            w, *args)
     for i, g, r in zip(case.diff, got, want):
         assert_same_sharding(g, r, f"grad of operand {i}")
         T.assert_like_jnp(g, r)
