@@ -90,7 +90,8 @@ def _lead_spec(op: str, indices, xs, axis: int, batch: int) -> list:
     """The split of x.shape[:axis] that every result shares, from the
     operands' explicit shardings (an Auto mesh and shard_map's manual axes
     leave specs empty): the tables', which must agree and leave `axis`
-    whole, and on the batch dims the indices' where the tables have none."""
+    whole, and on the batch dims the indices' where the tables have none
+    (a table that vmap broadcast to the indices' batch)."""
     specs = [_ffi.spec_of(x) for x in xs]
     for t, spec in enumerate(specs):
         if spec[axis] is not None:
@@ -105,12 +106,9 @@ def _lead_spec(op: str, indices, xs, axis: int, batch: int) -> list:
                              f"{P(*spec[:axis])}")
     ispec = _ffi.spec_of(indices)
     lead = list(specs[0][:axis])
-    for d in range(batch):
+    for d in range(batch):  # vmap gives both the same split, or x's broadcast none
         if lead[d] is None:
             lead[d] = ispec[d]
-        elif ispec[d] is not None and ispec[d] != lead[d]:
-            raise ValueError(f"{op}: batch dim {d} (a vmapped dim of x and the indices) is split "
-                             f"over {lead[d]!r} in x but over {ispec[d]!r} in the indices")
     return lead
 
 
@@ -272,8 +270,9 @@ def _factors(x_ndims, idx_ndim, axis, batch):
 
 def _shardings(mesh, x_shapes, idx_shape, axis, batch, split_indices):
     """The tables' shardings with axis unsplit and table 0's split of the dims
-    before it (each keeps its own slab dims' split, less mesh axes those
-    dims use), the indices split like the batch dims and, with
+    before it, the indices' on batch dims it leaves whole (each table keeps
+    its own slab dims' split, less mesh axes those dims use), the indices
+    split like the batch dims and, with
     `split_indices` (a gather: each device picks its own indices' slabs),
     their other dims as they come less mesh axes the tables' dims use,
     else whole; and the matching shardings of the gathered slabs."""
@@ -284,13 +283,18 @@ def _shardings(mesh, x_shapes, idx_shape, axis, batch, split_indices):
         kept = tuple(a for a in _mesh_axes(entry) if a not in used)
         return None if not kept else kept[0] if len(kept) == 1 else kept
 
+    idx_ndim = len(idx_shape.shape)
+    idx_spec = _spec(idx_shape.sharding, idx_ndim)
+    for d in range(batch):  # a batch dim table 0 leaves whole splits as the indices'
+        if lead[d] is None:
+            lead[d] = own(idx_spec[d])
+            used |= set(_mesh_axes(lead[d]))
     xs = [lead + [None] + [own(e) for e in _spec(s.sharding, len(s.shape))[axis + 1:]]
           for s in x_shapes]
-    idx_ndim = len(idx_shape.shape)
     rest = [None] * (idx_ndim - batch)
     if split_indices:
         used |= {a for x in xs for e in x for a in _mesh_axes(e)}
-        rest = [own(e) for e in _spec(idx_shape.sharding, idx_ndim)[batch:]]
+        rest = [own(e) for e in idx_spec[batch:]]
     idx = lead[:batch] + rest
     slabs = [lead + rest + x[axis + 1:] for x in xs]
     named = lambda specs: tuple(NamedSharding(mesh, P(*s)) for s in specs)  # noqa: E731

@@ -12,11 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
 
 import jax_tma
 from jax_tma import _ffi
-from reference import ALL_DTYPES, SUB_BYTE_BITS, assert_bits_equal, cpu_device, random_array
+from reference import (ALL_DTYPES, SUB_BYTE_BITS, assert_bits_equal, assert_no_collectives,
+                       cpu_device, random_array)
 
 BYTE_DTYPES = [d for d in ALL_DTYPES if d.name not in SUB_BYTE_BITS]
 SUMMABLE = [np.dtype(d) for d in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
@@ -1224,3 +1226,260 @@ def test_sub_byte_integer_add_wraps_as_at(rng):
         u = random_array(rng, (5, 3), dtype)
         got = jax.jit(functools.partial(jax_tma.scatter, mode="add"))(x, idx, u)
         assert_bits_equal(got, jnp.asarray(x).at[idx].add(u))
+
+
+# ---- shard_map, with its checks of varying mesh axes -------------------------------
+
+def cpu_mesh(shape, names, axis_type):
+    devices = np.array(jax.devices("cpu")[:math.prod(shape)]).reshape(shape)
+    return jax.sharding.Mesh(devices, names, axis_types=(axis_type,) * len(names))
+
+
+def sharded(f, mesh, in_specs, out_specs):
+    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+
+
+def ops(lib):
+    """Gather and scatter by jax_tma or by jnp, along axis 1."""
+    if lib == "jax_tma":
+        return (lambda a, i: jax_tma.gather(a, i, axis=1, fill=0.5),
+                lambda a, i, v, mode: jax_tma.scatter(a, i, v, axis=1, mode=mode))
+    return (lambda a, i: jnp.take(a, i, axis=1, mode="fill", fill_value=0.5),
+            lambda a, i, v, mode: getattr(a.at[:, i], mode)(v, mode="drop"))
+
+
+@pytest.mark.parametrize("mode", ["set", "add"])
+def test_grads_under_shard_map(rng, mode):
+    # x split over the devices and the indices replicated; the indices split
+    # and x replicated (its cotangent summed over the devices, as JAX does
+    # for jnp.take); x split and its updates replicated: the grads of x and
+    # updates are jnp's.
+    mesh = cpu_mesh((8,), ("i",), jax.sharding.AxisType.Auto)
+    x = rng.standard_normal((8, 6, 3))
+    u = rng.standard_normal((8, 4, 3))
+    idx = np.array([[1, -1, 9, 1]] * 8) + np.arange(8)[:, None] % 3
+
+    def grads(lib, a, i, v):
+        gather, scatter = ops(lib)
+        g = jax.grad(lambda b: (gather(b, i[0]) ** 2).sum())(a)
+        sx, su = jax.grad(lambda b, w: (jnp.sin(scatter(b, i[0], w, mode))).sum(),
+                          argnums=(0, 1))(a, v)
+        return g, sx, su
+
+    for in_specs, out_specs in [((P("i"), P(), P("i")), (P("i"),) * 3),
+                                ((P(), P("i"), P()), (P(),) * 3),
+                                ((P("i"), P(), P()), (P("i"), P("i"), P()))]:
+        i = idx if in_specs[1] == P("i") else idx[:1]
+        v = u[:1] if in_specs[::2] == (P("i"), P()) else u  # a replicated block's updates
+        got = sharded(functools.partial(grads, "jax_tma"), mesh, in_specs, out_specs)(x, i, v)
+        want = sharded(functools.partial(grads, "jnp"), mesh, in_specs, out_specs)(x, i, v)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-12)
+
+
+def test_a_varying_result_needs_varying_out_specs(rng):
+    # A result that varies along a mesh axis cannot be returned as replicated:
+    # JAX's own error, as for jnp.take (without the checks, device 0's block).
+    mesh = cpu_mesh((8,), ("i",), jax.sharding.AxisType.Auto)
+    x = rng.standard_normal((8, 6, 3))
+    idx = np.arange(8)[:, None] % 6
+    u = rng.standard_normal((64, 1, 3))  # a (8, 1, 3) block of updates a device
+    for lib in ("jax_tma", "jnp"):
+        gather, scatter = ops(lib)
+        for f, args, in_specs in [(lambda a, i: gather(a, i[0]), (x, idx), (P(), P("i"))),
+                                  (lambda a, v: scatter(a, np.array([2]), v, "set"), (x, u),
+                                   (P(), P("i")))]:
+            with pytest.raises(ValueError, match=r"out_specs"):
+                sharded(f, mesh, in_specs, P())(*args)
+    gather, _ = ops("jax_tma")
+    y = sharded(lambda a, i: gather(a, i), mesh, (P(), P()), P())(x, idx[0])
+    assert_bits_equal(y, np.asarray(take_ref(x, idx[0], 1, 0.5)))
+
+
+def test_tables_under_shard_map_with_grads(rng):
+    # A split table and a replicated one through one call: both results vary.
+    mesh = cpu_mesh((4,), ("i",), jax.sharding.AxisType.Auto)
+    xs = (rng.standard_normal((4, 6, 2)), rng.standard_normal((1, 6)).astype(np.float32))
+    idx = np.array([3, 3, -1])
+
+    def grads(gather, a, b):
+        def loss(a, b):
+            y0, y1 = gather((a, b))
+            return (y0 ** 2).sum() + (y1 ** 3).sum()
+        return jax.grad(loss, argnums=(0, 1))(a, b)
+
+    ours = functools.partial(grads, lambda t: jax_tma.gather(t, idx, axis=1))
+    theirs = functools.partial(grads, lambda t: [jnp.take(v, idx, axis=1, mode="fill",
+                                                          fill_value=0) for v in t])
+    got = sharded(ours, mesh, (P("i"), P()), (P("i"), P()))(*xs)
+    want = sharded(theirs, mesh, (P("i"), P()), (P("i"), P()))(*xs)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+# ---- explicit meshes: shardings as jnp gives them -------------------------------------
+
+EXPLICIT_CASES = [(P("a"), 1), (P("a", None, "b"), 1), (P(None, None, "b"), 0),
+                  (P(None, "b"), 2), (P(("a", "b")), 2)]
+
+
+def explicit_mesh():
+    return cpu_mesh((2, 4), ("a", "b"), jax.sharding.AxisType.Explicit)
+
+
+def types(tree):
+    return [str(jax.typeof(a)) for a in jax.tree.leaves(tree)]
+
+
+@pytest.mark.parametrize("spec,axis", EXPLICIT_CASES, ids=str)
+def test_explicit_mesh_shardings_as_jnp(rng, spec, axis):
+    host = rng.standard_normal((8, 16, 12)).astype(np.float32)
+    idx = indices_for(rng, host.shape[axis], (2, 3))
+    u_host = rng.standard_normal(host.shape[:axis] + (2, 3) + host.shape[axis + 1:])
+    u_host = u_host.astype(np.float32)
+    with jax.set_mesh(explicit_mesh()):
+        x = jax.device_put(host, spec)
+        u = jax.device_put(u_host, P(*(tuple(spec) + (None,) * 3)[:axis], None, None,
+                                     *(tuple(spec) + (None,) * 3)[axis + 1:3]))
+        i = jax.device_put(idx, P())
+        gather = jax.jit(lambda a, j: jax_tma.gather(a, j, axis=axis))
+        take = jax.jit(lambda a, j: jnp.take(a, j, axis=axis, mode="fill", fill_value=0))
+        assert types(gather(x, i)) == types(take(x, i))
+        assert_bits_equal(gather(x, i), take(x, i))
+        assert_no_collectives(gather.lower(x, i).compile().as_text())
+        grad = jax.jit(jax.grad(lambda a, j: (jnp.sin(jax_tma.gather(a, j, axis=axis))).sum()))
+        want = jax.jit(jax.grad(lambda a, j: (jnp.sin(take(a, j))).sum()))(x, i)
+        assert types(grad(x, i)) == types(want)
+        np.testing.assert_allclose(grad(x, i), want, rtol=1e-6)
+        assert_no_collectives(grad.lower(x, i).compile().as_text())
+        for mode in ("set", "add"):
+            scatter = jax.jit(lambda a, j, v: jax_tma.scatter(a, j, v, axis=axis, mode=mode))
+            at = jax.jit(lambda a, j, v: getattr(a.at[at_(axis, j)], mode)(v, mode="drop"))
+            assert types(scatter(x, i, u)) == types(at(x, i, u)) == [str(jax.typeof(x))]
+            assert_no_collectives(scatter.lower(x, i, u).compile().as_text())
+            np.testing.assert_allclose(scatter(x, i, u), at(x, i, u), rtol=1e-6)
+            # (jnp's own scatter grads refuse explicit shardings in 0.10 to 0.12.)
+            gx, gu = jax.jit(jax.grad(lambda a, v: jnp.sin(scatter(a, i, v)).sum(),
+                                      argnums=(0, 1)))(x, u)
+            assert types((gx, gu)) == types((x, u))
+            wx, wu = jax.grad(lambda a, v: jnp.sin(getattr(a.at[at_(axis, idx)], mode)(
+                v, mode="drop")).sum(), argnums=(0, 1))(host, u_host)
+            np.testing.assert_allclose(gx, wx, rtol=1e-6)
+            np.testing.assert_allclose(gu, wu, rtol=1e-6)
+
+
+def at_(axis, idx):
+    return (slice(None),) * axis + (idx,)
+
+
+def test_explicit_gather_with_split_indices(rng):
+    # jnp.take refuses split indices; gather splits its index dims as the
+    # indices (each device picks its own indices' slabs), the grad gathers
+    # the cotangent's index dims for the scatter-add.
+    host = rng.standard_normal((16, 4, 12)).astype(np.float32)
+    idx = indices_for(rng, 16, (8, 2))
+    with jax.set_mesh(explicit_mesh()):
+        x = jax.device_put(host, P(None, None, "b"))
+        i = jax.device_put(idx, P("a"))
+        f = jax.jit(lambda a, j: jax_tma.gather(a, j))
+        assert jax.typeof(f(x, i)).sharding.spec == P("a", None, None, "b")
+        assert_no_collectives(f.lower(x, i).compile().as_text())
+        assert_bits_equal(f(x, i), take_exact(host, idx))
+        g = jax.jit(jax.grad(lambda a, j: (jax_tma.gather(a, j) ** 2).sum()))(x, i)
+        assert jax.typeof(g).sharding.spec == P(None, None, "b")
+        want = jax.grad(lambda a: (jnp.take(a, idx, axis=0, mode="fill", fill_value=0) ** 2
+                                   ).sum())(host)
+        np.testing.assert_allclose(g, want, rtol=1e-6)
+
+
+def test_explicit_mesh_errors(rng):
+    host = rng.standard_normal((8, 16, 12)).astype(np.float32)
+    with jax.set_mesh(explicit_mesh()):
+        x = jax.device_put(host, P("a", "b"))
+        other = jax.device_put(host, P("b", "a"))
+        idx = jax.device_put(np.arange(8), P("b"))
+        u = jnp.zeros((8, 8, 12), np.float32)
+        with pytest.raises(ValueError, match=r"jax_tma\.gather: x is split along axis 1 over mesh "
+                                             r"axes 'b' \(x is sharded P.*\), but every device "
+                                             r"needs that whole dim"):
+            jax.jit(lambda a: jax_tma.gather(a, np.arange(3), axis=1))(x)
+        with pytest.raises(ValueError, match=r"jax_tma\.scatter: x is split along axis 0"):
+            jax.jit(lambda a: jax_tma.scatter(a, np.arange(3), 1.0))(x)
+        with pytest.raises(ValueError, match=r"jax_tma\.gather: mesh axis 'b' would split two dims "
+                                             r"of the result"):
+            jax.jit(lambda a, i: jax_tma.gather(a, i, axis=2))(x, idx)
+        with pytest.raises(ValueError, match=r"jax_tma\.scatter: the indices are split over mesh "
+                                             r"axes \(sharded P\('b',?\)\)"):
+            jax.jit(lambda a, i, v: jax_tma.scatter(a, i, v, axis=1))(
+                jax.device_put(host, P("a")), idx, u)
+        with pytest.raises(ValueError, match=r"jax_tma\.gather: the tables must be sharded alike "
+                                             r"in x\.shape\[:axis\] \(axis=2\): table 0 has "
+                                             r"P\('a', 'b'\), table 1 P\('b', 'a'\)"):
+            jax.jit(lambda a, b: jax_tma.gather((a, b), np.arange(3), axis=2))(x, other)
+
+
+def test_explicit_vmap_splits_the_batch_dims(rng):
+    host = rng.standard_normal((8, 16, 12)).astype(np.float32)
+    idx = indices_for(rng, 16, (8, 5))
+    with jax.set_mesh(explicit_mesh()):
+        x = jax.device_put(host, P("a", None, "b"))
+        i = jax.device_put(idx, P("a"))
+        f = jax.jit(jax.vmap(jax_tma.gather))
+        assert jax.typeof(f(x, i)).sharding.spec == P("a", None, "b")
+        assert_no_collectives(f.lower(x, i).compile().as_text())
+        assert_bits_equal(f(x, i), np.stack([take_exact(h, j) for h, j in zip(host, idx)]))
+        # A table the vmap broadcasts to the indices' batch (split over "a"):
+        # the result is split as x.at[] gives it.
+        u = rng.standard_normal((8, 5, 12)).astype(np.float32)
+        s = jax.jit(jax.vmap(jax_tma.scatter, in_axes=(None, 0, 0)))
+        t = jax.jit(jax.vmap(lambda a, j, v: a.at[j].set(v, mode="drop"), in_axes=(None, 0, 0)))
+        args = (jax.device_put(host[0], P(None, "b")), i, jax.device_put(u, P("a", None, "b")))
+        assert types(s(*args)) == types(t(*args))
+        assert_no_collectives(s.lower(*args).compile().as_text())
+        assert_bits_equal(s(*args), t(*args))
+
+
+# ---- eager (jax.disable_jit) and shape-polymorphic export -------------------------------
+
+def test_disable_jit_runs_the_ops_eagerly(rng):
+    x = rng.standard_normal((6, 4))
+    idx = np.array([1, -1, 9, 1])
+    u = rng.standard_normal((4, 4))
+    mesh = cpu_mesh((4,), ("x",), jax.sharding.AxisType.Auto)
+    xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, P(None, "x")))
+
+    def all_of(a):
+        return (jax_tma.gather(a, idx, fill=2.0), jax_tma.scatter(a, idx, u, mode="add"),
+                jax.grad(lambda b: (jax_tma.gather(b, idx) ** 2).sum())(a),
+                jax.vmap(jax_tma.gather, in_axes=(None, 0))(a, idx[:, None]))
+
+    want = jax.jit(all_of)(x)
+    with jax.disable_jit():
+        for a in (x, xs):  # the sharded one takes the partitioned lowering
+            for got, w in zip(all_of(a), want):
+                assert_bits_equal(got, w)
+        assert jax_tma.gather(xs, idx).sharding.is_equivalent_to(xs.sharding, 2)
+
+
+def test_shape_polymorphic_export(rng):
+    from jax import export
+
+    checks = [export.DisabledSafetyCheck.custom_call(t)
+              for t in ("jax_tma_gather", "jax_tma_scatter")]
+    n, b = export.symbolic_shape("n, b")
+
+    def f(a, i):
+        y = jax_tma.gather(a, i, fill=-1.0)
+        s = jax_tma.scatter(a, i, y, mode="add", deterministic=True)
+        t = jax_tma.scatter(a, i, 2 * y)
+        g = jax.grad(lambda c: (jax_tma.scatter(c, i, y) ** 2).sum())(a)
+        return y, s, t, g
+
+    exp = export.export(jax.jit(f), disabled_checks=checks)(
+        jax.ShapeDtypeStruct((n, 3), jnp.float32), jax.ShapeDtypeStruct((b,), jnp.int32))
+    exp = export.deserialize(exp.serialize())
+    for rows, count in [(5, 7), (9, 2)]:
+        x = rng.standard_normal((rows, 3)).astype(np.float32)
+        idx = indices_for(rng, rows, (count,))
+        for got, want in zip(exp.call(x, idx), jax.jit(f)(x, idx)):
+            assert_bits_equal(got, want)
