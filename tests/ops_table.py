@@ -724,6 +724,40 @@ def vjp(case: Case, fn, args, ct):
     return y, pull(ct)
 
 
+def ref_grads(case: Case, args, ct):
+    """The jnp equivalent's grads for cotangent ct, and (float8_e8m0fnu only;
+    else the same) those taken in float32 and converted as jnp converts
+    (0 -> 0xFF): for assert_grads_like_jnp."""
+    grads = vjp(case, case.ref, args, ct)[1]
+    if case.dtype.name != "float8_e8m0fnu":
+        return grads, grads
+    wide = [a.astype(np.float32) if i in case.diff else a for i, a in enumerate(args)]
+    exact = vjp(case, case.ref, wide, ct.astype(np.float32))[1]
+    return grads, tuple(g.astype(case.dtype) for g in exact)
+
+
+def assert_grads_like_jnp(got, jnp_grad, exact) -> None:
+    """A grad against the jnp equivalent's (assert_like_jnp). float8_e8m0fnu
+    has no zero: jnp's 0 is its NaN, so jnp's sums from zero are NaN whatever
+    is added, and where that happens depends on how the jnp code is written.
+    There, where jnp's grad is NaN, `got` may be NaN or `exact` (the grad
+    taken in float32 and converted: 0 is NaN); elsewhere it is jnp's, bit
+    for bit."""
+    got, jnp_grad, exact = np.asarray(got), np.asarray(jnp_grad), np.asarray(exact)
+    if got.dtype.name != "float8_e8m0fnu":
+        return assert_like_jnp(got, jnp_grad)
+    assert got.shape == jnp_grad.shape and got.dtype == jnp_grad.dtype, \
+        f"{jax.typeof(got)}, jnp gives {jax.typeof(jnp_grad)}"
+    g, j, e = (reference.as_bits(a) for a in (got, jnp_grad, exact))
+    nan = j == 0xFF
+    ok = np.where(nan, (g == 0xFF) | (g == e), g == j)
+    if not ok.all():
+        i = np.flatnonzero(~ok)[0]
+        raise AssertionError(f"{(~ok).sum()} of {ok.size} elements differ; first at flat index "
+                             f"{i}: got {g[i]:#x}, jnp {j[i]:#x}, exact {e[i]:#x}"
+                             f"{reference.seed_note()}")
+
+
 def out_struct(case: Case):
     return jax.eval_shape(case.ours, *case.args)
 
