@@ -56,7 +56,8 @@ def fill_bytes(op: str, fill: Any, dtype: Any) -> bytes:
             raise OverflowError(f"{op}: fill {fill} does not fit x's dtype {dtype}")
         fill = float(fill)  # as jnp does for an inexact dtype
     value = np.asarray(fill)
-    if value.dtype.kind not in "biufc":
+    # ml_dtypes scalars (bfloat16, float8_*, int4, ...) are numbers of kind V.
+    if value.dtype.kind not in "biufc" and not jax.numpy.issubdtype(value.dtype, np.number):
         raise TypeError(f"{op}: fill must be a number, got {fill!r:.80}")
     if value.dtype.kind == "c" and dtype.kind != "c":
         raise TypeError(f"{op}: a complex fill {fill!r} needs a complex x, x has dtype {dtype}")
