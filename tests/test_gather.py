@@ -10,6 +10,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -162,7 +163,8 @@ def test_gather_fill_values(rng, fill, dtype):
 @pytest.mark.parametrize("fill,dtype", [(2**70, np.float32), (2**70, np.float64),
                                         (2**64 - 1, np.uint64), (-2**63, np.int64),
                                         (np.float64(1e300), np.float32), (0, jnp.float8_e8m0fnu),
-                                        (-2.5, jnp.float8_e4m3fn)], ids=str)
+                                        (-2.5, jnp.float8_e4m3fn), (ml_dtypes.bfloat16(7.5), np.float32),
+                                        (ml_dtypes.float8_e4m3fn(-3), jnp.bfloat16)], ids=str)
 def test_fill_converts_as_jnp_take(rng, fill, dtype):
     x = random_array(rng, (4, 3), dtype)
     idx = np.array([5, 1, -5])
