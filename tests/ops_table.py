@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_tma
 import reference
-from reference import (ALL_DTYPES, SUB_BYTE_BITS, broadcast_reference, col2im_reference,
+from reference import (ALL_DTYPES, broadcast_reference, col2im_reference,
                        im2col_reference, ppermute_reference, random_array, window_reference)
 
 # ---- jax versions ------------------------------------------------------------------
@@ -698,12 +698,6 @@ def assert_like_jnp(actual, jnp_result, exact: bool = True) -> None:
         wide = np.complex128 if want.dtype.kind == "c" else np.float64
         np.testing.assert_allclose(actual[~nan].astype(wide), want[~nan].astype(wide),
                                    rtol=2e-2, atol=1e-6, err_msg=reference.seed_note())
-
-
-def sharding_spec(a) -> tuple:
-    """The PartitionSpec of array `a`'s sharding, one entry per dim."""
-    spec = tuple(a.sharding.spec)
-    return spec + (None,) * (a.ndim - len(spec))
 
 
 def put(args, mesh, specs):

@@ -56,8 +56,8 @@ def test_grads(rng, name, dtype):
             raise AssertionError(f"{name} of {dtype.name}, grad of operand {i}: {e}") from None
 
 
-WINDOW_FILLS = [0, 0.0, -0.0, float("nan"), "nan", np.float32(-0.0), ml_dtypes.bfloat16(-0.0), jnp.array(0.0),
-                jnp.array(-0.0), jnp.array(float("nan"))]
+WINDOW_FILLS = [0, 0.0, -0.0, float("nan"), "nan", np.float32(-0.0), ml_dtypes.bfloat16(-0.0),
+                jnp.array(0.0), jnp.array(-0.0), jnp.array(float("nan"))]
 
 
 def _check_fills(op, x, fills, expect):

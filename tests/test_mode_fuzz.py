@@ -5,7 +5,6 @@ in every failure report (JAX_TMA_SEED=<seed> replays it)."""
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import ops_table as T
