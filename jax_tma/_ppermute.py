@@ -116,6 +116,10 @@ def _transport(ctx, *, axis_name, perm, platform):
     manual = getattr(ctx.module_context.axis_context, "manual_axes", frozenset())
     if mesh is None:
         return None, "no concrete mesh at lowering"
+    if not _ffi.static_shape(*ctx.avals_in):
+        # XLA refines a shape-polymorphic module's shapes, but not those of
+        # a custom call inside a manual computation.
+        return None, "the block has symbolic dims (a shape-polymorphic export)"
     if set(manual) != set(mesh.axis_names):
         return None, f"the shard_map is manual over {sorted(manual)}, not every mesh axis {list(mesh.axis_names)}"
     if not set(axis_name) <= set(mesh.axis_names):

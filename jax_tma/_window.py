@@ -268,11 +268,26 @@ def _as_start(v: Any, dtype) -> jax.Array:
     return v.astype(dtype)
 
 
-def _clamp_static(v: int, x_dim, size: int, stride: int) -> int:
+def _box_shape(shape: Any, x_shape, dims: str) -> tuple:
+    """shape, checked: ints in [1, 2^31), or (in a shape-polymorphic export)
+    x's own symbolic dim, which the box then takes whole."""
+    rank = len(x_shape)
+    if isinstance(shape, Sequence) and not isinstance(shape, str) and len(shape) == rank:
+        symbolic = [d for d, v in enumerate(shape)
+                    if not isinstance(v, (int, np.integer)) and not isinstance(x_shape[d], int)
+                    and v == x_shape[d]]
+        ints = _checks.per_dim_ints(_OP, "shape", [1 if d in symbolic else v
+                                                   for d, v in enumerate(shape)], rank, dims)
+        return tuple(shape[d] if d in symbolic else v for d, v in enumerate(ints))
+    return _checks.per_dim_ints(_OP, "shape", shape, rank, dims)
+
+
+def _clamp_static(v: int, x_dim, size, stride: int) -> int:
     """A static start that lies beyond every element of x along its dim,
     moved to the nearest start that still does: the same all-fill result
     with a smaller number (which also keeps merged starts within int32)."""
-    v = max(v, -(size - 1) * stride - 1)
+    if isinstance(size, int):
+        v = max(v, -(size - 1) * stride - 1)
     return min(v, x_dim) if isinstance(x_dim, int) else v
 
 
@@ -367,7 +382,8 @@ def window(
         scalars of any integer dtype, or an integer array of shape
         ``(x.ndim,)``; negative values and values past the end are allowed
         (an unsigned start past the end reads fill, never wraps).
-      shape: the output shape, one int >= 1 (and < 2^31) per dim.
+      shape: the output shape, one int >= 1 (and < 2^31) per dim; in a
+        shape-polymorphic export also x's own symbolic dim (taken whole).
       strides: element strides >= 1 per dim (default all 1).
       fill: the value of out-of-bounds elements: a concrete scalar (Python or
         NumPy number, or a 0-d array that is not traced) converted to ``x``'s
@@ -399,7 +415,7 @@ def window(
         raise ValueError(f"{_OP}: x must have rank >= 1, got a 0-d array")
     rank = x.ndim
     dims = f"rank {rank} (x.shape={tuple(x.shape)})"
-    shape = _checks.per_dim_ints(_OP, "shape", shape, rank, dims)
+    shape = _box_shape(shape, x.shape, dims)
     strides = (1,) * rank if strides is None else _checks.per_dim_ints(
         _OP, "strides", strides, rank, dims)
     start_arr, static = _start_array(start, x.shape, shape, strides)
@@ -446,8 +462,8 @@ def _inner_start_aligned(x_shape, dtype, static, first) -> bool:
 
 def _covers(static, x_shape, shape, strides, d) -> bool:
     """Whether the box takes all of dim d (static start 0, stride 1)."""
-    return (d < len(static) and static[d] == 0 and isinstance(x_shape[d], int)
-            and shape[d] == x_shape[d] and strides[d] == 1)
+    return (d < len(static) and static[d] == 0 and shape[d] == x_shape[d]
+            and strides[d] == 1)
 
 
 def _mergeable_groups(x_shape, shape, strides, static, sharded, lead):
@@ -462,7 +478,7 @@ def _mergeable_groups(x_shape, shape, strides, static, sharded, lead):
         first, last = groups[-1]
         run = range(d, last + 1)
         if (all(_covers(static, x_shape, shape, strides, k) for k in range(first, last + 1))
-                and strides[d] == 1 and isinstance(x_shape[d], int)
+                and strides[d] == 1 and all(isinstance(v, int) for v in x_shape[d:last + 1])
                 and not any(sharded[k] for k in run)
                 and max(x_shape[d], shape[d]) * math.prod(x_shape[first:last + 1])
                 <= _checks.MAX_DIM):
