@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from collections.abc import Callable
 
 import jax
@@ -118,7 +119,9 @@ def _jnp_fill(kind: str, fill, dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     key = (kind, repr(fill), type(fill).__name__, dtype.name)
     if key not in _FILLS:
-        with jax.default_device(reference.cpu_device()):
+        # jnp converts a fill past the dtype's range to inf, warning as NumPy does
+        with jax.default_device(reference.cpu_device()), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
             if kind == "pad":  # on data: padding an empty operand gives other float8 NaN bits
                 out = jnp.pad(jnp.ones((1,), dtype), (0, 1), constant_values=fill)[1:]
             else:
