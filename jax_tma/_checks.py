@@ -40,10 +40,11 @@ def as_array(op: str, name: str, x: Any) -> jax.Array:
 
 def fill_bytes(op: str, fill: Any, dtype: Any) -> bytes:
     """The bytes of one element of `dtype` (widened where sub-byte) holding
-    `fill`, converted as jnp.asarray(fill, dtype) and XLA's convert at run
-    time convert a float32 or float64 (float8_e8m0fnu 0 is 0xFF; float8_e5m2
-    NaN is 0x7E, where jnp.pad writes 0x7F). `fill` is a concrete
-    scalar: a Python or NumPy number or a 0-d array that is not traced."""
+    `fill`, converted as jnp converts a scalar into an array of `dtype`
+    (float8_e8m0fnu's 0 is 0xFF; a NaN of float8_e5m2 is 0x7F, as jnp.pad
+    and jnp.take write it, where NumPy's conversion gives 0x7E). `fill` is a
+    concrete scalar: a Python or NumPy number or a 0-d array that is not
+    traced."""
     dtype = np.dtype(dtype)
     if isinstance(fill, jax.core.Tracer):
         raise TypeError(f"{op}: fill must be a concrete scalar (it sets the bits written out "
@@ -62,7 +63,10 @@ def fill_bytes(op: str, fill: Any, dtype: Any) -> bytes:
     if value.dtype.kind == "c" and dtype.kind != "c":
         raise TypeError(f"{op}: a complex fill {fill!r} needs a complex x, x has dtype {dtype}")
     with np.errstate(invalid="ignore", over="ignore"):
-        return np.asarray(value.astype(dtype)).astype(widen_dtype(dtype)).tobytes()
+        converted = np.asarray(value.astype(dtype))
+    if dtype.name == "float8_e5m2" and np.isnan(converted):
+        converted = (converted.view(np.uint8) | 0x7F).view(dtype)  # XLA's quiet NaN
+    return converted.astype(widen_dtype(dtype)).tobytes()
 
 
 def varying_axes(x: Any) -> frozenset:

@@ -130,8 +130,8 @@ def _col2im_in_float32(p, **params):
     # Float types the handlers cannot add: summed in float32 (taps in
     # increasing order, as the handlers add) and rounded once. A NaN result
     # (float8_e4m3fn's overflow keeps the sum's sign) is stored as the
-    # handlers store a NaN sum: np.nan converted to the dtype (float8_e5m2:
-    # 0x7E). The choice is made on the bits: XLA's CPU select of float8_e5m2
+    # handlers store a NaN sum: NaN converted as jnp converts it (float8_e5m2:
+    # 0x7F). The choice is made on the bits: XLA's CPU select of float8_e5m2
     # values rewrites a NaN as 0x7F.
     y = col2im_p.bind(p.astype(np.float32), **params).astype(p.dtype)
     nan = _as_uint(_checks.fill_bytes(_OP_T, np.nan, p.dtype))

@@ -116,6 +116,9 @@ def _transport(ctx, *, axis_name, perm, platform):
     manual = getattr(ctx.module_context.axis_context, "manual_axes", frozenset())
     if mesh is None:
         return None, "no concrete mesh at lowering"
+    if any(_checks.fill_bytes(_OP, 0, ctx.avals_in[0].dtype)):
+        return None, (f"{ctx.avals_in[0].dtype} has no zero bytes for the devices that "
+                      "receive nothing (jnp's 0 of it is not all zero bits)")
     if not _ffi.static_shape(*ctx.avals_in):
         # XLA refines a shape-polymorphic module's shapes, but not those of
         # a custom call inside a manual computation.

@@ -131,6 +131,19 @@ def _window_lowering(ctx, x, start, *, shape, strides, fill_bits, method):
 
 
 def _transpose_lowering(ctx, ct, start, *, x_shape, strides, method):
+    zero = _checks.fill_bytes(_OP, 0, ctx.avals_in[0].dtype)
+    if any(zero):
+        # float8_e8m0fnu has no zero (jnp's 0 is 0xFF) and the handlers write
+        # zero bytes where nothing lands: the cotangent's bits XOR jnp's zero
+        # map that zero to zero bytes and back, every other value distinct.
+        bits = np.frombuffer(zero, f"<u{len(zero)}")[0]
+
+        def flipped(c, s):  # moved as unsigned ints of the same width
+            c = jax.lax.bitcast_convert_type(c, bits.dtype) ^ bits
+            y = window_transpose_p.bind(c, s, x_shape=x_shape, strides=strides, method=method)
+            return jax.lax.bitcast_convert_type(y ^ bits, ctx.avals_in[0].dtype)
+
+        return mlir.lower_fun(flipped, multiple_results=False)(ctx, ct, start)
     return _ffi_rule(ctx, ct, start, strides=strides, fill_bits=0, transpose=True,
                      method=method)
 
@@ -325,13 +338,16 @@ def _start_array(start: Any, x_shape, shape, strides) -> tuple[jax.Array, tuple]
 
 def _fill_bits(fill: Any, dtype: np.dtype) -> int:
     """The fill element's bits as a little-endian unsigned int (the
-    handlers' attribute). NaN ("nan" or a float NaN) is NaN in both parts of
-    a complex dtype; 16-byte elements pass their first 8 bytes, which the
-    handlers repeat, so both halves must agree."""
-    nan = isinstance(fill, str) or (isinstance(fill, (float, np.floating)) and math.isnan(fill))
+    handlers' attribute). The string "nan" is NaN in both parts of a complex
+    dtype (a number converts as jnp.pad converts it: NaN + 0j); 16-byte
+    elements pass their first 8 bytes, which the handlers repeat, so both
+    halves must agree."""
     if isinstance(fill, str) and fill.lower() != "nan":
         raise ValueError(f"{_OP}: fill must be a number or 'nan', got {fill!r}")
-    if nan:
+    nan = isinstance(fill, str) or (isinstance(fill, (float, np.floating)) and math.isnan(fill))
+    if nan and not jnp.issubdtype(dtype, jnp.inexact):
+        raise ValueError(f"{_OP}: fill=NaN needs a floating dtype, x has dtype {dtype}")
+    if isinstance(fill, str):
         if not jnp.issubdtype(dtype, jnp.inexact):
             raise ValueError(f"{_OP}: fill=NaN needs a floating dtype, x has dtype {dtype}")
         fill = complex(np.nan, np.nan) if jnp.issubdtype(dtype, jnp.complexfloating) else np.nan

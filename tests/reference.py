@@ -320,6 +320,8 @@ def window_reference(x: np.ndarray, start, shape, strides=None, fill_nan=False,
     out = np.empty(tuple(shape), x.dtype)
     with np.errstate(invalid="ignore", over="ignore"):
         out[...] = np.asarray(fill).astype(x.dtype)
+    if x.dtype.name == "float8_e5m2" and fill != fill:
+        out.view(np.uint8)[...] = 0x7F  # jnp's NaN of float8_e5m2 (NumPy's is 0x7E)
     if x.size:
         clipped = tuple(np.clip(g, 0, max(dim - 1, 0)).astype(np.int64)
                         for g, dim in zip(grids, x.shape))
@@ -425,6 +427,8 @@ def col2im_reference(patches, input_shape, kernel, strides, pads, dilation,
         parts[np.isnan(parts)] = np.nan
     elif out.dtype.kind != "i" and out.dtype.kind != "u":
         out[np.isnan(out)] = np.nan
+        if out.dtype.name == "float8_e5m2":  # jnp's NaN of it (NumPy's is 0x7E)
+            out.view(np.uint8)[np.isnan(out)] = 0x7F
     return out
 
 

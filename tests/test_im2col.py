@@ -37,7 +37,7 @@ def col2im_want(p, input_shape, kernel, strides, pads, dilation, order="tap_majo
     """col2im_reference for every dtype jax_tma.col2im takes: the floats the
     handlers cannot add summed in float32 and rounded once, sub-byte
     integers summed in 8 bits and wrapped to their width, NaN results as
-    np.nan's bits."""
+    jnp's NaN (np.nan's bits; float8_e5m2's 0x7F where NumPy writes 0x7E)."""
     p = np.asarray(p)
     if p.dtype in SUMMABLE:
         return col2im_reference(p, input_shape, kernel, strides, pads, dilation, order)
@@ -49,6 +49,8 @@ def col2im_want(p, input_shape, kernel, strides, pads, dilation, order="tap_majo
         out = acc.astype(p.dtype)
     if floating:
         out[np.isnan(out)] = np.nan
+        if out.dtype.name == "float8_e5m2":
+            out.view(np.uint8)[np.isnan(out)] = 0x7F
     return out
 
 

@@ -46,9 +46,16 @@ def test_grads(rng, name, dtype):
         except TypeError as e:  # refused at trace time, naming the op
             assert SUMMING[name] in str(e)
             return
-    # one program for both: one compilation
-    got, (want, exact) = jax.jit(lambda c, *a: (T.vjp(case, case.ours, a, c)[1],
-                                                T.ref_grads(case, a, c)))(ct, *case.args)
+    ours = lambda c, *a: T.vjp(case, case.ours, a, c)[1]  # noqa: E731
+    if dtype.name == "float4_e2m1fn":
+        # Two programs: XLA's GPU compiler aborts the process on the one
+        # program of both for float4_e2m1fn (each alone compiles; H100,
+        # jax 0.11.2, 2026-11-25).
+        got = jax.jit(ours)(ct, *case.args)
+        want, exact = jax.jit(lambda c, *a: T.ref_grads(case, a, c))(ct, *case.args)
+    else:  # one program for both: one compilation
+        got, (want, exact) = jax.jit(lambda c, *a: (ours(c, *a), T.ref_grads(case, a, c)))(
+            ct, *case.args)
     for i, g, w, e in zip(case.diff, got, want, exact):
         try:
             T.assert_grads_like_jnp(g, w, e)
