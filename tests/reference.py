@@ -331,9 +331,10 @@ def window_reference(x: np.ndarray, start, shape, strides=None, fill_nan=False,
 
 def ppermute_reference(x: np.ndarray, n: int, perm) -> np.ndarray:
     """lax.ppermute's result for `x` split into `n` blocks along dim 0 (a
-    1-D mesh): block d is the block of the device sending to d, else zeros."""
+    1-D mesh): block d is the block of the device sending to d, else zeros
+    as jnp writes them (float8_e8m0fnu's 0 is 0xFF)."""
     blocks = np.split(np.asarray(x), n)
-    out = [np.zeros_like(b) for b in blocks]
+    out = [np.full_like(b, np.asarray(0).astype(b.dtype)) for b in blocks]
     for src, dst in perm:
         out[dst] = blocks[src]
     return np.concatenate(out)
