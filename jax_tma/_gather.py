@@ -478,7 +478,9 @@ batching.primitive_batchers[scatter_p] = _scatter_batcher
 # ---- autodiff: linear in the tables (and updates); the indices are constants ----
 
 def _zero_fill(dtype) -> bytes:
-    return np.zeros((), dtype).tobytes()
+    """A fill of 0 as jnp's zeros hold it (float8_e8m0fnu, which has no 0:
+    0xFF, its NaN)."""
+    return _checks.fill_bytes(_OP_G, 0, dtype)
 
 
 def _zero_tangent(y) -> ad.Zero:
@@ -721,6 +723,7 @@ def _check_bound(op: str, x: jax.Array, axis: int, mode: str, method: str) -> No
                          "or 'simt'")
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4, 5))
 def _add_in_f32(indices: jax.Array, x: jax.Array, updates: jax.Array, axis: int,
                 deterministic: bool, method: str) -> jax.Array:
     """x.at[].add(updates) for a float type the handlers cannot add: each
@@ -742,6 +745,21 @@ def _add_in_f32(indices: jax.Array, x: jax.Array, updates: jax.Array, axis: int,
     (y,) = _bind_scatter(indices, wide, _checks.widen(new), mode="set", deterministic=False,
                          **params)
     return _checks.narrow(y, x.dtype)
+
+
+@_add_in_f32.defjvp
+def _add_in_f32_jvp(axis, deterministic, method, primals, tangents):
+    # The derivative of an add: the identity in x, a scatter-add of the
+    # updates. x's tangent is added last, so that the transpose hands x's
+    # cotangent through untouched (float8_e8m0fnu has no 0 to add to it);
+    # the sums start from -0, which leaves every tangent as it is.
+    indices, x, updates = primals
+    _, tx, tu = tangents
+    y = _add_in_f32(indices, x, updates, axis, deterministic, method)
+    f32 = np.dtype(np.float32)
+    (sums,) = _bind_scatter(indices, -_zeros(jax.typeof(x), f32), tu.astype(f32), axis=axis,
+                            batch=0, mode="add", deterministic=deterministic, method=method)
+    return y, tx + sums.astype(x.dtype)
 
 
 # ---- the public ops -------------------------------------------------------------

@@ -35,12 +35,6 @@ GRAD_DTYPES = [d for d in IDS if not d.startswith("float8")] + list(_FIXED_FLOAT
 @pytest.mark.parametrize("dtype", GRAD_DTYPES)
 @pytest.mark.parametrize("name", T.OP_NAMES)
 def test_grads(rng, name, dtype):
-    if (name, dtype) == ("scatter-add", "float8_e8m0fnu") and jax.__version__.startswith("0.10."):
-        # x's cotangent through the float32 sum of a float8_e8m0fnu add is
-        # NaN (0xFF) where jnp hands 1.0 (0x7F) through, on jax 0.10 only;
-        # 0fefcbf (a custom_jvp of that add) fixes it and returns with the
-        # next GPU benchmark run (it came after this commit's results).
-        pytest.xfail("scatter add's x cotangent of float8_e8m0fnu on jax 0.10 (0fefcbf)")
     if dtype == "another-float8":
         dtype = str(rng.choice(_OTHER_FLOAT8))
     dtype = np.dtype(getattr(jnp, dtype))
