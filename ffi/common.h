@@ -1,6 +1,6 @@
 // Shared host-side helpers for every jax_tma FFI handler (CPU and CUDA):
-// error construction, byte-level views of XLA buffers, and the copy-method
-// names that Python passes as an attribute.
+// error construction, byte-level views of XLA buffers, and the "method"
+// attribute that Python passes.
 #ifndef JAX_TMA_FFI_COMMON_H_
 #define JAX_TMA_FFI_COMMON_H_
 
@@ -99,18 +99,9 @@ inline const char* DataTypeName(ffi::DataType t) {
   }
 }
 
-enum class CopyMethod { kAuto, kBulk, kSimt };
-
-inline bool ParseCopyMethod(std::string_view name, CopyMethod* out) {
-  if (name == "auto") { *out = CopyMethod::kAuto; return true; }
-  if (name == "bulk") { *out = CopyMethod::kBulk; return true; }
-  if (name == "simt") { *out = CopyMethod::kSimt; return true; }
-  return false;
-}
-
 // A string attribute outside its choices, spelled as Python's
 // _checks.check_choice spells it: "jax_tma.copy: method must be one of
-// 'auto', 'bulk', 'simt', got 'fast'".
+// 'auto', 'tma', 'simt', got 'fast'".
 inline ffi::Error BadChoice(std::string_view op, std::string_view name, std::string_view value,
                             std::initializer_list<std::string_view> choices) {
   Message m;
@@ -124,11 +115,26 @@ inline ffi::Error BadChoice(std::string_view op, std::string_view name, std::str
   return ffi::Error::InvalidArgument(m.str());
 }
 
-// ParseCopyMethod for a handler's "method" attribute; the error names `op`.
-inline ffi::Error ParseCopyMethodAttr(std::string_view op, std::string_view name,
-                                      CopyMethod* out) {
-  if (ParseCopyMethod(name, out)) return ffi::Error::Success();
-  return BadChoice(op, "method", name, {"auto", "bulk", "simt"});
+// The "method" attribute of copy, window, im2col, gather/scatter and
+// ppermute: the TMA kernel where it runs ("auto"), the TMA kernel or an error
+// naming the broken rule ("tma"), or the SIMT kernel ("simt"). Broadcast has
+// methods of its own (BroadcastMethod).
+enum class Method { kAuto, kTma, kSimt };
+
+// Which spellings of Method::kTma a family accepts: copy and ppermute take
+// "bulk" too, the name their Python API has sent since they shipped.
+enum class TmaSpelling { kTma, kTmaOrBulk };
+
+// Parses a handler's "method" attribute; the error names `op` and the
+// choices.
+inline ffi::Error ParseMethod(std::string_view op, std::string_view name, Method* out,
+                              TmaSpelling spelling = TmaSpelling::kTma) {
+  const bool bulk = spelling == TmaSpelling::kTmaOrBulk;
+  if (name == "auto") { *out = Method::kAuto; return ffi::Error::Success(); }
+  if (name == "tma" || (bulk && name == "bulk")) { *out = Method::kTma; return ffi::Error::Success(); }
+  if (name == "simt") { *out = Method::kSimt; return ffi::Error::Success(); }
+  if (bulk) return BadChoice(op, "method", name, {"auto", "tma", "bulk", "simt"});
+  return BadChoice(op, "method", name, {"auto", "tma", "simt"});
 }
 
 // The element-type rules every handler shares: the output has the input's

@@ -37,7 +37,7 @@ TiledMapSpec U64Map(const void* address, const int64_t (&dims)[R],
 }  // namespace
 
 bool PlanClusterBroadcast(const BroadcastGeometry& g, BroadcastMethod method, int cluster,
-                          BroadcastPlan* p, std::string* why) {
+                          ClusterBroadcastPlan* p, std::string* why) {
   const int64_t bytes = g.inner_bytes;
   if (bytes % static_cast<int64_t>(kTensorMapAlign) != 0) {
     return Reject(why, "one replica of x is ", bytes, " B, not a multiple of 16 (the tensor-map "
@@ -115,7 +115,7 @@ bool PlanClusterBroadcast(const BroadcastGeometry& g, BroadcastMethod method, in
 
 bool ClusterBroadcastFits(const BroadcastGeometry& g, BroadcastMethod method, int cluster_size,
                           std::string* why) {
-  BroadcastPlan plan;
+  ClusterBroadcastPlan plan;
   return PlanClusterBroadcast(g, method, cluster_size, &plan, why);
 }
 
@@ -135,6 +135,34 @@ BroadcastChoice ChooseBroadcast(const BroadcastGeometry& g, bool has_tma) {
     return {BroadcastMethod::kStore, 1};
   }
   return {BroadcastMethod::kSimt, 1};
+}
+
+ffi::Error PlanBroadcast(const BroadcastGeometry& g, const DeviceInfo& info, int device,
+                         BroadcastPlan* plan) {
+  const auto op = kBroadcastOp;
+  const BroadcastChoice choice = ChooseBroadcast(g, info.has_tma());
+  const BroadcastMethod method = choice.method;
+  const int cluster_size = choice.cluster_size;
+  plan->method = method;
+  plan->cluster_size = cluster_size;
+  if (method == BroadcastMethod::kSimt) return ffi::Error::Success();
+  const bool clustered =
+      method == BroadcastMethod::kMulticast || method == BroadcastMethod::kDsmem;
+  if (!(method == BroadcastMethod::kStore && cluster_size == 1) &&
+      !(clustered && IsClusterSize(cluster_size))) {
+    return InvalidArgument(op, "no TMA kernel for method '", BroadcastMethodName(method),
+                           "' with cluster_size ", cluster_size);
+  }
+  if (!info.has_tma()) {
+    return InvalidArgument(op, info.NeedsTma(BroadcastMethodName(method), device,
+                                             clustered ? "thread-block clusters and TMA" : "TMA"));
+  }
+  std::string why;
+  if (!PlanClusterBroadcast(g, method, cluster_size, &plan->cluster, &why)) {
+    return InvalidArgument(op, "method='", BroadcastMethodName(method), "' (cluster_size ",
+                           cluster_size, ") cannot run this shape: ", why);
+  }
+  return ffi::Error::Success();
 }
 
 }  // namespace jax_tma

@@ -19,14 +19,13 @@
 #include <utility>
 
 #include "common.h"
-#include "im2col/im2col_common.h"  // SumKind, Col2imSum: the element arithmetic col2im shares
+#include "element_sum.h"
 
 namespace jax_tma {
 
 inline constexpr std::string_view kGatherOp = "jax_tma.gather";
 inline constexpr std::string_view kScatterOp = "jax_tma.scatter";
 
-enum class GatherMethod { kAuto, kTma, kSimt };
 enum class ScatterMode { kSet, kAdd };
 enum class IndexKind : int32_t { kS8, kS16, kS32, kS64, kU8, kU16, kU32, kU64 };
 
@@ -47,8 +46,9 @@ inline bool IndexKindOf(ffi::DataType t, IndexKind* k) {
 // w(indices[i]) for a table of n rows: negative values wrap once, anything
 // outside [0, n) after that is -1. Unsigned values never wrap. The kind's
 // code gives the width (its low two bits) and the signedness: an if-chain,
-// common widths first, where an eight-way switch compiled to a jump table
-// whose constant-bank read and indirect branch cost a small call 0.14 µs.
+// common widths first: an eight-way switch compiles to a jump table whose
+// constant-bank read and indirect branch cost small calls time
+// (benchmarks/TUNING.md, SlabRow).
 static_assert(static_cast<int32_t>(IndexKind::kS32) == 2 &&
               static_cast<int32_t>(IndexKind::kU8) == 4 &&
               static_cast<int32_t>(IndexKind::kU64) == 7);
@@ -73,15 +73,8 @@ JAX_TMA_HOST_DEVICE inline int64_t SlabRow(const void* indices, IndexKind kind, 
   return static_cast<uint64_t>(v) < static_cast<uint64_t>(n) ? v : -1;  // n >= 0
 }
 
-inline bool ParseGatherMethod(std::string_view name, GatherMethod* out) {
-  if (name == "auto") { *out = GatherMethod::kAuto; return true; }
-  if (name == "tma") { *out = GatherMethod::kTma; return true; }
-  if (name == "simt") { *out = GatherMethod::kSimt; return true; }
-  return false;
-}
-
 struct GatherGeometry {
-  GatherMethod method = GatherMethod::kAuto;
+  Method method = Method::kAuto;
   int64_t batch = 1;       // B
   int64_t outer = 1;       // P
   int64_t table_rows = 0;  // N
@@ -109,9 +102,10 @@ struct GatherGeometry {
   JAX_TMA_HOST_DEVICE int64_t TableRow(int64_t r) const;
 };
 
-// TableRow with batch or outer dims: divisions, kept out of line (inlined,
-// their code cost every small call of the plain case 0.09 µs). Scalars, not
-// the geometry, so that a kernel passes them in registers.
+// TableRow with batch or outer dims: divisions, kept out of line so that
+// their code does not slow the plain case (benchmarks/TUNING.md,
+// DividedTableRow). Scalars, not the geometry, so that a kernel passes them
+// in registers.
 JAX_TMA_HOST_DEVICE JAX_TMA_NOINLINE inline int64_t DividedTableRow(
     const void* indices, IndexKind kind, int64_t r, int64_t count, int64_t outer,
     int64_t table_rows) {
@@ -129,9 +123,9 @@ JAX_TMA_HOST_DEVICE inline int64_t GatherGeometry::TableRow(int64_t r) const {
 
 #if defined(__CUDACC__)
 // The V at byte offset `o` of a slab of gather's fill element (element sizes
-// are powers of two), read a byte at a time where a row needs it: a 16-byte
-// pattern loaded once a SIMT tile cost 2% at 128 B rows (H100, 108.1 against
-// 106.1 us), and loaded a vector it spilled registers.
+// are powers of two), read a byte at a time where a row needs it: cheaper
+// than a 16-byte pattern loaded once per tile, which also spilled registers
+// as a vector (benchmarks/TUNING.md, FillVector).
 template <typename V>
 __device__ __forceinline__ V FillVector(const void* fill, int64_t elem_bytes, int64_t o) {
   union {
@@ -237,9 +231,7 @@ inline ffi::Error DecodeSlabs(std::string_view op, const ffi::AnyBuffer& x,
                               ffi::Span<const int64_t> slab_dims, std::string_view slab_name,
                               int64_t axis, int64_t batch, std::string_view method,
                               GatherGeometry* g) {
-  if (!ParseGatherMethod(method, &g->method)) {
-    return BadChoice(op, "method", method, {"auto", "tma", "simt"});
-  }
+  JAX_TMA_RETURN_IF_FAILED(ParseMethod(op, method, &g->method));
   JAX_TMA_RETURN_IF_FAILED(CheckElementTypes(op, x.element_type(), slab_type));
   if (!IndexKindOf(indices.element_type(), &g->index_kind)) {
     return InvalidArgument(op, "indices must be integers, got element type ",

@@ -49,7 +49,7 @@ struct AddRows {
 
   template <SumKind K>
   void operator()() const {
-    using S = Col2imSum<K>;
+    using S = ElementSum<K>;
     using T = typename S::T;
     const int64_t n = g.slab_bytes / static_cast<int64_t>(sizeof(T));
     const T* src = static_cast<const T*>(g.slabs);

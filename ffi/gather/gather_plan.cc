@@ -142,7 +142,7 @@ ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& in
   const bool has_tma = info.has_tma();
   const std::string_view name = OpName(op);
   if (op != GatherOp::kGather && g.deterministic) {
-    if (g.method == GatherMethod::kTma) {
+    if (g.method == Method::kTma) {
       return InvalidArgument(name, "deterministic=True applies updates in index order with the "
                              "SIMT kernel; method='tma' cannot (use method='auto' or 'simt')");
     }
@@ -151,7 +151,7 @@ ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& in
   }
   std::string why;
   const bool fits = BulkGatherFits(g, op, &why);
-  if (g.method == GatherMethod::kTma) {
+  if (g.method == Method::kTma) {
     if (!has_tma) return InvalidArgument(name, info.NeedsTma("tma", device));
     if (!fits) return InvalidArgument(name, "method='tma' cannot move this call: ", why);
   }
@@ -164,9 +164,9 @@ ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& in
                           simt.tiles <= SimtWaveThreads(info.sm_count) ||
                           (op == GatherOp::kGather &&
                            g.rows() * g.slab_bytes <= kAutoSimtMaxGatherBytes));
-  const bool bulk = g.method == GatherMethod::kTma ||
-                    (g.method == GatherMethod::kAuto && has_tma && fits && !simt_wins);
-  plan->path = bulk ? GatherPath::kBulk : GatherPath::kSimt;
+  const bool bulk = g.method == Method::kTma ||
+                    (g.method == Method::kAuto && has_tma && fits && !simt_wins);
+  plan->path = bulk ? GatherPath::kTma : GatherPath::kSimt;
   if (bulk) {
     plan->bulk = TileBulkGather(g, info.sm_count);
   } else {
@@ -185,7 +185,7 @@ bool FusesWith(const GatherGeometry& a, const GatherPlan& pa, const GatherGeomet
       a.order_64 == b.order_64 && a.sum == b.sum && a.components == b.components;
   if (!same_geometry || pa.path != pb.path) return false;
   switch (pa.path) {
-    case GatherPath::kBulk: {
+    case GatherPath::kTma: {
       const BulkGatherTiling& s = pa.bulk;
       const BulkGatherTiling& t = pb.bulk;
       return s.rows_per_unit == t.rows_per_unit && s.pieces == t.pieces &&
@@ -202,6 +202,16 @@ bool FusesWith(const GatherGeometry& a, const GatherPlan& pa, const GatherGeomet
     }
     default: return true;
   }
+}
+
+ffi::Error PlanGatherCall(const GatherGeometry* gs, size_t n, bool scatter, const DeviceInfo& info,
+                          int device, GatherCallPlan* plan) {
+  plan->op = GatherOpOf(gs[0], scatter);
+  for (size_t i = 0; i < n; ++i) {
+    JAX_TMA_RETURN_IF_FAILED(gather_detail::ForTable(
+        PlanGather(gs[i], plan->op, info, device, &plan->tables[i]), OpName(plan->op), i, n));
+  }
+  return ffi::Error::Success();
 }
 
 }  // namespace jax_tma

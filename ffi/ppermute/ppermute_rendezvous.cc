@@ -32,17 +32,17 @@ struct PermuteMeeting::State {
   std::string abort_message;  // non-empty once a participant failed
 };
 
-ffi::Error PlanPermute(int device, ffi::Span<const int64_t> devices,
-                       ffi::Span<const int64_t> sources, bool push, PermutePlan* plan) {
+ffi::Error RoutePermute(int device, ffi::Span<const int64_t> devices,
+                        ffi::Span<const int64_t> sources, bool push, PermuteRoute* route) {
   const int64_t n = static_cast<int64_t>(devices.size());
   if (n < 1 || static_cast<int64_t>(sources.size()) != n) {
     return InvalidArgument(kPpermuteOp, "devices has ", n, " entries and sources ",
                            sources.size(), "; both need one entry per device");
   }
-  plan->size = static_cast<int>(n);
-  plan->self = -1;
-  plan->push = push;
-  plan->devices.assign(devices.begin(), devices.end());
+  route->size = static_cast<int>(n);
+  route->self = -1;
+  route->push = push;
+  route->devices.assign(devices.begin(), devices.end());
   std::vector<int> receivers(n, -1);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < i; ++j) {
@@ -65,14 +65,14 @@ ffi::Error PlanPermute(int device, ffi::Span<const int64_t> devices,
       }
       receivers[s] = static_cast<int>(i);
     }
-    if (devices[i] == device) plan->self = static_cast<int>(i);
+    if (devices[i] == device) route->self = static_cast<int>(i);
   }
-  if (plan->self < 0) {
+  if (route->self < 0) {
     return InvalidArgument(kPpermuteOp, "device ", device,
                            " is not among the devices of this ppermute");
   }
-  plan->source = static_cast<int>(sources[plan->self]);
-  plan->destination = receivers[plan->self];
+  route->source = static_cast<int>(sources[route->self]);
+  route->destination = receivers[route->self];
   return ffi::Error::Success();
 }
 
@@ -100,7 +100,7 @@ ffi::Error GetState(int64_t instance, int size, PermuteMeeting::State** out) {
 
 template <typename Ready>
 ffi::Error Await(PermuteMeeting::State* s, std::unique_lock<std::mutex>& lock,
-                 const PermutePlan& plan, int peer, int64_t generation,
+                 const PermuteRoute& route, int peer, int64_t generation,
                  const char* what, Ready ready) {
   const bool ok = s->cv.wait_for(lock, kWait, [&] {
     return !s->abort_message.empty() || ready();
@@ -110,9 +110,9 @@ ffi::Error Await(PermuteMeeting::State* s, std::unique_lock<std::mutex>& lock,
   }
   if (!ok) {
     return ffi::Error::Internal(
-        std::string(kPpermuteOp) + ": device " + std::to_string(plan.devices[plan.self]) +
+        std::string(kPpermuteOp) + ": device " + std::to_string(route.devices[route.self]) +
         " waited " + std::to_string(kWait.count()) + " s for device " +
-        std::to_string(plan.devices[peer]) + " to " + what + " call " +
+        std::to_string(route.devices[peer]) + " to " + what + " call " +
         std::to_string(generation) +
         " of this ppermute; every device of the mesh must run the program");
   }
@@ -121,31 +121,31 @@ ffi::Error Await(PermuteMeeting::State* s, std::unique_lock<std::mutex>& lock,
 
 }  // namespace
 
-ffi::Error PermuteMeeting::Arrive(int64_t instance, const PermutePlan& plan,
+ffi::Error PermuteMeeting::Arrive(int64_t instance, const PermuteRoute& route,
                                   const PermuteBlock& own, PermuteBlock* partner_block) {
   State* s = nullptr;
-  JAX_TMA_RETURN_IF_FAILED(GetState(instance, plan.size, &s));
+  JAX_TMA_RETURN_IF_FAILED(GetState(instance, route.size, &s));
   state_ = s;
-  plan_ = &plan;
+  route_ = &route;
   std::unique_lock<std::mutex> lock(s->mu);
-  Slot& me = s->slots[plan.self];
+  Slot& me = s->slots[route.self];
   const int64_t gen = generation_ = me.calls++;
   me.block = own;
   me.published = gen;
   s->cv.notify_all();
-  const int partner = plan.partner();
+  const int partner = route.partner();
   if (partner < 0) return ffi::Error::Success();
   const Slot& other = s->slots[partner];
   // The partner cannot move past this generation before this device
   // departs (it waits for it in Depart), so the block read here is `gen`'s.
-  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, plan, partner, gen, "publish its buffer for",
+  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, route, partner, gen, "publish its buffer for",
                                  [&] { return other.published >= gen; }));
   if (other.block.run_id != own.run_id) {
     return ffi::Error::Internal(
         std::string(kPpermuteOp) + ": call " + std::to_string(gen) + " on device " +
-        std::to_string(plan.devices[plan.self]) + " belongs to run " +
+        std::to_string(route.devices[route.self]) + " belongs to run " +
         std::to_string(own.run_id) + " but on device " +
-        std::to_string(plan.devices[partner]) + " to run " +
+        std::to_string(route.devices[partner]) + " to run " +
         std::to_string(other.block.run_id) +
         "; executions of this program reached the devices in different orders");
   }
@@ -155,15 +155,15 @@ ffi::Error PermuteMeeting::Arrive(int64_t instance, const PermutePlan& plan,
 
 ffi::Error PermuteMeeting::Depart(void** partnered_by_done) {
   State* s = state_;
-  const PermutePlan& plan = *plan_;
+  const PermuteRoute& route = *route_;
   const int64_t gen = generation_;
   std::unique_lock<std::mutex> lock(s->mu);
-  s->slots[plan.self].departed = gen;
+  s->slots[route.self].departed = gen;
   s->cv.notify_all();
-  const int by = plan.partnered_by();
+  const int by = route.partnered_by();
   if (by < 0) return ffi::Error::Success();
   const Slot& other = s->slots[by];
-  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, plan, by, gen, "finish its copy in",
+  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, route, by, gen, "finish its copy in",
                                  [&] { return other.departed >= gen; }));
   *partnered_by_done = other.block.done;
   return ffi::Error::Success();
@@ -173,7 +173,7 @@ void PermuteMeeting::Abort(std::string_view why) {
   if (state_ == nullptr) return;
   std::lock_guard<std::mutex> lock(state_->mu);
   if (state_->abort_message.empty()) {
-    state_->abort_message = "device " + std::to_string(plan_->devices[plan_->self]) +
+    state_->abort_message = "device " + std::to_string(route_->devices[route_->self]) +
                             " failed (" + std::string(why) +
                             "); this ppermute cannot run again in this process";
   }

@@ -80,19 +80,17 @@ auto BindWindowCall(Binding binding) {
       .template Attr<std::string_view>("method");              // method
 }
 
-// Re-validates a call of "jax_tma_window" (method name included) and fills
-// in its geometry.
+// Re-validates a call of "jax_tma_window" and fills in its geometry and
+// method.
 inline ffi::Error DecodeWindow(const ffi::AnyBuffer& src,
                                const ffi::RemainingArgs& starts,
                                ffi::Result<ffi::AnyBuffer>& dst,
                                ffi::Span<const int64_t> strides,
                                uint64_t fill_bits, bool transpose,
                                std::string_view method,
-                               WindowGeometry* g) {
+                               WindowGeometry* g, Method* parsed) {
   const auto op = kWindowOp;
-  if (method != "auto" && method != "tma" && method != "simt") {
-    return BadChoice(op, "method", method, {"auto", "tma", "simt"});
-  }
+  JAX_TMA_RETURN_IF_FAILED(ParseMethod(op, method, parsed));
   const int64_t r = static_cast<int64_t>(strides.size());
   const auto sd = src.dimensions();
   const auto dd = dst->dimensions();

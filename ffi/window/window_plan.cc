@@ -214,19 +214,19 @@ bool PlanTiledWindowGrid(const DeviceInfo& info, TiledWindowPlan* p, std::string
   return true;
 }
 
-bool ChooseWindowKernel(const WindowGeometry& g, std::string_view method, const DeviceInfo& info,
-                        int device, const void* src, const void* dst, WindowKernel* kernel,
-                        std::string* why) {
-  *kernel = WindowKernel::kSimt;
-  if (method == "simt") return true;
+ffi::Error PlanWindow(const WindowGeometry& g, Method method, const DeviceInfo& info, int device,
+                      const void* src, const void* dst, WindowPlan* plan) {
+  plan->kernel = WindowKernel::kSimt;
+  if (method == Method::kSimt) return ffi::Error::Success();
   std::string rule;
-  if (info.has_tma() && TiledWindowFits(g, src, dst, &rule)) {
-    *kernel = WindowKernel::kTiled;
-    return true;
+  if (info.has_tma() && PlanTiledWindow(g, src, dst, &plan->tiled, &rule) &&
+      (plan->tiled.empty || PlanTiledWindowGrid(info, &plan->tiled, &rule))) {
+    plan->kernel = WindowKernel::kTiled;
+    return ffi::Error::Success();
   }
-  if (method != "tma") return true;
-  if (!info.has_tma()) return Reject(why, info.NeedsTma(method, device));
-  return Reject(why, "method='tma' cannot run this window: ", rule);
+  if (method != Method::kTma) return ffi::Error::Success();
+  if (!info.has_tma()) return InvalidArgument(kWindowOp, info.NeedsTma("tma", device));
+  return InvalidArgument(kWindowOp, "method='tma' cannot run this window: ", rule);
 }
 
 }  // namespace jax_tma

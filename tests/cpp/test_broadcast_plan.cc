@@ -29,14 +29,14 @@ BroadcastGeometry Broadcast(int64_t outer, int64_t inner_bytes, int64_t n,
 
 std::string Why(const BroadcastGeometry& g, BroadcastMethod method, int cluster) {
   std::string why;
-  BroadcastPlan plan;
+  ClusterBroadcastPlan plan;
   return PlanClusterBroadcast(g, method, cluster, &plan, &why) ? "fits" : why;
 }
 
 void TestStoreTiles() {
   // 8 rows of 8 KiB, 4 replicas: rows of 256 u64 (2 KiB), 4 replica rows by
   // 4 outer rows per 32 KiB tile, two tiles.
-  BroadcastPlan p;
+  ClusterBroadcastPlan p;
   std::string why;
   CHECK(PlanClusterBroadcast(Broadcast(8, 8192, 4), BroadcastMethod::kStore, 1, &p, &why));
   CHECK_EQ(p.args.row_bytes, 2048u);
@@ -60,7 +60,7 @@ void TestStoreTiles() {
 
 void TestClusterTiles() {
   // multicast: every CTA of the cluster loads one slice of each tile.
-  BroadcastPlan p;
+  ClusterBroadcastPlan p;
   std::string why;
   CHECK(PlanClusterBroadcast(Broadcast(8, 8192, 4), BroadcastMethod::kMulticast, 2, &p, &why));
   CHECK_EQ(p.grid, int64_t{4});
