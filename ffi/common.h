@@ -100,7 +100,7 @@ inline const char* DataTypeName(ffi::DataType t) {
 }
 
 // A string attribute outside its choices, spelled as Python's
-// _checks.check_choice spells it: "jax_tma.copy: method must be one of
+// _checks.check_choice spells it: "jax_tma.window: method must be one of
 // 'auto', 'tma', 'simt', got 'fast'".
 inline ffi::Error BadChoice(std::string_view op, std::string_view name, std::string_view value,
                             std::initializer_list<std::string_view> choices) {
@@ -116,9 +116,10 @@ inline ffi::Error BadChoice(std::string_view op, std::string_view name, std::str
 }
 
 // The "method" attribute of copy, window, im2col, gather/scatter and
-// ppermute: the TMA kernel where it runs ("auto"), the TMA kernel or an error
-// naming the broken rule ("tma"), or the SIMT kernel ("simt"). Broadcast has
-// methods of its own (BroadcastMethod).
+// ppermute: the family's plan picks the kernel from the geometry and the
+// device ("auto"), the TMA kernel or an error naming the broken rule ("tma"),
+// or the SIMT kernel ("simt"). Broadcast has methods of its own
+// (BroadcastMethod).
 enum class Method { kAuto, kTma, kSimt };
 
 // Which spellings of Method::kTma a family accepts: copy and ppermute take
@@ -130,11 +131,18 @@ enum class TmaSpelling { kTma, kTmaOrBulk };
 inline ffi::Error ParseMethod(std::string_view op, std::string_view name, Method* out,
                               TmaSpelling spelling = TmaSpelling::kTma) {
   const bool bulk = spelling == TmaSpelling::kTmaOrBulk;
-  if (name == "auto") { *out = Method::kAuto; return ffi::Error::Success(); }
-  if (name == "tma" || (bulk && name == "bulk")) { *out = Method::kTma; return ffi::Error::Success(); }
-  if (name == "simt") { *out = Method::kSimt; return ffi::Error::Success(); }
-  if (bulk) return BadChoice(op, "method", name, {"auto", "tma", "bulk", "simt"});
-  return BadChoice(op, "method", name, {"auto", "tma", "simt"});
+  if (name == "auto") {
+    *out = Method::kAuto;
+  } else if (name == "tma" || (bulk && name == "bulk")) {
+    *out = Method::kTma;
+  } else if (name == "simt") {
+    *out = Method::kSimt;
+  } else if (bulk) {
+    return BadChoice(op, "method", name, {"auto", "tma", "bulk", "simt"});
+  } else {
+    return BadChoice(op, "method", name, {"auto", "tma", "simt"});
+  }
+  return ffi::Error::Success();
 }
 
 // The element-type rules every handler shares: the output has the input's

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "common.h"
 
@@ -40,43 +41,32 @@ inline bool SumKindOf(ffi::DataType t, SumKind* kind, int* components) {
 // a canonical NaN where x86 propagates an operand's payload, so payloads
 // cannot be kept alike on both.
 
-// Bit casts (register moves on the device, where memcpy can cost a stack slot).
-JAX_TMA_HOST_DEVICE inline float BitsToF32(uint32_t u) {
+// A bit cast of a u32 to f32, an f32 to u32 or a u64 to f64: a register move
+// on the device, where memcpy can cost a stack slot.
+template <typename To, typename From>
+JAX_TMA_HOST_DEVICE inline To BitCast(From v) {
+  static_assert(sizeof(To) == sizeof(From), "a bit cast keeps the size");
 #if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
+  if constexpr (std::is_same_v<To, float>) {
+    return __uint_as_float(v);
+  } else if constexpr (std::is_same_v<To, double>) {
+    return __longlong_as_double(static_cast<long long>(v));
+  } else {
+    return __float_as_uint(v);
+  }
 #else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
-
-JAX_TMA_HOST_DEVICE inline uint32_t F32ToBits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-
-JAX_TMA_HOST_DEVICE inline double BitsToF64(uint64_t u) {
-#if defined(__CUDA_ARCH__)
-  return __longlong_as_double(static_cast<long long>(u));
-#else
-  double d;
-  std::memcpy(&d, &u, 8);
-  return d;
+  To to;
+  std::memcpy(&to, &v, sizeof(To));
+  return to;
 #endif
 }
 
 JAX_TMA_HOST_DEVICE inline float Bf16ToF32(uint16_t h) {
-  return BitsToF32(static_cast<uint32_t>(h) << 16);
+  return BitCast<float>(static_cast<uint32_t>(h) << 16);
 }
 
 JAX_TMA_HOST_DEVICE inline uint16_t F32ToBf16(float f) {
-  const uint32_t u = F32ToBits(f);
+  const uint32_t u = BitCast<uint32_t>(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
@@ -87,14 +77,14 @@ JAX_TMA_HOST_DEVICE inline float F16ToF32(uint16_t h) {
   const uint32_t man = h & 0x3ffu;
   if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in f32
     const float v = static_cast<float>(man) * 5.9604644775390625e-8f;
-    return BitsToF32(F32ToBits(v) | sign);
+    return BitCast<float>(BitCast<uint32_t>(v) | sign);
   }
-  if (exp == 31) return BitsToF32(sign | 0x7f800000u | (man << 13));
-  return BitsToF32(sign | ((exp + 112u) << 23) | (man << 13));
+  if (exp == 31) return BitCast<float>(sign | 0x7f800000u | (man << 13));
+  return BitCast<float>(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
 JAX_TMA_HOST_DEVICE inline uint16_t F32ToF16(float f) {
-  const uint32_t u = F32ToBits(f);
+  const uint32_t u = BitCast<uint32_t>(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
@@ -138,13 +128,13 @@ template <> struct ElementSum<SumKind::kBF16> {
 template <> struct ElementSum<SumKind::kF32> {
   using T = float; using Acc = float;
   JAX_TMA_HOST_DEVICE static Acc Load(T v) { return v; }
-  JAX_TMA_HOST_DEVICE static T Store(Acc a) { return a != a ? BitsToF32(0x7fc00000u) : a; }
+  JAX_TMA_HOST_DEVICE static T Store(Acc a) { return a != a ? BitCast<float>(0x7fc00000u) : a; }
 };
 template <> struct ElementSum<SumKind::kF64> {
   using T = double; using Acc = double;
   JAX_TMA_HOST_DEVICE static Acc Load(T v) { return v; }
   JAX_TMA_HOST_DEVICE static T Store(Acc a) {
-    return a != a ? BitsToF64(0x7ff8000000000000ull) : a;
+    return a != a ? BitCast<double>(0x7ff8000000000000ull) : a;
   }
 };
 

@@ -48,31 +48,28 @@ bool CanAccessPeer(int device, int peer) {
 NB_MODULE(_jax_tma, m) {
   m.doc() = "jax_tma FFI handlers (see jax_tma/_ffi.py)";
 
+  // Every target, state type and path of the family list (families.inc).
   m.def("cpu_registrations", []() {
     nb::dict d;
-    d["jax_tma_copy"] = Capsule(JaxTmaCopyCpu);
-    d["jax_tma_window"] = Capsule(JaxTmaWindowCpu);
-    d["jax_tma_ppermute"] = Capsule(JaxTmaPpermuteCpu);
-    d["jax_tma_broadcast"] = Capsule(JaxTmaBroadcastCpu);
-    d["jax_tma_im2col"] = Capsule(JaxTmaIm2colCpu);
-    d["jax_tma_gather"] = Capsule(JaxTmaGatherCpu);
-    d["jax_tma_scatter"] = Capsule(JaxTmaScatterCpu);
+#define JAX_TMA_TARGET(Name, target) d[target] = Capsule(JaxTma##Name##Cpu);
+#include "families.inc"
     return d;
   });
 
   m.def("cuda_registrations", []() {
     nb::dict d;
 #if JAX_TMA_WITH_CUDA
-    nb::dict copy;
-    copy["instantiate"] = Capsule(JaxTmaCopyCudaInstantiate);
-    copy["execute"] = Capsule(JaxTmaCopyCuda);
-    d["jax_tma_copy"] = copy;
-    d["jax_tma_window"] = Capsule(JaxTmaWindowCuda);
-    d["jax_tma_ppermute"] = Capsule(JaxTmaPpermuteCuda);
-    d["jax_tma_broadcast"] = Capsule(JaxTmaBroadcastCuda);
-    d["jax_tma_im2col"] = Capsule(JaxTmaIm2colCuda);
-    d["jax_tma_gather"] = Capsule(JaxTmaGatherCuda);
-    d["jax_tma_scatter"] = Capsule(JaxTmaScatterCuda);
+#define JAX_TMA_TARGET(Name, target) d[target] = Capsule(JaxTma##Name##Cuda);
+#include "families.inc"
+    // A target with an instantiate stage registers both stages.
+#define JAX_TMA_CUDA_INSTANTIATE(Name, target)                          \
+  {                                                                     \
+    nb::dict stages;                                                    \
+    stages["instantiate"] = Capsule(JaxTma##Name##CudaInstantiate);     \
+    stages["execute"] = Capsule(JaxTma##Name##Cuda);                    \
+    d[target] = stages;                                                 \
+  }
+#include "families.inc"
 #endif
     return d;
   });
@@ -82,11 +79,36 @@ NB_MODULE(_jax_tma, m) {
   m.def("cuda_types", []() {
     nb::dict d;
 #if JAX_TMA_WITH_CUDA
-    nb::dict site;
-    site["type_id"] = nb::capsule(jax_tma::CopySiteTypeId());
-    site["type_info"] = nb::capsule(jax_tma::CopySiteTypeInfo());
-    d["jax_tma_copy_site"] = site;
+#define JAX_TMA_CUDA_STATE(Name, type)                                  \
+  {                                                                     \
+    nb::dict t;                                                         \
+    t["type_id"] = nb::capsule(jax_tma::Name##TypeId());                \
+    t["type_info"] = nb::capsule(jax_tma::Name##TypeInfo());            \
+    d[type] = t;                                                        \
+  }
+#include "families.inc"
 #endif
+    return d;
+  });
+
+  // Each family of the list with its FFI targets and path counters, in the
+  // list's order: what tests/test_families.py holds the tests to.
+  m.def("families", []() {
+    nb::dict d;
+    nb::list targets;
+    nb::list paths;
+#define JAX_TMA_FAMILY(name)                                            \
+  targets = nb::list();                                                 \
+  paths = nb::list();                                                   \
+  {                                                                     \
+    nb::dict family;                                                    \
+    family["targets"] = targets;                                        \
+    family["paths"] = paths;                                            \
+    d[#name] = family;                                                  \
+  }
+#define JAX_TMA_TARGET(Name, target) targets.append(target);
+#define JAX_TMA_PATH(Name, path) paths.append(path);
+#include "families.inc"
     return d;
   });
 

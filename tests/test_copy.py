@@ -161,7 +161,7 @@ def _raw_ffi(x, out_shape, out_dtype, method="auto"):
 
 def test_handler_rejects_unknown_method():
     with pytest.raises(Exception, match=r"jax_tma\.copy: method must be one of 'auto', "
-                                        r"'bulk', 'simt', got 'fast'"):
+                                        r"'tma', 'bulk', 'simt', got 'fast'"):
         _raw_ffi(jnp.ones(4, jnp.float32), (4,), jnp.float32, method="fast")
 
 

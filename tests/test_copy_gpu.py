@@ -38,7 +38,7 @@ def copy_path(method: str, nbytes: int) -> str:
     """The kernel jax_tma.copy runs on a TMA GPU: auto takes SIMT below
     _auto_bulk_min_bytes and bulk from there up."""
     simt = method == "simt" or (method == "auto" and nbytes < _ffi._ext._auto_bulk_min_bytes)
-    return "copy.simt" if simt else "copy.bulk"
+    return "copy.simt" if simt else "copy.tma"
 
 
 def copy_poisoned(x: np.ndarray, method: str, device) -> jax.Array:

@@ -278,7 +278,7 @@ def _raw(devices, sources, method="auto", y_shape=(4,), push=False, x=None, inst
     ([0], [3], "auto", (4,), r"jax_tma.ppermute: sources\[0\] = 3 is not a position in \[0, 1\) or -1"),
     ([1, 0], [0, 0], "auto", (4,), r"jax_tma.ppermute: position 0 is the source of both 0 and 1"),
     ([5], [0], "auto", (4,), r"jax_tma.ppermute: device 0 is not among the devices"),
-    ([0], [0], "dma", (4,), r"jax_tma.ppermute: method must be one of 'auto', 'bulk', 'simt', got 'dma'"),
+    ([0], [0], "dma", (4,), r"jax_tma.ppermute: method must be one of 'auto', 'tma', 'bulk', 'simt', got 'dma'"),
     ([0], [0], "auto", (5,), r"jax_tma.ppermute: output has 5 elements but input has 4"),
 ])
 def test_handler_rejects_bad_attributes(devices, sources, method, y_shape, match):

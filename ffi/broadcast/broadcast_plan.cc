@@ -119,35 +119,24 @@ bool ClusterBroadcastFits(const BroadcastGeometry& g, BroadcastMethod method, in
   return PlanClusterBroadcast(g, method, cluster_size, &plan, why);
 }
 
-BroadcastChoice ChooseBroadcast(const BroadcastGeometry& g, bool has_tma) {
-  switch (g.method) {
-    case BroadcastMethod::kSimt:
-    case BroadcastMethod::kStore:
-      return {g.method, 1};
-    case BroadcastMethod::kMulticast:
-    case BroadcastMethod::kDsmem:
-      return {g.method, g.cluster_size != 0 ? static_cast<int>(g.cluster_size)
-                                            : kDefaultClusterSize};
-    default:
-      break;
-  }
-  if (has_tma && ClusterBroadcastFits(g, BroadcastMethod::kStore, 1, nullptr)) {
-    return {BroadcastMethod::kStore, 1};
-  }
-  return {BroadcastMethod::kSimt, 1};
-}
-
 ffi::Error PlanBroadcast(const BroadcastGeometry& g, const DeviceInfo& info, int device,
                          BroadcastPlan* plan) {
   const auto op = kBroadcastOp;
-  const BroadcastChoice choice = ChooseBroadcast(g, info.has_tma());
-  const BroadcastMethod method = choice.method;
-  const int cluster_size = choice.cluster_size;
-  plan->method = method;
-  plan->cluster_size = cluster_size;
-  if (method == BroadcastMethod::kSimt) return ffi::Error::Success();
+  const BroadcastMethod method = g.method;
   const bool clustered =
       method == BroadcastMethod::kMulticast || method == BroadcastMethod::kDsmem;
+  const int cluster_size =
+      !clustered ? 1
+                 : static_cast<int>(g.cluster_size != 0 ? g.cluster_size : kDefaultClusterSize);
+  plan->cluster_size = cluster_size;
+  if (method == BroadcastMethod::kAuto) {
+    const bool store = info.has_tma() && PlanClusterBroadcast(g, BroadcastMethod::kStore, 1,
+                                                              &plan->cluster, nullptr);
+    plan->method = store ? BroadcastMethod::kStore : BroadcastMethod::kSimt;
+    return ffi::Error::Success();
+  }
+  plan->method = method;
+  if (method == BroadcastMethod::kSimt) return ffi::Error::Success();
   if (!(method == BroadcastMethod::kStore && cluster_size == 1) &&
       !(clustered && IsClusterSize(cluster_size))) {
     return InvalidArgument(op, "no TMA kernel for method '", BroadcastMethodName(method),

@@ -61,30 +61,22 @@ bool PlanClusterBroadcast(const BroadcastGeometry& g, BroadcastMethod method, in
 bool ClusterBroadcastFits(const BroadcastGeometry& g, BroadcastMethod method, int cluster_size,
                           std::string* why);
 
-struct BroadcastChoice {
-  BroadcastMethod method;  // never kAuto
-  int cluster_size;        // 1 for store and simt
-};
-
-// Resolves method "auto" and cluster size 0 for a device with or without TMA.
-// auto takes the TMA store kernel wherever its tensor-map rules hold, SIMT
-// otherwise and below sm_90: every method reads x from DRAM once, so the
-// cluster methods save no traffic, and the store kernel saves their cluster
-// barriers and co-scheduling (benchmarks/bench_broadcast.py).
-BroadcastChoice ChooseBroadcast(const BroadcastGeometry& g, bool has_tma);
-
-// What one call runs: the method ChooseBroadcast resolved, its cluster size
-// and, for the TMA methods, their tiles and tensor maps.
+// What one call runs: the method (never kAuto), its cluster size (1 for
+// store and simt) and, for the TMA methods, their tiles and tensor maps.
 struct BroadcastPlan {
-  BroadcastMethod method = BroadcastMethod::kSimt;  // never kAuto
+  BroadcastMethod method = BroadcastMethod::kSimt;
   int cluster_size = 1;
   ClusterBroadcastPlan cluster;
 };
 
-// Plans a non-empty call once on `device` (`info`): ChooseBroadcast, then
-// for a TMA method PlanClusterBroadcast. A TMA method that cannot run (no
-// kernel for that cluster size, no TMA, a broken tensor-map rule) is an
-// error naming the rule and the values.
+// Plans a non-empty call once on `device` (`info`). "auto" takes the TMA
+// store kernel wherever its tensor-map rules hold, SIMT otherwise and below
+// sm_90: every method reads x from DRAM once, so the cluster methods save no
+// traffic, and the store kernel saves their cluster barriers and
+// co-scheduling (benchmarks/bench_broadcast.py). Cluster size 0 takes
+// kDefaultClusterSize. An explicit TMA method that cannot run (no kernel for
+// that cluster size, no TMA, a broken tensor-map rule) is an error naming
+// the rule and the values.
 ffi::Error PlanBroadcast(const BroadcastGeometry& g, const DeviceInfo& info, int device,
                          BroadcastPlan* plan);
 

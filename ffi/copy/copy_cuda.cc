@@ -45,7 +45,7 @@ static ffi::Error CopyCudaImpl(cudaStream_t stream, int32_t device,
   JAX_TMA_RETURN_IF_FAILED(PlanCopy(kOp, parsed, c, info, device, site->slot, nullptr, &plan));
   JAX_TMA_RETURN_IF_FAILED(LaunchCopy(plan, c, stream, device));
   if (plan.kernel != CopyKernel::kNone) {
-    CountPath(plan.kernel == CopyKernel::kTma ? Path::kCopyBulk : Path::kCopySimt);
+    CountPath(plan.kernel == CopyKernel::kTma ? Path::kCopyTma : Path::kCopySimt);
   }
   return ffi::Error::Success();
 }

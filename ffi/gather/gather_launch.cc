@@ -10,7 +10,7 @@ namespace {
 Path PathOf(GatherPath p, bool scatter) {
   switch (p) {
     case GatherPath::kOrdered: return Path::kScatterOrdered;
-    case GatherPath::kTma: return scatter ? Path::kScatterBulk : Path::kGatherBulk;
+    case GatherPath::kTma: return scatter ? Path::kScatterTma : Path::kGatherTma;
     default: return scatter ? Path::kScatterSimt : Path::kGatherSimt;
   }
 }

@@ -97,7 +97,7 @@ ffi::Error LaunchPpermute(const PpermuteCall& call, const PpermutePlan& plan, in
           JAX_TMA_RETURN_IF_FAILED(PlanCopy(kPpermuteOp, plan.method, peer_copy, plan.info, device,
                                             kNoCounterSlot, nullptr, &copy));
           JAX_TMA_RETURN_IF_FAILED(LaunchCopy(copy, peer_copy, stream, device));
-          CountPath(copy.kernel == CopyKernel::kTma ? Path::kPpermuteBulk : Path::kPpermuteSimt);
+          CountPath(copy.kernel == CopyKernel::kTma ? Path::kPpermuteTma : Path::kPpermuteSimt);
         }
         JAX_TMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.done, stream));
         return ffi::Error::Success();
