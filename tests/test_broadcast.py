@@ -261,7 +261,7 @@ def test_handler_revalidates():
          (2, 4, 5), dict(method="fast")),
         (r"axis 3 is outside \[0, 2\] for an input of rank 2", (2, 4, 5), dict(axis=np.int64(3))),
         (r"axis -1 is outside", (2, 4, 5), dict(axis=np.int64(-1))),
-        (r"output rank 2 is not the input rank 2 \+ 1", (4, 5), {}),
+        (r"output has rank 2; expected 3 \(input rank 2 \+ 1\)", (4, 5), {}),
         (r"output dim 2 = 6 differs from input dim 1 = 5", (2, 4, 6), {}),
         (r"cluster_size 3 is not valid for method 'multicast' \(2, 4, 8 or 16, or 0",
          (2, 4, 5), dict(method="multicast", cluster_size=np.int64(3))),

@@ -351,7 +351,7 @@ HANDLER_GEOMETRY_ERRORS = [
     ("output-below-window-rank", (4, 5), (2,), (5,), dict(strides=np.ones(2, np.int64)),
      r"output rank 1 is below the window rank 2"),
     ("batch-dim-mismatch", (3, 4, 5), (2,), (2, 4, 5), dict(strides=np.ones(2, np.int64)),
-     r"batch dim 0 of the input \(3\) differs from the output's \(2\)"),
+     r"input dim 0 = 3 differs from output dim 0 = 2 \(batch dims\)"),
     # 2^31 x 0 elements: the rule fires and nothing is allocated
     ("window-dim-over-int32", (4, 5), (2,), (2**31, 0), {},
      r"window dim 0 = 2147483648 is over 2\^31 - 1"),

@@ -20,6 +20,7 @@
 
 #include "common.h"
 #include "element_sum.h"
+#include "shape_checks.h"
 
 namespace jax_tma {
 
@@ -250,20 +251,17 @@ inline ffi::Error DecodeSlabs(std::string_view op, const ffi::AnyBuffer& x,
                            axis < ir ? axis : ir, "]");
   }
   const int64_t want_rank = r - 1 + ir - batch;
-  if (static_cast<int64_t>(slab_dims.size()) != want_rank) {
-    return InvalidArgument(op, slab_name, " has rank ", slab_dims.size(), "; expected ", want_rank,
-                           " (x rank ", r, " - 1 + indices rank ", ir, " - batch ", batch, ")");
-  }
+  JAX_TMA_RETURN_IF_FAILED(CheckRank(op, slab_name, static_cast<int64_t>(slab_dims.size()),
+                                     want_rank, "x rank ", r, " - 1 + indices rank ", ir,
+                                     " - batch ", batch));
   g->elem_bytes = static_cast<int64_t>(ffi::ByteWidth(x.element_type()));
   g->batch = g->outer = g->count = 1;
   g->slab_bytes = g->elem_bytes;
   g->table_rows = xd[axis];
   bool ok = true;
   for (int64_t d = 0; d < batch; ++d) {
-    if (id[d] != xd[d]) {
-      return InvalidArgument(op, "indices dim ", d, " = ", id[d], " differs from x dim ", d, " = ",
-                             xd[d], " (both are batch dims)");
-    }
+    JAX_TMA_RETURN_IF_FAILED(
+        CheckSameDim(op, "indices", d, id[d], "x", d, xd[d], "both are batch dims"));
     ok = ok && Mul(g->batch, xd[d], &g->batch);
   }
   for (int64_t d = batch; d < axis; ++d) ok = ok && Mul(g->outer, xd[d], &g->outer);

@@ -20,6 +20,7 @@
 #include <string_view>
 
 #include "common.h"
+#include "shape_checks.h"
 
 namespace jax_tma {
 
@@ -112,9 +113,9 @@ inline ffi::Error DecodeWindow(const ffi::AnyBuffer& src,
   g->src_batched = static_cast<int64_t>(sd.size()) == nb + r && nb > 0;
   g->batch = 1;
   for (int64_t i = 0; i < nb; ++i) {
-    if (g->src_batched && sd[i] != dd[i]) {
-      return InvalidArgument(op, "batch dim ", i, " of the input (", sd[i],
-                             ") differs from the output's (", dd[i], ")");
+    if (g->src_batched) {
+      JAX_TMA_RETURN_IF_FAILED(
+          CheckSameDim(op, "input", i, sd[i], "output", i, dd[i], "batch dims"));
     }
     g->batch *= dd[i];
   }
