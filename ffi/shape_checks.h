@@ -12,8 +12,8 @@
 
 namespace jax_tma {
 
-// Array `name` has rank `want`: "jax_tma.gather: output has rank 2; expected
-// 3 (x rank 3 - 1 + indices rank 1 - batch 0)".
+// Array `name` has rank `want`: "<op>: output has rank 2; expected 3 (input
+// rank 2 + 1)".
 template <typename... Why>
 ffi::Error CheckRank(std::string_view op, std::string_view name, int64_t rank, int64_t want,
                      const Why&... why) {
@@ -25,8 +25,8 @@ ffi::Error CheckRank(std::string_view op, std::string_view name, int64_t rank, i
   }
 }
 
-// Dim `ai` of array `a` equals dim `bi` of array `b`: "jax_tma.broadcast:
-// output dim 2 = 6 differs from input dim 1 = 5".
+// Dim `ai` of array `a` equals dim `bi` of array `b`: "<op>: output dim 2 =
+// 6 differs from input dim 1 = 5".
 template <typename... Why>
 ffi::Error CheckSameDim(std::string_view op, std::string_view a, int64_t ai, int64_t a_dim,
                         std::string_view b, int64_t bi, int64_t b_dim, const Why&... why) {
