@@ -208,38 +208,61 @@ def ppermute(x: jax.Array, axis_name: str | Sequence[str],
     every device receives the block of the device that sends to it.
 
     The block moves directly between the two GPUs' memories with the TMA
-    bulk-copy pipeline (peer access; no staging buffer, no NCCL): the
-    receiver reads its source's input (pull) or the sender writes into its
-    destination's output (push). Per call, the devices' host threads meet
-    once: the copying device's stream waits on an event recorded where the
-    peer's buffer may be touched (input complete, or output memory free),
-    and the peer's stream waits on an event recorded after the copy, so
-    nothing later on it reuses or reads that buffer too early.
-    Where that cannot run — devices in other processes, a ``shard_map``
-    manual over only some mesh axes, no concrete mesh at lowering, or two
-    GPUs without peer access — the op lowers to ``lax.ppermute`` with the same
-    result. On the CPU the host devices meet the same way and copy with
-    ``memcpy``. Which of the two a call site got, and why, is logged at
-    DEBUG level on the ``"jax_tma"`` logger when the call is lowered.
+    bulk-copy pipeline of :func:`copy` (peer access; no staging buffer, no
+    NCCL): the sender writes into its destination's output (push) or the
+    receiver reads its source's input (pull). Per call, the devices' host
+    threads meet once: the copying device's stream waits on an event
+    recorded where the peer's buffer may be touched (input complete, or
+    output memory free), and the peer's stream waits on an event recorded
+    after the copy, so nothing later on it reuses or reads that buffer too
+    early; a device whose peer fails or never arrives returns an error
+    instead of hanging. Where that cannot run — devices in other processes
+    (``jax.distributed``), a ``shard_map`` manual over only some mesh axes,
+    no concrete mesh at lowering, or GPUs without peer access — the op
+    lowers to ``lax.ppermute`` with the same result. On the CPU the host
+    devices meet the same way and copy with ``memcpy``. Which of the two a
+    call site got, and why, is logged at DEBUG level on the ``"jax_tma"``
+    logger when the call is lowered. Works under ``jit``, ``vmap`` (one call
+    over the batched block) and ``grad`` (the transpose is the inverse
+    permutation; devices that sent nothing get a zero cotangent).
+
+    ``method="auto"`` copies with the TMA bulk pipeline on GPUs with TMA and
+    with the SIMT copy on older ones; ``direction="auto"`` pushes (a write
+    crosses the link once, where a read makes a round trip).
 
     Args:
-      x: the local block (any dtype and shape).
+      x: the local block (any dtype and shape; sub-byte types are widened
+        around the call).
       axis_name: a mesh axis name of the enclosing ``shard_map`` or a tuple
-        of them (positions run over those axes as in ``lax.ppermute``).
-      perm: ``(source, destination)`` position pairs; each source and each
-        destination at most once. Devices that receive nothing get zeros.
-      method: ``"auto"`` (TMA bulk copy where the GPU has TMA), ``"bulk"`` or
+        of them in the mesh's order (positions run over those axes as in
+        ``lax.ppermute``).
+      perm: ``(source, destination)`` position pairs along ``axis_name``;
+        each source and each destination at most once. Devices that receive
+        nothing get zeros.
+      method: ``"auto"`` (the rule above), ``"bulk"`` (the TMA bulk copy) or
         ``"simt"`` (a plain vectorised copy); every method gives the same
         result.
-      direction: ``"pull"`` (each receiver reads its source's input),
-        ``"push"`` (each sender writes into its destination's output) or
-        ``"auto"`` (push, which measured faster on NVLink-connected H200s;
-        see the README's benchmark); every direction gives the same result.
+      direction: ``"auto"`` (push), ``"push"`` (each sender writes into its
+        destination's output) or ``"pull"`` (each receiver reads its
+        source's input); every direction gives the same result.
 
     Returns:
-      The block received from the device that sends to this one.
+      The block received from the device that sends to this one (zeros
+      where none does), with ``x``'s shape and dtype.
 
-    Example:
+    Raises:
+      TypeError: ``x`` is not an array or scalar; ``axis_name`` is not a
+        name or a tuple of names; ``perm`` is not a sequence of int pairs.
+      NameError: ``axis_name`` is not bound here (the call is not inside a
+        ``shard_map`` over a mesh with that axis).
+      ValueError: several axis names out of the mesh's order; ``method`` or
+        ``direction`` is not one of its names; a ``perm`` position outside
+        the axis; ``perm`` is not a permutation (a source or destination
+        appears twice).
+      jax.errors.JaxRuntimeError: on GPUs, a peer that fails or does not
+        arrive within 120 s.
+
+    Examples:
       >>> import jax, jax.numpy as jnp, jax_tma
       >>> from jax.sharding import Mesh, PartitionSpec as P
       >>> mesh = Mesh(jax.devices()[:1], ("i",))
@@ -247,6 +270,10 @@ def ppermute(x: jax.Array, axis_name: str | Sequence[str],
       ...                   mesh=mesh, in_specs=P("i"), out_specs=P("i"))
       >>> jax.jit(f)(jnp.arange(4.0)).tolist()
       [0.0, 1.0, 2.0, 3.0]
+
+    With two or more devices (GPUs, or host devices forced with
+    ``--xla_force_host_platform_device_count``), ``perm=[(0, 1), (1, 0)]``
+    swaps the blocks of devices 0 and 1, as ``lax.ppermute`` does.
     """
     x = _checks.as_array(_OP, "x", x)
     names = (axis_name,) if isinstance(axis_name, str) else axis_name
