@@ -10,15 +10,17 @@ The README holds one section per op between `<!-- bench:OP -->` and
 `<!-- /bench:OP -->` (and the sections drawn from several results, DERIVED);
 everything between them is this script's output. The results must be one
 file per op, from one commit, clean and not smoke runs, and that commit's
-measured code (WATCHED) must be HEAD's; a file written before results
+measured code (WATCHED, comments and docstrings aside) must be HEAD's; a file written before results
 recorded their provenance is rendered as such.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import glob
+import hashlib
 import json
 import os
 import re
@@ -37,9 +39,15 @@ WALL_MIN_US = 100.0
 # What L2 holds on an H100 (50 MiB): calls that rotate through less read
 # their data from L2 (the tables say "L2-warm").
 L2_BYTES = 50 * MIB
-# The code a result measures: a change here after the results' commit makes
-# them stale (git pathspecs, from the checkout's root).
-WATCHED = ("ffi", "jax_tma", "benchmarks/*.py", "benchmarks/ffi", "CMakeLists.txt")
+# Code changes after the results' commit that leave every measured program as
+# it was, each with why (see check_fresh), relative to the checkout's root.
+UNMEASURED = "benchmarks/unmeasured_changes.json"
+# The code a result measures: a change to its code (comments, docstrings and
+# layout aside) after the results' commit makes them stale (git pathspecs,
+# from the checkout's root). This script only renders results, and --check
+# compares its rendering with the committed README, so it is not watched.
+WATCHED = ("ffi", "jax_tma", "benchmarks/*.py", "benchmarks/ffi", "CMakeLists.txt",
+           ":(exclude)benchmarks/report.py")
 _SECTION = re.compile(r"(<!-- bench:(?P<op>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=op) -->)",
                       re.S)
 
@@ -80,25 +88,118 @@ class StaleResults(ValueError):
     """The results are not those of the code at HEAD (or that cannot be told)."""
 
 
-def changed_since(commit: str) -> list[str] | None:
-    """The WATCHED paths that differ between `commit` and HEAD of the
-    checkout at ROOT; None where git or that commit is not there."""
+def _git_out(*args: str) -> str | None:
     try:
-        done = subprocess.run(["git", "diff", "--name-only", commit, "HEAD", "--", *WATCHED],
-                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout.split() if done.returncode == 0 else None
+    return done.stdout if done.returncode == 0 else None
+
+
+_C_COMMENT = re.compile(r'//[^\n]*|/\*.*?\*/|("(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\')',
+                        re.S)
+_CMAKE_COMMENT = re.compile(r'#\[(=*)\[.*?\]\1\]|#[^\n]*|("(?:\\.|[^"\\])*")', re.S)
+
+
+def code_of(path: str, text: str) -> str:
+    """`text` of the file at `path` as far as it runs: Python as its syntax
+    tree without docstrings, C/C++/CUDA and CMake without comments, all with
+    runs of white space as one space; other files as they are."""
+    if path.endswith(".py"):
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            return text
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                  ast.AsyncFunctionDef)) and body
+                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
+        return ast.dump(tree)
+    if path.endswith((".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp")):
+        text = _C_COMMENT.sub(lambda m: m.group(1) or " ", text)
+    elif path.endswith(("CMakeLists.txt", ".cmake")):
+        text = _CMAKE_COMMENT.sub(lambda m: m.group(2) or " ", text)
+    else:
+        return text
+    return " ".join(text.split())
+
+
+def changed_since(commit: str) -> list[str] | None:
+    """The WATCHED paths whose code (code_of) differs between `commit` and
+    HEAD of the checkout at ROOT; None where git or that commit is not
+    there."""
+    names = _git_out("diff", "--name-only", commit, "HEAD", "--", *WATCHED)
+    if names is None:
+        return None
+    changed = []
+    for path in names.split():
+        old, new = _git_out("show", f"{commit}:{path}"), _git_out("show", f"HEAD:{path}")
+        if old is None or new is None or code_of(path, old) != code_of(path, new):
+            changed.append(path)
+    return changed
+
+
+def load_unmeasured() -> dict[str, Any]:
+    """The code changes made after the results' commit and not measured,
+    each with why it leaves every measured program as it was: {"commit":
+    the results' commit, "changes": [{"path", "code_sha256" (of code_of at
+    the change), "why"}]}, from UNMEASURED of the checkout at ROOT; none
+    where the file is absent."""
+    path = os.path.join(ROOT, UNMEASURED)
+    if not os.path.exists(path):
+        return {"commit": None, "changes": []}
+    with open(path) as f:
+        return json.load(f)
+
+
+def code_sha256(path: str) -> str | None:
+    """sha256 of code_of of HEAD's `path`; None where HEAD has no such file."""
+    text = _git_out("show", f"HEAD:{path}")
+    return None if text is None else hashlib.sha256(code_of(path, text).encode()).hexdigest()
+
+
+def record_unmeasured(results: dict[str, tuple[str, dict[str, Any]]], path: str,
+                      why: str) -> None:
+    """Adds (or renews) `path`'s entry in UNMEASURED: HEAD's code of it
+    differs from that of the results' commit, and `why` says why no measured
+    program does."""
+    (commit,) = _commits(results)
+    if path not in (changed_since(commit) or []):
+        raise StaleResults(f"{path}: its code is that of the results' commit {commit[:10]}")
+    listed = load_unmeasured()
+    changes = [c for c in listed["changes"] if c["path"] != path and listed["commit"] == commit]
+    changes.append({"path": path, "code_sha256": code_sha256(path), "why": why})
+    with open(os.path.join(ROOT, UNMEASURED), "w") as f:
+        json.dump({"commit": commit, "changes": changes}, f, indent=1)
+        f.write("\n")
 
 
 def check_fresh(results: dict[str, tuple[str, dict[str, Any]]]) -> None:
     """Raises StaleResults unless the measured code (WATCHED) is the same at
-    every result's commit as at HEAD."""
+    every result's commit as at HEAD, but for the changes that UNMEASURED
+    lists with their code as it is at HEAD (any later change to such a file
+    makes the results stale again; an entry for other results, or for a
+    file whose code did not change, is an error too)."""
+    listed = load_unmeasured()
     for commit, paths in _commits(results).items():
         changed = changed_since(commit)
         if changed is None:
             raise StaleResults(f"cannot tell whether the results of {commit[:10]} ({paths[0]}, "
                                f"...) match the code: git or that commit is missing here")
+        entries = listed["changes"]
+        if entries and listed["commit"] != commit:
+            raise StaleResults(f"{UNMEASURED} lists changes after {str(listed['commit'])[:10]}, "
+                               f"but the results are of {commit[:10]}: take them out")
+        leftover = [c["path"] for c in entries if c["path"] not in changed]
+        if leftover:
+            raise StaleResults(f"{UNMEASURED} lists {', '.join(leftover)}, whose code is that of "
+                               f"{commit[:10]}: take the entries out")
+        excused = {c["path"] for c in entries if code_sha256(c["path"]) == c["code_sha256"]}
+        changed = [p for p in changed if p not in excused]
         if changed:
             raise StaleResults(
                 f"the results of {commit[:10]} ({', '.join(paths)}) are stale: "
@@ -130,9 +231,13 @@ def _provenance_line(path: str, r: dict[str, Any]) -> str:
     flags = "".join([" **(dirty tree)**" if prov["dirty"] else "",
                      " **(smoke run: measures nothing)**" if r.get("smoke") else ""])
     v = prov["versions"]
+    listed = load_unmeasured()
+    paths = [f"`{c['path']}`" for c in listed["changes"] if listed["commit"] == prov["commit"]]
+    unmeasured = (f"; code changed since without changing what is measured: {', '.join(paths)} "
+                  f"(why: `{UNMEASURED}`)" if paths else "")
     return (f"{devices}{driver}{clocks}; commit {str(prov['commit'])[:10]}, "
             f"{prov['date'][:10]}, jax {v.get('jax')}, jaxlib {v.get('jaxlib', '?')}{flags} "
-            f"(`{path}`)")
+            f"(`{path}`){unmeasured}")
 
 
 def _wall_shown(*times: dict[str, float]) -> bool:
@@ -810,8 +915,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-dirty", action="store_true",
                         help="render dirty-tree and smoke results too")
     parser.add_argument("--allow-mixed-commits", action="store_true")
+    parser.add_argument("--unmeasured", metavar="PATH",
+                        help=f"record in {UNMEASURED} that HEAD's code of PATH was not measured "
+                             f"(with --why: why no measured program differs)")
+    parser.add_argument("--why", help="with --unmeasured: the reason")
     args = parser.parse_args(argv)
     results = load_results(args.results)
+    if args.unmeasured:
+        if not args.why:
+            parser.error("--unmeasured needs --why")
+        record_unmeasured(results, args.unmeasured, args.why)
+        return 0
     check_results(results, args.allow_dirty, args.allow_mixed_commits)
     with open(args.readme) as f:
         old = f.read()

@@ -326,13 +326,12 @@ def _git(repo, *args):
                                            "GIT_COMMITTER_EMAIL": "t@t"}).stdout.strip()
 
 
-def test_check_fails_on_a_code_change_after_the_results_commit(tmp_path, monkeypatch):
-    # A checkout of its own: code, results of its first commit, a README
-    # rendered from them. Docs may change after the results; code may not.
+def _measured_checkout(tmp_path, monkeypatch, code):
+    """A checkout of its own: `code`, results of its first commit, a README
+    rendered from them -> (repo, the results' commit, report.py's --check
+    arguments)."""
     repo = tmp_path / "repo"
-    for path, text in {"jax_tma/_copy.py": "one", "ffi/copy/bulk_copy.cu": "one",
-                       "benchmarks/bench_copy.py": "one", "docs/index.md": "one",
-                       "CMakeLists.txt": "one"}.items():
+    for path, text in {**code, "docs/index.md": "one", "benchmarks/report.py": "X = 1\n"}.items():
         (repo / path).parent.mkdir(parents=True, exist_ok=True)
         (repo / path).write_text(text)
     _git(repo, "init", "-q")
@@ -352,13 +351,35 @@ def test_check_fails_on_a_code_change_after_the_results_commit(tmp_path, monkeyp
     assert report.main(args[1:]) == 0  # renders it
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "results")
+    return repo, measured, args
+
+
+_CODE = {"jax_tma/_copy.py": 'def copy(x):\n    """Copies x."""\n    return x  # as is\n',
+         "ffi/copy/bulk_copy.cu": 'int Size() { return 16; }  // "bytes"\n',
+         "benchmarks/bench_copy.py": "SIZES = [1, 2]\n",
+         "CMakeLists.txt": "project(jax_tma)  # the name\n"}
+
+
+def test_check_fails_on_a_code_change_after_the_results_commit(tmp_path, monkeypatch):
+    # Docs, comments, docstrings, layout and the renderer may change after
+    # the results; code may not.
+    repo, measured, args = _measured_checkout(tmp_path, monkeypatch, _CODE)
     assert report.main(args) == 0
-    (repo / "docs" / "index.md").write_text("two")
-    _git(repo, "commit", "-qam", "docs")
-    assert report.main(args) == 0
-    for path in ("jax_tma/_copy.py", "ffi/copy/bulk_copy.cu", "benchmarks/bench_copy.py",
-                 "CMakeLists.txt"):
-        (repo / path).write_text("two")
+    for path, text in {
+            "docs/index.md": "two", "benchmarks/report.py": "X = 2\n",
+            "jax_tma/_copy.py": 'def copy(x):\n    """Returns a copy of x."""\n\n'
+                                '    return x  # unchanged\n',
+            "ffi/copy/bulk_copy.cu": '/* The box. */\nint Size() {\n  return 16;\n}\n',
+            "CMakeLists.txt": "#[[ A bracket\ncomment ]]\nproject(jax_tma)\n"}.items():
+        (repo / path).write_text(text)
+        _git(repo, "commit", "-qam", f"comments or docs of {path}")
+        assert report.changed_since(measured) == [], path
+        assert report.main(args) == 0
+    for path, text in {"jax_tma/_copy.py": 'def copy(x):\n    """Copies x."""\n    return +x\n',
+                       "ffi/copy/bulk_copy.cu": 'int Size() { return 32; }  // "bytes"\n',
+                       "benchmarks/bench_copy.py": "SIZES = [1, 3]  # sizes\n",
+                       "CMakeLists.txt": 'project(jax_tma "#")\n'}.items():
+        (repo / path).write_text(text)
         _git(repo, "commit", "-qam", f"change {path}")
         assert path in report.changed_since(measured)
         assert report.main(args) == 1
@@ -369,6 +390,51 @@ def test_check_fails_on_a_code_change_after_the_results_commit(tmp_path, monkeyp
     monkeypatch.setattr(report, "ROOT", str(tmp_path))
     with pytest.raises(report.StaleResults, match="cannot tell"):
         report.check_fresh(report.load_results(str(repo / "benchmarks" / "results")))
+
+
+def test_an_unmeasured_change_is_named_and_bounded(tmp_path, monkeypatch):
+    # A change recorded as unmeasured (with why) passes the check and is named
+    # beside the results; a later change to that file, an entry for a file
+    # whose code is the results', or for other results, fails it.
+    repo, measured, args = _measured_checkout(tmp_path, monkeypatch, _CODE)
+    results = report.load_results(str(repo / "benchmarks" / "results"))
+    with pytest.raises(report.StaleResults, match="its code is that of the results' commit"):
+        report.record_unmeasured(results, "jax_tma/_copy.py", "nothing changed")
+    (repo / "jax_tma" / "_copy.py").write_text("def copy(x):\n    return x + 0\n")
+    _git(repo, "commit", "-qam", "autodiff only")
+    assert report.main(args) == 1
+    assert report.main(["--results", args[2], "--unmeasured", "jax_tma/_copy.py", "--why",
+                        "AD only"]) == 0
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "unmeasured")
+    assert report.main(args) == 1  # the README does not name it yet
+    assert report.main(args[1:]) == 0
+    assert "changed since without changing what is measured: `jax_tma/_copy.py` (why: " \
+        "`benchmarks/unmeasured_changes.json`)" in (repo / "README.md").read_text()
+    _git(repo, "commit", "-qam", "rendered")
+    assert report.main(args) == 0
+    (repo / "jax_tma" / "_copy.py").write_text("def copy(x):\n    return x + 1\n")
+    _git(repo, "commit", "-qam", "more")
+    with pytest.raises(report.StaleResults, match=r"are stale: jax_tma/_copy.py"):
+        report.check_fresh(results)
+    (repo / "jax_tma" / "_copy.py").write_text(_CODE["jax_tma/_copy.py"])
+    _git(repo, "commit", "-qam", "back")
+    with pytest.raises(report.StaleResults, match=r"lists jax_tma/_copy.py, whose code is that"):
+        report.check_fresh(results)
+    (repo / "benchmarks" / "unmeasured_changes.json").write_text(json.dumps(
+        {"commit": "c0ffee", "changes": [{"path": "jax_tma/_copy.py"}]}))
+    with pytest.raises(report.StaleResults, match=r"changes after c0ffee, but the results are"):
+        report.check_fresh(results)
+
+
+def test_code_of_keeps_strings_and_drops_comments():
+    assert report.code_of("a.cu", 'f("// no /* comment */");  // yes') == \
+        'f("// no /* comment */");'
+    assert report.code_of("a.h", "#define A 1 /* a\n b */\n#include <x>") == \
+        "#define A 1 #include <x>"
+    assert report.code_of("CMakeLists.txt", 'set(A "#1") # two') == 'set(A "#1")'
+    assert report.code_of("a.py", "x = '# kept'  # dropped") != report.code_of("a.py", "x = ''")
+    assert report.code_of("a.json", " {} ") == " {} "
 
 
 def test_a_hand_edit_of_a_table_is_caught(tmp_path):
