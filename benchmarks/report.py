@@ -20,7 +20,6 @@ import argparse
 import ast
 import difflib
 import glob
-import hashlib
 import json
 import os
 import re
@@ -137,8 +136,7 @@ def changed_since(commit: str) -> list[str] | None:
         return None
     changed = []
     for path in names.split():
-        old, new = _git_out("show", f"{commit}:{path}"), _git_out("show", f"HEAD:{path}")
-        if old is None or new is None or code_of(path, old) != code_of(path, new):
+        if not same_code(path, commit):
             changed.append(path)
     return changed
 
@@ -146,8 +144,8 @@ def changed_since(commit: str) -> list[str] | None:
 def load_unmeasured() -> dict[str, Any]:
     """The code changes made after the results' commit and not measured,
     each with why it leaves every measured program as it was: {"commit":
-    the results' commit, "changes": [{"path", "code_sha256" (of code_of at
-    the change), "why"}]}, from UNMEASURED of the checkout at ROOT; none
+    the results' commit, "changes": [{"path", "code_at" (a commit with the
+    code that was not measured), "why"}]}, from UNMEASURED of the checkout at ROOT; none
     where the file is absent."""
     path = os.path.join(ROOT, UNMEASURED)
     if not os.path.exists(path):
@@ -156,10 +154,10 @@ def load_unmeasured() -> dict[str, Any]:
         return json.load(f)
 
 
-def code_sha256(path: str) -> str | None:
-    """sha256 of code_of of HEAD's `path`; None where HEAD has no such file."""
-    text = _git_out("show", f"HEAD:{path}")
-    return None if text is None else hashlib.sha256(code_of(path, text).encode()).hexdigest()
+def same_code(path: str, commit: str) -> bool:
+    """Whether `path` has the same code (code_of) at `commit` as at HEAD."""
+    old, new = _git_out("show", f"{commit}:{path}"), _git_out("show", f"HEAD:{path}")
+    return old is not None and new is not None and code_of(path, old) == code_of(path, new)
 
 
 def record_unmeasured(results: dict[str, tuple[str, dict[str, Any]]], path: str,
@@ -172,7 +170,7 @@ def record_unmeasured(results: dict[str, tuple[str, dict[str, Any]]], path: str,
         raise StaleResults(f"{path}: its code is that of the results' commit {commit[:10]}")
     listed = load_unmeasured()
     changes = [c for c in listed["changes"] if c["path"] != path and listed["commit"] == commit]
-    changes.append({"path": path, "code_sha256": code_sha256(path), "why": why})
+    changes.append({"path": path, "code_at": _git_out("rev-parse", "HEAD").strip(), "why": why})
     with open(os.path.join(ROOT, UNMEASURED), "w") as f:
         json.dump({"commit": commit, "changes": changes}, f, indent=1)
         f.write("\n")
@@ -198,7 +196,7 @@ def check_fresh(results: dict[str, tuple[str, dict[str, Any]]]) -> None:
         if leftover:
             raise StaleResults(f"{UNMEASURED} lists {', '.join(leftover)}, whose code is that of "
                                f"{commit[:10]}: take the entries out")
-        excused = {c["path"] for c in entries if code_sha256(c["path"]) == c["code_sha256"]}
+        excused = {c["path"] for c in entries if same_code(c["path"], c["code_at"])}
         changed = [p for p in changed if p not in excused]
         if changed:
             raise StaleResults(
