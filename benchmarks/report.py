@@ -1,13 +1,16 @@
-"""Renders the README's benchmark tables from the result JSON files, so that
-every published number comes from a file that benchmarks/run.py wrote.
+"""Renders the benchmark tables of the README and the documentation site from
+the result JSON files, so that every published number comes from a file that
+benchmarks/run.py wrote.
 
-    python benchmarks/report.py            # rewrite README.md's bench sections
-    python benchmarks/report.py --check    # exit 1 if README.md differs from the results,
+    python benchmarks/report.py            # rewrite the bench sections of README.md and docs/
+    python benchmarks/report.py --check    # exit 1 if a page differs from the results,
                                            # or the code changed after the results' commit
     python benchmarks/report.py --plots benchmarks/plots   # also plots (needs matplotlib)
 
-The README holds one section per op between `<!-- bench:OP -->` and
-`<!-- /bench:OP -->` (and the sections drawn from several results, DERIVED);
+The pages (README.md and every docs/ page that has one) hold sections
+between `<!-- bench:OP -->` and `<!-- /bench:OP -->`: one op's tables (the
+op pages of docs/ops/), or a section drawn from several results (DERIVED:
+the README's headline table, docs/benchmarks.md's build);
 everything between them is this script's output. The results must be one
 file per op, from one commit, clean and not smoke runs, and that commit's
 measured code (WATCHED, comments and docstrings aside) must be HEAD's; a file written before results
@@ -799,6 +802,99 @@ def render_sanitizer(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _copy_headline(r: dict[str, Any]) -> str:
+    row = max((row for row in r["rows"] if row.get("dtype", "uint32") == "uint32"),
+              key=lambda row: row["bytes"])
+    auto = row["repeat"]["auto"]
+    return (f"{auto['tbps']:.2f} TB/s copying {size_text(row['bytes'])}, "
+            f"{auto['vs_memcpy']:.2f}× `cudaMemcpyAsync`, {auto['vs_xla']:.2f}× `jnp.copy` "
+            f"(by span)")
+
+
+def _window_headline(r: dict[str, Any]) -> str:
+    row = r["rows"][0]
+    return (f"{row['busy_tbps']['auto']:.2f} TB/s, {row['vs_xla']['auto']:.2f}× XLA: "
+            f"{row['case']}")
+
+
+def _im2col_headline(r: dict[str, Any]) -> str:
+    row = r["rows"][0]
+    vs = row["im2col_vs"]
+    return (f"{row['busy_tbps']['im2col_auto']:.2f} TB/s, {vs['xla_patches']:.2f}× "
+            f"`lax.conv_general_dilated_patches`, {vs['xla_slice_concat']:.2f}× slice-and-"
+            f"concatenate: 3×3 SAME patches of {tuple(row['shape'])} {row['dtype']}")
+
+
+def _broadcast_headline(r: dict[str, Any]) -> str:
+    row = r["rows"][0]
+    return (f"{row['busy_tbps']['auto']:.2f} TB/s, {row['auto_vs_xla']:.2f}× "
+            f"`jnp.broadcast_to`: {row['case']}")
+
+
+def _slab_headline(key: str, xla: str) -> Callable[[dict[str, Any]], str]:
+    def headline(r: dict[str, Any]) -> str:
+        row = _find(r["rows"], key, r.get("use_dtype")) or _find(r["rows"], key)
+        pages = _find(r["rows"], "pages", row.get("dtype"))
+        t = row["times"]
+        # The in-place case names "those pages" of the gather case before it.
+        case = re.sub(r"those [\d,]+ pages", _bare_case(pages).split(" ", 1)[1],
+                      _bare_case(row)) if pages else _bare_case(row)
+        return (f"{row['busy_tbps']['auto']:.2f} TB/s, {_ratio(t, 'auto', 'xla', 'busy_us')}× "
+                f"{xla}, {_ratio(t, 'auto', 'memcpy', 'busy_us')}× the copy ceiling: "
+                f"{case} ({row.get('dtype', 'uint32')})")
+    return headline
+
+
+def _ppermute_headline(r: dict[str, Any]) -> str:
+    row = r["rows"][-1]
+    return (f"{row['auto_gbps']:.1f} GB/s per direction, {row['auto_vs_nccl']:.2f}× "
+            f"`lax.ppermute` (NCCL), by span: {row['block_mib']:g} MiB blocks")
+
+
+# The README's table of ops: (op, what it does, the result its headline is
+# drawn from, the headline of that result).
+_HEADLINES = (
+    ("copy", "a new buffer equal to `x`, bit for bit", "copy", _copy_headline),
+    ("window", "a strided box at any (traced) start; out of bounds reads a fill", "window",
+     _window_headline),
+    ("im2col", "convolution patches, GEMM-ready (`col2im`: their transpose)", "im2col",
+     _im2col_headline),
+    ("broadcast", "`n` materialised replicas, each input tile read once", "broadcast",
+     _broadcast_headline),
+    ("gather", "whole slabs (rows, pages) picked by index", "gather",
+     _slab_headline("pages", "`jnp.take`")),
+    ("scatter", "slabs set or added by index, in place", "gather",
+     _slab_headline("set", "`x.at[i].set`")),
+    ("ppermute", "each device's block to its peer, GPU to GPU", "ppermute", _ppermute_headline),
+)
+_OP_PAGE = {"scatter": "gather", "col2im": "im2col"}
+
+
+def render_headline(results: dict[str, tuple[str, dict[str, Any]]]) -> str:
+    """The README's table of ops, one headline number each from the results,
+    and where and how they were measured."""
+    lines = ["| op | what it does | `auto`, on the GPU below |", "|---|---|---|"]
+    used = []
+    for op, what, source, headline in _HEADLINES:
+        if source in results:
+            used.append(results[source][1])
+            number = headline(results[source][1])
+        else:
+            number = "no result at this commit" + (" (it needs two GPUs)"
+                                                   if op == "ppermute" else "")
+        lines.append(f"| [`{op}`](docs/ops/{_OP_PAGE.get(op, op)}.md) | {what} | {number} |")
+    where = sorted({(prov["devices"][0], prov["date"][:10], str(prov["commit"])[:10],
+                     prov["versions"].get("jax")) for r in used
+                    if (prov := r.get("provenance"))})
+    lines += ["", "Measured on " + "; ".join(
+        f"{device}, {date}, commit {commit}, jax {jax}" for device, date, commit, jax in where)
+        + ". Bandwidth counts every byte read plus every byte written; a ratio is the other "
+          "formulation's time ÷ jax_tma's (above 1, jax_tma is faster), by GPU busy time "
+          "(the union of a call's GPU activity) unless it says span (first to last GPU "
+          "activity of a call)."]
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "copy": render_copy, "tune-bulk": render_tune_bulk, "window": render_window,
     "im2col": render_im2col, "broadcast": render_broadcast,
@@ -806,7 +902,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "wheel": render_wheel, "sanitizer": render_sanitizer}
 # Sections drawn from several results (None: nothing to draw from).
 DERIVED: dict[str, Callable[[dict[str, tuple[str, dict[str, Any]]]], str | None]] = {
-    "build": render_build, "gather-limits": render_gather_limits}
+    "build": render_build, "gather-limits": render_gather_limits, "headline": render_headline}
 # What writes each op's result, for the sections that have none yet.
 _WRITTEN_BY = {"sanitizer": "`scripts/gpu_check.sh sanitize` (its `bench_sanitize.tgz`)",
                "wheel": "`scripts/gpu_check.sh bench` (`benchmarks/run.py wheel` against the "
@@ -826,14 +922,14 @@ def render(r: dict[str, Any], path: str | None = None) -> str:
     return text
 
 
-def render_readme(text: str, results: dict[str, tuple[str, dict[str, Any]]]) -> str:
-    """`text` with every bench section rewritten from `results`."""
+def render_sections(text: str, results: dict[str, tuple[str, dict[str, Any]]]) -> str:
+    """`text` (a page) with every bench section rewritten from `results`."""
     def section(m: re.Match) -> str:
         op = m["op"]
         if op in DERIVED:
             body = DERIVED[op](results) or f"No results at this commit to draw `{op}` from."
         elif op not in RENDERERS:
-            raise ValueError(f"README section bench:{op}: no such benchmark")
+            raise ValueError(f"section bench:{op}: no such benchmark")
         elif op in results:
             body = render(results[op][1], results[op][0])
         else:
@@ -842,6 +938,17 @@ def render_readme(text: str, results: dict[str, tuple[str, dict[str, Any]]]) -> 
                                           "benchmarks/results`") + " writes it.")
         return f"{m.group(1)}{body}\n{m.group(4)}"
     return _SECTION.sub(section, text)
+
+
+def pages(readme: str, docs: str) -> list[str]:
+    """The pages report.py renders: the README and every page under `docs`
+    that holds a bench section."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(docs, "**", "*.md"), recursive=True)):
+        with open(path) as f:
+            if _SECTION.search(f.read()):
+                found.append(path)
+    return [readme, *found]
 
 
 def plot(results: dict[str, tuple[str, dict[str, Any]]], out_dir: str) -> list[str]:
@@ -904,8 +1011,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/report.py")
     parser.add_argument("--results", default=RESULTS, help="the result JSON files' folder")
     parser.add_argument("--readme", default=README)
+    parser.add_argument("--docs", help="the documentation site's sources, whose pages with "
+                                       "bench sections are rendered too (default: docs/ of "
+                                       "the checkout)")
     parser.add_argument("--check", action="store_true",
-                        help="change nothing; exit 1 if the README's sections differ from the "
+                        help="change nothing; exit 1 if a page's sections differ from the "
                              "results or the measured code changed after their commit")
     parser.add_argument("--allow-stale", action="store_true",
                         help="with --check: do not compare the results' commit with HEAD")
@@ -925,9 +1035,11 @@ def main(argv: list[str] | None = None) -> int:
         record_unmeasured(results, args.unmeasured, args.why)
         return 0
     check_results(results, args.allow_dirty, args.allow_mixed_commits)
-    with open(args.readme) as f:
-        old = f.read()
-    new = render_readme(old, results)
+    rendered = {}
+    for path in pages(args.readme, args.docs or os.path.join(ROOT, "docs")):
+        with open(path) as f:
+            old = f.read()
+        rendered[path] = old, render_sections(old, results)
     try:
         check_fresh(results)
         stale = None
@@ -935,22 +1047,24 @@ def main(argv: list[str] | None = None) -> int:
         stale = str(e)
     if args.check:
         failed = 0
-        if new != old:
-            sys.stdout.writelines(difflib.unified_diff(
-                old.splitlines(True), new.splitlines(True), args.readme, "rendered"))
-            print(f"{args.readme}: the benchmark sections differ from {args.results}: run "
-                  f"python benchmarks/report.py", file=sys.stderr)
-            failed = 1
+        for path, (old, new) in rendered.items():
+            if new != old:
+                sys.stdout.writelines(difflib.unified_diff(
+                    old.splitlines(True), new.splitlines(True), path, "rendered"))
+                print(f"{path}: the benchmark sections differ from {args.results}: run "
+                      f"python benchmarks/report.py", file=sys.stderr)
+                failed = 1
         if stale and not args.allow_stale:
             print(f"benchmarks/report.py: {stale}", file=sys.stderr)
             failed = 1
         return failed
     if stale:
         print(f"benchmarks/report.py: warning: {stale}", file=sys.stderr)
-    if new != old:
-        with open(args.readme, "w") as f:
-            f.write(new)
-        print(f"rewrote the benchmark sections of {args.readme}")
+    for path, (old, new) in rendered.items():
+        if new != old:
+            with open(path, "w") as f:
+                f.write(new)
+            print(f"rewrote the benchmark sections of {path}")
     for path in plot(results, args.plots) if args.plots else []:
         print(f"wrote {path}")
     return 0

@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -270,13 +271,13 @@ def test_smoke_gather_times_every_case_at_its_dtypes(smoke_results):
     assert set(wheel[0]["times"]) == {"auto", "xla", "xla_hinted", "memcpy"}
 
 
-def test_smoke_results_render_into_the_readme_sections(smoke_results):
+def test_smoke_results_render_into_the_pages_sections(smoke_results):
     _, results = smoke_results
     with pytest.raises(ValueError, match="a smoke run's result cannot be published"):
         report.check_results(results)
     names = [*report.RENDERERS, *report.DERIVED]
     readme = "".join(f"<!-- bench:{op} -->\nold\n<!-- /bench:{op} -->\n" for op in names)
-    text = report.render_readme(readme, results)
+    text = report.render_sections(readme, results)
     assert "old" not in text
     assert "(smoke run: measures nothing)" in text
     assert "No `broadcast-ncu` result at this commit" in text
@@ -295,12 +296,17 @@ def test_smoke_results_render_into_the_readme_sections(smoke_results):
     assert text.count("| the smoke test's install | `") >= 3  # the build, the wheel's table x2
     assert "- `gather`/`scatter` speed (cpu, GPU busy time" in text  # the limits bullet
     assert "Blackwell" in text
+    # the README's table of ops: one headline each, where and how it was measured
+    assert "| [`scatter`](docs/ops/gather.md) | slabs set or added by index, in place | " in text
+    assert re.search(r"\| \[`ppermute`\]\(docs/ops/ppermute\.md\) \| .* \| [\d.]+ GB/s per "
+                     r"direction, [\d.]+× `lax\.ppermute` \(NCCL\), by span", text)
+    assert "Bandwidth counts every byte read plus every byte written" in text
     assert "XLA comparators whose output differs from the bit-exact reference" not in \
         report.render(results["copy"][1])
 
 
-def test_readme_tables_match_the_committed_results():
-    # The README's benchmark sections are report.py's rendering of
+def test_readme_and_docs_tables_match_the_committed_results():
+    # The benchmark sections of the README and of docs/ are report.py's rendering of
     # benchmarks/results/: edit the results (by running the benchmarks),
     # then run `python benchmarks/report.py`, never the tables by hand.
     # (Whether the results are those of the code: the next test.)
@@ -437,15 +443,23 @@ def test_code_of_keeps_strings_and_drops_comments():
     assert report.code_of("a.json", " {} ") == " {} "
 
 
-def test_a_hand_edit_of_a_table_is_caught(tmp_path):
-    with open(report.README) as f:
-        text = f.read()
-    for section in ("copy", "gather-limits"):
+def test_a_hand_edit_of_a_section_is_caught(tmp_path):
+    # A section of the README or of a docs/ page out of step with the
+    # results fails the check, and names the page.
+    docs = os.path.join(_ROOT, "docs")
+    for page, section in (("README.md", "headline"), ("docs/ops/copy.md", "copy"),
+                          ("docs/ops/gather.md", "gather-limits"),
+                          ("docs/benchmarks.md", "build")):
+        root = tmp_path / section
+        shutil.copytree(docs, root / "docs")
+        shutil.copy(report.README, root / "README.md")
+        args = ["--check", "--allow-stale", "--readme", str(root / "README.md"),
+                "--docs", str(root / "docs")]
+        assert report.main(args) == 0
+        text = (root / page).read_text()
         start = text.index(f"<!-- bench:{section} -->\n") + len(f"<!-- bench:{section} -->\n")
-        edited = text[:start] + "| 1 MiB | 9.99 |\n" + text[start:]
-        readme = tmp_path / "README.md"
-        readme.write_text(edited)
-        assert report.main(["--check", "--allow-stale", "--readme", str(readme)]) == 1
+        (root / page).write_text(text[:start] + "| 1 MiB | 9.99 |\n" + text[start:])
+        assert report.main(args) == 1, page
 
 
 def test_report_refuses_two_results_of_one_op(tmp_path):
