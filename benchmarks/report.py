@@ -811,24 +811,28 @@ def _copy_headline(r: dict[str, Any]) -> str:
             f"(by span)")
 
 
+def _headline(tbps: float, versus: str, case: str) -> str:
+    return f"{tbps:.2f} TB/s, {versus}: {case}"
+
+
 def _window_headline(r: dict[str, Any]) -> str:
     row = r["rows"][0]
-    return (f"{row['busy_tbps']['auto']:.2f} TB/s, {row['vs_xla']['auto']:.2f}× XLA: "
-            f"{row['case']}")
+    return _headline(row["busy_tbps"]["auto"], f"{row['vs_xla']['auto']:.2f}× XLA", row["case"])
 
 
 def _im2col_headline(r: dict[str, Any]) -> str:
     row = r["rows"][0]
     vs = row["im2col_vs"]
-    return (f"{row['busy_tbps']['im2col_auto']:.2f} TB/s, {vs['xla_patches']:.2f}× "
-            f"`lax.conv_general_dilated_patches`, {vs['xla_slice_concat']:.2f}× slice-and-"
-            f"concatenate: 3×3 SAME patches of {tuple(row['shape'])} {row['dtype']}")
+    return _headline(row["busy_tbps"]["im2col_auto"],
+                     f"{vs['xla_patches']:.2f}× `lax.conv_general_dilated_patches`, "
+                     f"{vs['xla_slice_concat']:.2f}× slice-and-concatenate",
+                     f"3×3 SAME patches of {tuple(row['shape'])} {row['dtype']}")
 
 
 def _broadcast_headline(r: dict[str, Any]) -> str:
     row = r["rows"][0]
-    return (f"{row['busy_tbps']['auto']:.2f} TB/s, {row['auto_vs_xla']:.2f}× "
-            f"`jnp.broadcast_to`: {row['case']}")
+    return _headline(row["busy_tbps"]["auto"], f"{row['auto_vs_xla']:.2f}× `jnp.broadcast_to`",
+                     row["case"])
 
 
 def _slab_headline(key: str, xla: str) -> Callable[[dict[str, Any]], str]:
@@ -839,9 +843,10 @@ def _slab_headline(key: str, xla: str) -> Callable[[dict[str, Any]], str]:
         # The in-place case names "those pages" of the gather case before it.
         case = re.sub(r"those [\d,]+ pages", _bare_case(pages).split(" ", 1)[1],
                       _bare_case(row)) if pages else _bare_case(row)
-        return (f"{row['busy_tbps']['auto']:.2f} TB/s, {_ratio(t, 'auto', 'xla', 'busy_us')}× "
-                f"{xla}, {_ratio(t, 'auto', 'memcpy', 'busy_us')}× the copy ceiling: "
-                f"{case} ({row.get('dtype', 'uint32')})")
+        return _headline(row["busy_tbps"]["auto"],
+                         f"{_ratio(t, 'auto', 'xla', 'busy_us')}× {xla}, "
+                         f"{_ratio(t, 'auto', 'memcpy', 'busy_us')}× the copy ceiling",
+                         f"{case} ({row.get('dtype', 'uint32')})")
     return headline
 
 

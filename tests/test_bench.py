@@ -313,6 +313,16 @@ def test_readme_and_docs_tables_match_the_committed_results():
     assert report.main(["--check", "--allow-stale"]) == 0
 
 
+def test_every_section_is_on_a_page():
+    # Each op's tables, and each section drawn from several results, stand
+    # on one page of the README and docs/ (benchmarks.md, the op pages).
+    text = "".join(open(path).read() for path in report.pages(report.README,
+                                                              os.path.join(_ROOT, "docs")))
+    for op in [*report.RENDERERS, *report.DERIVED]:
+        if op != "wheel":  # rendered inside the build section
+            assert text.count(f"<!-- bench:{op} -->") == 1, op
+
+
 def test_committed_results_match_the_code():
     # No change to the measured code (report.WATCHED) since the results'
     # commit: after one, the benchmarks run again (scripts/gpu_check.sh
