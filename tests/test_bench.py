@@ -1,12 +1,12 @@
 """The benchmarks (benchmarks/ of the checkout, outside the installed
 package): the harness's bookkeeping and its three clocks, a smoke run of
-every benchmark's code path on the CPU rendered by report.py, the README's
-benchmark sections against the committed results (a hand edit fails here)
-and those results against the code (a change after their commit fails
-here), provenance, the ncu listing parser, the sanitizer summary, the HLO
-kernel count; on a GPU, the reference kernels that the copy benchmark times
-jax_tma against and the fusion of XLA's decode-step gathers that the README
-states."""
+every benchmark's code path on the CPU rendered by report.py, the benchmark
+sections of the README and docs/ against the committed results (a hand edit
+fails here) and those results against the code (a change after their commit
+fails here), provenance, the ncu listing parser, the sanitizer summary, the
+HLO kernel count; on a GPU, the reference kernels that the copy benchmark
+times jax_tma against and the fusion of XLA's decode-step gathers that
+docs/ops/gather.md states."""
 
 import importlib
 import json
@@ -648,7 +648,7 @@ def test_kernels_with_counts_a_compiled_program():
 @pytest.mark.gpu
 @pytest.mark.parametrize("hinted", [False, True], ids=["plain", "hinted"])
 def test_xla_gathers_a_decode_steps_pools_in_one_kernel(gpu, hinted):
-    # The README (gather's API section) says XLA fuses the gathers of a
+    # docs/ops/gather.md ("Several tables") says XLA fuses the gathers of a
     # decode step's K and V pools into one kernel; the compiled step of the
     # benchmark, its pools donated, shows it (a multi-output fusion).
     from bench_gather import _decode_step, _set, _set_hinted, _take, _take_hinted, kernels_with
