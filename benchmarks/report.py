@@ -747,8 +747,8 @@ def render_build(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None:
              "| install | CUDA architectures | FFI API | CUDA runtime |", "|---|---|---|---|"]
     lines += ["| " + " | ".join(cells) + " |" for cells in sorted(builds)]
     lines += ["", "Blackwell: the wheels compile `sm_100a`, but no test, sanitizer run or "
-                  "benchmark here has run on a Blackwell GPU; every number below is from the "
-                  "GPU its provenance line names."]
+                  "benchmark here has run on a Blackwell GPU; every published number is from "
+                  "the GPU its provenance line names."]
     wheel = results.get("wheel")
     gather = results.get("gather")
     if wheel is None:
