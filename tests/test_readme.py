@@ -1,11 +1,13 @@
 """The README's Python example (its taste of the API) runs as written on the
 CPU, on the oldest and newest supported jax; a line `expr  # <literal>` must
-evaluate to that literal. The docs' examples are the doctests of the docs
-build; the README's set-up commands are the ones .ci/run runs."""
+evaluate to that literal; its links name files of the checkout. The docs'
+examples are the doctests of the docs build; the README's set-up commands
+are the ones .ci/run runs."""
 
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -60,3 +62,15 @@ def test_readme_python_examples_run_as_written():
     assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     assert "README examples OK" in done.stdout
 
+
+
+def test_readme_links_exist():
+    """Every relative link of the README (into docs/, mostly) names a file
+    of the checkout."""
+    import re
+
+    links = re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", README.read_text())
+    assert links, "the README links nowhere"
+    missing = [link for link in links if "://" not in link
+               and not (README.parent / link).is_file()]
+    assert not missing, f"the README links to files that do not exist: {missing}"
