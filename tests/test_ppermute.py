@@ -258,32 +258,55 @@ _raw_instances = iter(range(10**12, 10**13))
 
 
 def _raw(devices, sources, method="auto", y_shape=(4,), push=False, x=None, instance=None,
-         device=0):
+         device=0, **where):
     """The target called directly on one CPU device, as a program of its own,
-    with the given attributes; x defaults to 4 float32 ones."""
+    with the given attributes (the participants all of process 0 unless
+    `where` says otherwise); x defaults to 4 float32 ones."""
     jax_tma._ffi.register()
     x = np.ones(4, np.float32) if x is None else x
     instance = next(_raw_instances) if instance is None else instance
+    where = {"process": np.int64(0), "processes": np.zeros(len(devices), np.int64), "links": "",
+             "site": "test", "timeout_ms": np.int64(1000), **where}
     call = jax.ffi.ffi_call("jax_tma_ppermute", jax.ShapeDtypeStruct(y_shape, x.dtype))
     return jax.jit(lambda a: call(a, instance=np.int64(instance),
                                   devices=np.array(devices, np.int64),
                                   sources=np.array(sources, np.int64), push=push,
-                                  method=method))(
+                                  method=method, **where))(
         jax.device_put(x, jax.devices("cpu")[device]))
 
 
 @pytest.mark.parametrize("devices, sources, method, y_shape, match", [
-    ([0], [0, 0], "auto", (4,), r"jax_tma.ppermute: devices has 1 entries and sources 2"),
-    ([0, 0], [0, 1], "auto", (4,), r"jax_tma.ppermute: device 0 appears twice in devices"),
+    ([0], [0, 0], "auto", (4,), r"jax_tma.ppermute: devices has 1 entries, sources 2 and "
+                                r"processes 1; each needs one entry per device"),
+    ([0, 0], [0, 1], "auto", (4,), r"jax_tma.ppermute: device 0 of process 0 appears twice in "
+                                   r"devices \(positions 0 and 1\)"),
     ([0], [3], "auto", (4,), r"jax_tma.ppermute: sources\[0\] = 3 is not a position in \[0, 1\) or -1"),
     ([1, 0], [0, 0], "auto", (4,), r"jax_tma.ppermute: position 0 is the source of both 0 and 1"),
-    ([5], [0], "auto", (4,), r"jax_tma.ppermute: device 0 is not among the devices"),
+    ([5], [0], "auto", (4,), r"jax_tma.ppermute: device 0 of process 0 is not among the devices"),
     ([0], [0], "dma", (4,), r"jax_tma.ppermute: method must be one of 'auto', 'bulk', 'simt', got 'dma'"),
     ([0], [0], "auto", (5,), r"jax_tma.ppermute: output has 5 elements but input has 4"),
 ])
 def test_handler_rejects_bad_attributes(devices, sources, method, y_shape, match):
     with pytest.raises(Exception, match=match):
         _raw(devices, sources, method, y_shape)
+
+
+@pytest.mark.parametrize("where, match", [
+    ({"processes": np.zeros(1, np.int64)}, r"devices has 2 entries, sources 2 and processes 1"),
+    ({"processes": np.array([0, 1], np.int64)},
+     r"jax_tma.ppermute: process 0 has no link name \(0 given\)"),
+    ({"processes": np.array([0, 1], np.int64), "links": "a\n"},
+     r"jax_tma.ppermute: process 1 has no link name \(2 given\)"),
+    ({"processes": np.array([0, 1], np.int64), "links": "a\nb", "timeout_ms": np.int64(0)},
+     r"jax_tma.ppermute: timeout_ms must be positive, got 0"),
+    ({"process": np.int64(1), "processes": np.array([0, 2], np.int64)},
+     r"device 0 of process 1 is not among the devices"),
+])
+def test_handler_rejects_bad_process_attributes(where, match):
+    # Device 0 of process 0 and device 0 of process 1 may both take part;
+    # a call across processes needs every process's link name.
+    with pytest.raises(Exception, match=match):
+        _raw([0, 0], [1, 0], **where)
 
 
 @pytest.mark.parametrize("push", [False, True])

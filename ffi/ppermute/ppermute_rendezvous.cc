@@ -32,24 +32,27 @@ struct PermuteMeeting::State {
   std::string abort_message;  // non-empty once a participant failed
 };
 
-ffi::Error PlanPermute(int device, ffi::Span<const int64_t> devices,
-                       ffi::Span<const int64_t> sources, bool push, PermutePlan* plan) {
+ffi::Error PlanPermute(int device, int process, ffi::Span<const int64_t> devices,
+                       ffi::Span<const int64_t> processes, ffi::Span<const int64_t> sources,
+                       bool push, PermutePlan* plan) {
   const int64_t n = static_cast<int64_t>(devices.size());
-  if (n < 1 || static_cast<int64_t>(sources.size()) != n) {
-    return InvalidArgument(kPpermuteOp, "devices has ", n, " entries and sources ",
-                           sources.size(), "; both need one entry per device");
+  if (n < 1 || static_cast<int64_t>(sources.size()) != n ||
+      static_cast<int64_t>(processes.size()) != n) {
+    return InvalidArgument(kPpermuteOp, "devices has ", n, " entries, sources ", sources.size(),
+                           " and processes ", processes.size(),
+                           "; each needs one entry per device");
   }
   plan->size = static_cast<int>(n);
   plan->self = -1;
   plan->push = push;
   plan->devices.assign(devices.begin(), devices.end());
+  plan->sources.assign(sources.begin(), sources.end());
   std::vector<int> receivers(n, -1);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < i; ++j) {
-      if (devices[i] == devices[j]) {
-        return InvalidArgument(kPpermuteOp, "device ", devices[i],
-                               " appears twice in devices (positions ", j,
-                               " and ", i, ")");
+      if (devices[i] == devices[j] && processes[i] == processes[j]) {
+        return InvalidArgument(kPpermuteOp, "device ", devices[i], " of process ", processes[i],
+                               " appears twice in devices (positions ", j, " and ", i, ")");
       }
     }
     const int64_t s = sources[i];
@@ -65,10 +68,10 @@ ffi::Error PlanPermute(int device, ffi::Span<const int64_t> devices,
       }
       receivers[s] = static_cast<int>(i);
     }
-    if (devices[i] == device) plan->self = static_cast<int>(i);
+    if (devices[i] == device && processes[i] == process) plan->self = static_cast<int>(i);
   }
   if (plan->self < 0) {
-    return InvalidArgument(kPpermuteOp, "device ", device,
+    return InvalidArgument(kPpermuteOp, "device ", device, " of process ", process,
                            " is not among the devices of this ppermute");
   }
   plan->source = static_cast<int>(sources[plan->self]);
