@@ -298,13 +298,17 @@ def ppermute(x: jax.Array, axis_name: str | Sequence[str],
     output memory free), and the peer's stream waits on an event recorded
     after the copy, so nothing later on it reuses or reads that buffer too
     early; a device whose peer fails or never arrives returns an error
-    instead of hanging. Where that cannot run — devices in other processes
+    instead of hanging. Where that cannot run — GPUs in other processes
     (``jax.distributed``), a ``shard_map`` manual over only some mesh axes,
     no concrete mesh at lowering, or GPUs without peer access — the op
     lowers to ``lax.ppermute`` with the same result. On the CPU the host
-    devices meet the same way and copy with ``memcpy``. Which of the two a
-    call site got, and why, is logged at DEBUG level on the ``"jax_tma"``
-    logger when the call is lowered. Works under ``jit``, ``vmap`` (one call
+    devices meet the same way and copy with ``memcpy``; host devices in
+    several processes of one host send their blocks over a Unix socket per
+    process, found through ``jax.distributed``'s key-value store, and a peer
+    that never calls, exits or calls another permutation fails the call
+    within ``JAX_TMA_PPERMUTE_TIMEOUT_S`` seconds (default 30) with an
+    error naming it. Which transport a call site got, and why, is logged at
+    DEBUG level on the ``"jax_tma"`` logger when the call is lowered. Works under ``jit``, ``vmap`` (one call
     over the batched block) and ``grad`` (the transpose is the inverse
     permutation; devices that sent nothing get a zero cotangent).
 
