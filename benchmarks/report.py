@@ -233,9 +233,9 @@ def _provenance_line(path: str, r: dict[str, Any]) -> str:
                      " **(smoke run: measures nothing)**" if r.get("smoke") else ""])
     v = prov["versions"]
     listed = load_unmeasured()
-    paths = [f"`{c['path']}`" for c in listed["changes"] if listed["commit"] == prov["commit"]]
-    unmeasured = (f"; code changed since without changing what is measured: {', '.join(paths)} "
-                  f"(why: `{UNMEASURED}`)" if paths else "")
+    count = sum(listed["commit"] == prov["commit"] for _ in listed["changes"])
+    unmeasured = (f"; {count} code file{'s' if count > 1 else ''} changed since without "
+                  f"changing what is measured (which and why: `{UNMEASURED}`)" if count else "")
     return (f"{devices}{driver}{clocks}; commit {str(prov['commit'])[:10]}, "
             f"{prov['date'][:10]}, jax {v.get('jax')}, jaxlib {v.get('jaxlib', '?')}{flags} "
             f"(`{path}`){unmeasured}")

@@ -425,7 +425,7 @@ def test_an_unmeasured_change_is_named_and_bounded(tmp_path, monkeypatch):
     _git(repo, "commit", "-qm", "unmeasured")
     assert report.main(args) == 1  # the README does not name it yet
     assert report.main(args[1:]) == 0
-    assert "changed since without changing what is measured: `jax_tma/_copy.py` (why: " \
+    assert "1 code file changed since without changing what is measured (which and why: " \
         "`benchmarks/unmeasured_changes.json`)" in (repo / "README.md").read_text()
     _git(repo, "commit", "-qam", "rendered")
     assert report.main(args) == 0
