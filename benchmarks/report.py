@@ -216,6 +216,14 @@ def _commits(results: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, list[s
     return out
 
 
+def _unmeasured_note(commit: str) -> str:
+    """"; N code files changed since ..." for the results of `commit`, or ""."""
+    listed = load_unmeasured()
+    count = len(listed["changes"]) if listed["commit"] == commit else 0
+    return (f"; {count} code file{'s' if count > 1 else ''} changed since without changing "
+            f"what is measured (which and why: `{UNMEASURED}`)" if count else "")
+
+
 def _provenance_line(path: str, r: dict[str, Any]) -> str:
     prov = r.get("provenance")
     if prov is None:  # written before results recorded their provenance
@@ -232,13 +240,9 @@ def _provenance_line(path: str, r: dict[str, Any]) -> str:
     flags = "".join([" **(dirty tree)**" if prov["dirty"] else "",
                      " **(smoke run: measures nothing)**" if r.get("smoke") else ""])
     v = prov["versions"]
-    listed = load_unmeasured()
-    count = sum(listed["commit"] == prov["commit"] for _ in listed["changes"])
-    unmeasured = (f"; {count} code file{'s' if count > 1 else ''} changed since without "
-                  f"changing what is measured (which and why: `{UNMEASURED}`)" if count else "")
     return (f"{devices}{driver}{clocks}; commit {str(prov['commit'])[:10]}, "
             f"{prov['date'][:10]}, jax {v.get('jax')}, jaxlib {v.get('jaxlib', '?')}{flags} "
-            f"(`{path}`){unmeasured}")
+            f"(`{path}`){_unmeasured_note(prov['commit'])}")
 
 
 def _wall_shown(*times: dict[str, float]) -> bool:
@@ -888,11 +892,12 @@ def render_headline(results: dict[str, tuple[str, dict[str, Any]]]) -> str:
             number = "no result at this commit" + (" (it needs two GPUs)"
                                                    if op == "ppermute" else "")
         lines.append(f"| [`{op}`](docs/ops/{_OP_PAGE.get(op, op)}.md) | {what} | {number} |")
-    where = sorted({(prov["devices"][0], prov["date"][:10], str(prov["commit"])[:10],
+    where = sorted({(prov["devices"][0], prov["date"][:10], str(prov["commit"]),
                      prov["versions"].get("jax")) for r in used
                     if (prov := r.get("provenance"))})
     lines += ["", "Measured on " + "; ".join(
-        f"{device}, {date}, commit {commit}, jax {jax}" for device, date, commit, jax in where)
+        f"{device}, {date}, commit {commit[:10]}, jax {jax}{_unmeasured_note(commit)}"
+        for device, date, commit, jax in where)
         + ". Bandwidth counts every byte read plus every byte written; a ratio is the other "
           "formulation's time ÷ jax_tma's (above 1, jax_tma is faster), by GPU busy time "
           "(the union of a call's GPU activity) unless it says span (first to last GPU "
