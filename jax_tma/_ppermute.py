@@ -203,7 +203,7 @@ def _process_links(processes: list[int]) -> tuple[list[str] | None, str]:
             _ffi._ext.listen_link(name, me)
             client.key_value_set(f"jax_tma/ppermute/link/{me}", f"{host}\n{name}")
             _own_link.append(name)
-    names = [""] * jax.process_count()
+    names = [""] * (max(processes) + 1)
     for q in processes:
         try:
             value = client.blocking_key_value_get(f"jax_tma/ppermute/link/{q}", timeout)

@@ -362,3 +362,76 @@ def test_handler_rejects_calls_of_different_runs(rng, push):
     assert other is not None and re.search(
         rf"jax_tma\.ppermute: device {copier} failed \({mismatch}\); this ppermute cannot run "
         r"again in this process", other), errors
+
+
+# ---- finding the processes of a mesh (the process link's names) ------------
+
+class _FakeStore:
+    """jax.distributed's key-value store as _process_links uses it."""
+
+    def __init__(self, values):
+        self.values = dict(values)
+
+    def key_value_set(self, key, value):
+        assert key not in self.values, key
+        self.values[key] = value
+
+    def blocking_key_value_get(self, key, timeout_in_ms):
+        if key not in self.values:
+            raise RuntimeError(f"DEADLINE_EXCEEDED: {key} after {timeout_in_ms} ms")
+        return self.values[key]
+
+
+def _links_with(monkeypatch, values, timeout_s="0.5"):
+    from jax._src import distributed
+
+    from jax_tma import _ppermute
+
+    if _ppermute._own_link:  # this process published its link to an earlier store
+        values = {"jax_tma/ppermute/link/0": f"{_ppermute._host()}\n{_ppermute._own_link[0]}",
+                  **values}
+    store = _FakeStore(values)
+    monkeypatch.setattr(distributed.global_state, "client", store)
+    monkeypatch.setenv(_ppermute.TIMEOUT_ENV, timeout_s)
+    return _ppermute._process_links([0, 1]), store
+
+
+def test_process_links_of_one_host(monkeypatch):
+    from jax_tma import _ppermute
+
+    (names, why), store = _links_with(
+        monkeypatch, {"jax_tma/ppermute/link/1": f"{_ppermute._host()}\nthe-peer"})
+    host, own = store.values["jax_tma/ppermute/link/0"].split("\n")
+    assert host == _ppermute._host() and own.startswith("jax_tma.")
+    assert names == [own, "the-peer"] and why == ""
+
+
+def test_processes_of_another_host_keep_lax_ppermute(monkeypatch):
+    (names, why), _ = _links_with(monkeypatch, {"jax_tma/ppermute/link/1": "elsewhere/1\np"})
+    assert names is None
+    assert why == ("process 1 runs on another host (elsewhere); the process link joins the "
+                   "processes of one host")
+
+
+def test_a_process_that_never_publishes_is_named(monkeypatch):
+    with pytest.raises(RuntimeError, match=r"jax_tma.ppermute: process 1 did not publish its "
+                                           r"link within 0.5 s \(JAX_TMA_PPERMUTE_TIMEOUT_S\): "
+                                           r"it does not run this program"):
+        _links_with(monkeypatch, {})
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "soon", "1e9"])
+def test_a_bad_timeout_is_refused(monkeypatch, value):
+    with pytest.raises(ValueError, match=rf"jax_tma.ppermute: JAX_TMA_PPERMUTE_TIMEOUT_S="
+                                         rf"'{value}' is not a number of seconds in \(0, 2147483\)"):
+        _links_with(monkeypatch, {}, timeout_s=value)
+
+
+def test_without_jax_distributed_there_is_no_link(monkeypatch):
+    from jax._src import distributed
+
+    from jax_tma import _ppermute
+
+    monkeypatch.setattr(distributed.global_state, "client", None)
+    assert _ppermute._process_links([0, 1]) == (
+        None, "jax.distributed is not initialized (its key-value store finds the peers)")
