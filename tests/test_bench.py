@@ -286,10 +286,12 @@ def test_smoke_results_render_into_the_pages_sections(smoke_results):
     assert "| slab | auto | tma | simt | XLA | XLA hinted | copy ceiling |" in text  # gather's
     assert "The other methods, chained alike: `method='tma'`" in text
     assert "| gather 16 random rows of 2 KiB of 64 | bfloat16 | 2 (" in text  # the small gathers
-    # the targets table: target, dtype, clock, measured, met
-    assert "| target | case | dtype | clock | measured | met |" in text
+    # the targets table: target, dtype, clock, measured, the ratio at the
+    # copy ceiling, met (and whether a missed one is above the ceiling)
+    assert "| target | case | dtype | clock | measured | at the ceiling | met |" in text
     assert re.search(r"\| in-place page set: `auto` ≥ 5× XLA \| .* \| bfloat16 \| busy and span "
-                     r"\| [\d.]+× busy, [\d.]+× span \| [✓✗] \|", text)
+                     r"\| [\d.]+× busy, [\d.]+× span \| [\d.]+× \| (✓|✗|✗ \(above the ceiling\)) \|",
+                     text)
     assert "| case | bfloat16 | float32 | float8_e4m3fn | uint32 |" in text  # the dtype effect
     # the build measured, and the wheel's case beside it
     assert "| install | CUDA architectures | FFI API | CUDA runtime |" in text
@@ -702,3 +704,18 @@ def test_run_writes_the_sanitizer_result(tmp_path):
     (path, r), = report.load_results(str(tmp_path)).values()
     assert r["op"] == "sanitizer" and r["provenance"]["devices"] and r["passed"]
     assert "| copy_selftest | ✓ ok | ✓ ERROR SUMMARY: 0 errors |" in report.render(r, path)
+
+
+def test_a_target_above_the_copy_ceiling_says_so():
+    # XLA at 0.85x the ceiling: 1.2x XLA would be 1.02x the ceiling.
+    def row(auto_us):
+        times = {c: {"busy_us": us, "span_us": us}
+                 for c, us in (("auto", auto_us), ("xla", 79.1), ("memcpy", 67.5))}
+        return {"case": "scatter add of rows", "key": "adds", "kind": "add", "dtype": "float32",
+                "times": times, "targets": {"xla": 1.2}}
+
+    chained = {"target_gap_us": 0.3, "ops": 100, "bytes": 4096, "gap_us": 0.1, "target_met": True}
+    lines = report._render_gather_targets({"rows": [row(80.2), row(60.0)],
+                                           "chained_tiny_gathers": chained})
+    assert lines[4].endswith("| 0.99× busy, 0.99× span | 1.17× | ✗ (above the ceiling) |")
+    assert lines[5].endswith("| 1.32× busy, 1.32× span | 1.17× | ✓ |")
