@@ -345,8 +345,8 @@ def ppermute(x: jax.Array, axis_name: str | Sequence[str],
         ``direction`` is not one of its names; a ``perm`` position outside
         the axis; ``perm`` is not a permutation (a source or destination
         appears twice).
-      jax.errors.JaxRuntimeError: on GPUs, a peer that fails or does not
-        arrive within 120 s.
+      jax.errors.JaxRuntimeError: a peer that fails, or does not arrive
+        within ``JAX_TMA_PPERMUTE_TIMEOUT_S`` seconds (default 30).
 
     Examples:
       >>> import jax, jax.numpy as jnp, jax_tma

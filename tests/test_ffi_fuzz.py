@@ -91,7 +91,7 @@ class Spec:
     rules: dict[str, str] = dataclasses.field(default_factory=dict)
     attr_rules: dict[str, str] = dataclasses.field(default_factory=dict)
     keep: tuple[str, ...] = ()                            # attributes never mutated
-    waits_for_peer: Callable[[Call], bool] = lambda call: False  # would block 120 s
+    waits_for_peer: Callable[[Call], bool] = lambda call: False  # would block until a timeout
     # Whether an accepted call's results are defined bit for bit on the
     # platform (else only: no crash, inputs unchanged, the right shapes).
     exact: Callable[[str, Call], bool] = lambda platform, call: True
@@ -374,7 +374,7 @@ def _ppermute_plan(call: Call) -> tuple[int, np.ndarray] | None:
 
 
 def _ppermute_waits_for_peer(call: Call) -> bool:
-    """Whether device 0 would wait for a peer that never runs (120 s, then an
+    """Whether device 0 would wait for a peer that never runs (timeout_ms, then an
     error): its source or its receiver is another device."""
     plan = _ppermute_plan(call)
     if plan is None:

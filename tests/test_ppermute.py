@@ -317,6 +317,14 @@ def test_handler_single_device_self_copy(rng, push):
                       np.zeros(x.shape, np.float32))
 
 
+def test_a_peer_that_never_arrives_times_out_after_the_calls_timeout(rng):
+    # Device 1 never runs its part: device 0 gives up after timeout_ms.
+    with pytest.raises(Exception, match=r"DEADLINE_EXCEEDED: jax_tma\.ppermute: device 0 waited "
+                                        r"0\.25 s for device 1 to publish its buffer for call 0 "
+                                        r"of this ppermute"):
+        jax.block_until_ready(_raw([0, 1], [1, -1], timeout_ms=np.int64(250)))
+
+
 def test_handler_rejects_an_instance_on_another_device_count(rng):
     """The devices of one lowered ppermute (one `instance`) meet in a table
     sized on first use; the same instance over another number of devices
@@ -350,7 +358,7 @@ def test_handler_rejects_calls_of_different_runs(rng, push):
     pool = concurrent.futures.ThreadPoolExecutor(2)
     parts = [pool.submit(part, d) for d in (0, 1)]
     done, _ = concurrent.futures.wait(parts, timeout=60)
-    pool.shutdown(wait=False)  # a hung handler gives up after the rendezvous' 120 s
+    pool.shutdown(wait=False)  # a hung handler gives up after the call's timeout_ms
     assert len(done) == 2, "the two runs' calls did not meet (a handler waits for its peer)"
     errors = [p.result() for p in parts]
     mismatch = (r"jax_tma\.ppermute: call 0 on device (\d) belongs to run -?\d+ but on device "

@@ -35,7 +35,7 @@ static ffi::Error PpermuteCpuImpl(int32_t device, ffi::RunId run,
   // Each step is synchronous on the host, so reaching Depart means this
   // device's copy is finished and returning after it means the peer's is.
   return ExchangeBlocks(
-      instance, plan, PermuteBlock{run.run_id, published},
+      instance, plan, call.where.timeout, PermuteBlock{run.run_id, published},
       [&](const PermuteBlock* partner) {
         if (partner != nullptr) {
           if (push) {

@@ -115,7 +115,8 @@ ffi::Error PpermuteCudaImpl(cudaStream_t stream, int32_t device, ffi::RunId run,
   JAX_TMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.ready, stream));
   void* published = push ? c.dst : const_cast<void*>(c.src);
   return ExchangeBlocks(
-      instance, plan, PermuteBlock{run.run_id, published, events.ready, events.done},
+      instance, plan, call.where.timeout,
+      PermuteBlock{run.run_id, published, events.ready, events.done},
       [&](const PermuteBlock* other) -> ffi::Error {
         if (other != nullptr) {
           JAX_TMA_CUDA_RETURN_IF_ERROR(

@@ -87,15 +87,15 @@ ffi::Error DecodeProcessPlan(int64_t process, ffi::Span<const int64_t> processes
   }
   out->site = std::string(site);
   out->timeout = std::chrono::milliseconds(timeout_ms);
+  if (timeout_ms <= 0) {
+    return InvalidArgument(kPpermuteOp, "timeout_ms must be positive, got ", timeout_ms);
+  }
   if (!out->spans_processes()) return ffi::Error::Success();
   for (int64_t p : processes) {
     if (p < 0 || p >= static_cast<int64_t>(out->links.size()) || out->links[p].empty()) {
       return InvalidArgument(kPpermuteOp, "process ", p, " has no link name (", out->links.size(),
                              " given)");
     }
-  }
-  if (timeout_ms <= 0) {
-    return InvalidArgument(kPpermuteOp, "timeout_ms must be positive, got ", timeout_ms);
   }
   ffi::Error err = ListenLink(LinkPeer{out->process, out->links[out->process]});
   if (err.failure()) {

@@ -1,7 +1,8 @@
 // Host-side meeting of the devices of one jax_tma.ppermute (see the header).
 // XLA runs each device's part of a multi-device program on its own host
 // thread, so the handlers of one call meet here concurrently; a device whose
-// peer never arrives returns an error after kWait instead of hanging.
+// peer never arrives returns an error after the call's timeout instead of
+// hanging.
 #include "ppermute/ppermute_rendezvous.h"
 
 #include <chrono>
@@ -13,8 +14,6 @@
 
 namespace jax_tma {
 namespace {
-
-constexpr std::chrono::seconds kWait{120};
 
 struct Slot {
   int64_t calls = 0;       // calls this participant has started
@@ -103,21 +102,21 @@ ffi::Error GetState(int64_t instance, int size, PermuteMeeting::State** out) {
 
 template <typename Ready>
 ffi::Error Await(PermuteMeeting::State* s, std::unique_lock<std::mutex>& lock,
-                 const PermutePlan& plan, int peer, int64_t generation,
-                 const char* what, Ready ready) {
-  const bool ok = s->cv.wait_for(lock, kWait, [&] {
+                 const PermutePlan& plan, std::chrono::milliseconds timeout, int peer,
+                 int64_t generation, const char* what, Ready ready) {
+  const bool ok = s->cv.wait_for(lock, timeout, [&] {
     return !s->abort_message.empty() || ready();
   });
   if (!s->abort_message.empty()) {
     return ffi::Error::Internal(std::string(kPpermuteOp) + ": " + s->abort_message);
   }
   if (!ok) {
-    return ffi::Error::Internal(
-        std::string(kPpermuteOp) + ": device " + std::to_string(plan.devices[plan.self]) +
-        " waited " + std::to_string(kWait.count()) + " s for device " +
-        std::to_string(plan.devices[peer]) + " to " + what + " call " +
-        std::to_string(generation) +
-        " of this ppermute; every device of the mesh must run the program");
+    Message m;
+    m << kPpermuteOp << ": device " << plan.devices[plan.self] << " waited "
+      << timeout.count() / 1000.0 << " s for device " << plan.devices[peer] << " to " << what
+      << " call " << generation << " of this ppermute; every device of the mesh must run the "
+      << "program";
+    return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, m.str());
   }
   return ffi::Error::Success();
 }
@@ -125,11 +124,13 @@ ffi::Error Await(PermuteMeeting::State* s, std::unique_lock<std::mutex>& lock,
 }  // namespace
 
 ffi::Error PermuteMeeting::Arrive(int64_t instance, const PermutePlan& plan,
-                                  const PermuteBlock& own, PermuteBlock* partner_block) {
+                                  std::chrono::milliseconds timeout, const PermuteBlock& own,
+                                  PermuteBlock* partner_block) {
   State* s = nullptr;
   JAX_TMA_RETURN_IF_FAILED(GetState(instance, plan.size, &s));
   state_ = s;
   plan_ = &plan;
+  timeout_ = timeout;
   std::unique_lock<std::mutex> lock(s->mu);
   Slot& me = s->slots[plan.self];
   const int64_t gen = generation_ = me.calls++;
@@ -141,7 +142,7 @@ ffi::Error PermuteMeeting::Arrive(int64_t instance, const PermutePlan& plan,
   const Slot& other = s->slots[partner];
   // The partner cannot move past this generation before this device
   // departs (it waits for it in Depart), so the block read here is `gen`'s.
-  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, plan, partner, gen, "publish its buffer for",
+  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, plan, timeout, partner, gen, "publish its buffer for",
                                  [&] { return other.published >= gen; }));
   if (other.block.run_id != own.run_id) {
     return ffi::Error::Internal(
@@ -166,7 +167,7 @@ ffi::Error PermuteMeeting::Depart(void** partnered_by_done) {
   const int by = plan.partnered_by();
   if (by < 0) return ffi::Error::Success();
   const Slot& other = s->slots[by];
-  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, plan, by, gen, "finish its copy in",
+  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, plan, timeout_, by, gen, "finish its copy in",
                                  [&] { return other.departed >= gen; }));
   *partnered_by_done = other.block.done;
   return ffi::Error::Success();
