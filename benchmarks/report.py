@@ -1,22 +1,26 @@
-"""Renders the README's benchmark tables from the result JSON files, so that
-every published number comes from a file that benchmarks/run.py wrote.
+"""Renders the benchmark tables of the README and the documentation site from
+the result JSON files, so that every published number comes from a file that
+benchmarks/run.py wrote.
 
-    python benchmarks/report.py            # rewrite README.md's bench sections
-    python benchmarks/report.py --check    # exit 1 if README.md differs from the results,
+    python benchmarks/report.py            # rewrite the bench sections of README.md and docs/
+    python benchmarks/report.py --check    # exit 1 if a page differs from the results,
                                            # or the code changed after the results' commit
     python benchmarks/report.py --plots benchmarks/plots   # also plots (needs matplotlib)
 
-The README holds one section per op between `<!-- bench:OP -->` and
-`<!-- /bench:OP -->` (and the sections drawn from several results, DERIVED);
+The pages (README.md and every docs/ page that has one) hold sections
+between `<!-- bench:OP -->` and `<!-- /bench:OP -->`: one op's tables (the
+op pages of docs/ops/), or a section drawn from several results (DERIVED:
+the README's headline table, docs/benchmarks.md's build);
 everything between them is this script's output. The results must be one
 file per op, from one commit, clean and not smoke runs, and that commit's
-measured code (WATCHED) must be HEAD's; a file written before results
+measured code (WATCHED, comments and docstrings aside) must be HEAD's; a file written before results
 recorded their provenance is rendered as such.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import glob
 import json
@@ -37,9 +41,15 @@ WALL_MIN_US = 100.0
 # What L2 holds on an H100 (50 MiB): calls that rotate through less read
 # their data from L2 (the tables say "L2-warm").
 L2_BYTES = 50 * MIB
-# The code a result measures: a change here after the results' commit makes
-# them stale (git pathspecs, from the checkout's root).
-WATCHED = ("ffi", "jax_tma", "benchmarks/*.py", "benchmarks/ffi", "CMakeLists.txt")
+# Code changes after the results' commit that leave every measured program as
+# it was, each with why (see check_fresh), relative to the checkout's root.
+UNMEASURED = "benchmarks/unmeasured_changes.json"
+# The code a result measures: a change to its code (comments, docstrings and
+# layout aside) after the results' commit makes them stale (git pathspecs,
+# from the checkout's root). This script only renders results, and --check
+# compares its rendering with the committed README, so it is not watched.
+WATCHED = ("ffi", "jax_tma", "benchmarks/*.py", "benchmarks/ffi", "CMakeLists.txt",
+           ":(exclude)benchmarks/report.py")
 _SECTION = re.compile(r"(<!-- bench:(?P<op>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=op) -->)",
                       re.S)
 
@@ -80,25 +90,117 @@ class StaleResults(ValueError):
     """The results are not those of the code at HEAD (or that cannot be told)."""
 
 
-def changed_since(commit: str) -> list[str] | None:
-    """The WATCHED paths that differ between `commit` and HEAD of the
-    checkout at ROOT; None where git or that commit is not there."""
+def _git_out(*args: str) -> str | None:
     try:
-        done = subprocess.run(["git", "diff", "--name-only", commit, "HEAD", "--", *WATCHED],
-                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout.split() if done.returncode == 0 else None
+    return done.stdout if done.returncode == 0 else None
+
+
+_C_COMMENT = re.compile(r'//[^\n]*|/\*.*?\*/|("(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\')',
+                        re.S)
+_CMAKE_COMMENT = re.compile(r'#\[(=*)\[.*?\]\1\]|#[^\n]*|("(?:\\.|[^"\\])*")', re.S)
+
+
+def code_of(path: str, text: str) -> str:
+    """`text` of the file at `path` as far as it runs: Python as its syntax
+    tree without docstrings, C/C++/CUDA and CMake without comments, all with
+    runs of white space as one space; other files as they are."""
+    if path.endswith(".py"):
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            return text
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                  ast.AsyncFunctionDef)) and body
+                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
+        return ast.dump(tree)
+    if path.endswith((".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp")):
+        text = _C_COMMENT.sub(lambda m: m.group(1) or " ", text)
+    elif path.endswith(("CMakeLists.txt", ".cmake")):
+        text = _CMAKE_COMMENT.sub(lambda m: m.group(2) or " ", text)
+    else:
+        return text
+    return " ".join(text.split())
+
+
+def changed_since(commit: str) -> list[str] | None:
+    """The WATCHED paths whose code (code_of) differs between `commit` and
+    HEAD of the checkout at ROOT; None where git or that commit is not
+    there."""
+    names = _git_out("diff", "--name-only", commit, "HEAD", "--", *WATCHED)
+    if names is None:
+        return None
+    changed = []
+    for path in names.split():
+        if not same_code(path, commit):
+            changed.append(path)
+    return changed
+
+
+def load_unmeasured() -> dict[str, Any]:
+    """The code changes made after the results' commit and not measured,
+    each with why it leaves every measured program as it was: {"commit":
+    the results' commit, "changes": [{"path", "code_at" (a commit with the
+    code that was not measured), "why"}]}, from UNMEASURED of the checkout at ROOT; none
+    where the file is absent."""
+    path = os.path.join(ROOT, UNMEASURED)
+    if not os.path.exists(path):
+        return {"commit": None, "changes": []}
+    with open(path) as f:
+        return json.load(f)
+
+
+def same_code(path: str, commit: str) -> bool:
+    """Whether `path` has the same code (code_of) at `commit` as at HEAD."""
+    old, new = _git_out("show", f"{commit}:{path}"), _git_out("show", f"HEAD:{path}")
+    return old is not None and new is not None and code_of(path, old) == code_of(path, new)
+
+
+def record_unmeasured(results: dict[str, tuple[str, dict[str, Any]]], path: str,
+                      why: str) -> None:
+    """Adds (or renews) `path`'s entry in UNMEASURED: HEAD's code of it
+    differs from that of the results' commit, and `why` says why no measured
+    program does."""
+    (commit,) = _commits(results)
+    if path not in (changed_since(commit) or []):
+        raise StaleResults(f"{path}: its code is that of the results' commit {commit[:10]}")
+    listed = load_unmeasured()
+    changes = [c for c in listed["changes"] if c["path"] != path and listed["commit"] == commit]
+    changes.append({"path": path, "code_at": _git_out("rev-parse", "HEAD").strip(), "why": why})
+    with open(os.path.join(ROOT, UNMEASURED), "w") as f:
+        json.dump({"commit": commit, "changes": changes}, f, indent=1)
+        f.write("\n")
 
 
 def check_fresh(results: dict[str, tuple[str, dict[str, Any]]]) -> None:
     """Raises StaleResults unless the measured code (WATCHED) is the same at
-    every result's commit as at HEAD."""
+    every result's commit as at HEAD, but for the changes that UNMEASURED
+    lists with their code as it is at HEAD (any later change to such a file
+    makes the results stale again; an entry for other results, or for a
+    file whose code did not change, is an error too)."""
+    listed = load_unmeasured()
     for commit, paths in _commits(results).items():
         changed = changed_since(commit)
         if changed is None:
             raise StaleResults(f"cannot tell whether the results of {commit[:10]} ({paths[0]}, "
                                f"...) match the code: git or that commit is missing here")
+        entries = listed["changes"]
+        if entries and listed["commit"] != commit:
+            raise StaleResults(f"{UNMEASURED} lists changes after {str(listed['commit'])[:10]}, "
+                               f"but the results are of {commit[:10]}: take them out")
+        leftover = [c["path"] for c in entries if c["path"] not in changed]
+        if leftover:
+            raise StaleResults(f"{UNMEASURED} lists {', '.join(leftover)}, whose code is that of "
+                               f"{commit[:10]}: take the entries out")
+        excused = {c["path"] for c in entries if same_code(c["path"], c["code_at"])}
+        changed = [p for p in changed if p not in excused]
         if changed:
             raise StaleResults(
                 f"the results of {commit[:10]} ({', '.join(paths)}) are stale: "
@@ -112,6 +214,14 @@ def _commits(results: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, list[s
         if r.get("provenance") and r["provenance"].get("commit"):
             out.setdefault(r["provenance"]["commit"], []).append(path)
     return out
+
+
+def _unmeasured_note(commit: str) -> str:
+    """"; N code files changed since ..." for the results of `commit`, or ""."""
+    listed = load_unmeasured()
+    count = len(listed["changes"]) if listed["commit"] == commit else 0
+    return (f"; {count} code file{'s' if count > 1 else ''} changed since without changing "
+            f"what is measured (which and why: `{UNMEASURED}`)" if count else "")
 
 
 def _provenance_line(path: str, r: dict[str, Any]) -> str:
@@ -132,7 +242,7 @@ def _provenance_line(path: str, r: dict[str, Any]) -> str:
     v = prov["versions"]
     return (f"{devices}{driver}{clocks}; commit {str(prov['commit'])[:10]}, "
             f"{prov['date'][:10]}, jax {v.get('jax')}, jaxlib {v.get('jaxlib', '?')}{flags} "
-            f"(`{path}`)")
+            f"(`{path}`){_unmeasured_note(prov['commit'])}")
 
 
 def _wall_shown(*times: dict[str, float]) -> bool:
@@ -396,7 +506,9 @@ def _ratios(t: dict[str, dict[str, float]], comps: tuple[str, ...], clock: str) 
 def gather_targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     """Issue 18's targets that the gather result's rows carry, judged by
     target_met: [{"target", "case", "dtype", "comparator", "ratio", "busy",
-    "span", "wall" (None unless shown), "met"}], then the chained gathers'."""
+    "span", "wall" (None unless shown), "met", "bound"}], where "bound" is
+    the highest ratio to the comparator that a call at the copy ceiling
+    would reach (by busy time; None where the row has no ceiling)."""
     out = []
     for row in r["rows"]:
         t = row["times"]
@@ -409,23 +521,33 @@ def gather_targets(r: dict[str, Any]) -> list[dict[str, Any]]:
                         "busy": t[comp]["busy_us"] / t["auto"]["busy_us"],
                         "span": t[comp]["span_us"] / t["auto"]["span_us"],
                         "wall": None if wall == "—" else float(wall),
-                        "met": target_met(row, comp, ratio)})
+                        "met": target_met(row, comp, ratio),
+                        "bound": (t[comp]["busy_us"] / t["memcpy"]["busy_us"]
+                                  if "memcpy" in t else None)})
     return out
 
 
 def _render_gather_targets(r: dict[str, Any]) -> list[str]:
     lines = ["Issue 18's targets, judged at the dtype of their use case (the row scatter-add at "
              "float32 too): a target is met where `auto` reaches it by busy time and by span "
-             f"alike; the wall clock is given from {WALL_MIN_US:g} µs:", "",
-             "| target | case | dtype | clock | measured | met |", "|---|---|---|---|---|---|"]
+             f"alike; the wall clock is given from {WALL_MIN_US:g} µs. \"At the ceiling\" is "
+             f"the ratio a call moving its bytes at the copy ceiling (`cudaMemcpyAsync` of the "
+             f"same bytes, same run) would reach: a target above it is above the hardware's "
+             f"limit.", "",
+             "| target | case | dtype | clock | measured | at the ceiling | met |",
+             "|---|---|---|---|---|---|---|"]
     for t in gather_targets(r):
         wall = f", wall {t['wall']:.2f}×" if t["wall"] is not None else ""
+        bound = "—" if t["bound"] is None else f"{t['bound']:.2f}×"
+        beyond = (" (above the ceiling)" if not t["met"] and t["bound"] is not None
+                  and t["bound"] < t["ratio"] else "")
         lines.append(f"| {t['target']} | {t['case']} | {t['dtype']} | busy and span | "
-                     f"{t['busy']:.2f}× busy, {t['span']:.2f}× span{wall} | {_mark(t['met'])} |")
+                     f"{t['busy']:.2f}× busy, {t['span']:.2f}× span{wall} | {bound} | "
+                     f"{_mark(t['met'])}{beyond} |")
     c = r["chained_tiny_gathers"]
     lines.append(f"| chained tiny gathers: ≤ {c['target_gap_us']:g} µs per call over a minimal "
                  f"FFI kernel | {c['ops']} chained gathers of one {size_text(c['bytes'])} page "
-                 f"(L2-warm) | {c.get('dtype', 'uint32')} | span | {c['gap_us']:+.2f} µs | "
+                 f"(L2-warm) | {c.get('dtype', 'uint32')} | span | {c['gap_us']:+.2f} µs | — | "
                  f"{_mark(c['target_met'])} |")
     return lines
 
@@ -641,8 +763,8 @@ def render_build(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None:
              "| install | CUDA architectures | FFI API | CUDA runtime |", "|---|---|---|---|"]
     lines += ["| " + " | ".join(cells) + " |" for cells in sorted(builds)]
     lines += ["", "Blackwell: the wheels compile `sm_100a`, but no test, sanitizer run or "
-                  "benchmark here has run on a Blackwell GPU; every number below is from the "
-                  "GPU its provenance line names."]
+                  "benchmark here has run on a Blackwell GPU; every published number is from "
+                  "the GPU its provenance line names."]
     wheel = results.get("wheel")
     gather = results.get("gather")
     if wheel is None:
@@ -696,6 +818,105 @@ def render_sanitizer(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _copy_headline(r: dict[str, Any]) -> str:
+    row = max((row for row in r["rows"] if row.get("dtype", "uint32") == "uint32"),
+              key=lambda row: row["bytes"])
+    auto = row["repeat"]["auto"]
+    return (f"{auto['tbps']:.2f} TB/s copying {size_text(row['bytes'])}, "
+            f"{auto['vs_memcpy']:.2f}× `cudaMemcpyAsync`, {auto['vs_xla']:.2f}× `jnp.copy` "
+            f"(by span)")
+
+
+def _headline(tbps: float, versus: str, case: str) -> str:
+    return f"{tbps:.2f} TB/s, {versus}: {case}"
+
+
+def _window_headline(r: dict[str, Any]) -> str:
+    row = r["rows"][0]
+    return _headline(row["busy_tbps"]["auto"], f"{row['vs_xla']['auto']:.2f}× XLA", row["case"])
+
+
+def _im2col_headline(r: dict[str, Any]) -> str:
+    row = r["rows"][0]
+    vs = row["im2col_vs"]
+    return _headline(row["busy_tbps"]["im2col_auto"],
+                     f"{vs['xla_patches']:.2f}× `lax.conv_general_dilated_patches`, "
+                     f"{vs['xla_slice_concat']:.2f}× slice-and-concatenate",
+                     f"3×3 SAME patches of {tuple(row['shape'])} {row['dtype']}")
+
+
+def _broadcast_headline(r: dict[str, Any]) -> str:
+    row = r["rows"][0]
+    return _headline(row["busy_tbps"]["auto"], f"{row['auto_vs_xla']:.2f}× `jnp.broadcast_to`",
+                     row["case"])
+
+
+def _slab_headline(key: str, xla: str) -> Callable[[dict[str, Any]], str]:
+    def headline(r: dict[str, Any]) -> str:
+        row = _find(r["rows"], key, r.get("use_dtype")) or _find(r["rows"], key)
+        pages = _find(r["rows"], "pages", row.get("dtype"))
+        t = row["times"]
+        # The in-place case names "those pages" of the gather case before it.
+        case = re.sub(r"those [\d,]+ pages", _bare_case(pages).split(" ", 1)[1],
+                      _bare_case(row)) if pages else _bare_case(row)
+        return _headline(row["busy_tbps"]["auto"],
+                         f"{_ratio(t, 'auto', 'xla', 'busy_us')}× {xla}, "
+                         f"{_ratio(t, 'auto', 'memcpy', 'busy_us')}× the copy ceiling",
+                         f"{case} ({row.get('dtype', 'uint32')})")
+    return headline
+
+
+def _ppermute_headline(r: dict[str, Any]) -> str:
+    row = r["rows"][-1]
+    return (f"{row['auto_gbps']:.1f} GB/s per direction, {row['auto_vs_nccl']:.2f}× "
+            f"`lax.ppermute` (NCCL), by span: {row['block_mib']:g} MiB blocks")
+
+
+# The README's table of ops: (op, what it does, the result its headline is
+# drawn from, the headline of that result).
+_HEADLINES = (
+    ("copy", "a new buffer equal to `x`, bit for bit", "copy", _copy_headline),
+    ("window", "a strided box at any (traced) start; out of bounds reads a fill", "window",
+     _window_headline),
+    ("im2col", "convolution patches, GEMM-ready (`col2im`: their transpose)", "im2col",
+     _im2col_headline),
+    ("broadcast", "`n` materialised replicas, each input tile read once", "broadcast",
+     _broadcast_headline),
+    ("gather", "whole slabs (rows, pages) picked by index", "gather",
+     _slab_headline("pages", "`jnp.take`")),
+    ("scatter", "slabs set or added by index, in place", "gather",
+     _slab_headline("set", "`x.at[i].set`")),
+    ("ppermute", "each device's block to its peer, GPU to GPU", "ppermute", _ppermute_headline),
+)
+_OP_PAGE = {"scatter": "gather", "col2im": "im2col"}
+
+
+def render_headline(results: dict[str, tuple[str, dict[str, Any]]]) -> str:
+    """The README's table of ops, one headline number each from the results,
+    and where and how they were measured."""
+    lines = ["| op | what it does | `auto`, on the GPU below |", "|---|---|---|"]
+    used = []
+    for op, what, source, headline in _HEADLINES:
+        if source in results:
+            used.append(results[source][1])
+            number = headline(results[source][1])
+        else:
+            number = "no result at this commit" + (" (it needs two GPUs)"
+                                                   if op == "ppermute" else "")
+        lines.append(f"| [`{op}`](docs/ops/{_OP_PAGE.get(op, op)}.md) | {what} | {number} |")
+    where = sorted({(prov["devices"][0], prov["date"][:10], str(prov["commit"]),
+                     prov["versions"].get("jax")) for r in used
+                    if (prov := r.get("provenance"))})
+    lines += ["", "Measured on " + "; ".join(
+        f"{device}, {date}, commit {commit[:10]}, jax {jax}{_unmeasured_note(commit)}"
+        for device, date, commit, jax in where)
+        + ". Bandwidth counts every byte read plus every byte written; a ratio is the other "
+          "formulation's time ÷ jax_tma's (above 1, jax_tma is faster), by GPU busy time "
+          "(the union of a call's GPU activity) unless it says span (first to last GPU "
+          "activity of a call)."]
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "copy": render_copy, "tune-bulk": render_tune_bulk, "window": render_window,
     "im2col": render_im2col, "broadcast": render_broadcast,
@@ -703,7 +924,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "wheel": render_wheel, "sanitizer": render_sanitizer}
 # Sections drawn from several results (None: nothing to draw from).
 DERIVED: dict[str, Callable[[dict[str, tuple[str, dict[str, Any]]]], str | None]] = {
-    "build": render_build, "gather-limits": render_gather_limits}
+    "build": render_build, "gather-limits": render_gather_limits, "headline": render_headline}
 # What writes each op's result, for the sections that have none yet.
 _WRITTEN_BY = {"sanitizer": "`scripts/gpu_check.sh sanitize` (its `bench_sanitize.tgz`)",
                "wheel": "`scripts/gpu_check.sh bench` (`benchmarks/run.py wheel` against the "
@@ -723,14 +944,14 @@ def render(r: dict[str, Any], path: str | None = None) -> str:
     return text
 
 
-def render_readme(text: str, results: dict[str, tuple[str, dict[str, Any]]]) -> str:
-    """`text` with every bench section rewritten from `results`."""
+def render_sections(text: str, results: dict[str, tuple[str, dict[str, Any]]]) -> str:
+    """`text` (a page) with every bench section rewritten from `results`."""
     def section(m: re.Match) -> str:
         op = m["op"]
         if op in DERIVED:
             body = DERIVED[op](results) or f"No results at this commit to draw `{op}` from."
         elif op not in RENDERERS:
-            raise ValueError(f"README section bench:{op}: no such benchmark")
+            raise ValueError(f"section bench:{op}: no such benchmark")
         elif op in results:
             body = render(results[op][1], results[op][0])
         else:
@@ -739,6 +960,17 @@ def render_readme(text: str, results: dict[str, tuple[str, dict[str, Any]]]) -> 
                                           "benchmarks/results`") + " writes it.")
         return f"{m.group(1)}{body}\n{m.group(4)}"
     return _SECTION.sub(section, text)
+
+
+def pages(readme: str, docs: str) -> list[str]:
+    """The pages report.py renders: the README and every page under `docs`
+    that holds a bench section."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(docs, "**", "*.md"), recursive=True)):
+        with open(path) as f:
+            if _SECTION.search(f.read()):
+                found.append(path)
+    return [readme, *found]
 
 
 def plot(results: dict[str, tuple[str, dict[str, Any]]], out_dir: str) -> list[str]:
@@ -801,8 +1033,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/report.py")
     parser.add_argument("--results", default=RESULTS, help="the result JSON files' folder")
     parser.add_argument("--readme", default=README)
+    parser.add_argument("--docs", help="the documentation site's sources, whose pages with "
+                                       "bench sections are rendered too (default: docs/ of "
+                                       "the checkout)")
     parser.add_argument("--check", action="store_true",
-                        help="change nothing; exit 1 if the README's sections differ from the "
+                        help="change nothing; exit 1 if a page's sections differ from the "
                              "results or the measured code changed after their commit")
     parser.add_argument("--allow-stale", action="store_true",
                         help="with --check: do not compare the results' commit with HEAD")
@@ -810,12 +1045,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-dirty", action="store_true",
                         help="render dirty-tree and smoke results too")
     parser.add_argument("--allow-mixed-commits", action="store_true")
+    parser.add_argument("--unmeasured", metavar="PATH",
+                        help=f"record in {UNMEASURED} that HEAD's code of PATH was not measured "
+                             f"(with --why: why no measured program differs)")
+    parser.add_argument("--why", help="with --unmeasured: the reason")
     args = parser.parse_args(argv)
     results = load_results(args.results)
+    if args.unmeasured:
+        if not args.why:
+            parser.error("--unmeasured needs --why")
+        record_unmeasured(results, args.unmeasured, args.why)
+        return 0
     check_results(results, args.allow_dirty, args.allow_mixed_commits)
-    with open(args.readme) as f:
-        old = f.read()
-    new = render_readme(old, results)
+    rendered = {}
+    for path in pages(args.readme, args.docs or os.path.join(ROOT, "docs")):
+        with open(path) as f:
+            old = f.read()
+        rendered[path] = old, render_sections(old, results)
     try:
         check_fresh(results)
         stale = None
@@ -823,22 +1069,24 @@ def main(argv: list[str] | None = None) -> int:
         stale = str(e)
     if args.check:
         failed = 0
-        if new != old:
-            sys.stdout.writelines(difflib.unified_diff(
-                old.splitlines(True), new.splitlines(True), args.readme, "rendered"))
-            print(f"{args.readme}: the benchmark sections differ from {args.results}: run "
-                  f"python benchmarks/report.py", file=sys.stderr)
-            failed = 1
+        for path, (old, new) in rendered.items():
+            if new != old:
+                sys.stdout.writelines(difflib.unified_diff(
+                    old.splitlines(True), new.splitlines(True), path, "rendered"))
+                print(f"{path}: the benchmark sections differ from {args.results}: run "
+                      f"python benchmarks/report.py", file=sys.stderr)
+                failed = 1
         if stale and not args.allow_stale:
             print(f"benchmarks/report.py: {stale}", file=sys.stderr)
             failed = 1
         return failed
     if stale:
         print(f"benchmarks/report.py: warning: {stale}", file=sys.stderr)
-    if new != old:
-        with open(args.readme, "w") as f:
-            f.write(new)
-        print(f"rewrote the benchmark sections of {args.readme}")
+    for path, (old, new) in rendered.items():
+        if new != old:
+            with open(path, "w") as f:
+                f.write(new)
+            print(f"rewrote the benchmark sections of {path}")
     for path in plot(results, args.plots) if args.plots else []:
         print(f"wrote {path}")
     return 0

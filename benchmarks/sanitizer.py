@@ -2,7 +2,7 @@
 sanitize stage writes one tab-separated line per run (self-test, tool, exit
 status, arguments, the tool's summary line) and `benchmarks/run.py sanitizer
 --tsv FILE` turns them into sanitizer_<devices>_<date>.json with the same
-provenance as a benchmark's, which report.py renders into the README.
+provenance as a benchmark's, which report.py renders into docs/benchmarks.md.
 
 Lines: `PROGRAM\tTOOL\tRC\tARGS\tSUMMARY`, TOOL one of run, memcheck,
 racecheck, synccheck; `probe\tsynccheck\tRC\tCLUSTER\tSUMMARY` for the

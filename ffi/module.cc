@@ -1,6 +1,7 @@
 // The one extension module, jax_tma._jax_tma: hands Python the FFI handler
 // capsules (CPU always, CUDA when built) and what was compiled. Benchmark
 // targets and the raw launch hook live in benchmarks/ffi/ (_jax_tma_bench).
+#include <stdexcept>
 #include <string>
 
 #include <nanobind/nanobind.h>
@@ -8,6 +9,7 @@
 
 #include "handlers.h"
 #include "path_counts.h"
+#include "ppermute/peer_link.h"
 #include "xla/ffi/api/c_api.h"
 
 #if JAX_TMA_WITH_CUDA
@@ -121,6 +123,16 @@ NB_MODULE(_jax_tma, m) {
     }
     return d;
   });
+
+  // Starts this process's end of jax_tma.ppermute's process link (see
+  // ffi/ppermute/peer_link.h) before its name is published.
+  m.def(
+      "listen_link",
+      [](const std::string& name, int process) {
+        xla::ffi::Error err = jax_tma::ListenLink(jax_tma::LinkPeer{process, name});
+        if (err.failure()) throw std::runtime_error(std::string(err.message()));
+      },
+      nb::arg("name"), nb::arg("process"));
 
   m.attr("cuda_compiled") = static_cast<bool>(JAX_TMA_WITH_CUDA);
   m.attr("cuda_archs") = JAX_TMA_CUDA_ARCHS;

@@ -133,18 +133,25 @@ def broadcast(
     cluster_size: int | None = None,
 ) -> jax.Array:
     """``n`` materialised replicas of ``x`` stacked along a new axis ``axis``:
-    ``jnp.broadcast_to(jnp.expand_dims(x, axis), ...)`` as a real buffer.
+    ``jnp.broadcast_to(jnp.expand_dims(x, axis), ...)`` as a real buffer,
+    bit for bit.
 
     With ``axis=k + 1`` and a reshape it is ``jnp.repeat(x, n, axis=k)``,
     e.g. repeating the key/value heads of grouped-query attention
     (``examples/gqa_repeat_kv.py``). On Hopper GPUs each input tile is read
     from memory once, not once per replica: the tiles move through shared
-    memory with the Tensor Memory Accelerator and are stored ``n`` times.
-    Works under ``jit``, ``vmap``, ``grad`` (the transpose sums the replica
-    axis), ``shard_map`` and on sharded arrays (every dim of ``x`` may be
-    split; no collectives are inserted); on explicit mesh axes the result is
-    typed as ``jnp.broadcast_to``'s, and in a shape-polymorphic
+    memory with the Tensor Memory Accelerator and are stored ``n`` times
+    with tensor stores. Works under ``jit``, ``vmap`` (folded into one
+    call), ``grad`` (the transpose sums the replica axis), ``shard_map`` and
+    on sharded arrays (every dim of ``x`` may be split; the replica axis is
+    never split and no collectives are inserted); on explicit mesh axes the
+    result is typed as ``jnp.broadcast_to``'s, and in a shape-polymorphic
     ``jax.export`` any dim of ``x`` may be symbolic.
+
+    ``method="auto"`` takes ``"store"`` wherever the tensor-map rules hold
+    (the replica, ``x.shape[axis:]``, a multiple of 16 bytes) and ``"simt"``
+    for every other shape and on GPUs without TMA (compute capability below
+    9.0).
 
     Args:
       x: an array of any shape and dtype (sub-byte types are widened around
@@ -152,23 +159,38 @@ def broadcast(
       n: the number of replicas, an int in ``[1, 2^31)``.
       axis: where the replica axis goes in the output, in
         ``[-(x.ndim + 1), x.ndim]`` (negative counts from the end).
-      method: ``"auto"`` (the fastest measured method for the shape; SIMT
-        on GPUs without TMA), ``"multicast"`` (a thread-block cluster loads
-        each tile once with ``cp.async.bulk.tensor .multicast::cluster``,
-        every CTA receives it and stores its share of the replicas),
-        ``"dsmem"`` (one CTA of a cluster loads the tile and pushes it into
-        its peers' shared memory, SM to SM), ``"store"`` (one CTA loads the
-        tile once and issues all ``n`` stores; no cluster) or ``"simt"``.
-        A TMA method that cannot run the shape is an error naming the rule.
-        On the CPU every method gives the same host copy.
+      method: ``"auto"`` (the rule above), ``"store"`` (one CTA loads a
+        tile and issues all ``n`` stores; no cluster), ``"multicast"`` (a
+        thread-block cluster loads each tile once with
+        ``cp.async.bulk.tensor .multicast::cluster``, every CTA receives it
+        and stores its share of the replicas; it also needs at least
+        ``cluster_size`` rows a tile, each CTA's slice a multiple of 128
+        bytes), ``"dsmem"`` (CTA 0 of a cluster loads the tile and it
+        travels SM to SM into the peers' shared memory) or ``"simt"`` (a
+        vectorised CUDA kernel). The TMA methods need the replica to be a
+        multiple of 16 bytes. On the CPU every method gives the same host
+        copy.
       cluster_size: CTAs per cluster for ``"multicast"``/``"dsmem"``: 2, 4,
         8 or 16 (16 where the GPU allows non-portable clusters); ``None``
-        lets the launcher choose. Must be ``None`` for the other methods.
+        means 2. Must be ``None`` for the other methods.
 
     Returns:
-      An array of shape ``x.shape[:axis] + (n,) + x.shape[axis:]``.
+      An array of shape ``x.shape[:axis] + (n,) + x.shape[axis:]`` and
+      ``x``'s dtype.
 
-    Example:
+    Raises:
+      TypeError: ``x`` is not an array or scalar, or ``n`` or ``axis`` is
+        not an int.
+      ValueError: ``n`` is outside ``[1, 2^31 - 1]``; ``axis`` is out of
+        range; ``method`` is not one of the five names; ``cluster_size`` is
+        given for a method without clusters, or is not 2, 4, 8 or 16.
+      RuntimeError: ``"store"``, ``"multicast"`` or ``"dsmem"`` is lowered
+        for a GPU without TMA (compute capability below 9.0).
+      jax.errors.JaxRuntimeError: on a GPU, a forced TMA method that cannot
+        run the shape, or a cluster size the device cannot launch; the
+        message names the rule.
+
+    Examples:
       >>> import jax, jax.numpy as jnp, jax_tma
       >>> x = jnp.arange(6).reshape(2, 3)
       >>> jax_tma.broadcast(x, 2, axis=1).tolist()
@@ -176,6 +198,12 @@ def broadcast(
       >>> bool((jax.jit(jax_tma.broadcast, static_argnums=1)(x, 4)
       ...       == jnp.broadcast_to(x, (4, 2, 3))).all())
       True
+      >>> bool((jax_tma.broadcast(x, 2, axis=2).reshape(2, 6) == jnp.repeat(x, 2, axis=1)).all())
+      True
+      >>> jax_tma.broadcast(x, 2, cluster_size=4)
+      Traceback (most recent call last):
+        ...
+      ValueError: jax_tma.broadcast: cluster_size=4 needs method='multicast' or 'dsmem', got method='auto'
     """
     x = _checks.as_array(_OP, "x", x)
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)):

@@ -12,19 +12,26 @@ from jax_tma import _ffi
 def build_info() -> dict[str, Any]:
     """Reports the build and the devices, for bug reports.
 
+    Takes no arguments and raises nothing: on a machine without a GPU, or
+    with a build without CUDA, ``gpus`` is empty.
+
     Returns:
-      A dict with ``cuda_compiled`` (bool), ``cuda_archs`` (e.g.
+      A dict with ``cuda_compiled`` (bool: ``False`` for a build without
+      ``nvcc``, whose ops run on CPU devices only), ``cuda_archs`` (e.g.
       ``"90a-real,100a-real,90-virtual"``), ``cuda_runtime_version`` (the
       statically linked cudart, or None), ``ffi_api_version`` ((major, minor)
       of the XLA FFI headers built against), ``jax_version`` and ``gpus``: per
-      visible CUDA device its name, compute capability and whether TMA is
-      usable (compute capability >= 9.0).
+      visible CUDA device its id, name, compute capability and whether TMA is
+      usable (compute capability >= 9.0; on older GPUs ``method="auto"``
+      takes the SIMT kernels, with the same results).
 
-    Example:
+    Examples:
       >>> import jax_tma
       >>> info = jax_tma.build_info()
-      >>> sorted(info)[:3]
-      ['cuda_archs', 'cuda_compiled', 'cuda_runtime_version']
+      >>> sorted(info)
+      ['cuda_archs', 'cuda_compiled', 'cuda_runtime_version', 'ffi_api_version', 'gpus', 'jax_version']
+      >>> [gpu["tma"] for gpu in info["gpus"]]   # on the CPU: no GPUs
+      []
     """
     ext = _ffi._ext
     gpus = []

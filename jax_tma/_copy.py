@@ -50,32 +50,59 @@ mlir.register_lowering(copy_p, _cuda_lowering, platform="cuda")
 def copy(x: jax.Array | np.ndarray, *, method: CopyMethod = "auto") -> jax.Array:
     """Returns a new array equal to ``x`` bit for bit.
 
-    On Hopper/Blackwell GPUs the default method streams the bytes through
+    NaN payloads, ``-0.0`` and subnormals survive: the op moves bytes and
+    never computes. On Hopper/Blackwell GPUs large copies stream through
     shared memory with the Tensor Memory Accelerator (``cp.async.bulk``,
-    several stages in flight per CTA). Works under ``jit``, ``vmap``,
-    ``grad``, ``shard_map`` and on sharded arrays (every dimension may be
-    split; no collectives are inserted).
+    several stages in flight per CTA). Works under ``jit``, ``vmap`` (the
+    batch is folded into one copy), ``grad`` (a copy is linear: its
+    derivative is the identity), ``shard_map`` and on sharded arrays (every
+    dimension may be split; the partitioned program has no collectives).
+
+    ``method="auto"`` picks, on a GPU with TMA (compute capability 9.0 or
+    newer), the bulk copy for copies of at least 32 MiB and the SIMT copy for
+    smaller ones; on older GPUs always the SIMT copy.
 
     Args:
-      x: an array of any dtype (sub-byte types are widened around the copy)
-        and any shape, including 0-d and zero-size.
-      method: ``"auto"`` (bulk TMA where the GPU has it and the copy is at
-        least 32 MiB; below that the SIMT kernel measured faster),
-        ``"bulk"`` (TMA; an error on GPUs below compute capability 9.0),
-        ``"simt"`` (a plain vectorised CUDA copy) or ``"tiled"`` (the
-        tensor-map machinery of :func:`jax_tma.window` over the whole array;
-        an error naming the tensor-map rule where it cannot run). On the CPU
-        every method gives the same host copy.
+      x: an array of any dtype (bool, integers, floats including bfloat16
+        and the float8 types, complex; sub-byte types are widened around the
+        copy and narrowed back, every value kept) and any shape, including
+        0-d and zero-size; NumPy arrays and Python scalars are converted as
+        ``jnp.asarray`` converts them.
+      method: ``"auto"`` (the rule above), ``"bulk"`` (the TMA bulk copy),
+        ``"simt"`` (a vectorised CUDA copy without TMA) or ``"tiled"`` (the
+        tensor-map machinery of :func:`jax_tma.window` over the whole array,
+        viewed as rows of a multiple of 16 bytes). On the CPU every method
+        is the same host copy.
 
     Returns:
-      A new array with ``x``'s shape, dtype and bits.
+      A new array with ``x``'s shape, dtype, sharding and bits.
 
-    Example:
+    Raises:
+      TypeError: ``x`` is neither an array nor a scalar.
+      ValueError: ``method`` is not one of the four names, or
+        ``method="tiled"`` is asked of an ``x`` with symbolic dims (a
+        shape-polymorphic export).
+      RuntimeError: ``method="bulk"`` is lowered for a GPU without TMA
+        (compute capability below 9.0).
+      jax.errors.JaxRuntimeError: on a GPU, ``method="tiled"`` where the
+        array has no tensor-map form (e.g. 3 float32 values: a row of 12
+        bytes); the message names the tensor-map rule.
+
+    Examples:
       >>> import jax, jax.numpy as jnp, jax_tma
-      >>> x = jnp.arange(6.0).reshape(2, 3)
+      >>> bits = jnp.array([0x7FC00001, 0x80000000, 0x00000001], jnp.uint32)
+      >>> x = jax.lax.bitcast_convert_type(bits, jnp.float32)  # NaN payload, -0.0, subnormal
       >>> y = jax.jit(jax_tma.copy)(x)
-      >>> bool((y == x).all())
+      >>> jax.lax.bitcast_convert_type(y, jnp.uint32).tolist() == bits.tolist()
       True
+      >>> jax.vmap(jax_tma.copy)(jnp.arange(6).reshape(2, 3)).tolist()
+      [[0, 1, 2], [3, 4, 5]]
+      >>> jax.grad(lambda v: jnp.sum(jax_tma.copy(v) ** 2))(jnp.arange(3.0)).tolist()
+      [0.0, 2.0, 4.0]
+      >>> jax_tma.copy(jnp.arange(3), method="fast")
+      Traceback (most recent call last):
+        ...
+      ValueError: jax_tma.copy: method must be one of 'auto', 'bulk', 'simt', 'tiled', got 'fast'
     """
     x = _checks.as_array(_OP, "x", x)
     _checks.check_choice(_OP, "method", method, _METHODS)

@@ -778,10 +778,10 @@ def gather(
     A slab is the block of ``x`` at one position of ``axis``: all dims after
     ``axis``, contiguous in memory (a row of a table, a page of a KV cache).
     Negative indices wrap once (``-1`` is the last slab); any other index out
-    of range gives a slab of ``fill``. On Hopper/Blackwell GPUs each slab is
-    moved by the Tensor Memory Accelerator as one bulk copy
-    (``cp.async.bulk``) where slabs are 16-byte multiples; other slabs, and
-    small ones, take a vectorised SIMT kernel with the same result.
+    of range gives a slab of ``fill``. NaN payloads survive, where XLA's own
+    gather may quiet them. On Hopper/Blackwell GPUs a slab can move as one
+    Tensor Memory Accelerator bulk copy (``cp.async.bulk``); a vectorised
+    SIMT kernel moves the others with the same result.
     Works under ``jit``, ``vmap`` (batched ``x`` and/or ``indices`` become
     one call), ``grad`` (the transpose is a scatter-add; float types the
     handlers cannot add, float8_* and float4_e2m1fn, are summed in float32
@@ -804,6 +804,13 @@ def gather(
     the same kernel and tiling) move in one kernel launch, the others in
     separate launches.
 
+    ``method="auto"`` takes the SIMT kernel where it can give a thread to
+    each 16-byte vector (XLA's own gather layout) and the slabs are at most
+    4 KiB, or the gather moves at most 64 MiB, or the call has at most one
+    vector for each thread of one resident wave of the GPU; otherwise one
+    bulk copy per slab where the GPU has TMA and the slabs are multiples of
+    16 bytes; else the SIMT kernel.
+
     Args:
       x: an array of rank >= 1 and any dtype (sub-byte types are widened
         around the call), or a tuple or list of 1 to 8 such tables.
@@ -818,21 +825,34 @@ def gather(
         NumPy scalar or a concrete 0-d array, converted to ``x``'s dtype (to
         each table's) as jnp converts a scalar (a Python int past int64 is a
         float for float tables; float8_e8m0fnu's default 0 is 0xFF, its NaN).
-      method: ``"auto"`` (the SIMT kernel for slabs of at most 4 KiB, for
-        calls of at most 64 MiB and for calls of at most a vector for each
-        thread of one resident wave, where it is the faster, and on GPUs
-        without TMA; ``"tma"`` otherwise where the slabs allow it),
-        ``"tma"`` (one bulk copy per slab; a ValueError
-        naming the 16-byte rule where slabs break it, a RuntimeError on GPUs
-        without TMA) or ``"simt"``. On the CPU every method gives the same
-        host copy.
+      method: ``"auto"`` (the rule above), ``"tma"`` (one bulk copy per
+        slab: ``cp.async.bulk`` global to shared memory, then one bulk store
+        per stage of gathered rows, several stages in flight per CTA; slabs
+        over 16 KiB move in pieces) or ``"simt"`` (the vectorised kernel,
+        any geometry). On the CPU every method gives the same host copy.
 
     Returns:
       An array of shape ``x.shape[:axis] + indices.shape + x.shape[axis+1:]``;
       a tuple of them, one per table, where ``x`` is a tuple or list.
 
-    Example:
-      >>> import jax.numpy as jnp, jax_tma
+    Raises:
+      TypeError: ``x`` (or a table) or ``indices`` is not an array or
+        scalar; ``indices`` are not integers; ``axis`` is not an int;
+        ``fill`` is not a concrete number (a traced value, a non-numeric
+        object, a complex fill of a real table).
+      ValueError: a 0-d ``x``; ``axis`` out of range; ``x`` a sequence of
+        no or more than 8 tables, or tables that disagree in
+        ``x.shape[:axis + 1]``; ``method`` is not one of the three names;
+        ``method="tma"`` with slabs that are not a multiple of 16 bytes;
+        under an explicit mesh, ``x`` split along ``axis``, tables sharded
+        unalike, or a mesh axis that would split two dims of the result.
+      OverflowError: an integer ``fill`` outside the range of int64 and
+        uint64 for an integer table.
+      RuntimeError: ``method="tma"`` is lowered for a GPU without TMA
+        (compute capability below 9.0).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, jax_tma
       >>> table = jnp.arange(8).reshape(4, 2)
       >>> jax_tma.gather(table, jnp.array([3, -1, 4]), fill=-7).tolist()
       [[6, 7], [6, 7], [-7, -7]]
@@ -840,6 +860,13 @@ def gather(
       >>> k, v = jax_tma.gather((k_pool, v_pool), jnp.array([2, 0]))
       >>> k.tolist(), v.tolist()
       ([[4, 5], [0, 1]], [2.0, 0.0])
+      >>> jax.grad(lambda t: jax_tma.gather(t, jnp.array([1, 1, 3])).sum())(
+      ...     jnp.zeros((4, 2))).tolist()
+      [[0.0, 0.0], [2.0, 2.0], [0.0, 0.0], [1.0, 1.0]]
+      >>> jax_tma.gather(table, jnp.array([0.5]))
+      Traceback (most recent call last):
+        ...
+      TypeError: jax_tma.gather: indices must be integers, got dtype float...
     """
     tables, names, axis, many = _tables(_OP_G, x, axis)
     indices = _indices(_OP_G, indices)
@@ -872,11 +899,12 @@ def scatter(
     Negative indices wrap once; any other out-of-range index is dropped.
     Under ``jit`` with ``x`` donated (``donate_argnums``) the slabs are
     written in place: the output is ``x``'s buffer and no copy of ``x`` is
-    made (without donation XLA copies ``x`` first). On Hopper/Blackwell GPUs
-    each slab is one bulk copy (``set``) or one bulk reduce-add
+    made (without donation XLA copies ``x`` first; a donated ``x`` that
+    reaches ``scatter`` through a reshape is copied too). On Hopper/Blackwell
+    GPUs a slab can be one bulk copy (``set``) or one bulk reduce-add
     (``cp.reduce.async.bulk .add``, for 32/64-bit integers, f16, bf16, f32,
-    f64, c64 and c128) where slabs are 16-byte multiples; other slabs and
-    dtypes take a SIMT kernel (atomic adds) with the same result.
+    f64, c64 and c128); a SIMT kernel (vectorised stores, vector or element
+    atomic adds) moves the others with the same result.
 
     Duplicate indices:
       - ``set``: each element of a slab indexed more than once holds that
@@ -916,6 +944,14 @@ def scatter(
     indices once. On the GPU the tables move in one kernel launch where they
     share their slab geometry, as for :func:`gather`.
 
+    ``method="auto"``: under ``"set"`` as for :func:`gather`, except that
+    the 64 MiB rule is a gather's alone; under ``"add"`` the SIMT kernel's
+    16-byte vector reductions (``red.global.add.v4`` of f32, f16x2 and
+    bf16x2) for float32, float16 and bfloat16 where slabs and addresses
+    allow them on a GPU with TMA, else one bulk reduce-add per slab where it
+    can run, else the SIMT kernel's element atomics. ``deterministic=True``
+    always takes the SIMT kernel.
+
     Args:
       x: an array of rank >= 1 (any dtype for ``set``; any numeric dtype
         for ``add``), or a tuple or list of 1 to 8 such tables.
@@ -924,23 +960,43 @@ def scatter(
       updates: an array or a Python scalar that broadcasts to
         ``x.shape[:axis] + indices.shape + x.shape[axis+1:]``; for tables, a
         tuple of one per table.
-      axis: the dim of ``x`` the indices pick along.
+      axis: the dim of ``x`` the indices pick along, in ``[-x.ndim, x.ndim)``.
       mode: ``"set"`` or ``"add"``.
-      method: ``"auto"`` (under ``"set"`` as for :func:`gather`, but for
-        the 64 MiB rule; under ``"add"`` the SIMT kernel's 16-byte vector
-        reductions for float32, float16 and bfloat16 where slabs and
-        addresses are multiples of 16 bytes, ``"tma"`` for other types where
-        it can run), ``"tma"`` (bulk copies / bulk reduce-adds; a ValueError
-        naming the rule where slabs or dtype break it) or ``"simt"``. On the
-        CPU every method gives the same result.
+      method: ``"auto"`` (the rule above), ``"tma"`` (bulk copies / bulk
+        reduce-adds: slabs a multiple of 16 bytes, and for ``add`` a dtype
+        that ``cp.reduce.async.bulk`` adds) or ``"simt"``. On the CPU every
+        method gives the same result.
       deterministic: fixes the order duplicates apply in (see above); costs
         a sort of the indices on the device.
 
     Returns:
       An array of ``x``'s shape and dtype; for tables, a tuple of them.
 
-    Example:
-      >>> import jax.numpy as jnp, jax_tma
+    Raises:
+      TypeError: ``x``, ``indices`` or ``updates`` is not an array or
+        scalar; ``indices`` are not integers; ``axis`` is not an int;
+        ``x`` is several tables and ``updates`` not a tuple of as many
+        arrays; ``deterministic`` is not a bool; ``mode="add"`` of a dtype
+        that cannot be summed (bool).
+      ValueError: a 0-d ``x``; ``axis`` out of range; ``x`` a sequence of
+        no or more than 8 tables, or tables that disagree in
+        ``x.shape[:axis + 1]``; ``mode`` or ``method`` is not one of its
+        names; ``updates`` that do not broadcast to the gathered shape;
+        ``deterministic=True`` with ``method="tma"``; ``method="tma"`` with
+        slabs that are not a multiple of 16 bytes or an add of a dtype
+        ``cp.reduce.async.bulk`` lacks; under an explicit mesh, split
+        indices or an ``x`` split along ``axis``; over 2^31 - 1 rows or
+        indices to number (``deterministic=True``, or ``grad``) without
+        ``jax_enable_x64``.
+      RuntimeError: ``method="tma"`` is lowered for a GPU without TMA
+        (compute capability below 9.0).
+
+    Warns:
+      FutureWarning: ``updates`` whose dtype cannot be cast safely to
+        ``x``'s, as ``x.at[].set`` warns.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, jax_tma
       >>> table = jnp.zeros((4, 2), jnp.int32)
       >>> jax_tma.scatter(table, jnp.array([1, -1, 9]), jnp.ones((3, 2), jnp.int32),
       ...                 mode="add").tolist()
@@ -950,6 +1006,14 @@ def scatter(
       ...                        (jnp.ones((2, 2), jnp.int32), jnp.array([5.0, 6.0])))
       >>> k.tolist(), v.tolist()
       ([[1, 1], [0, 0], [1, 1], [0, 0]], [6.0, 0.0, 5.0, 0.0])
+      >>> update = jax.jit(lambda t, i, u: jax_tma.scatter(t, i, u), donate_argnums=0)
+      >>> args = (jnp.zeros((1024, 64)), jnp.array([3]), jnp.ones((1, 64)))
+      >>> " copy(" in update.lower(*args).compile().as_text()   # in place: no copy of x
+      False
+      >>> jax_tma.scatter(table, jnp.array([0, 1]), jnp.ones((3, 2), jnp.int32))
+      Traceback (most recent call last):
+        ...
+      ValueError: jax_tma.scatter: updates have shape (3, 2), which does not broadcast to (2, 2)...
     """
     tables, names, axis, many = _tables(_OP_S, x, axis)
     indices = _indices(_OP_S, indices)

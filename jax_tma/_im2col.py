@@ -275,44 +275,77 @@ def im2col(
     (kernel taps..., channel), so ``im2col(x, k, ...) @ w.reshape(-1, O)``
     equals ``lax.conv_general_dilated(x, w, ...)`` for HWIO weights ``w``;
     ``order="channel_major"`` gives ``lax.conv_general_dilated_patches``'s
-    (channel, taps...) order. Padded pixels read as zero, as jnp writes it
-    in ``x``'s dtype (``float8_e8m0fnu``, which has no zero, gets its NaN
-    0xFF as from ``jnp.pad``); values are moved bit for bit (any dtype).
-    Where the dilated kernel is larger than the padded input, that output
-    dim is 0 and the result is empty, as with
+    (channel, taps...) order, bit for bit. Padded pixels read as zero, as jnp
+    writes it in ``x``'s dtype (``float8_e8m0fnu``, which has no zero, gets
+    its NaN 0xFF as from ``jnp.pad``); values are moved bit for bit (any
+    dtype). Where the dilated kernel is larger than the padded input, that
+    output dim is 0 and the result is empty, as with
     ``lax.conv_general_dilated_patches``.
 
-    On a GPU, ``method="tma"`` loads the patches with the TMA engine in
-    im2col mode (``cuTensorMapEncodeIm2col``) and stores them with tiled
-    tensor stores; ``"auto"`` takes the SIMT kernel, which measured faster
-    on an H100 for every benchmark shape (see the README). Works under
-    ``jit``, ``vmap`` (folded into ``N``), ``grad`` (the transpose is
-    :func:`col2im`), ``shard_map`` and on arrays sharded along ``N`` (no
-    collectives); on explicit mesh axes the result is typed as
+    Works under ``jit``, ``vmap`` (extra batch dims folded into ``N``, one
+    call), ``grad`` (the transpose is :func:`col2im`), ``shard_map`` and on
+    arrays sharded along ``N`` (no collectives; the spatial dims are
+    replicated); on explicit mesh axes the result is typed as
     ``lax.conv_general_dilated_patches``'s. In a shape-polymorphic
     ``jax.export`` only ``N`` may be symbolic.
 
+    ``method="auto"`` always takes the SIMT kernel (16-byte accesses,
+    several taps in flight per thread); the TMA im2col path runs only when
+    asked for.
+
     Args:
-      x: ``(N, *S, C)`` with 1 to 3 spatial dims, any dtype.
-      kernel_size: the kernel's spatial size: an int or one int per spatial dim.
-      strides: convolution strides >= 1 (int or per dim).
+      x: ``(N, *S, C)`` with 1 to 3 spatial dims, any dtype (sub-byte types
+        are widened around the call).
+      kernel_size: the kernel's spatial size: an int or one int >= 1 per
+        spatial dim.
+      strides: convolution strides >= 1 (an int or one per spatial dim).
       padding: ``"VALID"``, ``"SAME"`` (lax's convention) or one
-        ``(low, high)`` pair of ints >= 0 per spatial dim.
-      dilation: kernel dilation >= 1 (int or per dim).
+        ``(low, high)`` pair of ints >= 0 per spatial dim (asymmetric, larger
+        than the kernel allowed).
+      dilation: kernel dilation >= 1 (an int or one per spatial dim).
       order: ``"tap_major"`` or ``"channel_major"``.
-      method: ``"auto"`` (the fastest measured path: SIMT), ``"tma"`` (the
-        TMA im2col path; an error naming the violated hardware rule where it
-        cannot run: channels x element size not a multiple of 16 B, strides
-        over 8, pixel-box corners out of range, ...) or ``"simt"``.
+      method: ``"auto"`` (the rule above), ``"tma"`` (the TMA im2col mode:
+        ``cuTensorMapEncodeIm2col`` with the padding and dilation in the
+        pixel-box corners, one ``cp.async.bulk.tensor`` im2col load per
+        kernel tap and a tiled tensor store of it; tap-major order,
+        channels x element size a multiple of 16 bytes, strides up to 8,
+        the pixel-box corners in the hardware's range) or ``"simt"``. On the
+        CPU every method gives the same result.
 
     Returns:
       ``(N, *O, prod(kernel_size) * C)`` with ``x``'s dtype.
 
-    Example:
-      >>> import jax.numpy as jnp, jax_tma
+    Raises:
+      TypeError: ``x`` is not an array or scalar; ``kernel_size``,
+        ``strides`` or ``dilation`` is not an int or a sequence of ints; a
+        spatial dim or ``C`` is symbolic.
+      ValueError: ``x`` is not of rank 3, 4 or 5; ``kernel_size``,
+        ``strides`` or ``dilation`` has not one entry per spatial dim or an
+        entry below 1; ``padding`` is not ``"VALID"``, ``"SAME"`` or one
+        pair of ints >= 0 per spatial dim; a patch row would exceed
+        2^63 - 1 entries; ``order`` or ``method`` is not one of its names;
+        under an explicit mesh, ``x``'s channel dim is split, or a spatial
+        split does not divide the output.
+      jax.errors.JaxRuntimeError: on a GPU, ``method="tma"`` where a
+        hardware rule is broken or the GPU has no TMA; the message names
+        the rule.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, jax_tma
+      >>> from jax import lax
       >>> x = jnp.arange(8.0).reshape(1, 4, 2)      # N=1, W=4, C=2
       >>> jax_tma.im2col(x, 2, strides=2)[0].tolist()
       [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+      >>> img = jnp.arange(2 * 5 * 5 * 3.0).reshape(2, 5, 5, 3)
+      >>> patches = jax_tma.im2col(img, 3, padding="SAME", order="channel_major")
+      >>> xla = lax.conv_general_dilated_patches(img, (3, 3), (1, 1), "SAME",
+      ...                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+      >>> patches.shape, bool((patches == xla).all())
+      ((2, 5, 5, 27), True)
+      >>> jax_tma.im2col(img, 3, padding=((-1, 0), (0, 0)))
+      Traceback (most recent call last):
+        ...
+      ValueError: jax_tma.im2col: padding[0] = (-1, 0) is negative (padding must be >= 0; crop x first)
     """
     x = _checks.as_array(_OP, "x", x)
     kernel, strides, pads, dilation, _ = _geometry(_OP, x.shape, kernel_size, strides,
@@ -347,28 +380,53 @@ def col2im(
     value), in the element type otherwise (integers wrap, sub-byte ones at
     their width; subnormals kept); a NaN result is stored as ``np.nan``'s
     bits in the element type, so CPU and GPU results are identical bit for
-    bit.
-    ``jax.grad`` of ``im2col`` is this op. An empty ``patches`` (an output
-    dim of 0: the dilated kernel is larger than the padded input) gives
-    zeros (``float8_e8m0fnu``: its NaN, jnp's zero there).
+    bit. ``jax.grad`` of ``im2col`` is this op, and this op's is ``im2col``.
+    An empty ``patches`` (an output dim of 0: the dilated kernel is larger
+    than the padded input) gives zeros (``float8_e8m0fnu``: its NaN, jnp's
+    zero there). Works under ``jit``, ``vmap``, ``grad``, ``shard_map`` and
+    on arrays sharded along ``N``, as :func:`im2col` does.
+
+    ``method="auto"`` and ``"simt"`` are the same: a gather kernel in which
+    each input element sums its own entries (no atomics, so the order of
+    the sums is fixed). There is no TMA path: the hardware's reduce-add
+    tensor store would sum in an unspecified order.
 
     Args:
       patches: ``(N, *O, prod(kernel_size) * C)``; any numeric dtype (not
         bool).
-      input_shape: ``(N, *S, C)`` of the input of the matching ``im2col``;
-        ``N`` may be a symbolic dim of a shape-polymorphic export.
-      kernel_size, strides, padding, dilation, order: as for ``im2col``.
-      method: ``"auto"`` or ``"simt"``: on a GPU both run the deterministic
-        gather kernel (each input element sums its own entries, no atomics).
+      input_shape: ``(N, *S, C)`` of the input of the matching ``im2col``,
+        ints >= 0; ``N`` may be a symbolic dim of a shape-polymorphic export.
+      kernel_size: as for :func:`im2col`.
+      strides: as for :func:`im2col`.
+      padding: as for :func:`im2col`.
+      dilation: as for :func:`im2col`.
+      order: as for :func:`im2col`.
+      method: ``"auto"`` or ``"simt"`` (the rule above).
 
     Returns:
       An array of shape ``input_shape`` and ``patches``' dtype.
 
-    Example:
-      >>> import jax.numpy as jnp, jax_tma
+    Raises:
+      TypeError: ``patches`` is not an array or is of dtype bool;
+        ``input_shape`` is not a sequence of ints >= 0; the geometry's
+        arguments are of the wrong kind (as for :func:`im2col`).
+      ValueError: ``method="tma"`` (col2im has no TMA path) or another
+        unknown name; ``patches.shape`` is not what ``im2col`` gives for
+        ``input_shape``; a geometry rule of :func:`im2col` is broken.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, jax_tma
       >>> p = jnp.ones((1, 3, 2))                   # 3 windows of 2 taps, C=1
-      >>> jax_tma.col2im(p, (1, 4, 1), 2)[0, :, 0].tolist()
+      >>> jax_tma.col2im(p, (1, 4, 1), 2)[0, :, 0].tolist()   # taps that read each pixel
       [1.0, 2.0, 2.0, 1.0]
+      >>> x = jnp.arange(4.0).reshape(1, 4, 1)
+      >>> g = jax.grad(lambda x: jax_tma.im2col(x, 2).sum())(x)
+      >>> bool((g == jax_tma.col2im(jnp.ones((1, 3, 2)), x.shape, 2)).all())
+      True
+      >>> jax_tma.col2im(p, (1, 5, 1), 2)
+      Traceback (most recent call last):
+        ...
+      ValueError: jax_tma.col2im: patches.shape=(1, 3, 2) but im2col of input_shape=(1, 5, 1) gives (1, 4, 2)
     """
     patches = _checks.as_array(_OP_T, "patches", patches)
     if (not isinstance(input_shape, Sequence) or isinstance(input_shape, str)

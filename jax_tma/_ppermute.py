@@ -8,7 +8,10 @@ import functools
 import itertools
 import logging
 import os
+import socket
 import sys
+import threading
+import uuid
 from collections.abc import Sequence
 from typing import Literal
 
@@ -88,8 +91,10 @@ def device_plan(mesh: jax.sharding.Mesh, axis_name: tuple[str, ...],
     for group in groups:
         for src, dst in perm:
             sources[group[dst]] = group[src]
+    # What each handler is told it runs on: a host device's id (process 1's
+    # are 2048, ... under jax.distributed), a GPU's CUDA ordinal.
     ordinals = np.array(
-        [d.id if d.local_hardware_id is None else d.local_hardware_id for d in mesh.devices.flat],
+        [d.id if d.platform == "cpu" else d.local_hardware_id for d in mesh.devices.flat],
         np.int64,
     )
     return ordinals, sources
@@ -128,8 +133,14 @@ def _transport(ctx, *, axis_name, perm, platform):
     if not set(axis_name) <= set(mesh.axis_names):
         return None, f"axis {axis_name} is not an axis of the mesh {list(mesh.axis_names)}"
     processes = sorted({d.process_index for d in mesh.devices.flat})
+    links = None
     if processes != [jax.process_index()]:
-        return None, f"the mesh spans {len(processes)} processes {processes}"
+        if platform != "cpu":
+            return None, (f"the mesh spans {len(processes)} processes {processes} (the GPU "
+                          f"transport runs within one process)")
+        links, why = _process_links(processes)
+        if links is None:
+            return None, why
     ordinals, sources = device_plan(mesh, axis_name, perm)
     if platform == "cuda":
         for i, s in enumerate(sources):
@@ -138,7 +149,74 @@ def _transport(ctx, *, axis_name, perm, platform):
             for a, b in ((i, s), (s, i)):
                 if not peer_access(int(ordinals[a]), int(ordinals[b])):
                     return None, f"GPU {ordinals[a]} cannot map GPU {ordinals[b]}'s memory"
-    return (ordinals, sources), f"{platform} peer copies between {mesh.size} devices of this process"
+    if links is not None:
+        return (ordinals, sources, links), (
+            f"{platform} blocks over the process link between {mesh.size} devices of "
+            f"{len(processes)} processes {processes}")
+    return (ordinals, sources, None), \
+        f"{platform} peer copies between {mesh.size} devices of this process"
+
+
+# How long a call across processes waits for a peer (its block, its link).
+TIMEOUT_ENV = "JAX_TMA_PPERMUTE_TIMEOUT_S"
+_DEFAULT_TIMEOUT_S = 30.0
+_link_lock = threading.Lock()
+_own_link: list[str] = []  # this process's link name, once it listens
+
+
+def _timeout_ms() -> int:
+    raw = os.environ.get(TIMEOUT_ENV, str(_DEFAULT_TIMEOUT_S))
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < 2**31 / 1000:
+        raise ValueError(f"{_OP}: {TIMEOUT_ENV}={raw!r} is not a number of seconds in "
+                         f"(0, {2**31 // 1000})")
+    return max(1, round(seconds * 1000))
+
+
+def _host() -> str:
+    """This machine, as far as abstract Unix sockets reach: its name and boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _process_links(processes: list[int]) -> tuple[list[str] | None, str]:
+    """The link name of every process by index (those not in `processes`
+    empty), this process listening on its own; or None and why the
+    processes cannot be linked. The names travel through jax.distributed's
+    key-value store."""
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        return None, "jax.distributed is not initialized (its key-value store finds the peers)"
+    me, host, timeout = jax.process_index(), _host(), _timeout_ms()
+    with _link_lock:
+        if not _own_link:
+            name = f"jax_tma.{uuid.uuid4().hex}"
+            _ffi._ext.listen_link(name, me)
+            client.key_value_set(f"jax_tma/ppermute/link/{me}", f"{host}\n{name}")
+            _own_link.append(name)
+    names = [""] * (max(processes) + 1)
+    for q in processes:
+        try:
+            value = client.blocking_key_value_get(f"jax_tma/ppermute/link/{q}", timeout)
+        except Exception as e:  # jax raises its runtime error on a timeout
+            raise RuntimeError(
+                f"{_OP}: process {q} did not publish its link within {timeout / 1000:g} s "
+                f"({TIMEOUT_ENV}): it does not run this program, or has not reached this "
+                f"ppermute yet") from e
+        their_host, names[q] = value.split("\n")
+        if their_host != host:
+            return None, (f"process {q} runs on another host ({their_host.split('/')[0]}); "
+                          f"the process link joins the processes of one host")
+    return names, ""
 
 
 _LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, _ffi))
@@ -163,10 +241,14 @@ def _lowering(ctx, x, *, axis_name, perm, method, direction, site, platform):
         _log.debug("%s: lax.ppermute, because %s", where, why)
         return _fallback(ctx, x, axis_name=axis_name, perm=perm)
     _log.debug("%s: jax_tma_ppermute (%s, method %s, %s)", where, why, method, direction)
-    ordinals, sources = plan
+    ordinals, sources, links = plan
+    mesh = _mesh_of(ctx)
     return jax.ffi.ffi_lowering("jax_tma_ppermute")(
         ctx, x, instance=np.int64(next(_instances)), devices=ordinals,
         sources=sources, push=direction == "push", method=method,
+        process=np.int64(jax.process_index()),
+        processes=np.array([d.process_index for d in mesh.devices.flat], np.int64),
+        links="\n".join(links or ()), site=site, timeout_ms=np.int64(_timeout_ms()),
     )
 
 
@@ -208,38 +290,65 @@ def ppermute(x: jax.Array, axis_name: str | Sequence[str],
     every device receives the block of the device that sends to it.
 
     The block moves directly between the two GPUs' memories with the TMA
-    bulk-copy pipeline (peer access; no staging buffer, no NCCL): the
-    receiver reads its source's input (pull) or the sender writes into its
-    destination's output (push). Per call, the devices' host threads meet
-    once: the copying device's stream waits on an event recorded where the
-    peer's buffer may be touched (input complete, or output memory free),
-    and the peer's stream waits on an event recorded after the copy, so
-    nothing later on it reuses or reads that buffer too early.
-    Where that cannot run — devices in other processes, a ``shard_map``
-    manual over only some mesh axes, no concrete mesh at lowering, or two
-    GPUs without peer access — the op lowers to ``lax.ppermute`` with the same
-    result. On the CPU the host devices meet the same way and copy with
-    ``memcpy``. Which of the two a call site got, and why, is logged at
-    DEBUG level on the ``"jax_tma"`` logger when the call is lowered.
+    bulk-copy pipeline of :func:`copy` (peer access; no staging buffer, no
+    NCCL): the sender writes into its destination's output (push) or the
+    receiver reads its source's input (pull). Per call, the devices' host
+    threads meet once: the copying device's stream waits on an event
+    recorded where the peer's buffer may be touched (input complete, or
+    output memory free), and the peer's stream waits on an event recorded
+    after the copy, so nothing later on it reuses or reads that buffer too
+    early; a device whose peer fails or never arrives returns an error
+    instead of hanging. Where that cannot run — GPUs in other processes
+    (``jax.distributed``), a ``shard_map`` manual over only some mesh axes,
+    no concrete mesh at lowering, or GPUs without peer access — the op
+    lowers to ``lax.ppermute`` with the same result. On the CPU the host
+    devices meet the same way and copy with ``memcpy``; host devices in
+    several processes of one host send their blocks over a Unix socket per
+    process, found through ``jax.distributed``'s key-value store, and a peer
+    that never calls, exits or calls another permutation fails the call
+    within ``JAX_TMA_PPERMUTE_TIMEOUT_S`` seconds (default 30) with an
+    error naming it. Which transport a call site got, and why, is logged at
+    DEBUG level on the ``"jax_tma"`` logger when the call is lowered. Works under ``jit``, ``vmap`` (one call
+    over the batched block) and ``grad`` (the transpose is the inverse
+    permutation; devices that sent nothing get a zero cotangent).
+
+    ``method="auto"`` copies with the TMA bulk pipeline on GPUs with TMA and
+    with the SIMT copy on older ones; ``direction="auto"`` pushes (a write
+    crosses the link once, where a read makes a round trip).
 
     Args:
-      x: the local block (any dtype and shape).
+      x: the local block (any dtype and shape; sub-byte types are widened
+        around the call).
       axis_name: a mesh axis name of the enclosing ``shard_map`` or a tuple
-        of them (positions run over those axes as in ``lax.ppermute``).
-      perm: ``(source, destination)`` position pairs; each source and each
-        destination at most once. Devices that receive nothing get zeros.
-      method: ``"auto"`` (TMA bulk copy where the GPU has TMA), ``"bulk"`` or
+        of them in the mesh's order (positions run over those axes as in
+        ``lax.ppermute``).
+      perm: ``(source, destination)`` position pairs along ``axis_name``;
+        each source and each destination at most once. Devices that receive
+        nothing get zeros.
+      method: ``"auto"`` (the rule above), ``"bulk"`` (the TMA bulk copy) or
         ``"simt"`` (a plain vectorised copy); every method gives the same
         result.
-      direction: ``"pull"`` (each receiver reads its source's input),
-        ``"push"`` (each sender writes into its destination's output) or
-        ``"auto"`` (push, which measured faster on NVLink-connected H200s;
-        see the README's benchmark); every direction gives the same result.
+      direction: ``"auto"`` (push), ``"push"`` (each sender writes into its
+        destination's output) or ``"pull"`` (each receiver reads its
+        source's input); every direction gives the same result.
 
     Returns:
-      The block received from the device that sends to this one.
+      The block received from the device that sends to this one (zeros
+      where none does), with ``x``'s shape and dtype.
 
-    Example:
+    Raises:
+      TypeError: ``x`` is not an array or scalar; ``axis_name`` is not a
+        name or a tuple of names; ``perm`` is not a sequence of int pairs.
+      NameError: ``axis_name`` is not bound here (the call is not inside a
+        ``shard_map`` over a mesh with that axis).
+      ValueError: several axis names out of the mesh's order; ``method`` or
+        ``direction`` is not one of its names; a ``perm`` position outside
+        the axis; ``perm`` is not a permutation (a source or destination
+        appears twice).
+      jax.errors.JaxRuntimeError: a peer that fails, or does not arrive
+        within ``JAX_TMA_PPERMUTE_TIMEOUT_S`` seconds (default 30).
+
+    Examples:
       >>> import jax, jax.numpy as jnp, jax_tma
       >>> from jax.sharding import Mesh, PartitionSpec as P
       >>> mesh = Mesh(jax.devices()[:1], ("i",))
@@ -247,6 +356,10 @@ def ppermute(x: jax.Array, axis_name: str | Sequence[str],
       ...                   mesh=mesh, in_specs=P("i"), out_specs=P("i"))
       >>> jax.jit(f)(jnp.arange(4.0)).tolist()
       [0.0, 1.0, 2.0, 3.0]
+
+    With two or more devices (GPUs, or host devices forced with
+    ``--xla_force_host_platform_device_count``), ``perm=[(0, 1), (1, 0)]``
+    swaps the blocks of devices 0 and 1, as ``lax.ppermute`` does.
     """
     x = _checks.as_array(_OP, "x", x)
     names = (axis_name,) if isinstance(axis_name, str) else axis_name

@@ -374,56 +374,87 @@ def window(
     ``x`` read as ``fill``.
 
     ``out[i] = x[start + i * strides]`` where that index is inside ``x``, else
-    ``fill``. Covers ``lax.dynamic_slice``, strided ``lax.slice``, crops and
-    constant padding (``jnp.pad``: a negative start or a box past the end).
-    Unlike ``lax.dynamic_slice``, starts are **not clamped** into the array:
-    a box that hangs over an edge reads ``fill`` there.
+    ``fill``. One op covers ``lax.dynamic_slice``, strided ``lax.slice``,
+    crops and constant padding (``jnp.pad``: a negative start or a box past
+    the end). Unlike ``lax.dynamic_slice``, starts are **not clamped** into
+    the array: a box that hangs over an edge reads ``fill`` there.
 
     On Hopper/Blackwell GPUs the box is moved by the TMA tensor-copy engine
-    (``cp.async.bulk.tensor`` with hardware out-of-bounds fill) where the
-    tensor-map rules allow and the innermost start is known to be 16-byte
-    aligned; other geometries take a SIMT kernel with the same result.
-    Works under ``jit`` (also with ``jax.disable_jit()``), ``vmap`` (batched
-    ``x`` and/or ``start`` become one call), ``grad`` (the transpose scatters
-    the cotangent back into zeros shaped like ``x``), inside ``shard_map``,
-    on sharded arrays (batch dims split without collectives; on an Explicit
-    mesh a dim keeps its sharding where the box's extent still divides among
-    its devices, as for ``lax.dynamic_slice``, and is unsharded where it does
+    (``cp.async.bulk.tensor`` with the hardware's out-of-bounds fill) where
+    the tensor-map rules allow; other geometries take a SIMT kernel with the
+    same result. Works under ``jit`` (also with ``jax.disable_jit()``),
+    ``vmap`` (batched ``x`` and/or ``start`` become one call), ``grad`` (the
+    transpose writes the cotangent back into zeros shaped like ``x``),
+    inside ``shard_map``, on sharded arrays (batch dims, and leading dims
+    the box covers in full, split without collectives; on an Explicit mesh
+    a dim keeps its sharding where the box's extent still divides among its
+    devices, as for ``lax.dynamic_slice``, and is unsharded where it does
     not, which ``lax.dynamic_slice`` refuses) and in ``jax.export`` with
     symbolic dims.
 
+    ``method="auto"`` hands a traced innermost start to the SIMT kernel (it
+    may be anything, and a TMA box starts 16-byte aligned); otherwise the
+    handler takes the tensor-map path where the innermost start is a static
+    multiple of 16 bytes and the tensor-map rules hold (tensor-map rank at
+    most 5, element strides at most 8, innermost stride 1, rows a multiple
+    of 16 bytes, dims up to 2^30), and the SIMT kernel elsewhere; on GPUs
+    without TMA always the SIMT kernel.
+
     Args:
-      x: an array of rank >= 1, any dtype.
+      x: an array of rank >= 1, any dtype (sub-byte types are widened
+        around the call).
       start: one integer per dim of ``x``: Python ints, traced integer
-        scalars of any integer dtype, or an integer array of shape
-        ``(x.ndim,)``; negative values and values past the end are allowed
-        (an unsigned start past the end reads fill, never wraps).
+        scalars of any integer dtype (a ``fori_loop`` index), or an integer
+        array of shape ``(x.ndim,)``; negative values and values past the
+        end are allowed (an unsigned start past the end reads fill, never
+        wraps). A static start beyond int32 needs ``jax_enable_x64``.
       shape: the output shape, one int >= 1 (and < 2^31) per dim; in a
         shape-polymorphic export also x's own symbolic dim (taken whole).
-      strides: element strides >= 1 per dim (default all 1).
+      strides: element strides >= 1 (and < 2^31) per dim (default all 1).
       fill: the value of out-of-bounds elements: a concrete scalar (Python or
         NumPy number, or a 0-d array that is not traced) converted to ``x``'s
-        dtype as ``jnp.pad(..., constant_values=fill)`` converts it (``-0.0``
-        stays negative); ``"nan"`` is NaN (NaN in both parts for complex).
-        For ``complex128`` both parts must be equal.
-      method: ``"auto"`` (the tensor-map path where the innermost start is a
-        static multiple of 16 bytes and the tensor-map rules hold, else the
-        SIMT kernel), ``"tma"`` (the tensor-map path; an error naming the
-        violated rule where it cannot run) or ``"simt"``.
+        dtype as ``jnp.asarray(fill, x.dtype)`` converts it (``-0.0`` stays
+        negative); ``"nan"`` is NaN (NaN in both parts for complex), for
+        floating and complex dtypes. For ``complex128`` both parts must be
+        equal.
+      method: ``"auto"`` (the rule above), ``"tma"`` (the tensor-map path)
+        or ``"simt"``. On the CPU every method gives the same host copy.
 
     Returns:
       An array of shape ``shape`` and ``x``'s dtype.
 
     Raises:
-      TypeError: ``x``, ``start`` or ``fill`` of the wrong kind.
-      ValueError: a length, extent, stride, fill or method rule broken; the
-        message names the rule and the values.
+      TypeError: ``x`` is not an array or scalar; ``start`` is not a
+        sequence of integer scalars or an integer array; an entry of
+        ``shape`` or ``strides`` is not an int; ``fill`` is not a concrete
+        number (a traced value, a non-numeric object, a complex fill of a
+        real ``x``).
+      ValueError: ``method`` is not one of the three names; ``x`` is 0-d;
+        ``start``, ``shape`` or ``strides`` has not one entry per dim; an
+        extent or stride is below 1 or over 2^31 - 1; a static start needs
+        int64 without ``jax_enable_x64``; ``fill`` is a string other than
+        ``"nan"``, a NaN for a non-floating dtype, or a ``complex128`` fill
+        with unequal parts. The message names the op, the rule and the
+        values.
+      OverflowError: an integer ``fill`` outside the range of int64 and
+        uint64 for an integer ``x``.
+      jax.errors.JaxRuntimeError: on a GPU, ``method="tma"`` where a
+        tensor-map rule is broken or the GPU has no TMA; the message names
+        the rule.
 
-    Example:
-      >>> import jax.numpy as jnp, jax_tma
+    Examples:
+      >>> import jax, jax.numpy as jnp, jax_tma
       >>> x = jnp.arange(12).reshape(3, 4)
-      >>> jax_tma.window(x, (-1, 1), (2, 2)).tolist()
+      >>> jax_tma.window(x, (-1, 1), (2, 2)).tolist()   # the row above x reads fill
       [[0, 0], [1, 2]]
+      >>> jax_tma.window(x, (0, 1), (2, 2), strides=(2, 2), fill=-1).tolist()
+      [[1, 3], [9, 11]]
+      >>> jax.jit(lambda i: jax_tma.window(x, (i, 0), (2, 4)))(2).tolist()
+      [[8, 9, 10, 11], [0, 0, 0, 0]]
+      >>> jax_tma.window(x, (0,), (2, 2))
+      Traceback (most recent call last):
+        ...
+      ValueError: jax_tma.window: start has 1 entries but x has rank 2 (x.shape=(3, 4))
     """
     x = _checks.as_array(_OP, "x", x)
     _checks.check_choice(_OP, "method", method, _METHODS)

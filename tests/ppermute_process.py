@@ -1,65 +1,161 @@
-"""One process of tests/test_ppermute_processes.py: process `pid` of 2 under
-jax.distributed with a local coordinator, 2 host devices each, checking
-jax_tma.ppermute against lax.ppermute over the global 4-device mesh (1-D and
-2-D) on fresh random data every iteration; prints the jax_tma debug log.
+"""One process of tests/test_ppermute_processes.py: process `pid` of `count`
+under jax.distributed with a local coordinator, 2 host devices each; prints
+the jax_tma debug log, then "process PID: ok" or the error it expects.
 
-    usage: python tests/ppermute_process.py PID PORT SEED
+    usage: python tests/ppermute_process.py MODE PID COUNT PORT SEED
+
+MODE:
+  check  jax_tma.ppermute over the global mesh (1-D and 2-D, several
+         dtypes, blocks of 0 bytes to 20 MiB, not multiples of 16 bytes among
+         them), bit for bit, fresh random data every iteration. (NCCL and
+         Gloo are no reference: lax.ppermute quiets bf16 NaN payloads on
+         the CPU.)
+  never  process 1 never makes the call: the others time out naming it, and
+         their call site refuses the next call.
+  kill   process 1 is killed (SIGKILL) as the call starts: the others fail at
+         once, naming it (one that only sends to it may finish that call, and
+         fails the next).
+  perm   process 1 calls with another permutation: every process fails
+         instead of taking a block meant for another call.
 """
 
-import functools
 import logging
 import os
+import signal
 import sys
+import time
+import traceback
 
-pid, port, seed = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+mode, pid, count, port, seed = sys.argv[1], *map(int, sys.argv[2:5]), int(sys.argv[5])
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
 
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=pid,
+jax.distributed.initialize(f"localhost:{port}", num_processes=count, process_id=pid,
                            initialization_timeout=60)
 
 import numpy as np  # noqa: E402
-from jax import lax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_tma  # noqa: E402
+from jax_tma._ppermute import device_plan  # noqa: E402
 from reference import assert_bits_equal, random_array  # noqa: E402
 
 logging.basicConfig(stream=sys.stdout, format="%(name)s: %(message)s")
 logging.getLogger("jax_tma").setLevel(logging.DEBUG)
-assert jax.process_count() == 2 and len(jax.devices()) == 4, jax.devices()
+n = 2 * count
+assert jax.process_count() == count and len(jax.devices()) == n, jax.devices()
+
+
+def shard_mapped(fn, mesh, axis, perm):
+    spec = P(*mesh.axis_names)
+    return jax.jit(jax.shard_map(lambda b: fn(b, axis, perm), mesh=mesh, in_specs=spec,
+                                 out_specs=spec))
+
+
+def global_array(mesh, x):
+    sharding = NamedSharding(mesh, P(*mesh.axis_names))
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
 
 def check(mesh, axis, perm, dtype, shape, iterations):
-    spec = P(*mesh.axis_names)
-
-    def make(fn):
-        return jax.jit(jax.shard_map(lambda b: fn(b, axis, perm), mesh=mesh,
-                                     in_specs=spec, out_specs=spec))
-
-    ours, ref = make(jax_tma.ppermute), make(lax.ppermute)
-    sharding = NamedSharding(mesh, spec)
-    # Every process draws the same global array: same seed, same shape.
-    rng = np.random.default_rng([seed, iterations, len(shape)])
+    """jax_tma.ppermute of fresh random data, bit for bit against the blocks
+    every process cuts from the same global array (same seed, same shape):
+    each device gets its source's block, or zeros."""
+    ours = shard_mapped(jax_tma.ppermute, mesh, axis, perm)
+    _, sources = device_plan(mesh, (axis,) if isinstance(axis, str) else axis, tuple(perm))
+    indices = NamedSharding(mesh, P(*mesh.axis_names)).devices_indices_map(shape)
+    block = [indices[d] for d in mesh.devices.flat]
+    rng = np.random.default_rng([seed, iterations, *shape])
     for _ in range(iterations):
         x = random_array(rng, shape, dtype)
-        g = jax.make_array_from_callback(shape, sharding, lambda index: x[index])
-        a, b = ours(g), ref(g)
-        for sa, sb in zip(a.addressable_shards, b.addressable_shards, strict=True):
-            assert sa.index == sb.index
-            assert_bits_equal(sa.data, sb.data)
+        want = np.zeros_like(x)
+        for i, s in enumerate(sources):
+            if s >= 0:
+                want[block[i]] = x[block[s]]
+        got = ours(global_array(mesh, x))
+        for shard in got.addressable_shards:
+            assert_bits_equal(shard.data, want[shard.index])
 
 
-ring = [(i, (i + 1) % 4) for i in range(4)]
+def expect_failure(fn, *patterns):
+    """Runs fn, which must raise an error matching every pattern; prints it."""
+    try:
+        jax.block_until_ready(fn())
+    except Exception as e:  # noqa: BLE001 (XLA's runtime error, whatever its class)
+        msg = str(e).split("\n")[0]
+        print(f"process {pid}: failed: {msg}", flush=True)
+        missing = [p for p in patterns if p not in msg]
+        assert not missing, f"{missing} not in {msg}"
+        return
+    raise AssertionError(f"process {pid}: the call did not fail")
+
+
+def main():
+    if mode == "check":
+        run_checks()
+    else:
+        run_fault()
+    print(f"process {pid}: ok", flush=True)
+
+
+ring = [(i, (i + 1) % n) for i in range(n)]
 mesh_1d = Mesh(np.array(jax.devices()), ("i",))
-for dtype in (np.float32, np.int8, np.uint16, np.complex64, jax.numpy.bfloat16):
-    check(mesh_1d, "i", ring, dtype, (4 * 3, 5), iterations=3)
-check(mesh_1d, "i", [(0, 3), (3, 1)], np.float64, (4 * 7,), iterations=2)
-mesh_2d = Mesh(np.array(jax.devices()).reshape(2, 2), ("a", "b"))
-check(mesh_2d, ("a",), [(0, 1), (1, 0)], np.float32, (2 * 3, 2 * 4), iterations=2)
-check(mesh_2d, ("a", "b"), ring, np.int32, (2 * 2, 2 * 3), iterations=2)
-print(f"process {pid}: ok", flush=True)
+
+
+def run_checks():
+    for dtype in (np.float32, np.int8, np.uint16, np.complex64, jax.numpy.bfloat16, np.bool_):
+        check(mesh_1d, "i", ring, dtype, (n * 3, 5), iterations=3)
+    for rows in (0, 1, 7, 1 << 20):  # 0 B, 20 B, 140 B and 20 MiB blocks
+        check(mesh_1d, "i", ring, np.float32, (n * rows, 5), iterations=1)
+    check(mesh_1d, "i", [(0, n - 1), (n - 1, 1)], np.int16, (n * 7,), iterations=2)
+    mesh_2d = Mesh(np.array(jax.devices()).reshape(count, 2), ("a", "b"))
+    check(mesh_2d, ("a",), [(i, (i + 1) % count) for i in range(count)], np.float32,
+          (count * 3, 2 * 4), iterations=2)
+    check(mesh_2d, ("b",), [(0, 1), (1, 0)], np.uint8, (count * 2, 2 * 9), iterations=2)
+    check(mesh_2d, ("a", "b"), ring, np.int32, (count * 2, 2 * 3), iterations=2)
+
+
+def run_fault():
+    perm = ring if mode != "perm" or pid != 1 else [(d, s) for s, d in ring]
+    f = shard_mapped(jax_tma.ppermute, mesh_1d, "i", perm)
+    x = global_array(mesh_1d, np.arange(n * 4, dtype=np.float32))
+    f.lower(x).compile()  # every process lowers (publishing its link) before any call
+    if mode in ("never", "kill") and pid == 1:
+        if mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # alive, never calling; the test ends it
+        return
+    start = time.monotonic()
+    if mode == "never":
+        expect_failure(lambda: f(x), "DEADLINE_EXCEEDED", "timed out after",
+                       "from process 1; it never made this call")
+    elif mode == "kill":
+        # A process that only sends to process 1 may finish its first call
+        # (its outputs do not depend on process 1); its next one cannot.
+        try:
+            jax.block_until_ready(f(x))
+            print(f"process {pid}: the first call finished", flush=True)
+        except Exception as e:  # noqa: BLE001
+            assert "process 1" in str(e), e
+            print(f"process {pid}: failed: {str(e).splitlines()[0]}", flush=True)
+        else:  # process 1 is gone, and by now process 2 may have exited too
+            expect_failure(lambda: f(x), "is gone")
+    else:  # perm: a block of another permutation, or a peer that saw one
+        expect_failure(lambda: f(x), "jax_tma.ppermute at ")
+    print(f"process {pid}: failed after {time.monotonic() - start:.1f} s", flush=True)
+    if mode == "never":  # the call site is out of step: later calls refuse at once
+        expect_failure(lambda: f(x), "an earlier call here failed", "refuses every later call")
+
+
+try:
+    main()
+except BaseException:
+    traceback.print_exc()
+    sys.stdout.flush()
+    os._exit(1)
+# Not jax.distributed's shutdown barrier, which waits for every process: in
+# the fault modes a peer is gone or stuck.
+os._exit(0)

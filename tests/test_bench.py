@@ -1,17 +1,18 @@
 """The benchmarks (benchmarks/ of the checkout, outside the installed
 package): the harness's bookkeeping and its three clocks, a smoke run of
-every benchmark's code path on the CPU rendered by report.py, the README's
-benchmark sections against the committed results (a hand edit fails here)
-and those results against the code (a change after their commit fails
-here), provenance, the ncu listing parser, the sanitizer summary, the HLO
-kernel count; on a GPU, the reference kernels that the copy benchmark times
-jax_tma against and the fusion of XLA's decode-step gathers that the README
-states."""
+every benchmark's code path on the CPU rendered by report.py, the benchmark
+sections of the README and docs/ against the committed results (a hand edit
+fails here) and those results against the code (a change after their commit
+fails here), provenance, the ncu listing parser, the sanitizer summary, the
+HLO kernel count; on a GPU, the reference kernels that the copy benchmark
+times jax_tma against and the fusion of XLA's decode-step gathers that
+docs/ops/gather.md states."""
 
 import importlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -270,13 +271,13 @@ def test_smoke_gather_times_every_case_at_its_dtypes(smoke_results):
     assert set(wheel[0]["times"]) == {"auto", "xla", "xla_hinted", "memcpy"}
 
 
-def test_smoke_results_render_into_the_readme_sections(smoke_results):
+def test_smoke_results_render_into_the_pages_sections(smoke_results):
     _, results = smoke_results
     with pytest.raises(ValueError, match="a smoke run's result cannot be published"):
         report.check_results(results)
     names = [*report.RENDERERS, *report.DERIVED]
     readme = "".join(f"<!-- bench:{op} -->\nold\n<!-- /bench:{op} -->\n" for op in names)
-    text = report.render_readme(readme, results)
+    text = report.render_sections(readme, results)
     assert "old" not in text
     assert "(smoke run: measures nothing)" in text
     assert "No `broadcast-ncu` result at this commit" in text
@@ -285,26 +286,43 @@ def test_smoke_results_render_into_the_readme_sections(smoke_results):
     assert "| slab | auto | tma | simt | XLA | XLA hinted | copy ceiling |" in text  # gather's
     assert "The other methods, chained alike: `method='tma'`" in text
     assert "| gather 16 random rows of 2 KiB of 64 | bfloat16 | 2 (" in text  # the small gathers
-    # the targets table: target, dtype, clock, measured, met
-    assert "| target | case | dtype | clock | measured | met |" in text
+    # the targets table: target, dtype, clock, measured, the ratio at the
+    # copy ceiling, met (and whether a missed one is above the ceiling)
+    assert "| target | case | dtype | clock | measured | at the ceiling | met |" in text
     assert re.search(r"\| in-place page set: `auto` ≥ 5× XLA \| .* \| bfloat16 \| busy and span "
-                     r"\| [\d.]+× busy, [\d.]+× span \| [✓✗] \|", text)
+                     r"\| [\d.]+× busy, [\d.]+× span \| [\d.]+× \| (✓|✗|✗ \(above the ceiling\)) \|",
+                     text)
     assert "| case | bfloat16 | float32 | float8_e4m3fn | uint32 |" in text  # the dtype effect
     # the build measured, and the wheel's case beside it
     assert "| install | CUDA architectures | FFI API | CUDA runtime |" in text
     assert text.count("| the smoke test's install | `") >= 3  # the build, the wheel's table x2
     assert "- `gather`/`scatter` speed (cpu, GPU busy time" in text  # the limits bullet
     assert "Blackwell" in text
+    # the README's table of ops: one headline each, where and how it was measured
+    assert "| [`scatter`](docs/ops/gather.md) | slabs set or added by index, in place | " in text
+    assert re.search(r"\| \[`ppermute`\]\(docs/ops/ppermute\.md\) \| .* \| [\d.]+ GB/s per "
+                     r"direction, [\d.]+× `lax\.ppermute` \(NCCL\), by span", text)
+    assert "Bandwidth counts every byte read plus every byte written" in text
     assert "XLA comparators whose output differs from the bit-exact reference" not in \
         report.render(results["copy"][1])
 
 
-def test_readme_tables_match_the_committed_results():
-    # The README's benchmark sections are report.py's rendering of
+def test_readme_and_docs_tables_match_the_committed_results():
+    # The benchmark sections of the README and of docs/ are report.py's rendering of
     # benchmarks/results/: edit the results (by running the benchmarks),
     # then run `python benchmarks/report.py`, never the tables by hand.
     # (Whether the results are those of the code: the next test.)
     assert report.main(["--check", "--allow-stale"]) == 0
+
+
+def test_every_section_is_on_a_page():
+    # Each op's tables, and each section drawn from several results, stand
+    # on one page of the README and docs/ (benchmarks.md, the op pages).
+    text = "".join(open(path).read() for path in report.pages(report.README,
+                                                              os.path.join(_ROOT, "docs")))
+    for op in [*report.RENDERERS, *report.DERIVED]:
+        if op != "wheel":  # rendered inside the build section
+            assert text.count(f"<!-- bench:{op} -->") == 1, op
 
 
 def test_committed_results_match_the_code():
@@ -326,13 +344,12 @@ def _git(repo, *args):
                                            "GIT_COMMITTER_EMAIL": "t@t"}).stdout.strip()
 
 
-def test_check_fails_on_a_code_change_after_the_results_commit(tmp_path, monkeypatch):
-    # A checkout of its own: code, results of its first commit, a README
-    # rendered from them. Docs may change after the results; code may not.
+def _measured_checkout(tmp_path, monkeypatch, code):
+    """A checkout of its own: `code`, results of its first commit, a README
+    rendered from them -> (repo, the results' commit, report.py's --check
+    arguments)."""
     repo = tmp_path / "repo"
-    for path, text in {"jax_tma/_copy.py": "one", "ffi/copy/bulk_copy.cu": "one",
-                       "benchmarks/bench_copy.py": "one", "docs/index.md": "one",
-                       "CMakeLists.txt": "one"}.items():
+    for path, text in {**code, "docs/index.md": "one", "benchmarks/report.py": "X = 1\n"}.items():
         (repo / path).parent.mkdir(parents=True, exist_ok=True)
         (repo / path).write_text(text)
     _git(repo, "init", "-q")
@@ -352,13 +369,35 @@ def test_check_fails_on_a_code_change_after_the_results_commit(tmp_path, monkeyp
     assert report.main(args[1:]) == 0  # renders it
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "results")
+    return repo, measured, args
+
+
+_CODE = {"jax_tma/_copy.py": 'def copy(x):\n    """Copies x."""\n    return x  # as is\n',
+         "ffi/copy/bulk_copy.cu": 'int Size() { return 16; }  // "bytes"\n',
+         "benchmarks/bench_copy.py": "SIZES = [1, 2]\n",
+         "CMakeLists.txt": "project(jax_tma)  # the name\n"}
+
+
+def test_check_fails_on_a_code_change_after_the_results_commit(tmp_path, monkeypatch):
+    # Docs, comments, docstrings, layout and the renderer may change after
+    # the results; code may not.
+    repo, measured, args = _measured_checkout(tmp_path, monkeypatch, _CODE)
     assert report.main(args) == 0
-    (repo / "docs" / "index.md").write_text("two")
-    _git(repo, "commit", "-qam", "docs")
-    assert report.main(args) == 0
-    for path in ("jax_tma/_copy.py", "ffi/copy/bulk_copy.cu", "benchmarks/bench_copy.py",
-                 "CMakeLists.txt"):
-        (repo / path).write_text("two")
+    for path, text in {
+            "docs/index.md": "two", "benchmarks/report.py": "X = 2\n",
+            "jax_tma/_copy.py": 'def copy(x):\n    """Returns a copy of x."""\n\n'
+                                '    return x  # unchanged\n',
+            "ffi/copy/bulk_copy.cu": '/* The box. */\nint Size() {\n  return 16;\n}\n',
+            "CMakeLists.txt": "#[[ A bracket\ncomment ]]\nproject(jax_tma)\n"}.items():
+        (repo / path).write_text(text)
+        _git(repo, "commit", "-qam", f"comments or docs of {path}")
+        assert report.changed_since(measured) == [], path
+        assert report.main(args) == 0
+    for path, text in {"jax_tma/_copy.py": 'def copy(x):\n    """Copies x."""\n    return +x\n',
+                       "ffi/copy/bulk_copy.cu": 'int Size() { return 32; }  // "bytes"\n',
+                       "benchmarks/bench_copy.py": "SIZES = [1, 3]  # sizes\n",
+                       "CMakeLists.txt": 'project(jax_tma "#")\n'}.items():
+        (repo / path).write_text(text)
         _git(repo, "commit", "-qam", f"change {path}")
         assert path in report.changed_since(measured)
         assert report.main(args) == 1
@@ -371,15 +410,68 @@ def test_check_fails_on_a_code_change_after_the_results_commit(tmp_path, monkeyp
         report.check_fresh(report.load_results(str(repo / "benchmarks" / "results")))
 
 
-def test_a_hand_edit_of_a_table_is_caught(tmp_path):
-    with open(report.README) as f:
-        text = f.read()
-    for section in ("copy", "gather-limits"):
+def test_an_unmeasured_change_is_named_and_bounded(tmp_path, monkeypatch):
+    # A change recorded as unmeasured (with why) passes the check and is named
+    # beside the results; a later change to that file, an entry for a file
+    # whose code is the results', or for other results, fails it.
+    repo, measured, args = _measured_checkout(tmp_path, monkeypatch, _CODE)
+    results = report.load_results(str(repo / "benchmarks" / "results"))
+    with pytest.raises(report.StaleResults, match="its code is that of the results' commit"):
+        report.record_unmeasured(results, "jax_tma/_copy.py", "nothing changed")
+    (repo / "jax_tma" / "_copy.py").write_text("def copy(x):\n    return x + 0\n")
+    _git(repo, "commit", "-qam", "autodiff only")
+    assert report.main(args) == 1
+    assert report.main(["--results", args[2], "--unmeasured", "jax_tma/_copy.py", "--why",
+                        "AD only"]) == 0
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "unmeasured")
+    assert report.main(args) == 1  # the README does not name it yet
+    assert report.main(args[1:]) == 0
+    assert "1 code file changed since without changing what is measured (which and why: " \
+        "`benchmarks/unmeasured_changes.json`)" in (repo / "README.md").read_text()
+    _git(repo, "commit", "-qam", "rendered")
+    assert report.main(args) == 0
+    (repo / "jax_tma" / "_copy.py").write_text("def copy(x):\n    return x + 1\n")
+    _git(repo, "commit", "-qam", "more")
+    with pytest.raises(report.StaleResults, match=r"are stale: jax_tma/_copy.py"):
+        report.check_fresh(results)
+    (repo / "jax_tma" / "_copy.py").write_text(_CODE["jax_tma/_copy.py"])
+    _git(repo, "commit", "-qam", "back")
+    with pytest.raises(report.StaleResults, match=r"lists jax_tma/_copy.py, whose code is that"):
+        report.check_fresh(results)
+    (repo / "benchmarks" / "unmeasured_changes.json").write_text(json.dumps(
+        {"commit": "c0ffee", "changes": [{"path": "jax_tma/_copy.py"}]}))
+    with pytest.raises(report.StaleResults, match=r"changes after c0ffee, but the results are"):
+        report.check_fresh(results)
+
+
+def test_code_of_keeps_strings_and_drops_comments():
+    assert report.code_of("a.cu", 'f("// no /* comment */");  // yes') == \
+        'f("// no /* comment */");'
+    assert report.code_of("a.h", "#define A 1 /* a\n b */\n#include <x>") == \
+        "#define A 1 #include <x>"
+    assert report.code_of("CMakeLists.txt", 'set(A "#1") # two') == 'set(A "#1")'
+    assert report.code_of("a.py", "x = '# kept'  # dropped") != report.code_of("a.py", "x = ''")
+    assert report.code_of("a.json", " {} ") == " {} "
+
+
+def test_a_hand_edit_of_a_section_is_caught(tmp_path):
+    # A section of the README or of a docs/ page out of step with the
+    # results fails the check, and names the page.
+    docs = os.path.join(_ROOT, "docs")
+    for page, section in (("README.md", "headline"), ("docs/ops/copy.md", "copy"),
+                          ("docs/ops/gather.md", "gather-limits"),
+                          ("docs/benchmarks.md", "build")):
+        root = tmp_path / section
+        shutil.copytree(docs, root / "docs")
+        shutil.copy(report.README, root / "README.md")
+        args = ["--check", "--allow-stale", "--readme", str(root / "README.md"),
+                "--docs", str(root / "docs")]
+        assert report.main(args) == 0
+        text = (root / page).read_text()
         start = text.index(f"<!-- bench:{section} -->\n") + len(f"<!-- bench:{section} -->\n")
-        edited = text[:start] + "| 1 MiB | 9.99 |\n" + text[start:]
-        readme = tmp_path / "README.md"
-        readme.write_text(edited)
-        assert report.main(["--check", "--allow-stale", "--readme", str(readme)]) == 1
+        (root / page).write_text(text[:start] + "| 1 MiB | 9.99 |\n" + text[start:])
+        assert report.main(args) == 1, page
 
 
 def test_report_refuses_two_results_of_one_op(tmp_path):
@@ -558,7 +650,7 @@ def test_kernels_with_counts_a_compiled_program():
 @pytest.mark.gpu
 @pytest.mark.parametrize("hinted", [False, True], ids=["plain", "hinted"])
 def test_xla_gathers_a_decode_steps_pools_in_one_kernel(gpu, hinted):
-    # The README (gather's API section) says XLA fuses the gathers of a
+    # docs/ops/gather.md ("Several tables") says XLA fuses the gathers of a
     # decode step's K and V pools into one kernel; the compiled step of the
     # benchmark, its pools donated, shows it (a multi-output fusion).
     from bench_gather import _decode_step, _set, _set_hinted, _take, _take_hinted, kernels_with
@@ -612,3 +704,18 @@ def test_run_writes_the_sanitizer_result(tmp_path):
     (path, r), = report.load_results(str(tmp_path)).values()
     assert r["op"] == "sanitizer" and r["provenance"]["devices"] and r["passed"]
     assert "| copy_selftest | ✓ ok | ✓ ERROR SUMMARY: 0 errors |" in report.render(r, path)
+
+
+def test_a_target_above_the_copy_ceiling_says_so():
+    # XLA at 0.85x the ceiling: 1.2x XLA would be 1.02x the ceiling.
+    def row(auto_us):
+        times = {c: {"busy_us": us, "span_us": us}
+                 for c, us in (("auto", auto_us), ("xla", 79.1), ("memcpy", 67.5))}
+        return {"case": "scatter add of rows", "key": "adds", "kind": "add", "dtype": "float32",
+                "times": times, "targets": {"xla": 1.2}}
+
+    chained = {"target_gap_us": 0.3, "ops": 100, "bytes": 4096, "gap_us": 0.1, "target_met": True}
+    lines = report._render_gather_targets({"rows": [row(80.2), row(60.0)],
+                                           "chained_tiny_gathers": chained})
+    assert lines[4].endswith("| 0.99× busy, 0.99× span | 1.17× | ✗ (above the ceiling) |")
+    assert lines[5].endswith("| 1.32× busy, 1.32× span | 1.17× | ✓ |")

@@ -1,9 +1,10 @@
 """The documentation site's sources (docs/), read as text, so that these checks
 run in every test environment, with or without Sphinx: every public name has
-an API reference entry and every argument is documented, every guide shows an
-example that tests/test_examples.py runs, every file, marker, function and
-image a page includes exists, and the export example names every FFI target.
-Building the site (sphinx-build -W -n, its doctests) is CI's docs step."""
+an API reference entry, every argument is documented and every docstring has
+the reference's sections, every guide shows an example that
+tests/test_examples.py runs, every file, marker, function and image a page
+includes exists, and the export example names every FFI target. Building the
+site (sphinx-build -W -n, its doctests) is CI's docs step."""
 
 from __future__ import annotations
 
@@ -69,6 +70,27 @@ def test_every_argument_is_documented(name):
         f"jax_tma.{name}'s docstring has no Args entry for {sorted(params - documented)}")
 
 
+# Words of tuning history, which belongs in benchmarks/ next to the results:
+# timings, dates, what was measured where.
+_HISTORY = re.compile(r"µs|\bmeasur|\b20\d\d-\d\d-\d\d\b|\bREADME\b", re.I)
+
+
+@pytest.mark.parametrize("name", jax_tma.__all__)
+def test_every_public_function_has_the_reference_sections(name):
+    """Args (where it takes any), Returns, Raises (build_info raises
+    nothing) and Examples, in that order, and the auto rule in words
+    without tuning history."""
+    fn = getattr(jax_tma, name)
+    doc = inspect.getdoc(fn) or ""
+    want = [s for s in ("Args", "Returns", "Raises", "Examples")
+            if (s != "Args" or inspect.signature(fn).parameters)
+            and (s != "Raises" or name != "build_info")]
+    sections = [s for s in re.findall(r"^(\w+):$", doc, re.M) if s in want]
+    assert sections == want, f"jax_tma.{name}'s docstring has sections {sections}, not {want}"
+    history = _HISTORY.findall(doc)
+    assert not history, f"jax_tma.{name}'s docstring holds tuning history: {history}"
+
+
 @pytest.mark.parametrize("page", OPS + [DOCS / "api.md"], ids=lambda p: p.stem)
 def test_ops_and_api_pages_are_in_the_toctree(page):
     index = (DOCS / "index.md").read_text()
@@ -107,8 +129,7 @@ INCLUDES = [pytest.param(page, arg, opts, id=f"{page.relative_to(DOCS)}-{n}")
 @pytest.mark.parametrize("page, arg, opts", INCLUDES)
 def test_included_file_and_its_markers_exist(page, arg, opts):
     """What a page includes is there: the file, the text its start/end
-    options name (README.md's `<!-- bench:OP -->` markers among them), the
-    function a :pyobject: names."""
+    options name, the function a :pyobject: names."""
     path = (page.parent / arg).resolve()
     where = f"{page.relative_to(ROOT)} includes {arg}"
     assert path.is_file(), f"{where}, which does not exist"

@@ -91,7 +91,7 @@ class Spec:
     rules: dict[str, str] = dataclasses.field(default_factory=dict)
     attr_rules: dict[str, str] = dataclasses.field(default_factory=dict)
     keep: tuple[str, ...] = ()                            # attributes never mutated
-    waits_for_peer: Callable[[Call], bool] = lambda call: False  # would block 120 s
+    waits_for_peer: Callable[[Call], bool] = lambda call: False  # would block until a timeout
     # Whether an accepted call's results are defined bit for bit on the
     # platform (else only: no crash, inputs unchanged, the right shapes).
     exact: Callable[[str, Call], bool] = lambda platform, call: True
@@ -351,25 +351,30 @@ def _ppermute_call(rng) -> Call:
     sources[me] = _pick(rng, (me, -1))
     return _with(c, instance=np.int64(next(_instances)),
                  devices=np.insert(rng.choice(np.arange(1, 64), n - 1, replace=False), me, 0),
-                 sources=sources, push=bool(rng.integers(2)))
+                 sources=sources, push=bool(rng.integers(2)), process=np.int64(0),
+                 processes=np.zeros(n, np.int64), links="", site="fuzz",
+                 timeout_ms=np.int64(1000))
 
 
 def _ppermute_plan(call: Call) -> tuple[int, np.ndarray] | None:
     """(this device's position, sources) when the handler would accept the
-    devices and sources attributes, else None."""
-    devices, sources = (call.attrs.get(k) for k in ("devices", "sources"))
-    if not all(isinstance(v, np.ndarray) and v.dtype == np.int64 for v in (devices, sources)):
+    devices, sources and processes attributes (every device of this process,
+    process 0), else None."""
+    devices, sources, processes = (call.attrs.get(k) for k in ("devices", "sources", "processes"))
+    if not all(isinstance(v, np.ndarray) and v.dtype == np.int64
+               for v in (devices, sources, processes)):
         return None
-    devices, sources = devices.reshape(-1), sources.reshape(-1)
+    devices, sources, processes = devices.reshape(-1), sources.reshape(-1), processes.reshape(-1)
     n = len(devices)
     taken = sources[sources >= 0]
     ok = (n > 0 and len(sources) == n and len(set(devices.tolist())) == n and 0 in devices
-          and ((sources >= -1) & (sources < n)).all() and len(set(taken.tolist())) == len(taken))
+          and ((sources >= -1) & (sources < n)).all() and len(set(taken.tolist())) == len(taken)
+          and len(processes) == n and not processes.any() and call.attrs.get("process") == 0)
     return (devices.tolist().index(0), sources) if ok else None
 
 
 def _ppermute_waits_for_peer(call: Call) -> bool:
-    """Whether device 0 would wait for a peer that never runs (120 s, then an
+    """Whether device 0 would wait for a peer that never runs (timeout_ms, then an
     error): its source or its receiver is another device."""
     plan = _ppermute_plan(call)
     if plan is None:
@@ -388,15 +393,22 @@ def _reused_instance(c: Call) -> Call:
     """The instance of the last baseline, which ran, now among one device
     more: the handler's meeting state refuses the other size."""
     return _with(c, devices=np.append(c.attrs["devices"], 64),
-                 sources=np.append(c.attrs["sources"], -1))
+                 sources=np.append(c.attrs["sources"], -1),
+                 processes=np.append(c.attrs["processes"], 0))
 
 
 _PPERMUTE_NASTY = (
     (_reused_instance, r"instance"),
-    (lambda c: _with(c, instance=np.int64(-2**63), devices=_i64(0), sources=_i64(0)),
-     r"instance"),
-    (lambda c: _with(c, devices=_i64(2**63 - 1, 0), sources=_i64(-2**63, 1)), r"sources"),
-    (lambda c: _with(c, devices=_i64(), sources=_i64()), r"devices|sources"),
+    (lambda c: _with(c, instance=np.int64(-2**63), devices=_i64(0), sources=_i64(0),
+                     processes=_i64(0)), r"instance"),
+    (lambda c: _with(c, devices=_i64(2**63 - 1, 0), sources=_i64(-2**63, 1),
+                     processes=_i64(0, 0)), r"sources"),
+    (lambda c: _with(c, devices=_i64(), sources=_i64(), processes=_i64()), r"devices|sources"),
+    (lambda c: _with(c, processes=np.ones_like(c.attrs["processes"])), r"among the devices"),
+    (lambda c: _with(c, devices=np.append(c.attrs["devices"], 65),
+                     sources=np.append(c.attrs["sources"], -1),
+                     processes=np.append(c.attrs["processes"], 7), links="a"),
+     r"process 7 has no link name \(1 given\)"),
 )
 
 
@@ -666,7 +678,8 @@ SPECS: dict[str, Spec] = {
         attr_rules={"axis": r"output dim|rank", "method": r"cluster"}),
     "jax_tma_ppermute": Spec(
         ("jax_tma.ppermute",), _ppermute_call, _ppermute_reference, _PPERMUTE_NASTY,
-        attr_rules={"devices": r"devices?\b|sources", "sources": r"sources?\b|position|devices"},
+        attr_rules={"devices": r"devices?\b|sources", "sources": r"sources?\b|position|devices",
+                    "process": r"among the devices", "processes": r"process"},
         keep=("instance",), waits_for_peer=_ppermute_waits_for_peer),
     # CUDA only, from the benchmarks' module: their references, errors named by target.
     "jax_tma_bench_memcpy": Spec(("jax_tma_bench_memcpy",), lambda rng: _copy_call(rng, ()),

@@ -174,7 +174,9 @@ def test_ppermute_handler_names_a_pair_without_peer_access(mesh, rng):
     f = jax.jit(lambda x: call(x, instance=np.int64(rng.integers(10**12, 10**13)),
                                devices=np.array([ids[a], ids[b]], np.int64),
                                sources=np.array([1, -1], np.int64), push=False,
-                               method="auto"))
+                               method="auto", process=np.int64(0),
+                               processes=np.zeros(2, np.int64), links="", site="test",
+                               timeout_ms=np.int64(1000)))
     x = jax.device_put(random_array(rng, (64,), np.float32), gpus[a])
     with pytest.raises(Exception, match=rf"jax_tma\.ppermute: device {ids[a]} cannot access "
                                         rf"device {ids[b]}'s memory \(no peer access between "

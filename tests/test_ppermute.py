@@ -258,26 +258,31 @@ _raw_instances = iter(range(10**12, 10**13))
 
 
 def _raw(devices, sources, method="auto", y_shape=(4,), push=False, x=None, instance=None,
-         device=0):
+         device=0, **where):
     """The target called directly on one CPU device, as a program of its own,
-    with the given attributes; x defaults to 4 float32 ones."""
+    with the given attributes (the participants all of process 0 unless
+    `where` says otherwise); x defaults to 4 float32 ones."""
     jax_tma._ffi.register()
     x = np.ones(4, np.float32) if x is None else x
     instance = next(_raw_instances) if instance is None else instance
+    where = {"process": np.int64(0), "processes": np.zeros(len(devices), np.int64), "links": "",
+             "site": "test", "timeout_ms": np.int64(1000), **where}
     call = jax.ffi.ffi_call("jax_tma_ppermute", jax.ShapeDtypeStruct(y_shape, x.dtype))
     return jax.jit(lambda a: call(a, instance=np.int64(instance),
                                   devices=np.array(devices, np.int64),
                                   sources=np.array(sources, np.int64), push=push,
-                                  method=method))(
+                                  method=method, **where))(
         jax.device_put(x, jax.devices("cpu")[device]))
 
 
 @pytest.mark.parametrize("devices, sources, method, y_shape, match", [
-    ([0], [0, 0], "auto", (4,), r"jax_tma.ppermute: devices has 1 entries and sources 2"),
-    ([0, 0], [0, 1], "auto", (4,), r"jax_tma.ppermute: device 0 appears twice in devices"),
+    ([0], [0, 0], "auto", (4,), r"jax_tma.ppermute: devices has 1 entries, sources 2 and "
+                                r"processes 1; each needs one entry per device"),
+    ([0, 0], [0, 1], "auto", (4,), r"jax_tma.ppermute: device 0 of process 0 appears twice in "
+                                   r"devices \(positions 0 and 1\)"),
     ([0], [3], "auto", (4,), r"jax_tma.ppermute: sources\[0\] = 3 is not a position in \[0, 1\) or -1"),
     ([1, 0], [0, 0], "auto", (4,), r"jax_tma.ppermute: position 0 is the source of both 0 and 1"),
-    ([5], [0], "auto", (4,), r"jax_tma.ppermute: device 0 is not among the devices"),
+    ([5], [0], "auto", (4,), r"jax_tma.ppermute: device 0 of process 0 is not among the devices"),
     ([0], [0], "dma", (4,), r"jax_tma.ppermute: method must be one of 'auto', 'tma', 'bulk', 'simt', got 'dma'"),
     ([0], [0], "auto", (5,), r"jax_tma.ppermute: output has 5 elements but input has 4"),
 ])
@@ -286,12 +291,38 @@ def test_handler_rejects_bad_attributes(devices, sources, method, y_shape, match
         _raw(devices, sources, method, y_shape)
 
 
+@pytest.mark.parametrize("where, match", [
+    ({"processes": np.zeros(1, np.int64)}, r"devices has 2 entries, sources 2 and processes 1"),
+    ({"processes": np.array([0, 1], np.int64)},
+     r"jax_tma.ppermute: process 0 has no link name \(0 given\)"),
+    ({"processes": np.array([0, 1], np.int64), "links": "a\n"},
+     r"jax_tma.ppermute: process 1 has no link name \(2 given\)"),
+    ({"processes": np.array([0, 1], np.int64), "links": "a\nb", "timeout_ms": np.int64(0)},
+     r"jax_tma.ppermute: timeout_ms must be positive, got 0"),
+    ({"process": np.int64(1), "processes": np.array([0, 2], np.int64)},
+     r"device 0 of process 1 is not among the devices"),
+])
+def test_handler_rejects_bad_process_attributes(where, match):
+    # Device 0 of process 0 and device 0 of process 1 may both take part;
+    # a call across processes needs every process's link name.
+    with pytest.raises(Exception, match=match):
+        _raw([0, 0], [1, 0], **where)
+
+
 @pytest.mark.parametrize("push", [False, True])
 def test_handler_single_device_self_copy(rng, push):
     x = random_array(rng, (4, 3), np.float32)
     assert_bits_equal(_raw([0], [0], push=push, x=x, y_shape=x.shape), x)
     assert_bits_equal(_raw([0], [-1], push=push, x=x, y_shape=x.shape),
                       np.zeros(x.shape, np.float32))
+
+
+def test_a_peer_that_never_arrives_times_out_after_the_calls_timeout(rng):
+    # Device 1 never runs its part: device 0 gives up after timeout_ms.
+    with pytest.raises(Exception, match=r"DEADLINE_EXCEEDED: jax_tma\.ppermute: device 0 waited "
+                                        r"0\.25 s for device 1 to publish its buffer for call 0 "
+                                        r"of this ppermute"):
+        jax.block_until_ready(_raw([0, 1], [1, -1], timeout_ms=np.int64(250)))
 
 
 def test_handler_rejects_an_instance_on_another_device_count(rng):
@@ -327,7 +358,7 @@ def test_handler_rejects_calls_of_different_runs(rng, push):
     pool = concurrent.futures.ThreadPoolExecutor(2)
     parts = [pool.submit(part, d) for d in (0, 1)]
     done, _ = concurrent.futures.wait(parts, timeout=60)
-    pool.shutdown(wait=False)  # a hung handler gives up after the rendezvous' 120 s
+    pool.shutdown(wait=False)  # a hung handler gives up after the call's timeout_ms
     assert len(done) == 2, "the two runs' calls did not meet (a handler waits for its peer)"
     errors = [p.result() for p in parts]
     mismatch = (r"jax_tma\.ppermute: call 0 on device (\d) belongs to run -?\d+ but on device "
@@ -339,3 +370,76 @@ def test_handler_rejects_calls_of_different_runs(rng, push):
     assert other is not None and re.search(
         rf"jax_tma\.ppermute: device {copier} failed \({mismatch}\); this ppermute cannot run "
         r"again in this process", other), errors
+
+
+# ---- finding the processes of a mesh (the process link's names) ------------
+
+class _FakeStore:
+    """jax.distributed's key-value store as _process_links uses it."""
+
+    def __init__(self, values):
+        self.values = dict(values)
+
+    def key_value_set(self, key, value):
+        assert key not in self.values, key
+        self.values[key] = value
+
+    def blocking_key_value_get(self, key, timeout_in_ms):
+        if key not in self.values:
+            raise RuntimeError(f"DEADLINE_EXCEEDED: {key} after {timeout_in_ms} ms")
+        return self.values[key]
+
+
+def _links_with(monkeypatch, values, timeout_s="0.5"):
+    from jax._src import distributed
+
+    from jax_tma import _ppermute
+
+    if _ppermute._own_link:  # this process published its link to an earlier store
+        values = {"jax_tma/ppermute/link/0": f"{_ppermute._host()}\n{_ppermute._own_link[0]}",
+                  **values}
+    store = _FakeStore(values)
+    monkeypatch.setattr(distributed.global_state, "client", store)
+    monkeypatch.setenv(_ppermute.TIMEOUT_ENV, timeout_s)
+    return _ppermute._process_links([0, 1]), store
+
+
+def test_process_links_of_one_host(monkeypatch):
+    from jax_tma import _ppermute
+
+    (names, why), store = _links_with(
+        monkeypatch, {"jax_tma/ppermute/link/1": f"{_ppermute._host()}\nthe-peer"})
+    host, own = store.values["jax_tma/ppermute/link/0"].split("\n")
+    assert host == _ppermute._host() and own.startswith("jax_tma.")
+    assert names == [own, "the-peer"] and why == ""
+
+
+def test_processes_of_another_host_keep_lax_ppermute(monkeypatch):
+    (names, why), _ = _links_with(monkeypatch, {"jax_tma/ppermute/link/1": "elsewhere/1\np"})
+    assert names is None
+    assert why == ("process 1 runs on another host (elsewhere); the process link joins the "
+                   "processes of one host")
+
+
+def test_a_process_that_never_publishes_is_named(monkeypatch):
+    with pytest.raises(RuntimeError, match=r"jax_tma.ppermute: process 1 did not publish its "
+                                           r"link within 0.5 s \(JAX_TMA_PPERMUTE_TIMEOUT_S\): "
+                                           r"it does not run this program"):
+        _links_with(monkeypatch, {})
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "soon", "1e9"])
+def test_a_bad_timeout_is_refused(monkeypatch, value):
+    with pytest.raises(ValueError, match=rf"jax_tma.ppermute: JAX_TMA_PPERMUTE_TIMEOUT_S="
+                                         rf"'{value}' is not a number of seconds in \(0, 2147483\)"):
+        _links_with(monkeypatch, {}, timeout_s=value)
+
+
+def test_without_jax_distributed_there_is_no_link(monkeypatch):
+    from jax._src import distributed
+
+    from jax_tma import _ppermute
+
+    monkeypatch.setattr(distributed.global_state, "client", None)
+    assert _ppermute._process_links([0, 1]) == (
+        None, "jax.distributed is not initialized (its key-value store finds the peers)")

@@ -1,10 +1,13 @@
-"""The README's Python examples run as written, in order, on the CPU (with
-8 forced host devices for the ppermute example), on the oldest and newest
-supported jax; a line `expr  # <literal>` must evaluate to that literal."""
+"""The README's Python example (its taste of the API) runs as written on the
+CPU, on the oldest and newest supported jax; a line `expr  # <literal>` must
+evaluate to that literal; its links name files of the checkout. The docs'
+examples are the doctests of the docs build; the README's set-up commands
+are the ones .ci/run runs."""
 
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -52,21 +55,22 @@ def _python_blocks():
 
 def test_readme_python_examples_run_as_written():
     blocks = _python_blocks()
-    assert len(blocks) >= 7, f"expected the README's API examples, found {len(blocks)} blocks"
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    assert blocks, "the README shows no Python example"
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
     done = subprocess.run([sys.executable, "-P", "-c", _RUNNER], input=json.dumps(blocks),
                           capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     assert "README examples OK" in done.stdout
 
 
-def test_readme_export_example_names_every_target():
-    """The README's list of FFI targets to allow in jax.export is the list
-    the extension registers."""
+
+def test_readme_links_exist():
+    """Every relative link of the README (into docs/, mostly) names a file
+    of the checkout."""
     import re
 
-    from jax_tma import _ffi
-    text = README.read_text()
-    listed = re.search(r"targets = \[([^\]]*)\]", text).group(1)
-    assert set(re.findall(r'"(jax_tma_\w+)"', listed)) == set(_ffi._ext.cpu_registrations())
+    links = re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", README.read_text())
+    assert links, "the README links nowhere"
+    missing = [link for link in links if "://" not in link
+               and not (README.parent / link).is_file()]
+    assert not missing, f"the README links to files that do not exist: {missing}"

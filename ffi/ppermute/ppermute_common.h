@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common.h"
+#include "ppermute/ppermute_processes.h"
 
 namespace jax_tma {
 
@@ -23,7 +24,8 @@ struct PermuteRoute {
   int source = -1;       // whose block this device receives; -1: nobody's (zeros)
   int destination = -1;  // who receives this device's block; -1: nobody
   bool push = false;
-  std::vector<int64_t> devices;  // device ordinal of each logical id
+  std::vector<int64_t> devices;  // device ordinal of each logical id (in its process)
+  std::vector<int64_t> sources;  // whose block each logical id receives; -1: nobody's
 
   // The participant whose published buffer this device copies from (pull:
   // its source's input) or into (push: its destination's output); -1: none.
@@ -44,31 +46,45 @@ auto BindPpermuteCall(Binding binding) {
       .template Attr<ffi::Span<const int64_t>>("devices")       // devices
       .template Attr<ffi::Span<const int64_t>>("sources")       // sources
       .template Attr<bool>("push")                              // push
-      .template Attr<std::string_view>("method");               // method
+      .template Attr<std::string_view>("method")                // method
+      .template Attr<int64_t>("process")                        // process
+      .template Attr<ffi::Span<const int64_t>>("processes")     // processes
+      .template Attr<std::string_view>("links")                 // links
+      .template Attr<std::string_view>("site")                  // site
+      .template Attr<int64_t>("timeout_ms");                    // timeout_ms
 }
 
-// Checks the attributes Python passes (device ordinals by logical id, and per
-// logical id the logical id it receives from or -1) and finds `device`'s part.
-ffi::Error RoutePermute(int device, ffi::Span<const int64_t> devices,
-                        ffi::Span<const int64_t> sources, bool push, PermuteRoute* route);
+// Checks the attributes Python passes (device ordinals and processes by
+// logical id, and per logical id the logical id it receives from or -1) and
+// finds the part of `device` of process `process`.
+ffi::Error RoutePermute(int device, int process, ffi::Span<const int64_t> devices,
+                        ffi::Span<const int64_t> processes, ffi::Span<const int64_t> sources,
+                        bool push, PermuteRoute* route);
 
-// A call of "jax_tma_ppermute", re-validated: the method, the bytes to move
-// and this device's part.
+// A call of "jax_tma_ppermute", re-validated: the method, the bytes to move,
+// this device's part and where the participants live.
 struct PpermuteCall {
   Method method = Method::kAuto;
   ByteCopy bytes;
   PermuteRoute route;
+  ProcessPlan where;
 };
 
 inline ffi::Error DecodePpermute(int device, const ffi::AnyBuffer& x,
                                  ffi::Result<ffi::AnyBuffer>& y,
                                  ffi::Span<const int64_t> devices,
                                  ffi::Span<const int64_t> sources, bool push,
-                                 std::string_view method, PpermuteCall* call) {
+                                 std::string_view method, int64_t process,
+                                 ffi::Span<const int64_t> processes, std::string_view links,
+                                 std::string_view site, int64_t timeout_ms,
+                                 PpermuteCall* call) {
   JAX_TMA_RETURN_IF_FAILED(
       ParseMethod(kPpermuteOp, method, &call->method, TmaSpelling::kTmaOrBulk));
   JAX_TMA_RETURN_IF_FAILED(CheckWholeCopy(kPpermuteOp, x, y, &call->bytes));
-  return RoutePermute(device, devices, sources, push, &call->route);
+  JAX_TMA_RETURN_IF_FAILED(RoutePermute(device, static_cast<int>(process), devices, processes,
+                                        sources, push, &call->route));
+  return DecodeProcessPlan(process, processes, links, site, timeout_ms, devices.size(),
+                           &call->where);
 }
 
 }  // namespace jax_tma

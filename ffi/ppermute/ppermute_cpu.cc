@@ -1,6 +1,8 @@
 // CPU handler for jax_tma.ppermute: every host device's part meets the others
 // through the same rendezvous as the CUDA handler and copies straight between
 // the two devices' buffers (pull or push, as on the GPU), or writes zeros.
+// Where the devices live in several processes of one host, the blocks travel
+// over the process link instead (ppermute_processes.h).
 #include <cstring>
 #include <string_view>
 
@@ -14,21 +16,26 @@ static ffi::Error PpermuteCpuImpl(int32_t device, ffi::RunId run,
                                   ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                                   int64_t instance, ffi::Span<const int64_t> devices,
                                   ffi::Span<const int64_t> sources, bool push,
-                                  std::string_view method) {
+                                  std::string_view method, int64_t process,
+                                  ffi::Span<const int64_t> processes, std::string_view links,
+                                  std::string_view site, int64_t timeout_ms) {
   PpermuteCall call;  // every method is the same memcpy on the host
-  JAX_TMA_RETURN_IF_FAILED(
-      DecodePpermute(device, x, y, devices, sources, push, method, &call));
+  JAX_TMA_RETURN_IF_FAILED(DecodePpermute(device, x, y, devices, sources, push, method,
+                                          process, processes, links, site, timeout_ms, &call));
   const ByteCopy& c = call.bytes;
   const PermuteRoute& route = call.route;
   // Every participant has the same block size, so all skip together.
   if (c.bytes == 0) return ffi::Error::Success();
   CountPath(Path::kPpermuteCpu);
+  if (call.where.spans_processes()) {
+    return ExchangeAcrossProcesses(route, call.where, c.src, c.dst, c.bytes);
+  }
   if (route.source < 0) std::memset(c.dst, 0, c.bytes);
   void* published = push ? c.dst : const_cast<void*>(c.src);
   // Each step is synchronous on the host, so reaching Depart means this
   // device's copy is finished and returning after it means the peer's is.
   return ExchangeBlocks(
-      instance, route, PermuteBlock{run.run_id, published},
+      instance, route, call.where.timeout, PermuteBlock{run.run_id, published},
       [&](const PermuteBlock* partner) {
         if (partner != nullptr) {
           if (push) {

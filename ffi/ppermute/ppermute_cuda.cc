@@ -15,10 +15,17 @@ ffi::Error PpermuteCudaImpl(cudaStream_t stream, int32_t device, ffi::RunId run,
                             ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                             int64_t instance, ffi::Span<const int64_t> devices,
                             ffi::Span<const int64_t> sources, bool push,
-                            std::string_view method) {
+                            std::string_view method, int64_t process,
+                            ffi::Span<const int64_t> processes, std::string_view links,
+                            std::string_view site, int64_t timeout_ms) {
   PpermuteCall call;
-  JAX_TMA_RETURN_IF_FAILED(
-      DecodePpermute(device, x, y, devices, sources, push, method, &call));
+  JAX_TMA_RETURN_IF_FAILED(DecodePpermute(device, x, y, devices, sources, push, method,
+                                          process, processes, links, site, timeout_ms, &call));
+  if (call.where.spans_processes()) {
+    // Lowering sends a mesh across processes on GPUs to lax.ppermute.
+    return InvalidArgument(kPpermuteOp, "the CUDA handler runs within one process; the devices "
+                                        "of this call live in several");
+  }
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   PpermutePlan plan;

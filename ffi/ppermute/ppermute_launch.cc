@@ -85,7 +85,8 @@ ffi::Error LaunchPpermute(const PpermuteCall& call, const PpermutePlan& plan, in
   JAX_TMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.ready, stream));
   void* published = push ? c.dst : const_cast<void*>(c.src);
   return ExchangeBlocks(
-      instance, route, PermuteBlock{run_id, published, events.ready, events.done},
+      instance, route, call.where.timeout,
+      PermuteBlock{run_id, published, events.ready, events.done},
       [&](const PermuteBlock* other) -> ffi::Error {
         if (other != nullptr) {
           JAX_TMA_CUDA_RETURN_IF_ERROR(

@@ -1,7 +1,8 @@
 // Host-side meeting of the devices of one jax_tma.ppermute (see the header).
 // XLA runs each device's part of a multi-device program on its own host
 // thread, so the handlers of one call meet here concurrently; a device whose
-// peer never arrives returns an error after kWait instead of hanging.
+// peer never arrives returns an error after the call's timeout instead of
+// hanging.
 #include "ppermute/ppermute_rendezvous.h"
 
 #include <chrono>
@@ -13,8 +14,6 @@
 
 namespace jax_tma {
 namespace {
-
-constexpr std::chrono::seconds kWait{120};
 
 struct Slot {
   int64_t calls = 0;       // calls this participant has started
@@ -32,24 +31,27 @@ struct PermuteMeeting::State {
   std::string abort_message;  // non-empty once a participant failed
 };
 
-ffi::Error RoutePermute(int device, ffi::Span<const int64_t> devices,
-                        ffi::Span<const int64_t> sources, bool push, PermuteRoute* route) {
+ffi::Error RoutePermute(int device, int process, ffi::Span<const int64_t> devices,
+                       ffi::Span<const int64_t> processes, ffi::Span<const int64_t> sources,
+                       bool push, PermuteRoute* route) {
   const int64_t n = static_cast<int64_t>(devices.size());
-  if (n < 1 || static_cast<int64_t>(sources.size()) != n) {
-    return InvalidArgument(kPpermuteOp, "devices has ", n, " entries and sources ",
-                           sources.size(), "; both need one entry per device");
+  if (n < 1 || static_cast<int64_t>(sources.size()) != n ||
+      static_cast<int64_t>(processes.size()) != n) {
+    return InvalidArgument(kPpermuteOp, "devices has ", n, " entries, sources ", sources.size(),
+                           " and processes ", processes.size(),
+                           "; each needs one entry per device");
   }
   route->size = static_cast<int>(n);
   route->self = -1;
   route->push = push;
   route->devices.assign(devices.begin(), devices.end());
+  route->sources.assign(sources.begin(), sources.end());
   std::vector<int> receivers(n, -1);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < i; ++j) {
-      if (devices[i] == devices[j]) {
-        return InvalidArgument(kPpermuteOp, "device ", devices[i],
-                               " appears twice in devices (positions ", j,
-                               " and ", i, ")");
+      if (devices[i] == devices[j] && processes[i] == processes[j]) {
+        return InvalidArgument(kPpermuteOp, "device ", devices[i], " of process ", processes[i],
+                               " appears twice in devices (positions ", j, " and ", i, ")");
       }
     }
     const int64_t s = sources[i];
@@ -65,10 +67,10 @@ ffi::Error RoutePermute(int device, ffi::Span<const int64_t> devices,
       }
       receivers[s] = static_cast<int>(i);
     }
-    if (devices[i] == device) route->self = static_cast<int>(i);
+    if (devices[i] == device && processes[i] == process) route->self = static_cast<int>(i);
   }
   if (route->self < 0) {
-    return InvalidArgument(kPpermuteOp, "device ", device,
+    return InvalidArgument(kPpermuteOp, "device ", device, " of process ", process,
                            " is not among the devices of this ppermute");
   }
   route->source = static_cast<int>(sources[route->self]);
@@ -100,21 +102,21 @@ ffi::Error GetState(int64_t instance, int size, PermuteMeeting::State** out) {
 
 template <typename Ready>
 ffi::Error Await(PermuteMeeting::State* s, std::unique_lock<std::mutex>& lock,
-                 const PermuteRoute& route, int peer, int64_t generation,
-                 const char* what, Ready ready) {
-  const bool ok = s->cv.wait_for(lock, kWait, [&] {
+                 const PermuteRoute& route, std::chrono::milliseconds timeout, int peer,
+                 int64_t generation, const char* what, Ready ready) {
+  const bool ok = s->cv.wait_for(lock, timeout, [&] {
     return !s->abort_message.empty() || ready();
   });
   if (!s->abort_message.empty()) {
     return ffi::Error::Internal(std::string(kPpermuteOp) + ": " + s->abort_message);
   }
   if (!ok) {
-    return ffi::Error::Internal(
-        std::string(kPpermuteOp) + ": device " + std::to_string(route.devices[route.self]) +
-        " waited " + std::to_string(kWait.count()) + " s for device " +
-        std::to_string(route.devices[peer]) + " to " + what + " call " +
-        std::to_string(generation) +
-        " of this ppermute; every device of the mesh must run the program");
+    Message m;
+    m << kPpermuteOp << ": device " << route.devices[route.self] << " waited "
+      << timeout.count() / 1000.0 << " s for device " << route.devices[peer] << " to " << what
+      << " call " << generation << " of this ppermute; every device of the mesh must run the "
+      << "program";
+    return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, m.str());
   }
   return ffi::Error::Success();
 }
@@ -122,11 +124,13 @@ ffi::Error Await(PermuteMeeting::State* s, std::unique_lock<std::mutex>& lock,
 }  // namespace
 
 ffi::Error PermuteMeeting::Arrive(int64_t instance, const PermuteRoute& route,
-                                  const PermuteBlock& own, PermuteBlock* partner_block) {
+                                  std::chrono::milliseconds timeout, const PermuteBlock& own,
+                                  PermuteBlock* partner_block) {
   State* s = nullptr;
   JAX_TMA_RETURN_IF_FAILED(GetState(instance, route.size, &s));
   state_ = s;
   route_ = &route;
+  timeout_ = timeout;
   std::unique_lock<std::mutex> lock(s->mu);
   Slot& me = s->slots[route.self];
   const int64_t gen = generation_ = me.calls++;
@@ -138,7 +142,7 @@ ffi::Error PermuteMeeting::Arrive(int64_t instance, const PermuteRoute& route,
   const Slot& other = s->slots[partner];
   // The partner cannot move past this generation before this device
   // departs (it waits for it in Depart), so the block read here is `gen`'s.
-  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, route, partner, gen, "publish its buffer for",
+  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, route, timeout, partner, gen, "publish its buffer for",
                                  [&] { return other.published >= gen; }));
   if (other.block.run_id != own.run_id) {
     return ffi::Error::Internal(
@@ -163,7 +167,7 @@ ffi::Error PermuteMeeting::Depart(void** partnered_by_done) {
   const int by = route.partnered_by();
   if (by < 0) return ffi::Error::Success();
   const Slot& other = s->slots[by];
-  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, route, by, gen, "finish its copy in",
+  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, route, timeout_, by, gen, "finish its copy in",
                                  [&] { return other.departed >= gen; }));
   *partnered_by_done = other.block.done;
   return ffi::Error::Success();

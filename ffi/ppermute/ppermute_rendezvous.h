@@ -8,6 +8,7 @@
 #ifndef JAX_TMA_FFI_PPERMUTE_PPERMUTE_RENDEZVOUS_H_
 #define JAX_TMA_FFI_PPERMUTE_PPERMUTE_RENDEZVOUS_H_
 
+#include <chrono>
 #include <cstdint>
 #include <string_view>
 
@@ -37,7 +38,8 @@ class PermuteMeeting {
   // Publishes this device's buffer and waits until the partner (if any) has
   // published its buffer of the same generation; `partner_block` receives it.
   ffi::Error Arrive(int64_t instance, const PermuteRoute& route,
-                    const PermuteBlock& own, PermuteBlock* partner_block);
+                    std::chrono::milliseconds timeout, const PermuteBlock& own,
+                    PermuteBlock* partner_block);
   // Says this device finished its copy (its `done` token is complete or
   // enqueued) and waits until the participant touching this device's buffer
   // (if any) has said the same; `partnered_by_done` receives its `done`.
@@ -51,6 +53,7 @@ class PermuteMeeting {
  private:
   State* state_ = nullptr;
   const PermuteRoute* route_ = nullptr;
+  std::chrono::milliseconds timeout_{0};
   int64_t generation_ = 0;
 };
 
@@ -60,11 +63,12 @@ class PermuteMeeting {
 // the meeting so no peer waits on this device.
 template <typename Copy, typename Release>
 ffi::Error ExchangeBlocks(int64_t instance, const PermuteRoute& route,
-                          const PermuteBlock& own, Copy copy, Release release) {
+                          std::chrono::milliseconds timeout, const PermuteBlock& own, Copy copy,
+                          Release release) {
   PermuteMeeting meeting;
   PermuteBlock partner;
   void* partnered_by_done = nullptr;
-  ffi::Error err = meeting.Arrive(instance, route, own, &partner);
+  ffi::Error err = meeting.Arrive(instance, route, timeout, own, &partner);
   if (err.success()) err = copy(route.partner() >= 0 ? &partner : nullptr);
   if (err.success()) err = meeting.Depart(&partnered_by_done);
   if (err.success()) err = release(route.partnered_by() >= 0 ? partnered_by_done : nullptr);

@@ -1,0 +1,52 @@
+// A jax_tma.ppermute whose devices live in several processes of one host:
+// every participant sends its block to its destination's process over the
+// process link (peer_link.h) and receives its source's block the same way.
+// The k-th call of a participant at a call site meets the k-th call of its
+// peers there; a block carries a digest of the permutation and its size, so a
+// peer that makes another call fails both sides instead of mixing blocks.
+// After a failure (a timeout, a peer gone, a mismatch) the call site refuses
+// every later call in this process: its processes are out of step there.
+#ifndef JAX_TMA_FFI_PPERMUTE_PPERMUTE_PROCESSES_H_
+#define JAX_TMA_FFI_PPERMUTE_PPERMUTE_PROCESSES_H_
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common.h"
+#include "ppermute/peer_link.h"
+
+namespace jax_tma {
+
+struct PermuteRoute;  // ppermute_common.h
+
+// Where each participant lives: its process (by logical id), every process's
+// link name (by process index), this call site, and how long to wait.
+struct ProcessPlan {
+  int process = -1;                // this process's index
+  std::vector<int64_t> processes;  // process of each logical id
+  std::vector<std::string> links;  // link name of each process index
+  std::string site;
+  std::chrono::milliseconds timeout{0};
+
+  bool spans_processes() const;
+  LinkPeer peer(int logical) const;
+};
+
+// Checks the attributes Python passes and fills `out`; `links` holds the
+// link names of the processes, one per line.
+ffi::Error DecodeProcessPlan(int64_t process, ffi::Span<const int64_t> processes,
+                             std::string_view links, std::string_view site, int64_t timeout_ms,
+                             size_t participants, ProcessPlan* out);
+
+// This participant's whole call: send `bytes` of `src` to the destination's
+// process (if any), then receive the source's block into `dst` (zeros where
+// there is no source).
+ffi::Error ExchangeAcrossProcesses(const PermuteRoute& route, const ProcessPlan& where,
+                                   const void* src, void* dst, size_t bytes);
+
+}  // namespace jax_tma
+
+#endif  // JAX_TMA_FFI_PPERMUTE_PPERMUTE_PROCESSES_H_

@@ -1,0 +1,141 @@
+// The process link of jax_tma.ppermute (ffi/ppermute/peer_link.h) between
+// two real processes (fork): bytes and a file descriptor travel (a memfd
+// both map: one page of shared memory), aborts reach the waiter with their
+// reason, waits time out, a process that exits is gone at once, and a name
+// nothing listens on is refused.
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "check.h"
+#include "ppermute/peer_link.h"
+
+namespace jax_tma {
+namespace {
+
+using std::chrono::milliseconds;
+
+std::string Name(int process) {
+  return "jax_tma.test_peer_link." + std::to_string(getpid()) + "." + std::to_string(process);
+}
+
+char* MapPage(int fd) {
+  void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
+}
+
+bool Contains(const ffi::Error& err, const char* text) {
+  return std::string(err.message()).find(text) != std::string::npos;
+}
+
+// Process 1: takes the page, answers through it, aborts a call, then exits.
+int Child(const std::string& parent_name, const std::string& own_name) {
+  const LinkPeer parent{0, parent_name};
+  CHECK(ListenLink(LinkPeer{1, own_name}).success());
+  LinkMessage got;
+  // The parent listens once it has forked this process: until then it is
+  // refused as gone.
+  ffi::Error err = ReceiveLink(parent, "page", "abort:page", "the page", milliseconds(10000), &got);
+  for (int i = 0; i < 500 && err.failure() && *err.errc() == ffi::ErrorCode::kUnavailable; ++i) {
+    usleep(10000);
+    err = ReceiveLink(parent, "page", "abort:page", "the page", milliseconds(10000), &got);
+  }
+  CHECK(err.success());
+  CHECK_EQ(got.bytes, std::string("a page"));
+  CHECK(got.fd >= 0);
+  char* page = got.fd >= 0 ? MapPage(got.fd) : nullptr;
+  CHECK(page != nullptr);
+  if (page != nullptr) {
+    CHECK_EQ(std::string(page), std::string("from process 0"));
+    std::strcpy(page, "from process 1");
+  }
+  CHECK(SendLink(parent, "answered", "").success());
+  AbortLink(parent, "abort:call 7", "its block was lost");
+  // Wait until the parent has seen the abort, then exit: the parent's next
+  // wait finds this process gone.
+  CHECK(ReceiveLink(parent, "bye", "abort:bye", "bye", milliseconds(10000), &got).success());
+  return ::jax_tma::testing::FailureCount();
+}
+
+void Parent(pid_t child, const std::string& own_name, const std::string& child_name) {
+  const LinkPeer self{0, own_name}, peer{1, child_name};
+  // A second name for this process is refused; the same one is not.
+  CHECK(ListenLink(self).success());
+  const ffi::Error twice = ListenLink(LinkPeer{0, own_name + ".other"});
+  CHECK(twice.failure() && Contains(twice, "already listens as process 0"));
+
+  // To itself: straight into its own inbox.
+  LinkMessage got;
+  CHECK(SendLink(self, "note", "to myself").success());
+  CHECK(ReceiveLink(self, "note", "abort:note", "a note", milliseconds(100), &got).success());
+  CHECK_EQ(got.bytes, std::string("to myself"));
+
+  // A page of shared memory, passed as a descriptor (the peer may not be
+  // listening yet: it is refused until it does).
+  const int fd = memfd_create("jax_tma_test_peer_link", MFD_CLOEXEC);
+  CHECK(fd >= 0 && ftruncate(fd, 4096) == 0);
+  char* page = MapPage(fd);
+  CHECK(page != nullptr);
+  if (page == nullptr) return;
+  std::strcpy(page, "from process 0");
+  ffi::Error sent = SendLink(peer, "page", "a page", fd);
+  for (int i = 0; i < 500 && sent.failure(); ++i) {
+    usleep(10000);
+    sent = SendLink(peer, "page", "a page", fd);
+  }
+  CHECK(sent.success());
+  close(fd);
+  CHECK(ReceiveLink(peer, "answered", "abort:answered", "the answer", milliseconds(10000), &got)
+            .success());
+  CHECK_EQ(std::string(page), std::string("from process 1"));
+
+  // An abort under the awaited call's key ends the wait with its reason.
+  ffi::Error err = ReceiveLink(peer, "block of call 7", "abort:call 7", "the block of call 7",
+                               milliseconds(10000), &got);
+  CHECK(err.failure() && *err.errc() == ffi::ErrorCode::kAborted);
+  CHECK(Contains(err, "while this process waited for the block of call 7, process 1: its block "
+                      "was lost"));
+
+  // Nothing comes: the wait ends at its timeout.
+  const auto start = std::chrono::steady_clock::now();
+  err = ReceiveLink(peer, "never", "abort:never", "a message that never comes",
+                    milliseconds(200), &got);
+  CHECK(err.failure() && *err.errc() == ffi::ErrorCode::kDeadlineExceeded);
+  CHECK(Contains(err, "s waiting for a message that never comes from process 1; it never made "
+                      "this call"));
+  CHECK(std::chrono::steady_clock::now() - start >= milliseconds(200));
+
+  // The peer exits: a wait on it ends at once, long before its timeout.
+  CHECK(SendLink(peer, "bye", "").success());
+  int status = -1;
+  CHECK(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const auto gone_at = std::chrono::steady_clock::now();
+  err = ReceiveLink(peer, "after exit", "abort:after exit", "a message after its exit",
+                    milliseconds(60000), &got);
+  CHECK(err.failure() && *err.errc() == ffi::ErrorCode::kUnavailable);
+  CHECK(Contains(err, "process 1 is gone (its connection closed) while this process waited for "
+                      "a message after its exit"));
+  CHECK(std::chrono::steady_clock::now() - gone_at < std::chrono::seconds(5));
+
+  // A name nothing listens on.
+  err = SendLink(LinkPeer{2, own_name + ".nobody"}, "x", "");
+  CHECK(err.failure() && *err.errc() == ffi::ErrorCode::kUnavailable);
+  CHECK(Contains(err, "process 2 is gone (nothing listens on @"));
+  munmap(page, 4096);
+}
+
+}  // namespace
+}  // namespace jax_tma
+
+int main() {
+  const std::string parent_name = jax_tma::Name(0), child_name = jax_tma::Name(1);
+  const pid_t child = fork();
+  if (child == 0) _exit(jax_tma::Child(parent_name, child_name) == 0 ? 0 : 1);
+  jax_tma::Parent(child, parent_name, child_name);
+  return jax_tma::testing::Failures("test_peer_link");
+}
