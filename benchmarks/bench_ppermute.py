@@ -61,8 +61,8 @@ def bench_ppermute(s: Session, sizes_mib: Sequence[float] | None = None,
         return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
 
     impls = {
-        "pull": chained(functools.partial(jax_tma.ppermute, method="bulk", direction="pull")),
-        "push": chained(functools.partial(jax_tma.ppermute, method="bulk", direction="push")),
+        "pull": chained(functools.partial(jax_tma.ppermute, method="tma", direction="pull")),
+        "push": chained(functools.partial(jax_tma.ppermute, method="tma", direction="push")),
         "simt_pull": chained(functools.partial(jax_tma.ppermute, method="simt", direction="pull")),
         "auto": chained(jax_tma.ppermute),
         "nccl": chained(jax.lax.ppermute),

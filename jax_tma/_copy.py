@@ -14,8 +14,8 @@ from jax.interpreters import ad, batching, mlir
 from jax_tma import _checks, _ffi
 from jax_tma._window import window_p
 
-CopyMethod = Literal["auto", "bulk", "simt", "tiled"]
-_METHODS = ("auto", "bulk", "simt", "tiled")
+CopyMethod = Literal["auto", "tma", "simt", "tiled"]
+_METHODS = ("auto", "tma", "simt", "tiled")
 _OP = "jax_tma.copy"
 
 copy_p = Primitive("jax_tma_copy")
@@ -38,7 +38,7 @@ _lowering = _ffi.elementwise_lowering("jax_tma_copy")
 
 
 def _cuda_lowering(ctx, x, *, method):
-    if method == "bulk":
+    if method == "tma":
         _checks.require_tma(_OP, method)
     return _lowering(ctx, x, method=method)
 
@@ -59,7 +59,7 @@ def copy(x: jax.Array | np.ndarray, *, method: CopyMethod = "auto") -> jax.Array
     dimension may be split; the partitioned program has no collectives).
 
     ``method="auto"`` picks, on a GPU with TMA (compute capability 9.0 or
-    newer), the bulk copy for copies of at least 32 MiB and the SIMT copy for
+    newer), the TMA bulk copy for copies of at least 32 MiB and the SIMT copy for
     smaller ones; on older GPUs always the SIMT copy.
 
     Args:
@@ -68,11 +68,12 @@ def copy(x: jax.Array | np.ndarray, *, method: CopyMethod = "auto") -> jax.Array
         copy and narrowed back, every value kept) and any shape, including
         0-d and zero-size; NumPy arrays and Python scalars are converted as
         ``jnp.asarray`` converts them.
-      method: ``"auto"`` (the rule above), ``"bulk"`` (the TMA bulk copy),
+      method: ``"auto"`` (the rule above), ``"tma"`` (the TMA bulk copy),
         ``"simt"`` (a vectorised CUDA copy without TMA) or ``"tiled"`` (the
         tensor-map machinery of :func:`jax_tma.window` over the whole array,
         viewed as rows of a multiple of 16 bytes). On the CPU every method
-        is the same host copy.
+        is the same host copy. ``"bulk"``, the old name of ``"tma"``, still
+        works and emits a ``DeprecationWarning``.
 
     Returns:
       A new array with ``x``'s shape, dtype, sharding and bits.
@@ -82,7 +83,7 @@ def copy(x: jax.Array | np.ndarray, *, method: CopyMethod = "auto") -> jax.Array
       ValueError: ``method`` is not one of the four names, or
         ``method="tiled"`` is asked of an ``x`` with symbolic dims (a
         shape-polymorphic export).
-      RuntimeError: ``method="bulk"`` is lowered for a GPU without TMA
+      RuntimeError: ``method="tma"`` is lowered for a GPU without TMA
         (compute capability below 9.0).
       jax.errors.JaxRuntimeError: on a GPU, ``method="tiled"`` where the
         array has no tensor-map form (e.g. 3 float32 values: a row of 12
@@ -102,10 +103,10 @@ def copy(x: jax.Array | np.ndarray, *, method: CopyMethod = "auto") -> jax.Array
       >>> jax_tma.copy(jnp.arange(3), method="fast")
       Traceback (most recent call last):
         ...
-      ValueError: jax_tma.copy: method must be one of 'auto', 'bulk', 'simt', 'tiled', got 'fast'
+      ValueError: jax_tma.copy: method must be one of 'auto', 'tma', 'simt', 'tiled', got 'fast'
     """
     x = _checks.as_array(_OP, "x", x)
-    _checks.check_choice(_OP, "method", method, _METHODS)
+    method = _checks.check_method(_OP, method, _METHODS)
     _ffi.register()
     if method == "tiled":
         if not all(isinstance(d, int) for d in x.shape):

@@ -9,7 +9,6 @@ import itertools
 import logging
 import os
 import socket
-import sys
 import threading
 import uuid
 from collections.abc import Sequence
@@ -23,9 +22,9 @@ from jax.interpreters import ad, batching, mlir
 
 from jax_tma import _checks, _ffi
 
-PpermuteMethod = Literal["auto", "bulk", "simt"]
+PpermuteMethod = Literal["auto", "tma", "simt"]
 PpermuteDirection = Literal["auto", "pull", "push"]
-_METHODS = ("auto", "bulk", "simt")
+_METHODS = ("auto", "tma", "simt")
 _DIRECTIONS = ("auto", "pull", "push")
 # direction="auto": on two NVLink-connected H200s (NV18) pushing measured
 # 1.01-1.11x the pull bandwidth from 4 MiB to 1 GiB in two runs (368 vs 336
@@ -219,15 +218,10 @@ def _process_links(processes: list[int]) -> tuple[list[str] | None, str]:
     return names, ""
 
 
-_LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, _ffi))
-
-
 def _call_site() -> str:
     """file:line of the innermost frame outside jax and jax_tma: the user's
     call of the op."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
-        frame = frame.f_back
+    frame, _ = _checks.user_frame()
     return "an unknown call site" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
@@ -325,9 +319,10 @@ def ppermute(x: jax.Array, axis_name: str | Sequence[str],
       perm: ``(source, destination)`` position pairs along ``axis_name``;
         each source and each destination at most once. Devices that receive
         nothing get zeros.
-      method: ``"auto"`` (the rule above), ``"bulk"`` (the TMA bulk copy) or
+      method: ``"auto"`` (the rule above), ``"tma"`` (the TMA bulk copy) or
         ``"simt"`` (a plain vectorised copy); every method gives the same
-        result.
+        result. ``"bulk"``, the old name of ``"tma"``, still works and
+        emits a ``DeprecationWarning``.
       direction: ``"auto"`` (push), ``"push"`` (each sender writes into its
         destination's output) or ``"pull"`` (each receiver reads its
         source's input); every direction gives the same result.
@@ -379,7 +374,7 @@ def ppermute(x: jax.Array, axis_name: str | Sequence[str],
             f"{_OP}: axis_name {tuple(names)} must list the mesh axes in the mesh's order "
             f"{tuple(in_order)} (positions along several axes run in mesh order)"
         )
-    _checks.check_choice(_OP, "method", method, _METHODS)
+    method = _checks.check_method(_OP, method, _METHODS)
     _checks.check_choice(_OP, "direction", direction, _DIRECTIONS)
     pairs = _check_perm(perm, size)
     _ffi.register()

@@ -23,7 +23,7 @@ _ppermute = jax.shard_map(lambda b: jax_tma.ppermute(b, "i", [(0, 1), (1, 0)]), 
 # lives and how many handler calls it makes (one per device), which its CPU
 # handler counts; tests/test_families.py holds every family's targets to it.
 CPU_CALLS = {
-    "copy": (lambda x: jax_tma.copy(x, method="bulk"), None, 1),
+    "copy": (lambda x: jax_tma.copy(x, method="tma"), None, 1),
     "window": (lambda x: jax_tma.window(x, (1, -2), (4, 8)), None, 1),
     "im2col": (lambda x: jax_tma.im2col(x[None, :, :, None], 3), None, 1),
     "broadcast": (lambda x: jax_tma.broadcast(x, 3, method="multicast"), None, 1),

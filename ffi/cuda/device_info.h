@@ -21,7 +21,7 @@ struct DeviceInfo {
   int smem_per_sm = 0;           // bytes
   bool has_tma() const { return cc_major >= 9; }
   // The error of a method that cannot run here, spelled as Python's
-  // jax_tma/_checks.py require_tma spells it: "method='bulk' needs TMA, but
+  // jax_tma/_checks.py require_tma spells it: "method='tma' needs TMA, but
   // device 0 has compute capability 8.0 (TMA needs >= 9.0); use ...".
   std::string NeedsTma(std::string_view method, int device,
                        std::string_view need = "TMA") const {
