@@ -16,7 +16,7 @@ from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_tma import _checks, _ffi
+from jax_tma import _checks, _ffi, _lowering
 
 BroadcastMethod = Literal["auto", "multicast", "dsmem", "store", "simt"]
 _METHODS = ("auto", "multicast", "dsmem", "store", "simt")
@@ -39,14 +39,15 @@ def _out_shape(shape, n, axis):
 def _abstract(x, *, n, axis, method, cluster_size):
     # As jnp.broadcast_to types it: x's dims keep their mesh axes (and x's
     # varying axes and weak type carry over), the replica dim is whole.
-    spec = _ffi.spec_of(x)
-    out = _ffi.out_aval(x, _out_shape(x.shape, n, axis), spec=spec[:axis] + (None,) + spec[axis:])
+    spec = _lowering.spec_of(x)
+    out = _lowering.out_aval(x, _out_shape(x.shape, n, axis),
+                             spec=spec[:axis] + (None,) + spec[axis:])
     return out.update(weak_type=x.weak_type)
 
 
 broadcast_p.def_abstract_eval(_abstract)
 broadcast_local_p.def_abstract_eval(_abstract)
-_ffi.def_jitted_impl(broadcast_p)
+_lowering.def_jitted_impl(broadcast_p)
 
 
 def _local_lowering(ctx, x, *, n, axis, method, cluster_size):
@@ -85,12 +86,12 @@ def _partitioned(ndim: int, n: int, axis: int, method: str, cluster_size: int):
     return f
 
 
-def _lowering(ctx, x, *, n, axis, method, cluster_size):
+def _broadcast_lowering(ctx, x, *, n, axis, method, cluster_size):
     ndim = ctx.avals_in[0].ndim
     # A program for one device (or none yet) and a 0-d x have nothing to
     # split; symbolic dims (a shape-polymorphic export) have no partitioning
     # rule, and XLA keeps x whole.
-    if ndim == 0 or _ffi.single_device(ctx) or not _ffi.static_shape(*ctx.avals_in):
+    if ndim == 0 or _lowering.single_device(ctx) or not _lowering.static_shape(*ctx.avals_in):
         return _local_lowering(ctx, x, n=n, axis=axis, method=method, cluster_size=cluster_size)
     f = _partitioned(ndim, n, axis, method, cluster_size)
     return mlir.lower_fun(f, multiple_results=False)(ctx, x)
@@ -100,14 +101,14 @@ def _cuda_lowering(ctx, x, *, n, axis, method, cluster_size):
     if method in ("multicast", "dsmem", "store"):
         _checks.require_tma(
             _OP, method, "thread-block clusters and TMA" if method in _CLUSTERED else "TMA")
-    return _lowering(ctx, x, n=n, axis=axis, method=method, cluster_size=cluster_size)
+    return _broadcast_lowering(ctx, x, n=n, axis=axis, method=method, cluster_size=cluster_size)
 
 
-_ffi.require_devices_during_lowering(broadcast_p)
+_lowering.require_devices_during_lowering(broadcast_p)
 
 for _platform in ("cpu", "cuda"):
     mlir.register_lowering(broadcast_local_p, _local_lowering, platform=_platform)
-mlir.register_lowering(broadcast_p, _lowering, platform="cpu")
+mlir.register_lowering(broadcast_p, _broadcast_lowering, platform="cpu")
 mlir.register_lowering(broadcast_p, _cuda_lowering, platform="cuda")
 
 

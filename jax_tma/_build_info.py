@@ -6,7 +6,7 @@ from typing import Any
 
 import jax
 
-from jax_tma import _ffi
+from jax_tma import _devices, _ffi
 
 
 def build_info() -> dict[str, Any]:
@@ -35,7 +35,7 @@ def build_info() -> dict[str, Any]:
     """
     ext = _ffi._ext
     gpus = []
-    for d, (major, minor) in zip(_ffi.cuda_devices(), _ffi.gpu_compute_capabilities()):
+    for d, (major, minor) in zip(_devices.cuda_devices(), _devices.gpu_compute_capabilities()):
         gpus.append(
             {
                 "id": d.id,

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from jax_tma import _ffi
+from jax_tma import _devices
 
 MAX_DIM = 2**31 - 1  # the handlers index dims with int32
 
@@ -158,7 +158,7 @@ def require_tma(op: str, method: str, need: str = "TMA") -> None:
     """A RuntimeError, at lowering for CUDA, where a visible device lacks TMA
     (compute capability below 9.0) and `method` cannot run without it; the
     wording follows the C++ launchers' (ffi/cuda/device_info.h)."""
-    for i, (major, minor) in enumerate(_ffi.gpu_compute_capabilities()):
+    for i, (major, minor) in enumerate(_devices.gpu_compute_capabilities()):
         if (major, minor) < (9, 0):
             raise RuntimeError(
                 f"{op}: method={method!r} needs {need}, but device {i} has compute "
@@ -167,7 +167,7 @@ def require_tma(op: str, method: str, need: str = "TMA") -> None:
 
 
 # Frames in these folders are jax's or jax_tma's, not the user's.
-_LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, _ffi))
+_LIBRARIES = tuple(os.path.dirname(f) + os.sep for f in (jax.__file__, __file__))
 
 
 def user_frame() -> tuple[FrameType | None, int]:

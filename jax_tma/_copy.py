@@ -11,7 +11,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax_tma import _checks, _ffi
+from jax_tma import _checks, _ffi, _lowering
 from jax_tma._window import window_p
 
 CopyMethod = Literal["auto", "tma", "simt", "tiled"]
@@ -19,7 +19,7 @@ _METHODS = ("auto", "tma", "simt", "tiled")
 _OP = "jax_tma.copy"
 
 copy_p = Primitive("jax_tma_copy")
-_ffi.def_jitted_impl(copy_p)
+_lowering.def_jitted_impl(copy_p)
 # The output has the input's shape, dtype, sharding and varying-mesh-axes.
 copy_p.def_abstract_eval(lambda x, *, method: x)
 
@@ -34,16 +34,16 @@ batching.primitive_batchers[copy_p] = _copy_batcher
 ad.deflinear2(copy_p, lambda ct, x, *, method: [copy_p.bind(ct, method=method)])
 
 
-_lowering = _ffi.elementwise_lowering("jax_tma_copy")
+_copy_lowering = _lowering.elementwise_lowering("jax_tma_copy")
 
 
 def _cuda_lowering(ctx, x, *, method):
     if method == "tma":
         _checks.require_tma(_OP, method)
-    return _lowering(ctx, x, method=method)
+    return _copy_lowering(ctx, x, method=method)
 
 
-mlir.register_lowering(copy_p, _lowering, platform="cpu")
+mlir.register_lowering(copy_p, _copy_lowering, platform="cpu")
 mlir.register_lowering(copy_p, _cuda_lowering, platform="cuda")
 
 

@@ -21,7 +21,7 @@ from jax.interpreters import ad, batching, mlir
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_tma import _checks, _ffi
+from jax_tma import _checks, _ffi, _lowering
 
 GatherMethod = Literal["auto", "tma", "simt"]
 ScatterMode = Literal["set", "add"]
@@ -92,7 +92,7 @@ def _lead_spec(op: str, indices, xs, axis: int, batch: int) -> list:
     leave specs empty): the tables', which must agree and leave `axis`
     whole, and on the batch dims the indices' where the tables have none
     (a table that vmap broadcast to the indices' batch)."""
-    specs = [_ffi.spec_of(x) for x in xs]
+    specs = [_lowering.spec_of(x) for x in xs]
     for t, spec in enumerate(specs):
         if spec[axis] is not None:
             name = f"{op}: table {t}" if len(xs) > 1 else op
@@ -104,7 +104,7 @@ def _lead_spec(op: str, indices, xs, axis: int, batch: int) -> list:
             raise ValueError(f"{op}: the tables must be sharded alike in x.shape[:axis] "
                              f"(axis={axis}): table 0 has {P(*specs[0][:axis])}, table {t} "
                              f"{P(*spec[:axis])}")
-    ispec = _ffi.spec_of(indices)
+    ispec = _lowering.spec_of(indices)
     lead = list(specs[0][:axis])
     for d in range(batch):  # vmap gives both the same split, or x's broadcast none
         if lead[d] is None:
@@ -118,7 +118,7 @@ def _distinct(op: str, spec: list, *operands) -> tuple:
     for entry in spec:
         for a in _mesh_axes(entry):
             if a in seen:
-                shown = ", ".join(f"{name} {P(*_ffi.spec_of(v))}" for name, v in operands)
+                shown = ", ".join(f"{name} {P(*_lowering.spec_of(v))}" for name, v in operands)
                 raise ValueError(f"{op}: mesh axis {a!r} would split two dims of the result "
                                  f"{P(*spec)} ({shown}); reshard one of them first "
                                  "(jax.sharding.reshard)")
@@ -129,7 +129,7 @@ def _distinct(op: str, spec: list, *operands) -> tuple:
 def _check_whole_indices(indices, batch: int) -> None:
     """A scatter's indices are whole beyond the batch dims: every device that
     holds rows of x needs every index."""
-    spec = _ffi.spec_of(indices)
+    spec = _lowering.spec_of(indices)
     if any(e is not None for e in spec[batch:]):
         raise ValueError(f"{_OP_S}: the indices are split over mesh axes (sharded {P(*spec)}), "
                          "but every device that holds rows of x needs every index (as x.at[] "
@@ -140,10 +140,10 @@ def _gather_abstract(indices, *xs, axis, batch, **_):
     # Explicit shardings: x's dims but axis keep theirs, the index dims take
     # the indices' (no collective: each device picks its own indices' slabs).
     lead = _lead_spec(_OP_G, indices, xs, axis, batch)
-    ispec = _ffi.spec_of(indices)
-    return [_ffi.out_aval(
+    ispec = _lowering.spec_of(indices)
+    return [_lowering.out_aval(
         _like(x, indices), _gathered_shape(x.shape, indices.shape, axis, batch), x.dtype,
-        _distinct(_OP_G, lead + list(ispec[batch:]) + list(_ffi.spec_of(x)[axis + 1:]),
+        _distinct(_OP_G, lead + list(ispec[batch:]) + list(_lowering.spec_of(x)[axis + 1:]),
                   ("x", x), ("indices", indices)))
         for x in xs]
 
@@ -159,9 +159,9 @@ def _scatter_abstract(indices, *operands, axis, batch, **_):
     xs, us = _halves(operands)
     lead = _lead_spec(_OP_S, indices, xs, axis, batch)
     _check_whole_indices(indices, batch)
-    return [_ffi.out_aval(_like(x, indices, u), x.shape, x.dtype,
-                          _distinct(_OP_S, lead + list(_ffi.spec_of(x)[axis:]), ("x", x),
-                                    ("indices", indices)))
+    return [_lowering.out_aval(_like(x, indices, u), x.shape, x.dtype,
+                               _distinct(_OP_S, lead + list(_lowering.spec_of(x)[axis:]),
+                                         ("x", x), ("indices", indices)))
             for x, u in zip(xs, us)]
 
 
@@ -173,8 +173,8 @@ gather_p.def_abstract_eval(_gather_abstract)
 gather_local_p.def_abstract_eval(_gather_local_abstract)
 scatter_p.def_abstract_eval(_scatter_abstract)
 scatter_local_p.def_abstract_eval(_scatter_local_abstract)
-_ffi.def_jitted_impl(gather_p)
-_ffi.def_jitted_impl(scatter_p)
+_lowering.def_jitted_impl(gather_p)
+_lowering.def_jitted_impl(scatter_p)
 
 
 def _gather_local_lowering(ctx, indices, *operands, axis, batch, method):
@@ -362,7 +362,8 @@ def _partitioned(ctx) -> bool:
     several devices, with static shapes (symbolic dims of a
     shape-polymorphic export have no partitioning rule; XLA keeps such
     operands whole)."""
-    return not _ffi.single_device(ctx) and _ffi.static_shape(*ctx.avals_in, *ctx.avals_out)
+    return not _lowering.single_device(ctx) and _lowering.static_shape(*ctx.avals_in,
+                                                                         *ctx.avals_out)
 
 
 def _gather_lowering(ctx, indices, *xs, axis, batch, fills, method):
@@ -392,8 +393,8 @@ def _cuda_scatter_lowering(ctx, *args, method, **params):
     return _scatter_lowering(ctx, *args, method=method, **params)
 
 
-_ffi.require_devices_during_lowering(gather_p)
-_ffi.require_devices_during_lowering(scatter_p)
+_lowering.require_devices_during_lowering(gather_p)
+_lowering.require_devices_during_lowering(scatter_p)
 mlir.register_lowering(gather_p, _gather_lowering, platform="cpu")
 mlir.register_lowering(gather_p, _cuda_gather_lowering, platform="cuda")
 mlir.register_lowering(scatter_p, _scatter_lowering, platform="cpu")
@@ -507,7 +508,7 @@ def _adds_natively(dtype) -> bool:
 def _resharded(a, spec) -> jax.Array:
     """`a` with the explicit PartitionSpec `spec` (one entry per dim); a
     no-op where it has it (always, but for explicit meshes)."""
-    if _ffi.spec_of(jax.typeof(a)) == tuple(spec):
+    if _lowering.spec_of(jax.typeof(a)) == tuple(spec):
         return a
     return jax.sharding.reshard(a, P(*spec))
 
@@ -535,13 +536,13 @@ def _gather_transpose(cts, indices, *xs, axis, batch, fills, method):
         # A scatter-add into zeros, as jnp.take's transpose; its indices and
         # updates whole beyond the batch dims (an explicit gather may split
         # them, a scatter may not).
-        ispec = _ffi.spec_of(jax.typeof(indices))
+        ispec = _lowering.spec_of(jax.typeof(indices))
         indices = _resharded(indices, ispec[:batch] + (None,) * (indices.ndim - batch))
         avals = [xs[t].aval for t in live]
         wide = [a.dtype if _adds_natively(a.dtype) else np.dtype(np.float32) for a in avals]
         ups = []
         for t in live:
-            spec = _ffi.spec_of(jax.typeof(cts[t]))
+            spec = _lowering.spec_of(jax.typeof(cts[t]))
             spec = spec[:axis] + (None,) * (indices.ndim - batch) + spec[axis + indices.ndim
                                                                         - batch:]
             ups.append(_resharded(cts[t], spec))
@@ -596,7 +597,7 @@ def _scatter_transpose(cts, indices, *operands, axis, batch, mode, deterministic
         got = _bind_gather(indices, *(cts[t] for t in for_u), axis=axis, batch=batch,
                            fills=tuple(_zero_fill(cts[t].dtype) for t in for_u), method=method)
         for t, g in zip(for_u, got):
-            ct_u[t] = _resharded(g, _ffi.spec_of(_aval(us[t])))
+            ct_u[t] = _resharded(g, _lowering.spec_of(_aval(us[t])))
     return [None, *ct_x, *ct_u]
 
 

@@ -17,7 +17,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax_tma import _checks, _ffi
+from jax_tma import _checks, _ffi, _lowering
 
 Im2colMethod = Literal["auto", "tma", "simt"]
 PatchOrder = Literal["tap_major", "channel_major"]
@@ -53,7 +53,7 @@ def _result_spec(op: str, a, out_shape, name: str, last: str) -> tuple:
     types it on explicit mesh axes: N keeps its axes, a spatial dim keeps its
     axes where the result's extent divides among them; the last dim must be
     whole (a patch row holds every channel of its taps)."""
-    spec, mesh = _ffi.spec_of(a), a.sharding.mesh
+    spec, mesh = _lowering.spec_of(a), a.sharding.mesh
     if spec[-1] is not None:
         whole = jax.sharding.PartitionSpec(*spec[:-1], None)
         raise ValueError(f"{op}: {name}'s {last} dim is split along mesh axes {spec[-1]!r} "
@@ -74,25 +74,25 @@ def _result_spec(op: str, a, out_shape, name: str, last: str) -> tuple:
 def _im2col_abstract(x, *, kernel, strides, padding, dilation, order, method):
     o = out_spatial(x.shape[1:-1], kernel, strides, padding, dilation)
     shape = (x.shape[0], *o, math.prod(kernel) * x.shape[-1])
-    return _ffi.out_aval(x, shape, spec=_result_spec(_OP, x, shape, "x", "channel"))
+    return _lowering.out_aval(x, shape, spec=_result_spec(_OP, x, shape, "x", "channel"))
 
 
 def _col2im_abstract(p, *, in_spatial, kernel, strides, padding, dilation, order, method):
     shape = (p.shape[0], *in_spatial, p.shape[-1] // math.prod(kernel))
-    return _ffi.out_aval(p, shape, spec=_result_spec(_OP_T, p, shape, "patches",
-                                                     "taps x channels"))
+    return _lowering.out_aval(p, shape, spec=_result_spec(_OP_T, p, shape, "patches",
+                                                          "taps x channels"))
 
 
 im2col_p.def_abstract_eval(_im2col_abstract)
 col2im_p.def_abstract_eval(_col2im_abstract)
-_ffi.def_jitted_impl(im2col_p)
-_ffi.def_jitted_impl(col2im_p)
+_lowering.def_jitted_impl(im2col_p)
+_lowering.def_jitted_impl(col2im_p)
 
 
-def _lowering(ctx, x, *, kernel, strides, padding, dilation, order, method, transpose):
+def _call_lowering(ctx, x, *, kernel, strides, padding, dilation, order, method, transpose):
     # Every handler treats the images of the batch independently: XLA splits
     # N across devices without collectives (the spatial dims stay whole).
-    rule = _ffi.batch_partitioned_lowering("jax_tma_im2col", 1)
+    rule = _lowering.batch_partitioned_lowering("jax_tma_im2col", 1)
     return rule(
         ctx, x,
         kernel=np.asarray(kernel, np.int64),
@@ -123,7 +123,7 @@ def _im2col_lowering(ctx, x, **params):
     if any(zero):  # float8_e8m0fnu has no zero: jnp writes its NaN, 0xFF
         f = functools.partial(_im2col_with_zero_bits, zero=_as_uint(zero), **params)
         return mlir.lower_fun(f, multiple_results=False)(ctx, x)
-    return _lowering(ctx, x, transpose=False, **params)
+    return _call_lowering(ctx, x, transpose=False, **params)
 
 
 def _col2im_in_float32(p, **params):
@@ -144,7 +144,7 @@ def _col2im_lowering(ctx, p, *, in_spatial, **params):
     if dtype.name not in _SUMMABLE and jnp.issubdtype(dtype, jnp.floating):
         f = functools.partial(_col2im_in_float32, in_spatial=in_spatial, **params)
         return mlir.lower_fun(f, multiple_results=False)(ctx, p)
-    return _lowering(ctx, p, transpose=True, **params)
+    return _call_lowering(ctx, p, transpose=True, **params)
 
 
 for _platform in ("cpu", "cuda"):

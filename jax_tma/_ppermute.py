@@ -20,7 +20,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax_tma import _checks, _ffi
+from jax_tma import _checks, _ffi, _lowering
 
 PpermuteMethod = Literal["auto", "tma", "simt"]
 PpermuteDirection = Literal["auto", "pull", "push"]
@@ -123,7 +123,7 @@ def _transport(ctx, *, axis_name, perm, platform):
     if any(_checks.fill_bytes(_OP, 0, ctx.avals_in[0].dtype)):
         return None, (f"{ctx.avals_in[0].dtype} has no zero bytes for the devices that "
                       "receive nothing (jnp's 0 of it is not all zero bits)")
-    if not _ffi.static_shape(*ctx.avals_in):
+    if not _lowering.static_shape(*ctx.avals_in):
         # XLA refines a shape-polymorphic module's shapes, but not those of
         # a custom call inside a manual computation.
         return None, "the block has symbolic dims (a shape-polymorphic export)"
@@ -225,7 +225,7 @@ def _call_site() -> str:
     return "an unknown call site" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
-def _lowering(ctx, x, *, axis_name, perm, method, direction, site, platform):
+def _ppermute_lowering(ctx, x, *, axis_name, perm, method, direction, site, platform):
     """The jax_tma_ppermute call where `_transport` allows it; lax.ppermute
     otherwise, with the same result. Which one a call site got, and why, is
     logged at DEBUG level on the "jax_tma" logger."""
@@ -246,8 +246,9 @@ def _lowering(ctx, x, *, axis_name, perm, method, direction, site, platform):
     )
 
 
-mlir.register_lowering(ppermute_p, functools.partial(_lowering, platform="cpu"), platform="cpu")
-mlir.register_lowering(ppermute_p, functools.partial(_lowering, platform="cuda"), platform="cuda")
+for _platform in ("cpu", "cuda"):
+    mlir.register_lowering(ppermute_p, functools.partial(_ppermute_lowering, platform=_platform),
+                           platform=_platform)
 
 
 def _check_perm(perm, size: int) -> tuple[tuple[int, int], ...]:

@@ -15,7 +15,7 @@ from jax.extend.core import Primitive
 from jax.extend.mlir.dialects import stablehlo as hlo
 from jax.interpreters import ad, batching, mlir
 
-from jax_tma import _checks, _ffi
+from jax_tma import _checks, _ffi, _lowering
 
 WindowMethod = Literal["auto", "tma", "simt"]
 _METHODS = ("auto", "tma", "simt")
@@ -40,7 +40,7 @@ def _kept_spec(aval, dims, sizes) -> list:
     """The spec entries of `aval`'s dims `dims` for result dims of `sizes`: a
     dim keeps its mesh axes where the result's extent still divides among
     them (jax's rule for slices), else it is unsharded."""
-    spec, mesh = _ffi.spec_of(aval), aval.sharding.mesh
+    spec, mesh = _lowering.spec_of(aval), aval.sharding.mesh
     kept = []
     for d, size in zip(dims, sizes):
         axes = spec[d]
@@ -56,11 +56,11 @@ def _spatial_abstract(x, start, out_shape, r):
     dims keep x's where they still divide."""
     nb = len(out_shape) - r
     if x.ndim > r:
-        batch = _ffi.spec_of(x)[:nb]
+        batch = _lowering.spec_of(x)[:nb]
     else:
-        batch = _ffi.spec_of(start)[:nb]
+        batch = _lowering.spec_of(start)[:nb]
     spatial = _kept_spec(x, range(x.ndim - r, x.ndim), out_shape[nb:])
-    return _ffi.out_aval(x, out_shape, spec=list(batch) + spatial)
+    return _lowering.out_aval(x, out_shape, spec=list(batch) + spatial)
 
 
 def _window_abstract(x, start, *, shape, strides, fill_bits, method):
@@ -75,8 +75,8 @@ def _transpose_abstract(ct, start, *, x_shape, strides, method):
 
 window_p.def_abstract_eval(_window_abstract)
 window_transpose_p.def_abstract_eval(_transpose_abstract)
-_ffi.def_jitted_impl(window_p)
-_ffi.def_jitted_impl(window_transpose_p)
+_lowering.def_jitted_impl(window_p)
+_lowering.def_jitted_impl(window_transpose_p)
 
 
 def _ffi_rule(ctx, src, start, *, strides, fill_bits, transpose, method):
@@ -91,18 +91,18 @@ def _ffi_rule(ctx, src, start, *, strides, fill_bits, transpose, method):
         # batch dims shard freely. A shared src stays replicated.
         if start_aval.ndim == 1:
             batch = tuple(out_aval.shape[:nb])
-            start_aval = _ffi.out_aval(start_aval, batch + (r,), spec=(None,) * (nb + 1))
+            start_aval = _lowering.out_aval(start_aval, batch + (r,), spec=(None,) * (nb + 1))
             start, = mlir.lower_fun(lambda s: jnp.broadcast_to(s, batch + (r,)),
                                     multiple_results=False)(
                 ctx.replace(avals_in=[ctx.avals_in[1]], avals_out=[start_aval]), start)
             ctx = ctx.replace(avals_in=[src_aval, start_aval])
-        rule = _ffi.batch_partitioned_lowering("jax_tma_window", nb)
+        rule = _lowering.batch_partitioned_lowering("jax_tma_window", nb)
         starts = [start]
     elif start_aval.ndim == 1:
         # One scalar operand per dim: XLA folds these slices of the stacked
         # start back into the scalars it was built from, so traced starts
         # reach the call as they are, with no kernel to stack them first.
-        scalar = _ffi.out_aval(start_aval, (), spec=())
+        scalar = _lowering.out_aval(start_aval, (), spec=())
         scalar_type = mlir.aval_to_ir_type(ctx.module_context, scalar)
         starts = [hlo.reshape(scalar_type, hlo.slice(start, mlir.dense_int_array([d]),
                                                      mlir.dense_int_array([d + 1]),
@@ -181,7 +181,7 @@ def _window_transpose_rule(ct, x, start, *, shape, strides, fill_bits, method):
         dx = dx.sum(axis=tuple(range(extra)))
     # x's sharding, where a box that did not divide among a dim's devices
     # left that dim of the transpose unsharded.
-    if _ffi.spec_of(jax.typeof(dx)) != _ffi.spec_of(x_aval):
+    if _lowering.spec_of(jax.typeof(dx)) != _lowering.spec_of(x_aval):
         dx = jax.sharding.reshard(dx, x_aval.sharding.spec)
     return [dx, None]
 
@@ -469,7 +469,7 @@ def window(
     fill_bits = _fill_bits(fill, x.dtype)
     _ffi.register()
     src = _checks.widen(x)
-    sharded = [axes is not None for axes in _ffi.spec_of(jax.typeof(x))]
+    sharded = [axes is not None for axes in _lowering.spec_of(jax.typeof(x))]
     # Leading dims that the box covers in full (static start 0, the whole
     # extent, stride 1) become batch dims of the call: XLA may then split them
     # across devices without collectives.

@@ -238,9 +238,9 @@ def test_errors_name_the_op_rule_and_values():
 
 
 def test_cluster_method_on_a_gpu_without_clusters_names_the_capability(monkeypatch):
-    from jax_tma import _broadcast, _ffi
+    from jax_tma import _broadcast, _devices
 
-    monkeypatch.setattr(_ffi, "gpu_compute_capabilities", lambda: [(8, 0)])
+    monkeypatch.setattr(_devices, "gpu_compute_capabilities", lambda: [(8, 0)])
     with pytest.raises(RuntimeError, match=r"^jax_tma\.broadcast: method='multicast' needs "
                        r"thread-block clusters and TMA, but device 0 has compute capability 8\.0 "
                        r"\(TMA needs >= 9\.0\)"):

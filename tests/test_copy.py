@@ -13,7 +13,7 @@ import pytest
 from jax.test_util import check_grads
 
 import jax_tma
-from jax_tma import _ffi
+from jax_tma import _devices
 from reference import ALL_DTYPES, assert_bits_equal, cpu_device, random_array
 
 SHAPES = [(), (0,), (3, 0, 2), (1,), (7,), (3, 5, 7), (1000003,), (2,) * 8]
@@ -156,7 +156,7 @@ def test_bulk_is_the_deprecated_name_of_tma(rng):
 
 
 def test_tma_on_a_gpu_without_tma_names_the_compute_capability(monkeypatch):
-    monkeypatch.setattr(_ffi, "gpu_compute_capabilities", lambda: [(9, 0), (8, 6)])
+    monkeypatch.setattr(_devices, "gpu_compute_capabilities", lambda: [(9, 0), (8, 6)])
     f = jax.jit(functools.partial(jax_tma.copy, method="tma"))
     with pytest.raises(RuntimeError, match=r"jax_tma\.copy: method='tma' needs TMA, but "
                                            r"device 1 has compute capability 8\.6 "
