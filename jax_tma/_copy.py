@@ -18,34 +18,8 @@ CopyMethod = Literal["auto", "tma", "simt", "tiled"]
 _METHODS = ("auto", "tma", "simt", "tiled")
 _OP = "jax_tma.copy"
 
-copy_p = Primitive("jax_tma_copy")
-_lowering.def_jitted_impl(copy_p)
-# The output has the input's shape, dtype, sharding and varying-mesh-axes.
-copy_p.def_abstract_eval(lambda x, *, method: x)
 
-
-def _copy_batcher(args, dims, *, method):
-    (x,), (d,) = args, dims
-    return copy_p.bind(x, method=method), d
-
-
-batching.primitive_batchers[copy_p] = _copy_batcher
-# copy is linear: its tangent and its cotangent are copies too.
-ad.deflinear2(copy_p, lambda ct, x, *, method: [copy_p.bind(ct, method=method)])
-
-
-_copy_lowering = _lowering.elementwise_lowering("jax_tma_copy")
-
-
-def _cuda_lowering(ctx, x, *, method):
-    if method == "tma":
-        _checks.require_tma(_OP, method)
-    return _copy_lowering(ctx, x, method=method)
-
-
-mlir.register_lowering(copy_p, _copy_lowering, platform="cpu")
-mlir.register_lowering(copy_p, _cuda_lowering, platform="cuda")
-
+# ---- the public op ----------------------------------------------------------
 
 def copy(x: jax.Array | np.ndarray, *, method: CopyMethod = "auto") -> jax.Array:
     """Returns a new array equal to ``x`` bit for bit.
@@ -136,3 +110,44 @@ def tiled_copy(x: jax.Array) -> jax.Array:
     y = window_p.bind(rows, jnp.zeros(2, jnp.int32), shape=rows.shape, strides=(1, 1),
                       fill_bits=0, method="tma")
     return _checks.narrow(y.reshape(x.shape), x.dtype)
+
+
+# ---- primitives -------------------------------------------------------------
+
+copy_p = Primitive("jax_tma_copy")
+
+
+# ---- lowering and partitioning ----------------------------------------------
+
+_copy_lowering = _lowering.elementwise_lowering("jax_tma_copy")
+
+
+def _cuda_lowering(ctx, x, *, method):
+    if method == "tma":
+        _checks.require_tma(_OP, method)
+    return _copy_lowering(ctx, x, method=method)
+
+
+# ---- vmap -------------------------------------------------------------------
+
+def _copy_batcher(args, dims, *, method):
+    (x,), (d,) = args, dims
+    return copy_p.bind(x, method=method), d
+
+
+# ---- AD ---------------------------------------------------------------------
+
+def _copy_transpose(ct, x, *, method):
+    # copy is linear: its tangent and its cotangent are copies too.
+    return [copy_p.bind(ct, method=method)]
+
+
+# ---- registration -----------------------------------------------------------
+
+_lowering.def_jitted_impl(copy_p)
+# The output has the input's shape, dtype, sharding and varying-mesh-axes.
+copy_p.def_abstract_eval(lambda x, *, method: x)
+mlir.register_lowering(copy_p, _copy_lowering, platform="cpu")
+mlir.register_lowering(copy_p, _cuda_lowering, platform="cuda")
+batching.primitive_batchers[copy_p] = _copy_batcher
+ad.deflinear2(copy_p, _copy_transpose)
