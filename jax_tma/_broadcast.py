@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, mlir
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -234,13 +234,8 @@ def _broadcast_transpose(ct, x, *, n, axis, method, cluster_size):
 
 # ---- registration -----------------------------------------------------------
 
-broadcast_p.def_abstract_eval(_abstract)
-broadcast_local_p.def_abstract_eval(_abstract)
-_lowering.def_jitted_impl(broadcast_p)
+_lowering.register(broadcast_p, _abstract, {"cpu": _broadcast_lowering, "cuda": _cuda_lowering},
+                   batcher=_batcher)
+_lowering.register(broadcast_local_p, _abstract, _local_lowering, jitted=False)
 _lowering.require_devices_during_lowering(broadcast_p)
-for _platform in ("cpu", "cuda"):
-    mlir.register_lowering(broadcast_local_p, _local_lowering, platform=_platform)
-mlir.register_lowering(broadcast_p, _broadcast_lowering, platform="cpu")
-mlir.register_lowering(broadcast_p, _cuda_lowering, platform="cuda")
-batching.primitive_batchers[broadcast_p] = _batcher
 ad.deflinear2(broadcast_p, _broadcast_transpose)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad
 
 from jax_tma import _checks, _ffi, _lowering
 from jax_tma._window import window_p
@@ -144,10 +144,7 @@ def _copy_transpose(ct, x, *, method):
 
 # ---- registration -----------------------------------------------------------
 
-_lowering.def_jitted_impl(copy_p)
 # The output has the input's shape, dtype, sharding and varying-mesh-axes.
-copy_p.def_abstract_eval(lambda x, *, method: x)
-mlir.register_lowering(copy_p, _copy_lowering, platform="cpu")
-mlir.register_lowering(copy_p, _cuda_lowering, platform="cuda")
-batching.primitive_batchers[copy_p] = _copy_batcher
+_lowering.register(copy_p, lambda x, *, method: x,
+                   {"cpu": _copy_lowering, "cuda": _cuda_lowering}, batcher=_copy_batcher)
 ad.deflinear2(copy_p, _copy_transpose)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, mlir
 
 from jax_tma import _checks, _ffi, _lowering
 
@@ -444,14 +444,7 @@ def _col2im_transpose(ct, p, *, in_spatial, **params):
 
 # ---- registration -----------------------------------------------------------
 
-im2col_p.def_abstract_eval(_im2col_abstract)
-col2im_p.def_abstract_eval(_col2im_abstract)
-_lowering.def_jitted_impl(im2col_p)
-_lowering.def_jitted_impl(col2im_p)
-for _platform in ("cpu", "cuda"):
-    mlir.register_lowering(im2col_p, _im2col_lowering, platform=_platform)
-    mlir.register_lowering(col2im_p, _col2im_lowering, platform=_platform)
-batching.primitive_batchers[im2col_p] = _fold_batcher(im2col_p)
-batching.primitive_batchers[col2im_p] = _fold_batcher(col2im_p)
+_lowering.register(im2col_p, _im2col_abstract, _im2col_lowering, batcher=_fold_batcher(im2col_p))
+_lowering.register(col2im_p, _col2im_abstract, _col2im_lowering, batcher=_fold_batcher(col2im_p))
 ad.deflinear2(im2col_p, _im2col_transpose)
 ad.deflinear2(col2im_p, _col2im_transpose)

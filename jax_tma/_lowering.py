@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 from jax.extend.mlir.dialects import stablehlo as hlo
-from jax.interpreters import mlir
+from jax.interpreters import batching, mlir
 
 
 @functools.cache
@@ -30,6 +30,21 @@ def def_jitted_impl(prim) -> None:
             return _jitted_bind(prim, tuple(sorted(params.items())))(*args)
 
     prim.def_impl(impl)
+
+
+def register(prim, abstract_eval, lowering, *, batcher=None, jitted: bool = True) -> None:
+    """Registers `prim`'s abstract evaluation, its eager implementation
+    through jit (def_jitted_impl) where `jitted`, its lowering (one rule for
+    every platform, or {"cpu": rule, "cuda": rule}) and its vmap rule; the
+    op modules' registration blocks call it, then register their AD rules."""
+    prim.def_abstract_eval(abstract_eval)
+    if jitted:
+        def_jitted_impl(prim)
+    rules = lowering if isinstance(lowering, dict) else {"cpu": lowering, "cuda": lowering}
+    for platform, rule in rules.items():
+        mlir.register_lowering(prim, rule, platform=platform)
+    if batcher is not None:
+        batching.primitive_batchers[prim] = batcher
 
 
 def out_aval(like, shape: Sequence[Any], dtype=None, spec: Sequence[Any] | None = None):

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, mlir
 
 from jax_tma import _checks, _ffi, _lowering
 
@@ -389,9 +389,7 @@ def _ppermute_transpose(ct, x, *, perm, **params):
 # ---- registration -----------------------------------------------------------
 
 # The output has the input's shape, dtype and varying-mesh-axes.
-ppermute_p.def_abstract_eval(lambda x, **_: x)
-for _platform in ("cpu", "cuda"):
-    mlir.register_lowering(ppermute_p, functools.partial(_ppermute_lowering, platform=_platform),
-                           platform=_platform)
-batching.primitive_batchers[ppermute_p] = _ppermute_batcher
+_lowering.register(ppermute_p, lambda x, **_: x,
+                   {p: functools.partial(_ppermute_lowering, platform=p) for p in ("cpu", "cuda")},
+                   batcher=_ppermute_batcher, jitted=False)
 ad.deflinear2(ppermute_p, _ppermute_transpose)

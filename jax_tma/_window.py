@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
 from jax.extend.mlir.dialects import stablehlo as hlo
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, mlir
 
 from jax_tma import _checks, _ffi, _lowering
 
@@ -546,15 +546,9 @@ def _transpose_transpose_rule(ct, ct_in, start, *, x_shape, strides, method):
 
 # ---- registration -----------------------------------------------------------
 
-window_p.def_abstract_eval(_window_abstract)
-window_transpose_p.def_abstract_eval(_transpose_abstract)
-_lowering.def_jitted_impl(window_p)
-_lowering.def_jitted_impl(window_transpose_p)
-for _platform in ("cpu", "cuda"):
-    mlir.register_lowering(window_p, _window_lowering, platform=_platform)
-    mlir.register_lowering(window_transpose_p, _transpose_lowering, platform=_platform)
-batching.primitive_batchers[window_p] = _window_batcher
-batching.primitive_batchers[window_transpose_p] = _transpose_batcher
+_lowering.register(window_p, _window_abstract, _window_lowering, batcher=_window_batcher)
+_lowering.register(window_transpose_p, _transpose_abstract, _transpose_lowering,
+                   batcher=_transpose_batcher)
 ad.primitive_jvps[window_p] = _window_jvp
 ad.primitive_transposes[window_p] = _window_transpose_rule
 ad.primitive_jvps[window_transpose_p] = _transpose_jvp
