@@ -5,6 +5,7 @@
 #define JAX_TMA_FFI_PPERMUTE_PPERMUTE_COMMON_H_
 
 #include <cstdint>
+#include <limits>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -81,6 +82,10 @@ inline ffi::Error DecodePpermute(int device, const ffi::AnyBuffer& x,
   JAX_TMA_RETURN_IF_FAILED(
       ParseMethod(kPpermuteOp, method, &call->method, TmaSpelling::kTmaOrBulk));
   JAX_TMA_RETURN_IF_FAILED(CheckWholeCopy(kPpermuteOp, x, y, &call->bytes));
+  if (process < 0 || process > std::numeric_limits<int>::max()) {
+    return InvalidArgument(kPpermuteOp, "process must be in [0, ",
+                           std::numeric_limits<int>::max(), "], got ", process);
+  }
   JAX_TMA_RETURN_IF_FAILED(RoutePermute(device, static_cast<int>(process), devices, processes,
                                         sources, push, &call->route));
   return DecodeProcessPlan(process, processes, links, site, timeout_ms, devices.size(),
