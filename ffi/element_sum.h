@@ -35,6 +35,18 @@ inline bool SumKindOf(ffi::DataType t, SumKind* kind, int* components) {
   }
 }
 
+// Whether a bulk reduce-add (cp.reduce.async.bulk .add) sums components of
+// kind `k`: 32/64-bit integers, f16, bf16, f32, f64 (complex as its parts).
+JAX_TMA_HOST_DEVICE inline bool BulkAddSums(SumKind k) {
+  switch (k) {
+    case SumKind::kU32: case SumKind::kU64: case SumKind::kF16: case SumKind::kBF16:
+    case SumKind::kF32: case SumKind::kF64:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // 16-bit floats add in f32 and round once to nearest-even; f32 and f64 add in
 // their own type; integers add in the unsigned type of their width (wrap).
 // A NaN sum is stored as the positive quiet NaN: the GPU's float add returns

@@ -6,10 +6,13 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "handlers.h"
+#include "element_sum.h"
 #include "path_counts.h"
 #include "ppermute/peer_link.h"
+#include "rules.h"
 #include "xla/ffi/api/c_api.h"
 
 #if JAX_TMA_WITH_CUDA
@@ -93,24 +96,49 @@ NB_MODULE(_jax_tma, m) {
     return d;
   });
 
-  // Each family of the list with its FFI targets and path counters, in the
-  // list's order: what tests/test_families.py holds the tests to.
+  // Each family of the list with its FFI targets, its batch-partitionable
+  // targets and its path counters, in the list's order: what registration
+  // (jax_tma/_ffi.py) and tests/test_families.py read.
   m.def("families", []() {
     nb::dict d;
     nb::list targets;
+    nb::list batch_partitionable;
     nb::list paths;
 #define JAX_TMA_FAMILY(name)                                            \
   targets = nb::list();                                                 \
+  batch_partitionable = nb::list();                                     \
   paths = nb::list();                                                   \
   {                                                                     \
     nb::dict family;                                                    \
     family["targets"] = targets;                                        \
+    family["batch_partitionable"] = batch_partitionable;                \
     family["paths"] = paths;                                            \
     d[#name] = family;                                                  \
   }
 #define JAX_TMA_TARGET(Name, target) targets.append(target);
+#define JAX_TMA_BATCH_PARTITIONABLE(target) batch_partitionable.append(target);
 #define JAX_TMA_PATH(Name, path) paths.append(path);
 #include "families.inc"
+    return d;
+  });
+
+  // The rules Python checks against (rules.h): the shared ones, then each
+  // family's, by name.
+  m.def("rules", []() {
+    jax_tma::Rules rules;
+    rules.Int("tma_align_bytes", jax_tma::kTmaAlignBytes);
+    rules.Tuple("tma_min_compute_capability", {jax_tma::kTmaMinComputeMajor, 0});
+    rules.Dtypes("summed_dtypes", [](xla::ffi::DataType t) {
+      jax_tma::SumKind kind;
+      int components;
+      return jax_tma::SumKindOf(t, &kind, &components);
+    });
+#define JAX_TMA_RULES(Name) jax_tma::Name##Rules(&rules);
+#include "families.inc"
+    nb::dict d;
+    for (const auto& [name, value] : rules.ints) d[name.c_str()] = value;
+    for (const auto& [name, values] : rules.tuples) d[name.c_str()] = nb::tuple(nb::cast(values));
+    for (const auto& [name, names] : rules.dtypes) d[name.c_str()] = nb::tuple(nb::cast(names));
     return d;
   });
 

@@ -21,7 +21,6 @@ from jax_tma import _checks, _ffi, _lowering
 BroadcastMethod = Literal["auto", "multicast", "dsmem", "store", "simt"]
 _METHODS = ("auto", "multicast", "dsmem", "store", "simt")
 _CLUSTERED = ("multicast", "dsmem")
-_CLUSTER_SIZES = (2, 4, 8, 16)
 _OP = "jax_tma.broadcast"
 
 
@@ -127,10 +126,11 @@ def broadcast(
             f"{_OP}: cluster_size={cluster_size!r} needs method='multicast' or 'dsmem', "
             f"got method={method!r}"
         )
-    if cluster_size is not None and (isinstance(cluster_size, bool)
-                                     or cluster_size not in _CLUSTER_SIZES):
+    sizes = _ffi.rules()["broadcast.cluster_sizes"]
+    if cluster_size is not None and (isinstance(cluster_size, bool) or cluster_size not in sizes):
         raise ValueError(
-            f"{_OP}: cluster_size must be 2, 4, 8 or 16, got {cluster_size!r}"
+            f"{_OP}: cluster_size must be {', '.join(map(str, sizes[:-1]))} or {sizes[-1]}, "
+            f"got {cluster_size!r}"
         )
     _ffi.register()
     params = dict(n=int(n), axis=axis, method=method, cluster_size=int(cluster_size or 0))

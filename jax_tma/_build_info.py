@@ -41,7 +41,7 @@ def build_info() -> dict[str, Any]:
                 "id": d.id,
                 "name": d.device_kind,
                 "compute_capability": f"{major}.{minor}",
-                "tma": (major, minor) >= (9, 0),
+                "tma": (major, minor) >= _ffi.rules()["tma_min_compute_capability"],
             }
         )
     return {

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from jax_tma import _devices
+from jax_tma import _devices, _ffi
 
 MAX_DIM = 2**31 - 1  # the handlers index dims with int32
 
@@ -158,11 +158,13 @@ def require_tma(op: str, method: str, need: str = "TMA") -> None:
     """A RuntimeError, at lowering for CUDA, where a visible device lacks TMA
     (compute capability below 9.0) and `method` cannot run without it; the
     wording follows the C++ launchers' (ffi/cuda/device_info.h)."""
+    tma = _ffi.rules()["tma_min_compute_capability"]
     for i, (major, minor) in enumerate(_devices.gpu_compute_capabilities()):
-        if (major, minor) < (9, 0):
+        if (major, minor) < tma:
             raise RuntimeError(
                 f"{op}: method={method!r} needs {need}, but device {i} has compute "
-                f"capability {major}.{minor} (TMA needs >= 9.0); use method='auto' or 'simt'"
+                f"capability {major}.{minor} (TMA needs >= {tma[0]}.{tma[1]}); "
+                "use method='auto' or 'simt'"
             )
 
 

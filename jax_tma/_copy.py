@@ -100,15 +100,16 @@ def tiled_copy(x: jax.Array) -> jax.Array:
         return x.copy()
     src = _checks.widen(x)
     itemsize = np.dtype(src.dtype).itemsize
+    align = _ffi.rules()["tma_align_bytes"]
     row = 4096
-    while row > 1 and (x.size % row or (row * itemsize) % 16):
+    while row > 1 and (x.size % row or (row * itemsize) % align):
         row //= 2
-    if (row * itemsize) % 16:
+    if (row * itemsize) % align:
         row = x.size
     rows = src.reshape(-1, row)
     # Bound directly (not through window()): a 2-D box, no batch folding.
     y = window_p.bind(rows, jnp.zeros(2, jnp.int32), shape=rows.shape, strides=(1, 1),
-                      fill_bits=0, method="tma")
+                      fill_bits=0, method="tma", inner_start=0)
     return _checks.narrow(y.reshape(x.shape), x.dtype)
 
 

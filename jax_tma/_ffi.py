@@ -38,10 +38,12 @@ def _load_extension():
 
 _ext = _load_extension()
 
-# Targets whose handlers treat their leading (batch) dims independently; XLA
-# partitions those dims without collectives
-# (_lowering.batch_partitioned_lowering).
-_BATCH_PARTITIONABLE = ("jax_tma_copy", "jax_tma_window", "jax_tma_im2col")
+@functools.cache
+def rules() -> dict:
+    """The constants and rule tables that the checks use, as the C++ that
+    enforces them has them (ffi/rules.h): e.g. "tma_align_bytes" (16),
+    "summed_dtypes" (NumPy names of the element types the handlers add)."""
+    return dict(_ext.rules())
 
 
 @functools.cache
@@ -55,8 +57,12 @@ def register() -> None:
         jax.ffi.register_ffi_target(name, capsule, platform="cpu")
     for name, capsule in _ext.cuda_registrations().items():
         jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
-    for name in _BATCH_PARTITIONABLE:
-        jax.ffi.register_ffi_target_as_batch_partitionable(name)
+    # Targets whose handlers treat their leading (batch) dims independently
+    # (their manifests say so): XLA partitions those dims without collectives
+    # (_lowering.batch_partitioned_lowering).
+    for family in _ext.families().values():
+        for name in family["batch_partitionable"]:
+            jax.ffi.register_ffi_target_as_batch_partitionable(name)
 
 
 def path_counts() -> dict[str, int]:

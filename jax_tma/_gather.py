@@ -29,12 +29,6 @@ _METHODS = ("auto", "tma", "simt")
 _MODES = ("set", "add")
 _OP_G = "jax_tma.gather"
 _OP_S = "jax_tma.scatter"
-# Element types a bulk reduce-add (cp.reduce.async.bulk .add) can sum; the
-# others add with SIMT atomics under method="auto".
-_BULK_ADD = ("int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32", "float64",
-             "complex64", "complex128")
-
-_MAX_TABLES = 8  # tables of one call (kMaxGatherTables in ffi/gather/gather_common.h)
 
 
 # ---- the public ops -------------------------------------------------------------
@@ -363,7 +357,7 @@ def _check_tma_slab(op: str, method: str, x: jax.Array, wide, axis: int) -> None
     slab = x.shape[axis + 1:]
     nbytes = math.prod(slab) * np.dtype(wide).itemsize
     moved = "" if np.dtype(wide) == _checks.widen_dtype(x.dtype) else f", moved as {wide},"
-    if method == "tma" and nbytes % 16:
+    if method == "tma" and nbytes % _ffi.rules()["tma_align_bytes"]:
         raise ValueError(f"{op}: method='tma' moves slabs of a multiple of 16 bytes (the bulk-copy "
                          f"size rule), but x.shape[axis + 1:] = {slab} of {x.dtype}{moved} is "
                          f"{nbytes} B; use method='auto' or 'simt'")
@@ -374,8 +368,9 @@ def _tables(op: str, x: Any, axis: Any) -> tuple[list[jax.Array], list[str], int
     name each table's errors go by; the axis, normalised; and whether x was
     a sequence. The tables must agree in x.shape[:axis + 1]."""
     many = isinstance(x, (tuple, list))
-    if many and not 1 <= len(x) <= _MAX_TABLES:
-        raise ValueError(f"{op}: x must be an array or a tuple of 1 to {_MAX_TABLES} arrays "
+    max_tables = _ffi.rules()["gather.max_tables"]
+    if many and not 1 <= len(x) <= max_tables:
+        raise ValueError(f"{op}: x must be an array or a tuple of 1 to {max_tables} arrays "
                          f"(tables sharing the indices), got {len(x)} tables")
     tables = [_checks.as_array(op, f"x[{t}]", a) for t, a in enumerate(x)] if many else \
         [_checks.as_array(op, "x", x)]
@@ -445,10 +440,10 @@ def _check_bound(op: str, x: jax.Array, axis: int, mode: str, method: str) -> No
     wide = _checks.widen_dtype(x.dtype)
     _check_tma_slab(op, method, x, wide, axis)
     added = np.dtype(np.float32) if _sums_in_f32(x.dtype) else wide
-    if method == "tma" and mode == "add" and added.name not in _BULK_ADD:
+    bulk_add = _ffi.rules()["gather.bulk_add_dtypes"]
+    if method == "tma" and mode == "add" and added.name not in bulk_add:
         raise ValueError(f"{op}: method='tma' adds with cp.reduce.async.bulk, which has no "
-                         f"add for {added} (it has int32, uint32, int64, uint64, float16, "
-                         "bfloat16, float32, float64; complex as their parts); use method='auto' "
+                         f"add for {added} (it has {', '.join(bulk_add)}); use method='auto' "
                          "or 'simt'")
 
 
@@ -935,8 +930,7 @@ def _adds_natively(dtype) -> bool:
     """Whether the handlers' add sums `dtype`: integers, f16, bf16, f32, f64,
     c64 and c128. Other floats (float8_*, float4_e2m1fn) are summed in
     float32 and rounded to their dtype once (XLA rounds after every add)."""
-    return jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.complexfloating) or \
-        np.dtype(dtype).name in ("float16", "bfloat16", "float32", "float64")
+    return _checks.widen_dtype(dtype).name in _ffi.rules()["summed_dtypes"]
 
 
 def _resharded(a, spec) -> jax.Array:

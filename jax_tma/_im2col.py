@@ -27,10 +27,6 @@ _ORDERS = ("tap_major", "channel_major")
 _OP = "jax_tma.im2col"
 _OP_T = "jax_tma.col2im"
 _MAX_ROW = 2**63 - 1  # XLA dims are int64
-# What the col2im handlers add (in float32 for the 16-bit floats); other float
-# types are summed in float32 around them, sub-byte integers in 8 bits.
-_SUMMABLE = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-             "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
 
 
 # ---- the public ops -----------------------------------------------------------
@@ -410,7 +406,9 @@ def _col2im_in_float32(p, **params):
 
 def _col2im_lowering(ctx, p, *, in_spatial, **params):
     dtype = ctx.avals_in[0].dtype
-    if dtype.name not in _SUMMABLE and jnp.issubdtype(dtype, jnp.floating):
+    # Float types the handlers do not add are summed in float32 around them
+    # (sub-byte integers reach here widened to 8 bits).
+    if dtype.name not in _ffi.rules()["summed_dtypes"] and jnp.issubdtype(dtype, jnp.floating):
         f = functools.partial(_col2im_in_float32, in_spatial=in_spatial, **params)
         return mlir.lower_fun(f, multiple_results=False)(ctx, p)
     return _call_lowering(ctx, p, transpose=True, **params)

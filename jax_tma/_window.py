@@ -149,11 +149,9 @@ def window(
         start_arr = start_arr[lead:]
     if lead:
         start_arr = jnp.broadcast_to(start_arr, x.shape[:lead] + start_arr.shape)
-    if method == "auto" and not _inner_start_aligned(x.shape, src.dtype, static, groups[-1][0]):
-        method = "simt"
     src, start_arr = _checks.align_varying(src, start_arr)
-    y = window_p.bind(src, start_arr, shape=m_shape, strides=m_strides,
-                      fill_bits=fill_bits, method=method)
+    y = window_p.bind(src, start_arr, shape=m_shape, strides=m_strides, fill_bits=fill_bits,
+                      method=method, inner_start=_inner_start(x.shape, static, groups[-1][0]))
     return _checks.narrow(y.reshape(x.shape[:lead] + shape[lead:]), x.dtype)
 
 
@@ -259,18 +257,15 @@ def _fill_bits(fill: Any, dtype: np.dtype) -> int:
     return int.from_bytes(raw, "little")
 
 
-def _inner_start_aligned(x_shape, dtype, static, first) -> bool:
-    """Whether the start of the innermost (merged) dim, whose first original
-    dim is `first`, is a static multiple of 16 bytes. Only then does auto let
-    the handler take the TMA path: a TMA box must start 16-B aligned, so any
-    other start is loaded wider and shifted in shared memory, which measured
-    slower than the SIMT kernel (benchmarks/bench_window.py). A traced start
-    may be anything, so it takes SIMT too."""
+def _inner_start(x_shape, static, first) -> int | None:
+    """The start of the innermost (merged) dim, whose first original dim is
+    `first`, in elements, where it is static; None where it is traced or
+    symbolic. The CUDA planner's kernel choice reads it (ffi/window/window_plan.h,
+    InnerStartAligned)."""
     inner = x_shape[first + 1:]
     if first >= len(static) or static[first] is None or not all(isinstance(d, int) for d in inner):
-        return False
-    elems = static[first] * math.prod(inner)
-    return (elems * np.dtype(dtype).itemsize) % 16 == 0
+        return None
+    return static[first] * math.prod(inner)
 
 
 def _covers(static, x_shape, shape, strides, d) -> bool:
@@ -368,19 +363,19 @@ def _spatial_abstract(x, start, out_shape, r):
     return _lowering.out_aval(x, out_shape, spec=list(batch) + spatial)
 
 
-def _window_abstract(x, start, *, shape, strides, fill_bits, method):
+def _window_abstract(x, start, *, shape, strides, fill_bits, method, inner_start):
     return _spatial_abstract(x, start, _batch_shape(x, start, len(shape)) + tuple(shape),
                              len(shape))
 
 
-def _transpose_abstract(ct, start, *, x_shape, strides, method):
+def _transpose_abstract(ct, start, *, x_shape, strides, method, inner_start):
     r = len(x_shape)
     return _spatial_abstract(ct, start, tuple(ct.shape[: ct.ndim - r]) + tuple(x_shape), r)
 
 
 # ---- lowering and partitioning ----------------------------------------------
 
-def _ffi_rule(ctx, src, start, *, strides, fill_bits, transpose, method):
+def _ffi_rule(ctx, src, start, *, strides, fill_bits, transpose, method, inner_start):
     src_aval, start_aval = ctx.avals_in
     out_aval = ctx.avals_out[0]
     r = len(strides)
@@ -423,15 +418,16 @@ def _ffi_rule(ctx, src, start, *, strides, fill_bits, transpose, method):
                                           fill_bits - (fill_bits >> 63 << 64)),
         transpose=bool(transpose),
         method=method,
+        inner_start=np.int64(_ffi.rules()["window.unknown_start"] if inner_start is None
+                             else inner_start),
     )
 
 
-def _window_lowering(ctx, x, start, *, shape, strides, fill_bits, method):
-    return _ffi_rule(ctx, x, start, strides=strides, fill_bits=fill_bits, transpose=False,
-                     method=method)
+def _window_lowering(ctx, x, start, *, shape, **params):
+    return _ffi_rule(ctx, x, start, transpose=False, **params)
 
 
-def _transpose_lowering(ctx, ct, start, *, x_shape, strides, method):
+def _transpose_lowering(ctx, ct, start, *, x_shape, **params):
     zero = _checks.fill_bytes(_OP, 0, ctx.avals_in[0].dtype)
     if any(zero):
         # float8_e8m0fnu has no zero (jnp's 0 is 0xFF) and the handlers write
@@ -441,12 +437,11 @@ def _transpose_lowering(ctx, ct, start, *, x_shape, strides, method):
 
         def flipped(c, s):  # moved as unsigned ints of the same width
             c = jax.lax.bitcast_convert_type(c, bits.dtype) ^ bits
-            y = window_transpose_p.bind(c, s, x_shape=x_shape, strides=strides, method=method)
+            y = window_transpose_p.bind(c, s, x_shape=x_shape, **params)
             return jax.lax.bitcast_convert_type(y ^ bits, ctx.avals_in[0].dtype)
 
         return mlir.lower_fun(flipped, multiple_results=False)(ctx, ct, start)
-    return _ffi_rule(ctx, ct, start, strides=strides, fill_bits=0, transpose=True,
-                     method=method)
+    return _ffi_rule(ctx, ct, start, fill_bits=0, transpose=True, **params)
 
 
 # ---- vmap: the batch becomes a leading batch dim of the call ---------------
@@ -496,18 +491,18 @@ def _transpose_batcher(args, dims, *, x_shape, **params):
 
 # ---- autodiff: linear in x, start is an integer (non-differentiable) input --
 
-def _window_jvp(primals, tangents, *, shape, strides, fill_bits, method):
+def _window_jvp(primals, tangents, *, fill_bits, **params):
     x, start = primals
     tx, _ = tangents
-    y = window_p.bind(x, start, shape=shape, strides=strides, fill_bits=fill_bits, method=method)
+    y = window_p.bind(x, start, fill_bits=fill_bits, **params)
     if type(tx) is ad.Zero:
         return y, ad.Zero.from_primal_value(y)
     # Out-of-bounds elements are the constant fill: their tangent is 0.
-    ty = window_p.bind(tx, start, shape=shape, strides=strides, fill_bits=0, method=method)
+    ty = window_p.bind(tx, start, fill_bits=0, **params)
     return y, ty
 
 
-def _window_transpose_rule(ct, x, start, *, shape, strides, fill_bits, method):
+def _window_transpose_rule(ct, x, start, *, shape, fill_bits, **params):
     assert ad.is_undefined_primal(x) and not ad.is_undefined_primal(start)
     x_aval = x.aval
     r = len(shape)
@@ -516,7 +511,7 @@ def _window_transpose_rule(ct, x, start, *, shape, strides, fill_bits, method):
     if ct.ndim > r and start.ndim == 1:
         start = jnp.broadcast_to(start, ct.shape[: ct.ndim - r] + start.shape)
     x_shape = tuple(x_aval.shape[x_aval.ndim - r:])
-    dx = window_transpose_p.bind(ct, start, x_shape=x_shape, strides=strides, method=method)
+    dx = window_transpose_p.bind(ct, start, x_shape=x_shape, **params)
     extra = dx.ndim - x_aval.ndim  # batch dims x did not have: its uses add up
     if extra:
         dx = dx.sum(axis=tuple(range(extra)))
@@ -536,12 +531,11 @@ def _transpose_jvp(primals, tangents, **params):
     return y, window_transpose_p.bind(tct, start, **params)
 
 
-def _transpose_transpose_rule(ct, ct_in, start, *, x_shape, strides, method):
+def _transpose_transpose_rule(ct, ct_in, start, *, x_shape, **params):
     shape = tuple(ct_in.aval.shape[ct_in.aval.ndim - len(x_shape):])
     if type(ct) is ad.Zero:
         return [ad.Zero(ct_in.aval), None]
-    return [window_p.bind(ct, start, shape=shape, strides=strides, fill_bits=0,
-                          method=method), None]
+    return [window_p.bind(ct, start, shape=shape, fill_bits=0, **params), None]
 
 
 # ---- registration -----------------------------------------------------------

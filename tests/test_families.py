@@ -81,3 +81,32 @@ def test_gpu_check_reads_the_list():
     assert "ffi/families.inc" in script and "JAX_TMA_SOURCES(SELFTEST" in script
     for family in _FAMILIES:
         assert not re.search(rf"\[{family}\]=", script), f"gpu_check.sh names {family}"
+
+
+@pytest.mark.parametrize("family", sorted(_FAMILIES))
+def test_batch_partitionable_targets_are_the_familys(family):
+    extra = set(_FAMILIES[family]["batch_partitionable"]) - set(_FAMILIES[family]["targets"])
+    assert not extra, f"{family}: batch-partitionable targets it does not register: {extra}"
+
+
+def test_rules_are_read_not_spelled():
+    """The rule tables Python reads come from the extension (ffi/rules.h):
+    shared ones and one prefix per family that declares JAX_TMA_RULES."""
+    from jax_tma import _ffi
+    prefixes = {name.split(".")[0] for name in _ffi.rules() if "." in name}
+    declared = {family for family in _FAMILIES
+                if re.search(r"^JAX_TMA_RULES\(\w+\)$", _read("ffi", family, "manifest.inc"),
+                             re.M)}
+    assert prefixes == declared
+
+
+def test_the_guide_names_every_manifest_macro():
+    """docs/design.md's "Adding an op family" walks through every line a
+    manifest may hold, the list and the checks of this file."""
+    macros = set(re.findall(r"^#ifndef (JAX_TMA_\w+)$", _read("ffi", "families.inc"), re.M))
+    guide = _read("docs", "design.md").split("## Adding an op family", 1)[1]
+    missing = {m for m in macros if m not in guide}
+    assert not missing, f"docs/design.md's guide does not name {sorted(missing)}"
+    for checked in ("ffi/families.inc", "tests/test_families.py", "test_ffi_fuzz.py",
+                    "test_paths.py", "benchmarks/run.py", "_selftest.cu"):
+        assert checked in guide, f"the guide does not name {checked}"

@@ -174,7 +174,9 @@ def _window_call(rng) -> Call:
     fill = 0 if transpose else _pick(rng, (0, int(rng.integers(2**63))))
     return Call([src] + starts, [S(batch + dst_shape, dtype)],
                 dict(strides=rng.integers(1, 4, r), fill_bits=np.uint64(fill),
-                     transpose=transpose, method=_pick(rng, _PORTABLE)))
+                     transpose=transpose, method=_pick(rng, _PORTABLE),
+                     # any value is valid: it only steers auto's kernel choice
+                     inner_start=np.int64(_pick(rng, (-2**63, int(rng.integers(-40, 40)))))))
 
 
 def _window_reference(call: Call) -> list[np.ndarray]:

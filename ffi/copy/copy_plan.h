@@ -38,7 +38,7 @@ inline constexpr BulkCopyConfig kDynamicBulkCopyConfig{8 * 1024, 16, 4, true};
 inline constexpr std::size_t kDynamicBulkMinBytes = std::size_t{32} << 20;
 inline constexpr int kMaxBulkStages = 16;
 // cp.async.bulk moves 16-B aligned addresses and sizes.
-inline constexpr std::size_t kBulkAlign = 16;
+inline constexpr std::size_t kBulkAlign = kTmaAlignBytes;
 
 // method="auto" uses the bulk kernel from this size up and the SIMT kernel
 // below it, where SIMT is as fast (benchmarks/bench_copy.py).

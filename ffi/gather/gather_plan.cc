@@ -7,22 +7,9 @@
 namespace jax_tma {
 namespace {
 
-constexpr int64_t kBulkAlign = 16;  // cp.async.bulk address and size rule
 constexpr int64_t kMaxUnitsPerCta = 4;
 
-bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kBulkAlign == 0; }
-
-// The element types cp.reduce.async.bulk .add sums: 32/64-bit integers,
-// f16, bf16, f32, f64 (complex numbers as their parts).
-bool HasBulkAdd(const GatherGeometry& g) {
-  switch (g.sum) {
-    case SumKind::kU32: case SumKind::kU64: case SumKind::kF16: case SumKind::kBF16:
-    case SumKind::kF32: case SumKind::kF64:
-      return true;
-    default:
-      return false;
-  }
-}
+bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kTmaAlignBytes == 0; }
 
 std::string_view OpName(GatherOp op) { return op == GatherOp::kGather ? kGatherOp : kScatterOp; }
 
@@ -38,14 +25,14 @@ FastDivisor FastDivisor::Of(uint32_t d) {
 
 bool BulkGatherFits(const GatherGeometry& g, GatherOp op, std::string* why) {
   Message m;
-  if (g.slab_bytes % kBulkAlign != 0) {
+  if (g.slab_bytes % kTmaAlignBytes != 0) {
     m << "slabs of " << g.slab_bytes << " B are not a multiple of 16 B (the bulk-copy size rule)";
   } else if (!Aligned(g.x) || !Aligned(g.out) || (op != GatherOp::kGather && !Aligned(g.slabs))) {
     m << "a buffer is not 16-B aligned (x at " << g.x << ", output at "
       << static_cast<const void*>(g.out);
     if (op != GatherOp::kGather) m << ", updates at " << g.slabs;
     m << ")";
-  } else if (op == GatherOp::kScatterAdd && !HasBulkAdd(g)) {
+  } else if (op == GatherOp::kScatterAdd && !BulkAddSums(g.sum)) {
     m << "cp.reduce.async.bulk has no add for " << g.elem_bytes / g.components
       << "-byte integers (it adds 32/64-bit integers, f16, bf16, f32 and f64)";
   } else {

@@ -92,8 +92,16 @@ struct WindowPlan {
   TiledWindowPlan tiled;
 };
 
+// Whether the innermost start is known and a multiple of 16 bytes. Only then
+// does Method::kAuto take the tiled kernel: a TMA box starts 16-B aligned, so
+// any other start is loaded wider and shifted in shared memory, which measured
+// slower than the SIMT kernel (benchmarks/bench_window.py). A start known
+// only on the device (kUnknownStart) may be anything, so it takes SIMT too.
+bool InnerStartAligned(const WindowGeometry& g);
+
 // Plans a call once: the tiled kernel where the device has TMA and the window
-// fits it (PlanTiledWindow and PlanTiledWindowGrid; never the transpose),
+// fits it (PlanTiledWindow and PlanTiledWindowGrid; never the transpose) and,
+// under Method::kAuto, its innermost start is aligned (InnerStartAligned),
 // else SIMT. Method::kTma where the tiled kernel cannot run is an error
 // naming the rule; Method::kSimt plans SIMT without looking further.
 ffi::Error PlanWindow(const WindowGeometry& g, Method method, const DeviceInfo& info, int device,

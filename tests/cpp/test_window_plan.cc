@@ -4,6 +4,7 @@
 // gets.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "check.h"
@@ -183,7 +184,8 @@ void TestGrid() {
 }
 
 void TestKernelChoice() {
-  const WindowGeometry ok = Window({64, 64}, {32, 32}, {1, 1}, 4);
+  WindowGeometry ok = Window({64, 64}, {32, 32}, {1, 1}, 4);
+  ok.inner_start = 0;
   const auto* off = static_cast<const char*>(kAligned) + 4;
   WindowPlan p;
   CHECK(PlanWindow(ok, Method::kAuto, kH100, 0, kAligned, kAlignedOut, &p).success());
@@ -198,6 +200,19 @@ void TestKernelChoice() {
   CHECK(p.kernel == WindowKernel::kSimt);
   CHECK(PlanWindow(ok, Method::kAuto, kA100, 0, kAligned, kAlignedOut, &p).success());
   CHECK(p.kernel == WindowKernel::kSimt);
+  // auto takes the tiled kernel only from a known start of a multiple of
+  // 16 B (f32: of 4 elements, either side of 0); tma from any start.
+  for (const auto& [start, tiled] : std::vector<std::pair<int64_t, bool>>{
+           {4, true}, {-4, true}, {int64_t{1} << 62, true}, {2, false}, {-6, false},
+           {kUnknownStart, false}}) {
+    WindowGeometry at = ok;
+    at.inner_start = start;
+    CHECK_EQ(InnerStartAligned(at), tiled);
+    CHECK(PlanWindow(at, Method::kAuto, kH100, 0, kAligned, kAlignedOut, &p).success());
+    CHECK(p.kernel == (tiled ? WindowKernel::kTiled : WindowKernel::kSimt));
+    CHECK(PlanWindow(at, Method::kTma, kH100, 0, kAligned, kAlignedOut, &p).success());
+    CHECK(p.kernel == WindowKernel::kTiled);
+  }
   ffi::Error err = PlanWindow(ok, Method::kTma, kH100, 0, off, kAlignedOut, &p);
   CHECK_EQ(err.message(),
            "jax_tma.window: method='tma' cannot run this window: x address is not 16-B aligned");
