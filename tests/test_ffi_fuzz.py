@@ -659,7 +659,7 @@ SPECS: dict[str, Spec] = {
     "jax_tma_copy": Spec(("jax_tma.copy",), _copy_call, _copy_reference, _COPY_NASTY),
     "jax_tma_window": Spec(
         ("jax_tma.window",), _window_call, _window_reference, _WINDOW_NASTY,
-        rules={"shape": r"start|cotangent", "dtype": r"start must be",
+        rules={"shape": r"start|cotangent", "dtype": r"start must be|start operands mix",
                # A start operand more or fewer shifts the others: the handler
                # meets the first operand out of place.
                "operands": r"start|input rank|element type"},
