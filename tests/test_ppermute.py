@@ -260,13 +260,14 @@ _raw_instances = iter(range(10**12, 10**13))
 def _raw(devices, sources, method="auto", y_shape=(4,), push=False, x=None, instance=None,
          device=0, **where):
     """The target called directly on one CPU device, as a program of its own,
-    with the given attributes (the participants all of process 0 unless
-    `where` says otherwise); x defaults to 4 float32 ones."""
+    with the given attributes (the participants all of process 0, waiting a
+    minute for each other, unless `where` says otherwise: two threads'
+    programs may compile seconds apart); x defaults to 4 float32 ones."""
     jax_tma._ffi.register()
     x = np.ones(4, np.float32) if x is None else x
     instance = next(_raw_instances) if instance is None else instance
     where = {"process": np.int64(0), "processes": np.zeros(len(devices), np.int64), "links": "",
-             "site": "test", "timeout_ms": np.int64(1000), **where}
+             "site": "test", "timeout_ms": np.int64(60000), **where}
     call = jax.ffi.ffi_call("jax_tma_ppermute", jax.ShapeDtypeStruct(y_shape, x.dtype))
     return jax.jit(lambda a: call(a, instance=np.int64(instance),
                                   devices=np.array(devices, np.int64),
@@ -301,6 +302,9 @@ def test_handler_rejects_bad_attributes(devices, sources, method, y_shape, match
      r"jax_tma.ppermute: timeout_ms must be positive, got 0"),
     ({"process": np.int64(1), "processes": np.array([0, 2], np.int64)},
      r"device 0 of process 1 is not among the devices"),
+    ({"process": np.int64(-2**63)}, r"process must be in \[0, 2147483647\], got "
+                                    r"-9223372036854775808"),
+    ({"process": np.int64(2**32)}, r"process must be in \[0, 2147483647\], got 4294967296"),
 ])
 def test_handler_rejects_bad_process_attributes(where, match):
     # Device 0 of process 0 and device 0 of process 1 may both take part;

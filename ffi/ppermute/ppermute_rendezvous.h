@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -85,6 +86,10 @@ inline ffi::Error DecodePpermute(int device, const ffi::AnyBuffer& x,
                                  PpermuteCall* call) {
   JAX_TMA_RETURN_IF_FAILED(ParseCopyMethodAttr(kPpermuteOp, method, &call->method));
   JAX_TMA_RETURN_IF_FAILED(CheckWholeCopy(kPpermuteOp, x, y, &call->bytes));
+  if (process < 0 || process > std::numeric_limits<int>::max()) {
+    return InvalidArgument(kPpermuteOp, "process must be in [0, ",
+                           std::numeric_limits<int>::max(), "], got ", process);
+  }
   JAX_TMA_RETURN_IF_FAILED(PlanPermute(device, static_cast<int>(process), devices, processes,
                                        sources, push, &call->plan));
   return DecodeProcessPlan(process, processes, links, site, timeout_ms, devices.size(),
