@@ -663,8 +663,9 @@ SPECS: dict[str, Spec] = {
         ("jax_tma.window",), _window_call, _window_reference, _WINDOW_NASTY,
         rules={"shape": r"start|cotangent", "dtype": r"start must be|start operands mix",
                # A start operand more or fewer shifts the others: the handler
-               # meets the first operand out of place.
-               "operands": r"start|input rank|element type"},
+               # meets the first operand out of place (a transpose whose
+               # cotangent went missing takes a start array for an unbatched one).
+               "operands": r"start|input rank|element type|cotangent"},
         # strides has an entry per spatial dim: its length sets the rank that
         # the arrays and starts are checked against.
         attr_rules={"fill_bits": r"fill", "strides": r"rank|batch dim|start|entries",

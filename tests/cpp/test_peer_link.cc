@@ -28,8 +28,21 @@ char* MapPage(int fd) {
   return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
 }
 
-bool Contains(const ffi::Error& err, const char* text) {
-  return std::string(err.message()).find(text) != std::string::npos;
+// Whether `err` failed with `code` and says `text`.
+bool FailedWith(const ffi::Error& err, ffi::ErrorCode code, const char* text) {
+  return err.failure() && *err.errc() == code &&
+         std::string(err.message()).find(text) != std::string::npos;
+}
+
+// Waits for `key` (abort key "abort:" + key) from `from`; `took` receives how
+// long the wait lasted.
+ffi::Error TimedReceive(const LinkPeer& from, const std::string& key, const std::string& what,
+                        milliseconds timeout, std::chrono::steady_clock::duration* took) {
+  LinkMessage got;
+  const auto start = std::chrono::steady_clock::now();
+  ffi::Error err = ReceiveLink(from, key, "abort:" + key, what, timeout, &got);
+  *took = std::chrono::steady_clock::now() - start;
+  return err;
 }
 
 // Process 1: takes the page, answers through it, aborts a call, then exits.
@@ -66,7 +79,7 @@ void Parent(pid_t child, const std::string& own_name, const std::string& child_n
   // A second name for this process is refused; the same one is not.
   CHECK(ListenLink(self).success());
   const ffi::Error twice = ListenLink(LinkPeer{0, own_name + ".other"});
-  CHECK(twice.failure() && Contains(twice, "already listens as process 0"));
+  CHECK(FailedWith(twice, ffi::ErrorCode::kFailedPrecondition, "already listens as process 0"));
 
   // To itself: straight into its own inbox.
   LinkMessage got;
@@ -96,36 +109,32 @@ void Parent(pid_t child, const std::string& own_name, const std::string& child_n
   // An abort under the awaited call's key ends the wait with its reason.
   ffi::Error err = ReceiveLink(peer, "block of call 7", "abort:call 7", "the block of call 7",
                                milliseconds(10000), &got);
-  CHECK(err.failure() && *err.errc() == ffi::ErrorCode::kAborted);
-  CHECK(Contains(err, "while this process waited for the block of call 7, process 1: its block "
-                      "was lost"));
+  CHECK(FailedWith(err, ffi::ErrorCode::kAborted,
+                   "while this process waited for the block of call 7, process 1: its block was "
+                   "lost"));
 
   // Nothing comes: the wait ends at its timeout.
-  const auto start = std::chrono::steady_clock::now();
-  err = ReceiveLink(peer, "never", "abort:never", "a message that never comes",
-                    milliseconds(200), &got);
-  CHECK(err.failure() && *err.errc() == ffi::ErrorCode::kDeadlineExceeded);
-  CHECK(Contains(err, "s waiting for a message that never comes from process 1; it never made "
-                      "this call"));
-  CHECK(std::chrono::steady_clock::now() - start >= milliseconds(200));
+  std::chrono::steady_clock::duration took;
+  err = TimedReceive(peer, "never", "a message that never comes", milliseconds(200), &took);
+  CHECK(FailedWith(err, ffi::ErrorCode::kDeadlineExceeded,
+                   "s waiting for a message that never comes from process 1; it never made this "
+                   "call"));
+  CHECK(took >= milliseconds(200));
 
   // The peer exits: a wait on it ends at once, long before its timeout.
   CHECK(SendLink(peer, "bye", "").success());
   int status = -1;
   CHECK(waitpid(child, &status, 0) == child);
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  const auto gone_at = std::chrono::steady_clock::now();
-  err = ReceiveLink(peer, "after exit", "abort:after exit", "a message after its exit",
-                    milliseconds(60000), &got);
-  CHECK(err.failure() && *err.errc() == ffi::ErrorCode::kUnavailable);
-  CHECK(Contains(err, "process 1 is gone (its connection closed) while this process waited for "
-                      "a message after its exit"));
-  CHECK(std::chrono::steady_clock::now() - gone_at < std::chrono::seconds(5));
+  err = TimedReceive(peer, "after exit", "a message after its exit", milliseconds(60000), &took);
+  CHECK(FailedWith(err, ffi::ErrorCode::kUnavailable,
+                   "process 1 is gone (its connection closed) while this process waited for a "
+                   "message after its exit"));
+  CHECK(took < std::chrono::seconds(5));
 
   // A name nothing listens on.
   err = SendLink(LinkPeer{2, own_name + ".nobody"}, "x", "");
-  CHECK(err.failure() && *err.errc() == ffi::ErrorCode::kUnavailable);
-  CHECK(Contains(err, "process 2 is gone (nothing listens on @"));
+  CHECK(FailedWith(err, ffi::ErrorCode::kUnavailable, "process 2 is gone (nothing listens on @"));
   munmap(page, 4096);
 }
 
