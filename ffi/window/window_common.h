@@ -38,7 +38,9 @@ struct WindowStarts {
   bool is64 = false;            // int64 (else int32)
 };
 
-// The "inner_start" of a call whose innermost start is known only on the
+// The "inner_start" attribute (the innermost start in src elements, where
+// the caller knew it when it built the call; the CUDA planner's kernel
+// choice reads it) of a call whose innermost start is known only on the
 // device (traced).
 inline constexpr int64_t kUnknownStart = std::numeric_limits<int64_t>::min();
 
@@ -50,9 +52,6 @@ struct WindowGeometry {
   WindowStarts starts;
   int64_t elem_bytes = 0;       // 1, 2, 4, 8 or 16
   uint64_t fill_bits = 0;       // fill pattern, one element (16-B: repeated)
-  // The innermost start in src elements where the caller knew it when it
-  // built the call, else kUnknownStart; the planner's kernel choice reads it.
-  int64_t inner_start = kUnknownStart;
   int64_t src_dims[kMaxWindowRank] = {};
   int64_t dst_dims[kMaxWindowRank] = {};
   int64_t strides[kMaxWindowRank] = {};
@@ -96,7 +95,7 @@ inline ffi::Error DecodeWindow(const ffi::AnyBuffer& src,
                                ffi::Result<ffi::AnyBuffer>& dst,
                                ffi::Span<const int64_t> strides,
                                uint64_t fill_bits, bool transpose,
-                               std::string_view method, int64_t inner_start,
+                               std::string_view method,
                                WindowGeometry* g, Method* parsed) {
   const auto op = kWindowOp;
   JAX_TMA_RETURN_IF_FAILED(ParseMethod(op, method, parsed));
@@ -117,7 +116,6 @@ inline ffi::Error DecodeWindow(const ffi::AnyBuffer& src,
   g->rank = static_cast<int>(r);
   g->transpose = transpose;
   g->fill_bits = fill_bits;
-  g->inner_start = inner_start;
   g->elem_bytes = static_cast<int64_t>(ffi::ByteWidth(src.element_type()));
   g->src_batched = static_cast<int64_t>(sd.size()) == nb + r && nb > 0;
   g->batch = 1;

@@ -14,11 +14,11 @@ static ffi::Error WindowCpuImpl(ffi::AnyBuffer x, ffi::RemainingArgs starts,
                                 ffi::Result<ffi::AnyBuffer> y,
                                 ffi::Span<const int64_t> strides, uint64_t fill_bits,
                                 bool transpose, std::string_view method,
-                                int64_t inner_start) {
+                                int64_t /*inner_start: read by the CUDA planner alone*/) {
   WindowGeometry g;
   Method parsed;  // every method is the same loop on the host
-  JAX_TMA_RETURN_IF_FAILED(DecodeWindow(x, starts, y, strides, fill_bits, transpose, method,
-                                        inner_start, &g, &parsed));
+  JAX_TMA_RETURN_IF_FAILED(
+      DecodeWindow(x, starts, y, strides, fill_bits, transpose, method, &g, &parsed));
   CountPath(Path::kWindowCpu);
   // Nothing to write; a zero-size window dim would also divide by zero below.
   if (g.batch == 0 || g.dst_spatial == 0) return ffi::Error::Success();

@@ -19,13 +19,12 @@ static ffi::Error WindowCudaImpl(cudaStream_t stream, int32_t device, ffi::AnyBu
   WindowGeometry g;
   Method parsed;
   JAX_TMA_RETURN_IF_FAILED(
-      DecodeWindow(x, starts, y, strides, fill_bits, transpose, method, inner_start, &g,
-                   &parsed));
+      DecodeWindow(x, starts, y, strides, fill_bits, transpose, method, &g, &parsed));
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   WindowPlan plan;
-  JAX_TMA_RETURN_IF_FAILED(
-      PlanWindow(g, parsed, info, device, x.untyped_data(), y->untyped_data(), &plan));
+  JAX_TMA_RETURN_IF_FAILED(PlanWindow(g, parsed, inner_start, info, device, x.untyped_data(),
+                                      y->untyped_data(), &plan));
   return LaunchWindow(g, plan, x.untyped_data(), y->untyped_data(), stream, device);
 }
 

@@ -214,16 +214,19 @@ bool PlanTiledWindowGrid(const DeviceInfo& info, TiledWindowPlan* p, std::string
   return true;
 }
 
-bool InnerStartAligned(const WindowGeometry& g) {
-  return g.inner_start != kUnknownStart &&
-         (g.inner_start % kTmaAlignBytes) * g.elem_bytes % kTmaAlignBytes == 0;
+bool InnerStartAligned(const WindowGeometry& g, int64_t inner_start) {
+  return inner_start != kUnknownStart &&
+         (inner_start % kTmaAlignBytes) * g.elem_bytes % kTmaAlignBytes == 0;
 }
 
-ffi::Error PlanWindow(const WindowGeometry& g, Method method, const DeviceInfo& info, int device,
-                      const void* src, const void* dst, WindowPlan* plan) {
+ffi::Error PlanWindow(const WindowGeometry& g, Method method, int64_t inner_start,
+                      const DeviceInfo& info, int device, const void* src, const void* dst,
+                      WindowPlan* plan) {
   plan->kernel = WindowKernel::kSimt;
   if (method == Method::kSimt) return ffi::Error::Success();
-  if (method == Method::kAuto && !InnerStartAligned(g)) return ffi::Error::Success();
+  if (method == Method::kAuto && !InnerStartAligned(g, inner_start)) {
+    return ffi::Error::Success();
+  }
   std::string rule;
   if (info.has_tma() && PlanTiledWindow(g, src, dst, &plan->tiled, &rule) &&
       (plan->tiled.empty || PlanTiledWindowGrid(info, &plan->tiled, &rule))) {

@@ -85,10 +85,12 @@ bool RunCase(WindowGeometry g, bool tiled, std::mt19937_64& gen) {
   jax_tma::DeviceInfo info;
   ok = ok && !jax_tma::GetDeviceInfo(0, &info).failure();
   if (ok && tiled) {
-    tiled = jax_tma::PlanWindow(g, jax_tma::Method::kTma, info, 0, d_src, d_dst, &plan).success();
+    tiled = jax_tma::PlanWindow(g, jax_tma::Method::kTma, jax_tma::kUnknownStart, info, 0, d_src,
+                                d_dst, &plan).success();
   }
   if (ok && !tiled) {
-    ok = jax_tma::PlanWindow(g, jax_tma::Method::kSimt, info, 0, d_src, d_dst, &plan).success();
+    ok = jax_tma::PlanWindow(g, jax_tma::Method::kSimt, jax_tma::kUnknownStart, info, 0, d_src,
+                             d_dst, &plan).success();
   }
   if (ok) {
     xla::ffi::Error err = jax_tma::LaunchWindow(g, plan, d_src, d_dst, nullptr, 0);
