@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_tma
-from harness import MIB, Session, rotate_all
+from harness import MIB, Benchmark, Session, rotate_all
 from references import xor_checksum
 
 OP = "copy"
@@ -146,3 +146,8 @@ def bench_copy(s: Session, sizes: Sequence[int] | None = None) -> dict[str, Any]
                          "busy_us_per_op": t["busy_us"] / p["chain_ops"],
                          "ops": p["chain_ops"], "protocol": timed["protocol"]}
     return {"op": OP, "bytes_convention": BYTES, "rows": rows, "chained_tiny_copies": chain}
+
+
+BENCHMARKS = {"copy": Benchmark(
+    lambda s, args: bench_copy(s, [int(m * MIB) for m in args.sizes_mib] if args.sizes_mib
+                               else None), budget_s=60)}

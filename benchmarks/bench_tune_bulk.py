@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from harness import MIB, Session, rotate_all
+from harness import MIB, Benchmark, Session, rotate_all
 
 OP = "tune-bulk"
 BYTES = "read + write: a copy of n bytes counts 2n"
@@ -102,3 +102,7 @@ def tune_bulk(s: Session) -> dict[str, Any]:
         del srcs, dsts
     return {"op": OP, "bytes_convention": BYTES, "rows": rows, "summary": summary,
             "shipped_configs": {k: _label(v) for k, v in shipped.items()}}
+
+
+# The bulk pipeline-shape sweep.
+BENCHMARKS = {"tune-bulk": Benchmark(lambda s, args: tune_bulk(s), budget_s=20)}
