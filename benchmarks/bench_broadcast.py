@@ -21,7 +21,7 @@ import numpy as np
 
 import jax_tma
 import ncu
-from harness import Session, rotate, rotate_all
+from harness import Benchmark, Session, rotate, rotate_all
 
 OP = "broadcast"
 NCU_OP = "broadcast-ncu"
@@ -189,3 +189,11 @@ def run_once() -> list[str]:
         jax.block_until_ready(fn(x))
         jax.block_until_ready(marker(marker_in))
     return [label for label, _ in compiled]
+
+
+BENCHMARKS = {
+    "broadcast": Benchmark(lambda s, args: bench_broadcast(s), budget_s=30),
+    # DRAM bytes from ncu
+    "broadcast-ncu": Benchmark(lambda s, args: bench_broadcast_ncu(), budget_s=30,
+                               not_in_smoke="needs ncu and a GPU", timing_method="ncu"),
+}

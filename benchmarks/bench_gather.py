@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_tma
-from harness import MIB, Session, rotate, rotate_all
+from harness import MIB, Benchmark, Session, rotate, rotate_all
 from report import size_text, target_met
 
 OP = "gather"
@@ -535,3 +535,10 @@ def bench_wheel(s: Session) -> dict[str, Any]:
                       f"{size_text(n_rows * slab)} table")
     return {"op": WHEEL_OP, "bytes_convention": BYTES, "xla_formulations": XLA,
             "rows": [row]}
+
+
+BENCHMARKS = {
+    "gather": Benchmark(lambda s, args: bench_gather(s), budget_s=120),
+    # Against another install of jax_tma (gpu_check.sh: the wheel), not in `all`.
+    "wheel": Benchmark(lambda s, args: bench_wheel(s), budget_s=30, in_all=False),
+}

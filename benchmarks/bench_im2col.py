@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_tma
-from harness import Session, rotate, rotate_all
+from harness import Benchmark, Session, rotate, rotate_all
 
 OP = "im2col"
 BYTES = ("read + write: im2col reads the input once and writes the patch matrix once; "
@@ -132,3 +132,6 @@ def bench_im2col(s: Session) -> dict[str, Any]:
         s.log(f"im2col {shape} {dtype.name}: " + ", ".join(
             f"{k} {v:.1f} µs" for k, v in busy.items()))
     return {"op": OP, "bytes_convention": BYTES, "rows": rows}
+
+
+BENCHMARKS = {"im2col": Benchmark(lambda s, args: bench_im2col(s), budget_s=40)}

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 import jax_tma
 import provenance
-from harness import MIB, Session, rotate_all
+from harness import MIB, Benchmark, Session, rotate_all
 
 OP = "ppermute"
 BYTES = ("per direction: the block bytes each GPU sends per op (what crosses the link each "
@@ -61,8 +61,8 @@ def bench_ppermute(s: Session, sizes_mib: Sequence[float] | None = None,
         return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
 
     impls = {
-        "pull": chained(functools.partial(jax_tma.ppermute, method="bulk", direction="pull")),
-        "push": chained(functools.partial(jax_tma.ppermute, method="bulk", direction="push")),
+        "pull": chained(functools.partial(jax_tma.ppermute, method="tma", direction="pull")),
+        "push": chained(functools.partial(jax_tma.ppermute, method="tma", direction="push")),
         "simt_pull": chained(functools.partial(jax_tma.ppermute, method="simt", direction="pull")),
         "auto": chained(jax_tma.ppermute),
         "nccl": chained(jax.lax.ppermute),
@@ -93,3 +93,7 @@ def bench_ppermute(s: Session, sizes_mib: Sequence[float] | None = None,
             f"{name} {row[name + '_gbps']:.1f}" for name in impls))
     return {"op": OP, "bytes_convention": BYTES, "rows": rows, "chain": chain, "perm": perm,
             "topology": topology()}
+
+
+BENCHMARKS = {"ppermute": Benchmark(lambda s, args: bench_ppermute(s, args.sizes_mib),
+                                    budget_s=120, devices=2)}

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from harness import MIB, Session, rotate_all
+from harness import MIB, Benchmark, Session, rotate_all
 
 OP = "tune-bulk"
 BYTES = "read + write: a copy of n bytes counts 2n"
@@ -58,7 +58,7 @@ def tune_bulk(s: Session) -> dict[str, Any]:
     def launch(shape, dst, src, nbytes):
         # The hook returns at once; waiting keeps every call a separate run
         # of GPU activity in the trace, as the harness expects.
-        ext.raw_copy("bulk", 0, dst, src, nbytes, *shape)
+        ext.raw_copy("tma", 0, dst, src, nbytes, *shape)
         ext.synchronize(0)
 
     p = SMOKE if s.smoke else FULL
@@ -86,7 +86,7 @@ def tune_bulk(s: Session) -> dict[str, Any]:
             rows.append({"bytes": nbytes, "chunk": shape[0], "stages": shape[1],
                          "chunks_per_cta": shape[2], "dynamic": shape[3], "rank": rank, **t,
                          "tbps": 2 * nbytes / t["span_us"] / 1e6})
-        # What jax_tma.copy(method="bulk") launches at this size.
+        # What jax_tma.copy(method="tma") launches at this size.
         uses = "dynamic" if nbytes >= ext.dynamic_bulk_min_bytes else "static"
         best, ours = ranked[0], shipped[uses]
         t_best = timed["cases"][_label(best)]["span_us"]
@@ -102,3 +102,7 @@ def tune_bulk(s: Session) -> dict[str, Any]:
         del srcs, dsts
     return {"op": OP, "bytes_convention": BYTES, "rows": rows, "summary": summary,
             "shipped_configs": {k: _label(v) for k, v in shipped.items()}}
+
+
+# The bulk pipeline-shape sweep.
+BENCHMARKS = {"tune-bulk": Benchmark(lambda s, args: tune_bulk(s), budget_s=20)}

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_tma
-from harness import Session, rotate
+from harness import Benchmark, Session, rotate
 
 OP = "window"
 BYTES = ("read + write: every output element written once plus the input element it reads "
@@ -118,3 +118,6 @@ def bench_window(s: Session) -> dict[str, Any]:
         s.log(f"window: {c['case']}: " + ", ".join(
             f"{k} {v:.3f} TB/s" for k, v in row["busy_tbps"].items()))
     return {"op": OP, "bytes_convention": BYTES, "rows": rows}
+
+
+BENCHMARKS = {"window": Benchmark(lambda s, args: bench_window(s), budget_s=20)}

@@ -19,6 +19,8 @@ of the trace: it tests the code path and measures nothing.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import glob
 import itertools
 import json
@@ -253,6 +255,19 @@ class Session:
             self.log(f"note: comparator {name} differs from the reference: {problem}")
         else:
             raise AssertionError(f"benchmark case {name}: output is not bit-exact: {problem}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+    """An op of benchmarks/run.py. Each bench_*.py module lists its own in
+    BENCHMARKS ({op: Benchmark}); run.py collects them, naming none."""
+    # The result of one run: (session, run.py's arguments) -> result dict.
+    run: Callable[[Session, argparse.Namespace], dict[str, Any]]
+    budget_s: float          # what it should take on one H100 (all of them: under 10 minutes)
+    in_all: bool = True      # whether `run.py all` runs it
+    devices: int = 1         # the devices it measures across (more: skipped in `all` without)
+    not_in_smoke: str = ""   # why a smoke run (the CPU) cannot run it
+    timing_method: str = ""  # how it is timed, where not by the session (e.g. "ncu")
 
 
 def write_result(result: dict[str, Any], out_dir: str) -> str:

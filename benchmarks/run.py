@@ -9,12 +9,11 @@ benchmarks' extension _jax_tma_bench (build with JAX_TMA_BENCH=ON).
     python benchmarks/run.py wheel --out-dir DIR   # one gather case, against another install
     python benchmarks/run.py sanitizer --tsv FILE --out-dir DIR   # gpu_check.sh's sanitize lines
 
-Ops: copy, window, im2col, broadcast, broadcast-ncu (DRAM bytes from ncu),
-tune-bulk (the bulk pipeline-shape sweep), gather (gather and scatter),
-ppermute (two GPUs; in `all` where two are visible); outside `all`: wheel
-(the use case's page gather alone, which gpu_check.sh runs against the
-wheel) and sanitizer (compute-sanitizer's results as a result file, from
-the lines gpu_check.sh's sanitize stage writes). Each result JSON (<op>_<devices>_<date>.json)
+Ops: those the bench_*.py modules list in their BENCHMARKS (harness.Benchmark:
+the function, its time budget, whether `all` runs it, the devices it needs);
+`all` skips one that needs more devices than are visible. Besides them:
+sanitizer (compute-sanitizer's results as a result file, from the lines
+gpu_check.sh's sanitize stage writes). Each result JSON (<op>_<devices>_<date>.json)
 records the commit it was measured at and refuses a dirty tree (unless
 --allow-dirty, which marks it), the devices, versions and how it was timed;
 benchmarks/report.py renders the README's tables from them. How cases are
@@ -24,13 +23,14 @@ timed: benchmarks/harness.py.
 from __future__ import annotations
 
 import argparse
+import glob
+import importlib
 import json
 import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 # Under `python -P` this folder is not on sys.path; it holds only the
 # benchmark modules (no jax_tma to shadow the installed one).
@@ -42,58 +42,38 @@ import jax  # noqa: E402
 
 import provenance  # noqa: E402
 import report  # noqa: E402
-from harness import MIB, Session, write_result  # noqa: E402
-
-# Seconds each op should take on one H100 (all of them: under 10 minutes);
-# a run over its budget says so.
-BUDGET_S = {"copy": 60, "window": 20, "im2col": 40, "broadcast": 30, "broadcast-ncu": 30,
-            "tune-bulk": 20, "gather": 120, "ppermute": 120, "wheel": 30}
-# What `all` runs (wheel is for another install; sanitizer is not timed).
-OPS = tuple(op for op in BUDGET_S if op != "wheel")
-# What a smoke run (CPU) cannot run.
-_NOT_IN_SMOKE = {"broadcast-ncu": "needs ncu and a GPU"}
+from harness import Benchmark, Session, write_result  # noqa: E402
 
 
-def _runner(op: str, args: argparse.Namespace) -> Callable[[Session], dict[str, Any]]:
-    sizes = [int(m * MIB) for m in args.sizes_mib] if args.sizes_mib else None
-    if op == "copy":
-        from bench_copy import bench_copy
-        return lambda s: bench_copy(s, sizes)
-    if op == "window":
-        from bench_window import bench_window
-        return bench_window
-    if op == "im2col":
-        from bench_im2col import bench_im2col
-        return bench_im2col
-    if op == "broadcast":
-        from bench_broadcast import bench_broadcast
-        return bench_broadcast
-    if op == "broadcast-ncu":
-        from bench_broadcast import bench_broadcast_ncu
-        return lambda s: bench_broadcast_ncu()
-    if op == "tune-bulk":
-        from bench_tune_bulk import tune_bulk
-        return tune_bulk
-    if op == "gather":
-        from bench_gather import bench_gather
-        return bench_gather
-    if op == "wheel":
-        from bench_gather import bench_wheel
-        return bench_wheel
-    from bench_ppermute import bench_ppermute
-    return lambda s: bench_ppermute(s, args.sizes_mib)
+def _collect() -> dict[str, Benchmark]:
+    """Every op of the bench_*.py modules (their BENCHMARKS), by name, in
+    the modules' alphabetical order."""
+    ops: dict[str, Benchmark] = {}
+    for path in sorted(glob.glob(os.path.join(_HERE, "bench_*.py"))):
+        module = importlib.import_module(os.path.basename(path)[:-len(".py")])
+        for op, bench in module.BENCHMARKS.items():
+            if op in ops:
+                raise RuntimeError(f"benchmarks/{os.path.basename(path)}: op {op!r} is taken")
+            ops[op] = bench
+    return ops
+
+
+BENCHMARKS = _collect()
+# What `all` runs (sanitizer is not timed and not among them).
+OPS = tuple(op for op, bench in BENCHMARKS.items() if bench.in_all)
 
 
 def _expand(ops: Sequence[str], devices: Sequence[jax.Device], smoke: bool) -> list[str]:
     wanted = [op for name in ops for op in (OPS if name == "all" else (name,))]
     out = []
     for op in dict.fromkeys(wanted):
-        if smoke and op in _NOT_IN_SMOKE:
-            print(f"run.py: {op} skipped in a smoke run ({_NOT_IN_SMOKE[op]})", file=sys.stderr)
-        elif op == "ppermute" and len(devices) < 2:
+        bench = BENCHMARKS[op]
+        if smoke and bench.not_in_smoke:
+            print(f"run.py: {op} skipped in a smoke run ({bench.not_in_smoke})", file=sys.stderr)
+        elif len(devices) < bench.devices:
             if "all" not in ops:
-                raise SystemExit("benchmarks/run.py ppermute: needs two devices")
-            print("run.py: ppermute skipped (needs two devices)", file=sys.stderr)
+                raise SystemExit(f"benchmarks/run.py {op}: needs {bench.devices} devices")
+            print(f"run.py: {op} skipped (needs {bench.devices} devices)", file=sys.stderr)
         else:
             out.append(op)
     return out
@@ -123,7 +103,7 @@ def _sanitizer(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/run.py")
-    parser.add_argument("ops", nargs="+", choices=("all", "wheel") + OPS + (
+    parser.add_argument("ops", nargs="+", choices=("all",) + tuple(BENCHMARKS) + (
         "stamp", "broadcast-once", "sanitizer"))
     parser.add_argument("--out-dir", help="write one result JSON per op here, replacing the "
                                           "op's earlier results there")
@@ -163,16 +143,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed, failed = {}, []
     for op in ops:
         s = Session(args.smoke, refs)
-        s.log(f"{op}: start (budget {BUDGET_S[op]} s)")
+        bench = BENCHMARKS[op]
+        s.log(f"{op}: start (budget {bench.budget_s} s)")
         start = time.monotonic()
         try:
-            result = _runner(op, args)(s)
-            used = devices[:2] if op == "ppermute" else devices[:1]
+            result = bench.run(s, args)
             result.update(
-                timing_method="ncu" if op == "broadcast-ncu" else s.timing_method,
+                timing_method=bench.timing_method or s.timing_method,
                 checked_bit_exact=s.checked, comparator_differs=s.differs, smoke=args.smoke,
                 # Printed only, a dirty tree's result is marked, not refused.
-                provenance=provenance.collect(used, args.allow_dirty or not args.out_dir))
+                provenance=provenance.collect(devices[:bench.devices],
+                                              args.allow_dirty or not args.out_dir))
         except Exception:  # noqa: BLE001  (the other ops still run)
             traceback.print_exc()
             failed.append(op)
@@ -183,8 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(report.render(result), flush=True)
     print("\n== elapsed ==")
     for op, seconds in elapsed.items():
-        over = "  OVER BUDGET" if seconds > BUDGET_S[op] and not args.smoke else ""
-        print(f"{op:14s} {seconds:7.1f} s (budget {BUDGET_S[op]} s){over}")
+        budget = BENCHMARKS[op].budget_s
+        over = "  OVER BUDGET" if seconds > budget and not args.smoke else ""
+        print(f"{op:14s} {seconds:7.1f} s (budget {budget} s){over}")
     if failed:
         print(f"FAILED: {' '.join(failed)}")
     return 1 if failed else 0

@@ -1,6 +1,6 @@
 // Shared host-side helpers for every jax_tma FFI handler (CPU and CUDA):
-// error construction, byte-level views of XLA buffers, and the copy-method
-// names that Python passes as an attribute.
+// error construction, byte-level views of XLA buffers, and the "method"
+// attribute that Python passes.
 #ifndef JAX_TMA_FFI_COMMON_H_
 #define JAX_TMA_FFI_COMMON_H_
 
@@ -62,55 +62,63 @@ inline bool IsSubByte(ffi::DataType t) {
   }
 }
 
+// Every element type at the FFI boundary with XLA's short name (error
+// messages) and NumPy's (the rule tables Python reads, rules.h).
+struct ElementTypeName {
+  ffi::DataType type;
+  const char* xla;
+  const char* numpy;
+};
+inline constexpr ElementTypeName kElementTypeNames[] = {
+    {ffi::DataType::PRED, "pred", "bool"},
+    {ffi::DataType::S1, "s1", "int1"},
+    {ffi::DataType::S2, "s2", "int2"},
+    {ffi::DataType::S4, "s4", "int4"},
+    {ffi::DataType::S8, "s8", "int8"},
+    {ffi::DataType::S16, "s16", "int16"},
+    {ffi::DataType::S32, "s32", "int32"},
+    {ffi::DataType::S64, "s64", "int64"},
+    {ffi::DataType::U1, "u1", "uint1"},
+    {ffi::DataType::U2, "u2", "uint2"},
+    {ffi::DataType::U4, "u4", "uint4"},
+    {ffi::DataType::U8, "u8", "uint8"},
+    {ffi::DataType::U16, "u16", "uint16"},
+    {ffi::DataType::U32, "u32", "uint32"},
+    {ffi::DataType::U64, "u64", "uint64"},
+    {ffi::DataType::F16, "f16", "float16"},
+    {ffi::DataType::BF16, "bf16", "bfloat16"},
+    {ffi::DataType::F32, "f32", "float32"},
+    {ffi::DataType::F64, "f64", "float64"},
+    {ffi::DataType::C64, "c64", "complex64"},
+    {ffi::DataType::C128, "c128", "complex128"},
+    {ffi::DataType::F8E5M2, "f8e5m2", "float8_e5m2"},
+    {ffi::DataType::F8E4M3, "f8e4m3", "float8_e4m3"},
+    {ffi::DataType::F8E4M3FN, "f8e4m3fn", "float8_e4m3fn"},
+    {ffi::DataType::F8E4M3B11FNUZ, "f8e4m3b11fnuz", "float8_e4m3b11fnuz"},
+    {ffi::DataType::F8E5M2FNUZ, "f8e5m2fnuz", "float8_e5m2fnuz"},
+    {ffi::DataType::F8E4M3FNUZ, "f8e4m3fnuz", "float8_e4m3fnuz"},
+    {ffi::DataType::F8E3M4, "f8e3m4", "float8_e3m4"},
+    {ffi::DataType::F8E8M0FNU, "f8e8m0fnu", "float8_e8m0fnu"},
+    {ffi::DataType::F4E2M1FN, "f4e2m1fn", "float4_e2m1fn"},
+};
+
 // XLA's short name of an element type, for error messages.
 inline const char* DataTypeName(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::PRED: return "pred";
-    case ffi::DataType::S1: return "s1";
-    case ffi::DataType::S2: return "s2";
-    case ffi::DataType::S4: return "s4";
-    case ffi::DataType::S8: return "s8";
-    case ffi::DataType::S16: return "s16";
-    case ffi::DataType::S32: return "s32";
-    case ffi::DataType::S64: return "s64";
-    case ffi::DataType::U1: return "u1";
-    case ffi::DataType::U2: return "u2";
-    case ffi::DataType::U4: return "u4";
-    case ffi::DataType::U8: return "u8";
-    case ffi::DataType::U16: return "u16";
-    case ffi::DataType::U32: return "u32";
-    case ffi::DataType::U64: return "u64";
-    case ffi::DataType::F16: return "f16";
-    case ffi::DataType::BF16: return "bf16";
-    case ffi::DataType::F32: return "f32";
-    case ffi::DataType::F64: return "f64";
-    case ffi::DataType::C64: return "c64";
-    case ffi::DataType::C128: return "c128";
-    case ffi::DataType::F8E5M2: return "f8e5m2";
-    case ffi::DataType::F8E4M3: return "f8e4m3";
-    case ffi::DataType::F8E4M3FN: return "f8e4m3fn";
-    case ffi::DataType::F8E4M3B11FNUZ: return "f8e4m3b11fnuz";
-    case ffi::DataType::F8E5M2FNUZ: return "f8e5m2fnuz";
-    case ffi::DataType::F8E4M3FNUZ: return "f8e4m3fnuz";
-    case ffi::DataType::F8E3M4: return "f8e3m4";
-    case ffi::DataType::F8E8M0FNU: return "f8e8m0fnu";
-    case ffi::DataType::F4E2M1FN: return "f4e2m1fn";
-    default: return "unknown";
+  for (const ElementTypeName& e : kElementTypeNames) {
+    if (e.type == t) return e.xla;
   }
+  return "unknown";
 }
 
-enum class CopyMethod { kAuto, kBulk, kSimt };
-
-inline bool ParseCopyMethod(std::string_view name, CopyMethod* out) {
-  if (name == "auto") { *out = CopyMethod::kAuto; return true; }
-  if (name == "bulk") { *out = CopyMethod::kBulk; return true; }
-  if (name == "simt") { *out = CopyMethod::kSimt; return true; }
-  return false;
-}
+// TMA's granule: the addresses, sizes and strides that bulk copies and
+// tensor maps move are multiples of 16 bytes.
+inline constexpr int64_t kTmaAlignBytes = 16;
+// TMA exists from compute capability 9.0 (Hopper) on.
+inline constexpr int kTmaMinComputeMajor = 9;
 
 // A string attribute outside its choices, spelled as Python's
-// _checks.check_choice spells it: "jax_tma.copy: method must be one of
-// 'auto', 'bulk', 'simt', got 'fast'".
+// _checks.check_choice spells it: "jax_tma.window: method must be one of
+// 'auto', 'tma', 'simt', got 'fast'".
 inline ffi::Error BadChoice(std::string_view op, std::string_view name, std::string_view value,
                             std::initializer_list<std::string_view> choices) {
   Message m;
@@ -124,11 +132,34 @@ inline ffi::Error BadChoice(std::string_view op, std::string_view name, std::str
   return ffi::Error::InvalidArgument(m.str());
 }
 
-// ParseCopyMethod for a handler's "method" attribute; the error names `op`.
-inline ffi::Error ParseCopyMethodAttr(std::string_view op, std::string_view name,
-                                      CopyMethod* out) {
-  if (ParseCopyMethod(name, out)) return ffi::Error::Success();
-  return BadChoice(op, "method", name, {"auto", "bulk", "simt"});
+// The "method" attribute of copy, window, im2col, gather/scatter and
+// ppermute: the family's plan picks the kernel from the geometry and the
+// device ("auto"), the TMA kernel or an error naming the broken rule ("tma"),
+// or the SIMT kernel ("simt"). Broadcast has methods of its own
+// (BroadcastMethod).
+enum class Method { kAuto, kTma, kSimt };
+
+// Which spellings of Method::kTma a family accepts: copy and ppermute take
+// "bulk" too, the name their Python API has sent since they shipped.
+enum class TmaSpelling { kTma, kTmaOrBulk };
+
+// Parses a handler's "method" attribute; the error names `op` and the
+// choices.
+inline ffi::Error ParseMethod(std::string_view op, std::string_view name, Method* out,
+                              TmaSpelling spelling = TmaSpelling::kTma) {
+  const bool bulk = spelling == TmaSpelling::kTmaOrBulk;
+  if (name == "auto") {
+    *out = Method::kAuto;
+  } else if (name == "tma" || (bulk && name == "bulk")) {
+    *out = Method::kTma;
+  } else if (name == "simt") {
+    *out = Method::kSimt;
+  } else if (bulk) {
+    return BadChoice(op, "method", name, {"auto", "tma", "bulk", "simt"});
+  } else {
+    return BadChoice(op, "method", name, {"auto", "tma", "simt"});
+  }
+  return ffi::Error::Success();
 }
 
 // The element-type rules every handler shares: the output has the input's

@@ -6,10 +6,13 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "handlers.h"
+#include "element_sum.h"
 #include "path_counts.h"
 #include "ppermute/peer_link.h"
+#include "rules.h"
 #include "xla/ffi/api/c_api.h"
 
 #if JAX_TMA_WITH_CUDA
@@ -50,31 +53,28 @@ bool CanAccessPeer(int device, int peer) {
 NB_MODULE(_jax_tma, m) {
   m.doc() = "jax_tma FFI handlers (see jax_tma/_ffi.py)";
 
+  // Every target, state type and path of the family list (families.inc).
   m.def("cpu_registrations", []() {
     nb::dict d;
-    d["jax_tma_copy"] = Capsule(JaxTmaCopyCpu);
-    d["jax_tma_window"] = Capsule(JaxTmaWindowCpu);
-    d["jax_tma_ppermute"] = Capsule(JaxTmaPpermuteCpu);
-    d["jax_tma_broadcast"] = Capsule(JaxTmaBroadcastCpu);
-    d["jax_tma_im2col"] = Capsule(JaxTmaIm2colCpu);
-    d["jax_tma_gather"] = Capsule(JaxTmaGatherCpu);
-    d["jax_tma_scatter"] = Capsule(JaxTmaScatterCpu);
+#define JAX_TMA_TARGET(Name, target) d[target] = Capsule(JaxTma##Name##Cpu);
+#include "families.inc"
     return d;
   });
 
   m.def("cuda_registrations", []() {
     nb::dict d;
 #if JAX_TMA_WITH_CUDA
-    nb::dict copy;
-    copy["instantiate"] = Capsule(JaxTmaCopyCudaInstantiate);
-    copy["execute"] = Capsule(JaxTmaCopyCuda);
-    d["jax_tma_copy"] = copy;
-    d["jax_tma_window"] = Capsule(JaxTmaWindowCuda);
-    d["jax_tma_ppermute"] = Capsule(JaxTmaPpermuteCuda);
-    d["jax_tma_broadcast"] = Capsule(JaxTmaBroadcastCuda);
-    d["jax_tma_im2col"] = Capsule(JaxTmaIm2colCuda);
-    d["jax_tma_gather"] = Capsule(JaxTmaGatherCuda);
-    d["jax_tma_scatter"] = Capsule(JaxTmaScatterCuda);
+#define JAX_TMA_TARGET(Name, target) d[target] = Capsule(JaxTma##Name##Cuda);
+#include "families.inc"
+    // A target with an instantiate stage registers both stages.
+#define JAX_TMA_CUDA_INSTANTIATE(Name, target)                          \
+  {                                                                     \
+    nb::dict stages;                                                    \
+    stages["instantiate"] = Capsule(JaxTma##Name##CudaInstantiate);     \
+    stages["execute"] = Capsule(JaxTma##Name##Cuda);                    \
+    d[target] = stages;                                                 \
+  }
+#include "families.inc"
 #endif
     return d;
   });
@@ -84,11 +84,61 @@ NB_MODULE(_jax_tma, m) {
   m.def("cuda_types", []() {
     nb::dict d;
 #if JAX_TMA_WITH_CUDA
-    nb::dict site;
-    site["type_id"] = nb::capsule(jax_tma::CopySiteTypeId());
-    site["type_info"] = nb::capsule(jax_tma::CopySiteTypeInfo());
-    d["jax_tma_copy_site"] = site;
+#define JAX_TMA_CUDA_STATE(Name, type)                                  \
+  {                                                                     \
+    nb::dict t;                                                         \
+    t["type_id"] = nb::capsule(jax_tma::Name##TypeId());                \
+    t["type_info"] = nb::capsule(jax_tma::Name##TypeInfo());            \
+    d[type] = t;                                                        \
+  }
+#include "families.inc"
 #endif
+    return d;
+  });
+
+  // Each family of the list with its FFI targets, its batch-partitionable
+  // targets and its path counters, in the list's order: what registration
+  // (jax_tma/_ffi.py) and tests/test_families.py read.
+  m.def("families", []() {
+    nb::dict d;
+    nb::list targets;
+    nb::list batch_partitionable;
+    nb::list paths;
+#define JAX_TMA_FAMILY(name)                                            \
+  targets = nb::list();                                                 \
+  batch_partitionable = nb::list();                                     \
+  paths = nb::list();                                                   \
+  {                                                                     \
+    nb::dict family;                                                    \
+    family["targets"] = targets;                                        \
+    family["batch_partitionable"] = batch_partitionable;                \
+    family["paths"] = paths;                                            \
+    d[#name] = family;                                                  \
+  }
+#define JAX_TMA_TARGET(Name, target) targets.append(target);
+#define JAX_TMA_BATCH_PARTITIONABLE(target) batch_partitionable.append(target);
+#define JAX_TMA_PATH(Name, path) paths.append(path);
+#include "families.inc"
+    return d;
+  });
+
+  // The rules Python checks against (rules.h): the shared ones, then each
+  // family's, by name.
+  m.def("rules", []() {
+    jax_tma::Rules rules;
+    rules.Int("tma_align_bytes", jax_tma::kTmaAlignBytes);
+    rules.Tuple("tma_min_compute_capability", {jax_tma::kTmaMinComputeMajor, 0});
+    rules.Dtypes("summed_dtypes", [](xla::ffi::DataType t) {
+      jax_tma::SumKind kind;
+      int components;
+      return jax_tma::SumKindOf(t, &kind, &components);
+    });
+#define JAX_TMA_RULES(Name) jax_tma::Name##Rules(&rules);
+#include "families.inc"
+    nb::dict d;
+    for (const auto& [name, value] : rules.ints) d[name.c_str()] = value;
+    for (const auto& [name, values] : rules.tuples) d[name.c_str()] = nb::tuple(nb::cast(values));
+    for (const auto& [name, names] : rules.dtypes) d[name.c_str()] = nb::tuple(nb::cast(names));
     return d;
   });
 

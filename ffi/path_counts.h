@@ -9,27 +9,18 @@
 
 namespace jax_tma {
 
+// One path per JAX_TMA_PATH line of the family list (families.inc).
 enum class Path : int {
-  kCopyCpu, kCopyBulk, kCopySimt,
-  kWindowCpu, kWindowTiled, kWindowSimt,
-  kIm2colCpu, kIm2colTma, kIm2colSimt,
-  kBroadcastCpu, kBroadcastStore, kBroadcastMulticast, kBroadcastDsmem, kBroadcastSimt,
-  kPpermuteCpu, kPpermuteBulk, kPpermuteSimt,
-  kGatherCpu, kGatherBulk, kGatherSimt,
-  kScatterCpu, kScatterBulk, kScatterSimt, kScatterOrdered,
+#define JAX_TMA_PATH(Name, path) k##Name,
+#include "families.inc"
   kCount
 };
 
 // "op.path", in the order of Path.
 inline constexpr const char* kPathNames[] = {
-    "copy.cpu", "copy.bulk", "copy.simt",
-    "window.cpu", "window.tiled", "window.simt",
-    "im2col.cpu", "im2col.tma", "im2col.simt",
-    "broadcast.cpu", "broadcast.store", "broadcast.multicast", "broadcast.dsmem",
-    "broadcast.simt",
-    "ppermute.cpu", "ppermute.bulk", "ppermute.simt",
-    "gather.cpu", "gather.bulk", "gather.simt",
-    "scatter.cpu", "scatter.bulk", "scatter.simt", "scatter.ordered"};
+#define JAX_TMA_PATH(Name, path) path,
+#include "families.inc"
+};
 static_assert(sizeof(kPathNames) / sizeof(kPathNames[0]) == static_cast<int>(Path::kCount));
 
 // One counter per path for the whole module (an inline variable: the CPU

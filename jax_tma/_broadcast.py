@@ -12,117 +12,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, mlir
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jax_tma import _checks, _ffi
+from jax_tma import _checks, _ffi, _lowering
 
 BroadcastMethod = Literal["auto", "multicast", "dsmem", "store", "simt"]
 _METHODS = ("auto", "multicast", "dsmem", "store", "simt")
 _CLUSTERED = ("multicast", "dsmem")
-_CLUSTER_SIZES = (2, 4, 8, 16)
 _OP = "jax_tma.broadcast"
 
-# broadcast_p(x): y = x with a replica dim of size n inserted at axis.
-# cluster_size is 0 when the launcher chooses. Its lowering partitions every
-# dim of x (custom_partitioning) and each device runs broadcast_local_p, the
-# FFI call, on its shard.
-broadcast_p = Primitive("jax_tma_broadcast")
-broadcast_local_p = Primitive("jax_tma_broadcast_local")
 
-
-def _out_shape(shape, n, axis):
-    return tuple(shape[:axis]) + (n,) + tuple(shape[axis:])
-
-
-def _abstract(x, *, n, axis, method, cluster_size):
-    # As jnp.broadcast_to types it: x's dims keep their mesh axes (and x's
-    # varying axes and weak type carry over), the replica dim is whole.
-    spec = _ffi.spec_of(x)
-    out = _ffi.out_aval(x, _out_shape(x.shape, n, axis), spec=spec[:axis] + (None,) + spec[axis:])
-    return out.update(weak_type=x.weak_type)
-
-
-broadcast_p.def_abstract_eval(_abstract)
-broadcast_local_p.def_abstract_eval(_abstract)
-_ffi.def_jitted_impl(broadcast_p)
-
-
-def _local_lowering(ctx, x, *, n, axis, method, cluster_size):
-    return jax.ffi.ffi_lowering("jax_tma_broadcast")(
-        ctx, x, axis=np.int64(axis), method=method, cluster_size=np.int64(cluster_size))
-
-
-def _replica_spec(x_spec, ndim: int, axis: int) -> P:
-    """x's partition spec with an unsplit replica dim inserted at axis."""
-    s = tuple(x_spec) + (None,) * (ndim - len(tuple(x_spec)))
-    return P(*s[:axis], None, *s[axis:])
-
-
-@functools.cache
-def _partitioned(ndim: int, n: int, axis: int, method: str, cluster_size: int):
-    """broadcast_local_p under custom_partitioning: every dim of x keeps its
-    sharding, the replica dim is never split, no data moves between devices."""
-
-    def local(x):
-        return broadcast_local_p.bind(x, n=n, axis=axis, method=method, cluster_size=cluster_size)
-
-    def x_sharding(mesh, arg_shapes):
-        sharding = arg_shapes[0].sharding
-        return sharding if isinstance(sharding, NamedSharding) else NamedSharding(mesh, P())
-
-    def infer(mesh, arg_shapes, result_shape):
-        return NamedSharding(mesh, _replica_spec(x_sharding(mesh, arg_shapes).spec, ndim, axis))
-
-    def partition(mesh, arg_shapes, result_shape):
-        return mesh, local, infer(mesh, arg_shapes, result_shape), (x_sharding(mesh, arg_shapes),)
-
-    names = [f"d{i}" for i in range(ndim)]
-    rule = " ".join(names) + " -> " + " ".join(names[:axis] + ["replica"] + names[axis:])
-    f = custom_partitioning(local)
-    f.def_partition(infer_sharding_from_operands=infer, partition=partition, sharding_rule=rule)
-    return f
-
-
-def _lowering(ctx, x, *, n, axis, method, cluster_size):
-    ndim = ctx.avals_in[0].ndim
-    # A program for one device (or none yet) and a 0-d x have nothing to
-    # split; symbolic dims (a shape-polymorphic export) have no partitioning
-    # rule, and XLA keeps x whole.
-    if ndim == 0 or _ffi.single_device(ctx) or not _ffi.static_shape(*ctx.avals_in):
-        return _local_lowering(ctx, x, n=n, axis=axis, method=method, cluster_size=cluster_size)
-    f = _partitioned(ndim, n, axis, method, cluster_size)
-    return mlir.lower_fun(f, multiple_results=False)(ctx, x)
-
-
-def _cuda_lowering(ctx, x, *, n, axis, method, cluster_size):
-    if method in ("multicast", "dsmem", "store"):
-        _checks.require_tma(
-            _OP, method, "thread-block clusters and TMA" if method in _CLUSTERED else "TMA")
-    return _lowering(ctx, x, n=n, axis=axis, method=method, cluster_size=cluster_size)
-
-
-_ffi.require_devices_during_lowering(broadcast_p)
-
-for _platform in ("cpu", "cuda"):
-    mlir.register_lowering(broadcast_local_p, _local_lowering, platform=_platform)
-mlir.register_lowering(broadcast_p, _lowering, platform="cpu")
-mlir.register_lowering(broadcast_p, _cuda_lowering, platform="cuda")
-
-
-def _batcher(args, dims, *, axis, **params):
-    (x,), (d,) = args, dims
-    x = jnp.moveaxis(x, d, 0)
-    return broadcast_p.bind(x, axis=axis + 1, **params), 0
-
-
-batching.primitive_batchers[broadcast_p] = _batcher
-# Linear: the tangent is broadcast too; the cotangent of x is the sum of the
-# replicas' cotangents.
-ad.deflinear2(broadcast_p, lambda ct, x, *, n, axis, method, cluster_size: [
-    jnp.sum(ct, axis=axis, dtype=ct.dtype)])
-
+# ---- the public op ----------------------------------------------------------
 
 def broadcast(
     x: jax.Array | np.ndarray,
@@ -224,11 +126,116 @@ def broadcast(
             f"{_OP}: cluster_size={cluster_size!r} needs method='multicast' or 'dsmem', "
             f"got method={method!r}"
         )
-    if cluster_size is not None and (isinstance(cluster_size, bool)
-                                     or cluster_size not in _CLUSTER_SIZES):
+    sizes = _ffi.rules()["broadcast.cluster_sizes"]
+    if cluster_size is not None and (isinstance(cluster_size, bool) or cluster_size not in sizes):
         raise ValueError(
-            f"{_OP}: cluster_size must be 2, 4, 8 or 16, got {cluster_size!r}"
+            f"{_OP}: cluster_size must be {', '.join(map(str, sizes[:-1]))} or {sizes[-1]}, "
+            f"got {cluster_size!r}"
         )
     _ffi.register()
     params = dict(n=int(n), axis=axis, method=method, cluster_size=int(cluster_size or 0))
     return _checks.narrow(broadcast_p.bind(_checks.widen(x), **params), x.dtype)
+
+
+# ---- primitives -------------------------------------------------------------
+
+# broadcast_p(x): y = x with a replica dim of size n inserted at axis.
+# cluster_size is 0 when the launcher chooses. Its lowering partitions every
+# dim of x (custom_partitioning) and each device runs broadcast_local_p, the
+# FFI call, on its shard.
+broadcast_p = Primitive("jax_tma_broadcast")
+broadcast_local_p = Primitive("jax_tma_broadcast_local")
+
+
+def _out_shape(shape, n, axis):
+    return tuple(shape[:axis]) + (n,) + tuple(shape[axis:])
+
+
+def _abstract(x, *, n, axis, method, cluster_size):
+    # As jnp.broadcast_to types it: x's dims keep their mesh axes (and x's
+    # varying axes and weak type carry over), the replica dim is whole.
+    spec = _lowering.spec_of(x)
+    out = _lowering.out_aval(x, _out_shape(x.shape, n, axis),
+                             spec=spec[:axis] + (None,) + spec[axis:])
+    return out.update(weak_type=x.weak_type)
+
+
+# ---- lowering and partitioning ----------------------------------------------
+
+def _local_lowering(ctx, x, *, n, axis, method, cluster_size):
+    return jax.ffi.ffi_lowering("jax_tma_broadcast")(
+        ctx, x, axis=np.int64(axis), method=method, cluster_size=np.int64(cluster_size))
+
+
+def _replica_spec(x_spec, ndim: int, axis: int) -> P:
+    """x's partition spec with an unsplit replica dim inserted at axis."""
+    s = tuple(x_spec) + (None,) * (ndim - len(tuple(x_spec)))
+    return P(*s[:axis], None, *s[axis:])
+
+
+@functools.cache
+def _partitioned(ndim: int, n: int, axis: int, method: str, cluster_size: int):
+    """broadcast_local_p under custom_partitioning: every dim of x keeps its
+    sharding, the replica dim is never split, no data moves between devices."""
+
+    def local(x):
+        return broadcast_local_p.bind(x, n=n, axis=axis, method=method, cluster_size=cluster_size)
+
+    def x_sharding(mesh, arg_shapes):
+        sharding = arg_shapes[0].sharding
+        return sharding if isinstance(sharding, NamedSharding) else NamedSharding(mesh, P())
+
+    def infer(mesh, arg_shapes, result_shape):
+        return NamedSharding(mesh, _replica_spec(x_sharding(mesh, arg_shapes).spec, ndim, axis))
+
+    def partition(mesh, arg_shapes, result_shape):
+        return mesh, local, infer(mesh, arg_shapes, result_shape), (x_sharding(mesh, arg_shapes),)
+
+    names = [f"d{i}" for i in range(ndim)]
+    rule = " ".join(names) + " -> " + " ".join(names[:axis] + ["replica"] + names[axis:])
+    f = custom_partitioning(local)
+    f.def_partition(infer_sharding_from_operands=infer, partition=partition, sharding_rule=rule)
+    return f
+
+
+def _broadcast_lowering(ctx, x, *, n, axis, method, cluster_size):
+    ndim = ctx.avals_in[0].ndim
+    # A program for one device (or none yet) and a 0-d x have nothing to
+    # split; symbolic dims (a shape-polymorphic export) have no partitioning
+    # rule, and XLA keeps x whole.
+    if ndim == 0 or _lowering.single_device(ctx) or not _lowering.static_shape(*ctx.avals_in):
+        return _local_lowering(ctx, x, n=n, axis=axis, method=method, cluster_size=cluster_size)
+    f = _partitioned(ndim, n, axis, method, cluster_size)
+    return mlir.lower_fun(f, multiple_results=False)(ctx, x)
+
+
+def _cuda_lowering(ctx, x, *, n, axis, method, cluster_size):
+    if method in ("multicast", "dsmem", "store"):
+        _checks.require_tma(
+            _OP, method, "thread-block clusters and TMA" if method in _CLUSTERED else "TMA")
+    return _broadcast_lowering(ctx, x, n=n, axis=axis, method=method, cluster_size=cluster_size)
+
+
+# ---- vmap -------------------------------------------------------------------
+
+def _batcher(args, dims, *, axis, **params):
+    (x,), (d,) = args, dims
+    x = jnp.moveaxis(x, d, 0)
+    return broadcast_p.bind(x, axis=axis + 1, **params), 0
+
+
+# ---- AD ---------------------------------------------------------------------
+
+def _broadcast_transpose(ct, x, *, n, axis, method, cluster_size):
+    # Linear: the tangent is broadcast too; the cotangent of x is the sum of
+    # the replicas' cotangents.
+    return [jnp.sum(ct, axis=axis, dtype=ct.dtype)]
+
+
+# ---- registration -----------------------------------------------------------
+
+_lowering.register(broadcast_p, _abstract, {"cpu": _broadcast_lowering, "cuda": _cuda_lowering},
+                   batcher=_batcher)
+_lowering.register(broadcast_local_p, _abstract, _local_lowering, jitted=False)
+_lowering.require_devices_during_lowering(broadcast_p)
+ad.deflinear2(broadcast_p, _broadcast_transpose)

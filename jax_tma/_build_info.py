@@ -6,7 +6,7 @@ from typing import Any
 
 import jax
 
-from jax_tma import _ffi
+from jax_tma import _devices, _ffi
 
 
 def build_info() -> dict[str, Any]:
@@ -35,13 +35,13 @@ def build_info() -> dict[str, Any]:
     """
     ext = _ffi._ext
     gpus = []
-    for d, (major, minor) in zip(_ffi.cuda_devices(), _ffi.gpu_compute_capabilities()):
+    for d, (major, minor) in zip(_devices.cuda_devices(), _devices.gpu_compute_capabilities()):
         gpus.append(
             {
                 "id": d.id,
                 "name": d.device_kind,
                 "compute_capability": f"{major}.{minor}",
-                "tma": (major, minor) >= (9, 0),
+                "tma": (major, minor) >= _ffi.rules()["tma_min_compute_capability"],
             }
         )
     return {

@@ -1,17 +1,22 @@
 """Argument checks and dtype handling that every op shares: the array and
-option checks, per-dim int lists, sub-byte widening around the FFI call, and
-the compute-capability check for methods that need TMA."""
+option checks (with the method vocabulary), per-dim int lists, sub-byte
+widening around the FFI call, the compute-capability check for methods that
+need TMA, and the user's frame for call sites and warnings."""
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any
 
 import jax
 import numpy as np
 from jax import lax
 
-from jax_tma import _ffi
+from jax_tma import _devices, _ffi
 
 MAX_DIM = 2**31 - 1  # the handlers index dims with int32
 
@@ -98,6 +103,19 @@ def check_choice(op: str, name: str, value: Any, choices: Sequence[str]) -> None
         )
 
 
+def check_method(op: str, method: Any, choices: Sequence[str]) -> str:
+    """`method` checked against `choices` (a ValueError naming them). "bulk",
+    the name copy and ppermute first gave their TMA method, is still read as
+    "tma", after a DeprecationWarning at the user's line."""
+    if isinstance(method, str) and method == "bulk":
+        _, level = user_frame()
+        warnings.warn(f"{op}: method='bulk' is deprecated, use method='tma' (the same TMA "
+                      "bulk copy, the same result)", DeprecationWarning, stacklevel=level)
+        return "tma"
+    check_choice(op, "method", method, choices)
+    return method
+
+
 def per_dim_ints(op: str, name: str, value: Any, count: int, dims: str, *,
                  scalar_ok: bool = False) -> tuple[int, ...]:
     """`count` ints in [1, 2^31), one per dim; `dims` says which dims of x they
@@ -140,9 +158,26 @@ def require_tma(op: str, method: str, need: str = "TMA") -> None:
     """A RuntimeError, at lowering for CUDA, where a visible device lacks TMA
     (compute capability below 9.0) and `method` cannot run without it; the
     wording follows the C++ launchers' (ffi/cuda/device_info.h)."""
-    for i, (major, minor) in enumerate(_ffi.gpu_compute_capabilities()):
-        if (major, minor) < (9, 0):
+    tma = _ffi.rules()["tma_min_compute_capability"]
+    for i, (major, minor) in enumerate(_devices.gpu_compute_capabilities()):
+        if (major, minor) < tma:
             raise RuntimeError(
                 f"{op}: method={method!r} needs {need}, but device {i} has compute "
-                f"capability {major}.{minor} (TMA needs >= 9.0); use method='auto' or 'simt'"
+                f"capability {major}.{minor} (TMA needs >= {tma[0]}.{tma[1]}); "
+                "use method='auto' or 'simt'"
             )
+
+
+# Frames in these folders are jax's or jax_tma's, not the user's.
+_LIBRARIES = tuple(os.path.dirname(f) + os.sep for f in (jax.__file__, __file__))
+
+
+def user_frame() -> tuple[FrameType | None, int]:
+    """The innermost frame outside jax and jax_tma (the user's call of an op,
+    under jit too) and its depth counted from the caller of user_frame (1:
+    that caller; warnings.warn's stacklevel when the caller warns); None
+    where every frame is a library's."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
+        frame, level = frame.f_back, level + 1
+    return frame, level

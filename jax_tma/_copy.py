@@ -9,43 +9,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad
 
-from jax_tma import _checks, _ffi
+from jax_tma import _checks, _ffi, _lowering
 from jax_tma._window import window_p
 
-CopyMethod = Literal["auto", "bulk", "simt", "tiled"]
-_METHODS = ("auto", "bulk", "simt", "tiled")
+CopyMethod = Literal["auto", "tma", "simt", "tiled"]
+_METHODS = ("auto", "tma", "simt", "tiled")
 _OP = "jax_tma.copy"
 
-copy_p = Primitive("jax_tma_copy")
-_ffi.def_jitted_impl(copy_p)
-# The output has the input's shape, dtype, sharding and varying-mesh-axes.
-copy_p.def_abstract_eval(lambda x, *, method: x)
 
-
-def _copy_batcher(args, dims, *, method):
-    (x,), (d,) = args, dims
-    return copy_p.bind(x, method=method), d
-
-
-batching.primitive_batchers[copy_p] = _copy_batcher
-# copy is linear: its tangent and its cotangent are copies too.
-ad.deflinear2(copy_p, lambda ct, x, *, method: [copy_p.bind(ct, method=method)])
-
-
-_lowering = _ffi.elementwise_lowering("jax_tma_copy")
-
-
-def _cuda_lowering(ctx, x, *, method):
-    if method == "bulk":
-        _checks.require_tma(_OP, method)
-    return _lowering(ctx, x, method=method)
-
-
-mlir.register_lowering(copy_p, _lowering, platform="cpu")
-mlir.register_lowering(copy_p, _cuda_lowering, platform="cuda")
-
+# ---- the public op ----------------------------------------------------------
 
 def copy(x: jax.Array | np.ndarray, *, method: CopyMethod = "auto") -> jax.Array:
     """Returns a new array equal to ``x`` bit for bit.
@@ -59,7 +33,7 @@ def copy(x: jax.Array | np.ndarray, *, method: CopyMethod = "auto") -> jax.Array
     dimension may be split; the partitioned program has no collectives).
 
     ``method="auto"`` picks, on a GPU with TMA (compute capability 9.0 or
-    newer), the bulk copy for copies of at least 32 MiB and the SIMT copy for
+    newer), the TMA bulk copy for copies of at least 32 MiB and the SIMT copy for
     smaller ones; on older GPUs always the SIMT copy.
 
     Args:
@@ -68,11 +42,12 @@ def copy(x: jax.Array | np.ndarray, *, method: CopyMethod = "auto") -> jax.Array
         copy and narrowed back, every value kept) and any shape, including
         0-d and zero-size; NumPy arrays and Python scalars are converted as
         ``jnp.asarray`` converts them.
-      method: ``"auto"`` (the rule above), ``"bulk"`` (the TMA bulk copy),
+      method: ``"auto"`` (the rule above), ``"tma"`` (the TMA bulk copy),
         ``"simt"`` (a vectorised CUDA copy without TMA) or ``"tiled"`` (the
         tensor-map machinery of :func:`jax_tma.window` over the whole array,
         viewed as rows of a multiple of 16 bytes). On the CPU every method
-        is the same host copy.
+        is the same host copy. ``"bulk"``, the old name of ``"tma"``, still
+        works and emits a ``DeprecationWarning``.
 
     Returns:
       A new array with ``x``'s shape, dtype, sharding and bits.
@@ -82,7 +57,7 @@ def copy(x: jax.Array | np.ndarray, *, method: CopyMethod = "auto") -> jax.Array
       ValueError: ``method`` is not one of the four names, or
         ``method="tiled"`` is asked of an ``x`` with symbolic dims (a
         shape-polymorphic export).
-      RuntimeError: ``method="bulk"`` is lowered for a GPU without TMA
+      RuntimeError: ``method="tma"`` is lowered for a GPU without TMA
         (compute capability below 9.0).
       jax.errors.JaxRuntimeError: on a GPU, ``method="tiled"`` where the
         array has no tensor-map form (e.g. 3 float32 values: a row of 12
@@ -102,10 +77,10 @@ def copy(x: jax.Array | np.ndarray, *, method: CopyMethod = "auto") -> jax.Array
       >>> jax_tma.copy(jnp.arange(3), method="fast")
       Traceback (most recent call last):
         ...
-      ValueError: jax_tma.copy: method must be one of 'auto', 'bulk', 'simt', 'tiled', got 'fast'
+      ValueError: jax_tma.copy: method must be one of 'auto', 'tma', 'simt', 'tiled', got 'fast'
     """
     x = _checks.as_array(_OP, "x", x)
-    _checks.check_choice(_OP, "method", method, _METHODS)
+    method = _checks.check_method(_OP, method, _METHODS)
     _ffi.register()
     if method == "tiled":
         if not all(isinstance(d, int) for d in x.shape):
@@ -125,13 +100,52 @@ def tiled_copy(x: jax.Array) -> jax.Array:
         return x.copy()
     src = _checks.widen(x)
     itemsize = np.dtype(src.dtype).itemsize
+    align = _ffi.rules()["tma_align_bytes"]
     row = 4096
-    while row > 1 and (x.size % row or (row * itemsize) % 16):
+    while row > 1 and (x.size % row or (row * itemsize) % align):
         row //= 2
-    if (row * itemsize) % 16:
+    if (row * itemsize) % align:
         row = x.size
     rows = src.reshape(-1, row)
     # Bound directly (not through window()): a 2-D box, no batch folding.
     y = window_p.bind(rows, jnp.zeros(2, jnp.int32), shape=rows.shape, strides=(1, 1),
-                      fill_bits=0, method="tma")
+                      fill_bits=0, method="tma", inner_start=0)
     return _checks.narrow(y.reshape(x.shape), x.dtype)
+
+
+# ---- primitives -------------------------------------------------------------
+
+copy_p = Primitive("jax_tma_copy")
+
+
+# ---- lowering and partitioning ----------------------------------------------
+
+_copy_lowering = _lowering.elementwise_lowering("jax_tma_copy")
+
+
+def _cuda_lowering(ctx, x, *, method):
+    if method == "tma":
+        _checks.require_tma(_OP, method)
+    return _copy_lowering(ctx, x, method=method)
+
+
+# ---- vmap -------------------------------------------------------------------
+
+def _copy_batcher(args, dims, *, method):
+    (x,), (d,) = args, dims
+    return copy_p.bind(x, method=method), d
+
+
+# ---- AD ---------------------------------------------------------------------
+
+def _copy_transpose(ct, x, *, method):
+    # copy is linear: its tangent and its cotangent are copies too.
+    return [copy_p.bind(ct, method=method)]
+
+
+# ---- registration -----------------------------------------------------------
+
+# The output has the input's shape, dtype, sharding and varying-mesh-axes.
+_lowering.register(copy_p, lambda x, *, method: x,
+                   {"cpu": _copy_lowering, "cuda": _cuda_lowering}, batcher=_copy_batcher)
+ad.deflinear2(copy_p, _copy_transpose)

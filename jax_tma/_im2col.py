@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, mlir
 
-from jax_tma import _checks, _ffi
+from jax_tma import _checks, _ffi, _lowering
 
 Im2colMethod = Literal["auto", "tma", "simt"]
 PatchOrder = Literal["tap_major", "channel_major"]
@@ -27,232 +27,6 @@ _ORDERS = ("tap_major", "channel_major")
 _OP = "jax_tma.im2col"
 _OP_T = "jax_tma.col2im"
 _MAX_ROW = 2**63 - 1  # XLA dims are int64
-# What the col2im handlers add (in float32 for the 16-bit floats); other float
-# types are summed in float32 around them, sub-byte integers in 8 bits.
-_SUMMABLE = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-             "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
-
-# Both primitives carry the static geometry: kernel, strides, dilation and
-# padding (pairs) per spatial dim, the patch order and the method.
-# im2col_p(x): (N, *S, C) -> (N, *O, K*C); col2im_p(p): (N, *O, K*C) ->
-# (N, *S, C) with S given by `in_spatial`.
-im2col_p = Primitive("jax_tma_im2col")
-col2im_p = Primitive("jax_tma_col2im")
-
-
-def out_spatial(in_spatial, kernel, strides, padding, dilation) -> tuple[int, ...]:
-    """Output extent per spatial dim: floor((S + lo + hi - d(k-1) - 1) / s) + 1,
-    or 0 where the dilated kernel is larger than the padded input (lax's rule)."""
-    return tuple(max(0, (s + lo + hi - d * (k - 1) - 1) // st + 1)
-                 for s, k, st, (lo, hi), d in zip(in_spatial, kernel, strides, padding, dilation))
-
-
-def _result_spec(op: str, a, out_shape, name: str, last: str) -> tuple:
-    """The PartitionSpec of a result shaped `out_shape` = (N, *spatial, last)
-    from the operand aval `a` of the same rank, as lax.conv_general_dilated_patches
-    types it on explicit mesh axes: N keeps its axes, a spatial dim keeps its
-    axes where the result's extent divides among them; the last dim must be
-    whole (a patch row holds every channel of its taps)."""
-    spec, mesh = _ffi.spec_of(a), a.sharding.mesh
-    if spec[-1] is not None:
-        whole = jax.sharding.PartitionSpec(*spec[:-1], None)
-        raise ValueError(f"{op}: {name}'s {last} dim is split along mesh axes {spec[-1]!r} "
-                         f"({name}: {a.str_short()}), but a patch row holds every channel of "
-                         f"its taps, so that dim must be whole; reshard {name} to {whole} first")
-    for d in range(1, len(out_shape) - 1):
-        axes = spec[d]
-        names = axes if isinstance(axes, tuple) else (axes,)
-        parts = math.prod(mesh.shape[n] for n in names) if axes is not None else 1
-        if out_shape[d] % parts:
-            raise ValueError(f"{op}: {name}'s dim {d} is split along mesh axes {axes!r} "
-                             f"({parts} parts), but the result's dim {d} has {out_shape[d]} "
-                             f"elements, not a multiple of {parts} ({name}: {a.str_short()}); "
-                             f"reshard that dim of {name} whole first")
-    return spec[:-1] + (None,)
-
-
-def _im2col_abstract(x, *, kernel, strides, padding, dilation, order, method):
-    o = out_spatial(x.shape[1:-1], kernel, strides, padding, dilation)
-    shape = (x.shape[0], *o, math.prod(kernel) * x.shape[-1])
-    return _ffi.out_aval(x, shape, spec=_result_spec(_OP, x, shape, "x", "channel"))
-
-
-def _col2im_abstract(p, *, in_spatial, kernel, strides, padding, dilation, order, method):
-    shape = (p.shape[0], *in_spatial, p.shape[-1] // math.prod(kernel))
-    return _ffi.out_aval(p, shape, spec=_result_spec(_OP_T, p, shape, "patches",
-                                                     "taps x channels"))
-
-
-im2col_p.def_abstract_eval(_im2col_abstract)
-col2im_p.def_abstract_eval(_col2im_abstract)
-_ffi.def_jitted_impl(im2col_p)
-_ffi.def_jitted_impl(col2im_p)
-
-
-def _lowering(ctx, x, *, kernel, strides, padding, dilation, order, method, transpose):
-    # Every handler treats the images of the batch independently: XLA splits
-    # N across devices without collectives (the spatial dims stay whole).
-    rule = _ffi.batch_partitioned_lowering("jax_tma_im2col", 1)
-    return rule(
-        ctx, x,
-        kernel=np.asarray(kernel, np.int64),
-        strides=np.asarray(strides, np.int64),
-        dilation=np.asarray(dilation, np.int64),
-        pad_lo=np.asarray([lo for lo, _ in padding], np.int64),
-        pad_hi=np.asarray([hi for _, hi in padding], np.int64),
-        channel_major=order == "channel_major",
-        transpose=transpose,
-        method=method,
-    )
-
-
-def _as_uint(element: bytes) -> np.generic:
-    """One element's bytes as the unsigned int of the same width."""
-    return np.frombuffer(element, f"<u{len(element)}")[0]
-
-
-def _im2col_with_zero_bits(x, *, zero, **params):
-    # The handlers pad with zero bytes: x's bits XOR jnp's zero map jnp's
-    # zero to zero bytes and back, and leave every other value distinct.
-    bits = lax.bitcast_convert_type(x, zero.dtype)
-    return lax.bitcast_convert_type(im2col_p.bind(bits ^ zero, **params) ^ zero, x.dtype)
-
-
-def _im2col_lowering(ctx, x, **params):
-    zero = _checks.fill_bytes(_OP, 0, ctx.avals_in[0].dtype)
-    if any(zero):  # float8_e8m0fnu has no zero: jnp writes its NaN, 0xFF
-        f = functools.partial(_im2col_with_zero_bits, zero=_as_uint(zero), **params)
-        return mlir.lower_fun(f, multiple_results=False)(ctx, x)
-    return _lowering(ctx, x, transpose=False, **params)
-
-
-def _col2im_in_float32(p, **params):
-    # Float types the handlers cannot add: summed in float32 (taps in
-    # increasing order, as the handlers add) and rounded once. A NaN result
-    # (float8_e4m3fn's overflow keeps the sum's sign) is stored as the
-    # handlers store a NaN sum: NaN converted as jnp converts it (float8_e5m2:
-    # 0x7F). The choice is made on the bits: XLA's CPU select of float8_e5m2
-    # values rewrites a NaN as 0x7F.
-    y = col2im_p.bind(p.astype(np.float32), **params).astype(p.dtype)
-    nan = _as_uint(_checks.fill_bytes(_OP_T, np.nan, p.dtype))
-    bits = lax.bitcast_convert_type(y, nan.dtype)
-    return lax.bitcast_convert_type(jnp.where(jnp.isnan(y), nan, bits), p.dtype)
-
-
-def _col2im_lowering(ctx, p, *, in_spatial, **params):
-    dtype = ctx.avals_in[0].dtype
-    if dtype.name not in _SUMMABLE and jnp.issubdtype(dtype, jnp.floating):
-        f = functools.partial(_col2im_in_float32, in_spatial=in_spatial, **params)
-        return mlir.lower_fun(f, multiple_results=False)(ctx, p)
-    return _lowering(ctx, p, transpose=True, **params)
-
-
-for _platform in ("cpu", "cuda"):
-    mlir.register_lowering(im2col_p, _im2col_lowering, platform=_platform)
-    mlir.register_lowering(col2im_p, _col2im_lowering, platform=_platform)
-
-
-# ---- autodiff: both are linear, each the other's transpose ------------------
-
-def _im2col_transpose(ct, x, **params):
-    if type(ct) is ad.Zero:
-        return [ad.Zero(x.aval)]
-    return [col2im_p.bind(ct, in_spatial=tuple(x.aval.shape[1:-1]), **params)]
-
-
-def _col2im_transpose(ct, p, *, in_spatial, **params):
-    if type(ct) is ad.Zero:
-        return [ad.Zero(p.aval)]
-    return [im2col_p.bind(ct, **params)]
-
-
-ad.deflinear2(im2col_p, _im2col_transpose)
-ad.deflinear2(col2im_p, _col2im_transpose)
-
-
-# ---- vmap: the vmapped dim is folded into N ---------------------------------
-
-def _fold_batcher(prim):
-    def batcher(args, dims, **params):
-        (x,), (d,) = args, dims
-        x = jax.numpy.moveaxis(x, d, 0)
-        b, n = x.shape[:2]
-        y = prim.bind(x.reshape((b * n,) + x.shape[2:]), **params)
-        return y.reshape((b, n) + y.shape[1:]), 0
-    return batcher
-
-
-batching.primitive_batchers[im2col_p] = _fold_batcher(im2col_p)
-batching.primitive_batchers[col2im_p] = _fold_batcher(col2im_p)
-
-
-# ---- argument checks ----------------------------------------------------------
-
-def _pads(op: str, padding: Any, spatial, kernel, strides, dilation) -> tuple[tuple[int, int], ...]:
-    r = len(spatial)
-    if isinstance(padding, str):
-        mode = padding.upper()
-        if mode == "VALID":
-            return ((0, 0),) * r
-        if mode == "SAME":
-            # lax's SAME: output ceil(S / s), the excess split low-first.
-            out = []
-            for s, k, st, d in zip(spatial, kernel, strides, dilation):
-                total = max((-(-s // st) - 1) * st + d * (k - 1) + 1 - s, 0)
-                out.append((total // 2, total - total // 2))
-            return tuple(out)
-        raise ValueError(f"{op}: padding must be 'VALID', 'SAME' or {r} (low, high) pairs, "
-                         f"got {padding!r}")
-    if not isinstance(padding, Sequence) or len(padding) != r:
-        raise ValueError(f"{op}: padding must be 'VALID', 'SAME' or {r} (low, high) pairs, "
-                         f"got {padding!r}")
-    out = []
-    for i, pair in enumerate(padding):
-        if (not isinstance(pair, Sequence) or isinstance(pair, str) or len(pair) != 2
-                or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in pair)):
-            raise ValueError(f"{op}: padding[{i}] must be a (low, high) pair of ints, "
-                             f"got {pair!r}")
-        lo, hi = int(pair[0]), int(pair[1])
-        if lo < 0 or hi < 0:
-            raise ValueError(f"{op}: padding[{i}] = {(lo, hi)} is negative (padding must be "
-                             f">= 0; crop x first)")
-        if lo > _checks.MAX_DIM or hi > _checks.MAX_DIM:
-            raise ValueError(f"{op}: padding[{i}] = {(lo, hi)} is over 2^31 - 1")
-        out.append((lo, hi))
-    return tuple(out)
-
-
-def _geometry(op: str, shape, kernel_size, strides, padding, dilation):
-    """Checks the geometry for an input of `shape` (N, *S, C); returns the
-    normalised kernel, strides, padding, dilation and output spatial dims."""
-    rank = len(shape)
-    if rank not in (3, 4, 5):
-        raise ValueError(f"{op}: x must have rank 3, 4 or 5 (NWC, NHWC or NDHWC), got rank "
-                         f"{rank} (x.shape={tuple(shape)})")
-    r = rank - 2
-    if not all(isinstance(d, (int, np.integer)) for d in shape[1:]):
-        raise TypeError(f"{op}: only the batch dim N may be symbolic: the spatial dims and C "
-                        f"set the patch geometry at trace time and must be ints, got "
-                        f"x.shape={tuple(shape)}")
-    spatial = tuple(shape[1:-1])
-    dims = f"{r} spatial dims (x.shape={tuple(shape)})"
-    kernel = _checks.per_dim_ints(op, "kernel_size", kernel_size, r, dims, scalar_ok=True)
-    strides = _checks.per_dim_ints(op, "strides", strides, r, dims, scalar_ok=True)
-    dilation = _checks.per_dim_ints(op, "dilation", dilation, r, dims, scalar_ok=True)
-    pads = _pads(op, padding, spatial, kernel, strides, dilation)
-    # A dilated kernel larger than the padded input is allowed: that output
-    # dim is 0 and the patch matrix empty, as in lax.conv_general_dilated_patches.
-    # Its row length must still be an XLA dimension (int64).
-    if math.prod(kernel) * max(shape[-1], 1) > _MAX_ROW:
-        raise ValueError(f"{op}: a patch row has prod(kernel_size) * C = {math.prod(kernel)} * "
-                         f"{shape[-1]} entries, over 2^63 - 1 (kernel_size={kernel}, "
-                         f"x.shape={tuple(shape)})")
-    return kernel, strides, pads, dilation, out_spatial(spatial, kernel, strides, pads, dilation)
-
-
-def _options(op: str, order: Any, method: Any) -> None:
-    _checks.check_choice(op, "order", order, _ORDERS)
-    _checks.check_choice(op, "method", method, _METHODS)
 
 
 # ---- the public ops -----------------------------------------------------------
@@ -454,3 +228,221 @@ def col2im(
                       kernel=kernel, strides=strides, padding=pads, dilation=dilation,
                       order=order, method=method)
     return _checks.narrow(y, patches.dtype)
+
+
+# ---- argument checks ----------------------------------------------------------
+
+def _pads(op: str, padding: Any, spatial, kernel, strides, dilation) -> tuple[tuple[int, int], ...]:
+    r = len(spatial)
+    if isinstance(padding, str):
+        mode = padding.upper()
+        if mode == "VALID":
+            return ((0, 0),) * r
+        if mode == "SAME":
+            # lax's SAME: output ceil(S / s), the excess split low-first.
+            out = []
+            for s, k, st, d in zip(spatial, kernel, strides, dilation):
+                total = max((-(-s // st) - 1) * st + d * (k - 1) + 1 - s, 0)
+                out.append((total // 2, total - total // 2))
+            return tuple(out)
+        raise ValueError(f"{op}: padding must be 'VALID', 'SAME' or {r} (low, high) pairs, "
+                         f"got {padding!r}")
+    if not isinstance(padding, Sequence) or len(padding) != r:
+        raise ValueError(f"{op}: padding must be 'VALID', 'SAME' or {r} (low, high) pairs, "
+                         f"got {padding!r}")
+    out = []
+    for i, pair in enumerate(padding):
+        if (not isinstance(pair, Sequence) or isinstance(pair, str) or len(pair) != 2
+                or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in pair)):
+            raise ValueError(f"{op}: padding[{i}] must be a (low, high) pair of ints, "
+                             f"got {pair!r}")
+        lo, hi = int(pair[0]), int(pair[1])
+        if lo < 0 or hi < 0:
+            raise ValueError(f"{op}: padding[{i}] = {(lo, hi)} is negative (padding must be "
+                             f">= 0; crop x first)")
+        if lo > _checks.MAX_DIM or hi > _checks.MAX_DIM:
+            raise ValueError(f"{op}: padding[{i}] = {(lo, hi)} is over 2^31 - 1")
+        out.append((lo, hi))
+    return tuple(out)
+
+
+def _geometry(op: str, shape, kernel_size, strides, padding, dilation):
+    """Checks the geometry for an input of `shape` (N, *S, C); returns the
+    normalised kernel, strides, padding, dilation and output spatial dims."""
+    rank = len(shape)
+    if rank not in (3, 4, 5):
+        raise ValueError(f"{op}: x must have rank 3, 4 or 5 (NWC, NHWC or NDHWC), got rank "
+                         f"{rank} (x.shape={tuple(shape)})")
+    r = rank - 2
+    if not all(isinstance(d, (int, np.integer)) for d in shape[1:]):
+        raise TypeError(f"{op}: only the batch dim N may be symbolic: the spatial dims and C "
+                        f"set the patch geometry at trace time and must be ints, got "
+                        f"x.shape={tuple(shape)}")
+    spatial = tuple(shape[1:-1])
+    dims = f"{r} spatial dims (x.shape={tuple(shape)})"
+    kernel = _checks.per_dim_ints(op, "kernel_size", kernel_size, r, dims, scalar_ok=True)
+    strides = _checks.per_dim_ints(op, "strides", strides, r, dims, scalar_ok=True)
+    dilation = _checks.per_dim_ints(op, "dilation", dilation, r, dims, scalar_ok=True)
+    pads = _pads(op, padding, spatial, kernel, strides, dilation)
+    # A dilated kernel larger than the padded input is allowed: that output
+    # dim is 0 and the patch matrix empty, as in lax.conv_general_dilated_patches.
+    # Its row length must still be an XLA dimension (int64).
+    if math.prod(kernel) * max(shape[-1], 1) > _MAX_ROW:
+        raise ValueError(f"{op}: a patch row has prod(kernel_size) * C = {math.prod(kernel)} * "
+                         f"{shape[-1]} entries, over 2^63 - 1 (kernel_size={kernel}, "
+                         f"x.shape={tuple(shape)})")
+    return kernel, strides, pads, dilation, out_spatial(spatial, kernel, strides, pads, dilation)
+
+
+def _options(op: str, order: Any, method: Any) -> None:
+    _checks.check_choice(op, "order", order, _ORDERS)
+    _checks.check_choice(op, "method", method, _METHODS)
+
+
+# ---- primitives -------------------------------------------------------------
+
+# Both primitives carry the static geometry: kernel, strides, dilation and
+# padding (pairs) per spatial dim, the patch order and the method.
+# im2col_p(x): (N, *S, C) -> (N, *O, K*C); col2im_p(p): (N, *O, K*C) ->
+# (N, *S, C) with S given by `in_spatial`.
+im2col_p = Primitive("jax_tma_im2col")
+col2im_p = Primitive("jax_tma_col2im")
+
+
+def out_spatial(in_spatial, kernel, strides, padding, dilation) -> tuple[int, ...]:
+    """Output extent per spatial dim: floor((S + lo + hi - d(k-1) - 1) / s) + 1,
+    or 0 where the dilated kernel is larger than the padded input (lax's rule)."""
+    return tuple(max(0, (s + lo + hi - d * (k - 1) - 1) // st + 1)
+                 for s, k, st, (lo, hi), d in zip(in_spatial, kernel, strides, padding, dilation))
+
+
+def _result_spec(op: str, a, out_shape, name: str, last: str) -> tuple:
+    """The PartitionSpec of a result shaped `out_shape` = (N, *spatial, last)
+    from the operand aval `a` of the same rank, as lax.conv_general_dilated_patches
+    types it on explicit mesh axes: N keeps its axes, a spatial dim keeps its
+    axes where the result's extent divides among them; the last dim must be
+    whole (a patch row holds every channel of its taps)."""
+    spec, mesh = _lowering.spec_of(a), a.sharding.mesh
+    if spec[-1] is not None:
+        whole = jax.sharding.PartitionSpec(*spec[:-1], None)
+        raise ValueError(f"{op}: {name}'s {last} dim is split along mesh axes {spec[-1]!r} "
+                         f"({name}: {a.str_short()}), but a patch row holds every channel of "
+                         f"its taps, so that dim must be whole; reshard {name} to {whole} first")
+    for d in range(1, len(out_shape) - 1):
+        axes = spec[d]
+        names = axes if isinstance(axes, tuple) else (axes,)
+        parts = math.prod(mesh.shape[n] for n in names) if axes is not None else 1
+        if out_shape[d] % parts:
+            raise ValueError(f"{op}: {name}'s dim {d} is split along mesh axes {axes!r} "
+                             f"({parts} parts), but the result's dim {d} has {out_shape[d]} "
+                             f"elements, not a multiple of {parts} ({name}: {a.str_short()}); "
+                             f"reshard that dim of {name} whole first")
+    return spec[:-1] + (None,)
+
+
+def _im2col_abstract(x, *, kernel, strides, padding, dilation, order, method):
+    o = out_spatial(x.shape[1:-1], kernel, strides, padding, dilation)
+    shape = (x.shape[0], *o, math.prod(kernel) * x.shape[-1])
+    return _lowering.out_aval(x, shape, spec=_result_spec(_OP, x, shape, "x", "channel"))
+
+
+def _col2im_abstract(p, *, in_spatial, kernel, strides, padding, dilation, order, method):
+    shape = (p.shape[0], *in_spatial, p.shape[-1] // math.prod(kernel))
+    return _lowering.out_aval(p, shape, spec=_result_spec(_OP_T, p, shape, "patches",
+                                                          "taps x channels"))
+
+
+# ---- lowering and partitioning ----------------------------------------------
+
+def _call_lowering(ctx, x, *, kernel, strides, padding, dilation, order, method, transpose):
+    # Every handler treats the images of the batch independently: XLA splits
+    # N across devices without collectives (the spatial dims stay whole).
+    rule = _lowering.batch_partitioned_lowering("jax_tma_im2col", 1)
+    return rule(
+        ctx, x,
+        kernel=np.asarray(kernel, np.int64),
+        strides=np.asarray(strides, np.int64),
+        dilation=np.asarray(dilation, np.int64),
+        pad_lo=np.asarray([lo for lo, _ in padding], np.int64),
+        pad_hi=np.asarray([hi for _, hi in padding], np.int64),
+        channel_major=order == "channel_major",
+        transpose=transpose,
+        method=method,
+    )
+
+
+def _as_uint(element: bytes) -> np.generic:
+    """One element's bytes as the unsigned int of the same width."""
+    return np.frombuffer(element, f"<u{len(element)}")[0]
+
+
+def _im2col_with_zero_bits(x, *, zero, **params):
+    # The handlers pad with zero bytes: x's bits XOR jnp's zero map jnp's
+    # zero to zero bytes and back, and leave every other value distinct.
+    bits = lax.bitcast_convert_type(x, zero.dtype)
+    return lax.bitcast_convert_type(im2col_p.bind(bits ^ zero, **params) ^ zero, x.dtype)
+
+
+def _im2col_lowering(ctx, x, **params):
+    zero = _checks.fill_bytes(_OP, 0, ctx.avals_in[0].dtype)
+    if any(zero):  # float8_e8m0fnu has no zero: jnp writes its NaN, 0xFF
+        f = functools.partial(_im2col_with_zero_bits, zero=_as_uint(zero), **params)
+        return mlir.lower_fun(f, multiple_results=False)(ctx, x)
+    return _call_lowering(ctx, x, transpose=False, **params)
+
+
+def _col2im_in_float32(p, **params):
+    # Float types the handlers cannot add: summed in float32 (taps in
+    # increasing order, as the handlers add) and rounded once. A NaN result
+    # (float8_e4m3fn's overflow keeps the sum's sign) is stored as the
+    # handlers store a NaN sum: NaN converted as jnp converts it (float8_e5m2:
+    # 0x7F). The choice is made on the bits: XLA's CPU select of float8_e5m2
+    # values rewrites a NaN as 0x7F.
+    y = col2im_p.bind(p.astype(np.float32), **params).astype(p.dtype)
+    nan = _as_uint(_checks.fill_bytes(_OP_T, np.nan, p.dtype))
+    bits = lax.bitcast_convert_type(y, nan.dtype)
+    return lax.bitcast_convert_type(jnp.where(jnp.isnan(y), nan, bits), p.dtype)
+
+
+def _col2im_lowering(ctx, p, *, in_spatial, **params):
+    dtype = ctx.avals_in[0].dtype
+    # Float types the handlers do not add are summed in float32 around them
+    # (sub-byte integers reach here widened to 8 bits).
+    if dtype.name not in _ffi.rules()["summed_dtypes"] and jnp.issubdtype(dtype, jnp.floating):
+        f = functools.partial(_col2im_in_float32, in_spatial=in_spatial, **params)
+        return mlir.lower_fun(f, multiple_results=False)(ctx, p)
+    return _call_lowering(ctx, p, transpose=True, **params)
+
+
+# ---- vmap: the vmapped dim is folded into N ---------------------------------
+
+def _fold_batcher(prim):
+    def batcher(args, dims, **params):
+        (x,), (d,) = args, dims
+        x = jax.numpy.moveaxis(x, d, 0)
+        b, n = x.shape[:2]
+        y = prim.bind(x.reshape((b * n,) + x.shape[2:]), **params)
+        return y.reshape((b, n) + y.shape[1:]), 0
+    return batcher
+
+
+# ---- autodiff: both are linear, each the other's transpose ------------------
+
+def _im2col_transpose(ct, x, **params):
+    if type(ct) is ad.Zero:
+        return [ad.Zero(x.aval)]
+    return [col2im_p.bind(ct, in_spatial=tuple(x.aval.shape[1:-1]), **params)]
+
+
+def _col2im_transpose(ct, p, *, in_spatial, **params):
+    if type(ct) is ad.Zero:
+        return [ad.Zero(p.aval)]
+    return [im2col_p.bind(ct, **params)]
+
+
+# ---- registration -----------------------------------------------------------
+
+_lowering.register(im2col_p, _im2col_abstract, _im2col_lowering, batcher=_fold_batcher(im2col_p))
+_lowering.register(col2im_p, _col2im_abstract, _col2im_lowering, batcher=_fold_batcher(col2im_p))
+ad.deflinear2(im2col_p, _im2col_transpose)
+ad.deflinear2(col2im_p, _col2im_transpose)

@@ -9,7 +9,6 @@ import itertools
 import logging
 import os
 import socket
-import sys
 import threading
 import uuid
 from collections.abc import Sequence
@@ -19,13 +18,13 @@ import jax
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, mlir
 
-from jax_tma import _checks, _ffi
+from jax_tma import _checks, _ffi, _lowering
 
-PpermuteMethod = Literal["auto", "bulk", "simt"]
+PpermuteMethod = Literal["auto", "tma", "simt"]
 PpermuteDirection = Literal["auto", "pull", "push"]
-_METHODS = ("auto", "bulk", "simt")
+_METHODS = ("auto", "tma", "simt")
 _DIRECTIONS = ("auto", "pull", "push")
 # direction="auto": on two NVLink-connected H200s (NV18) pushing measured
 # 1.01-1.11x the pull bandwidth from 4 MiB to 1 GiB in two runs (368 vs 336
@@ -35,29 +34,157 @@ _AUTO_DIRECTION = "push"
 _OP = "jax_tma.ppermute"
 _log = logging.getLogger("jax_tma")
 
+
+# ---- the public op ----------------------------------------------------------
+
+def ppermute(x: jax.Array, axis_name: str | Sequence[str],
+             perm: Sequence[tuple[int, int]], *, method: PpermuteMethod = "auto",
+             direction: PpermuteDirection = "auto") -> jax.Array:
+    """``lax.ppermute`` through the GPUs' peer memory: inside ``shard_map``,
+    every device receives the block of the device that sends to it.
+
+    The block moves directly between the two GPUs' memories with the TMA
+    bulk-copy pipeline of :func:`copy` (peer access; no staging buffer, no
+    NCCL): the sender writes into its destination's output (push) or the
+    receiver reads its source's input (pull). Per call, the devices' host
+    threads meet once: the copying device's stream waits on an event
+    recorded where the peer's buffer may be touched (input complete, or
+    output memory free), and the peer's stream waits on an event recorded
+    after the copy, so nothing later on it reuses or reads that buffer too
+    early; a device whose peer fails or never arrives returns an error
+    instead of hanging. Where that cannot run — GPUs in other processes
+    (``jax.distributed``), a ``shard_map`` manual over only some mesh axes,
+    no concrete mesh at lowering, or GPUs without peer access — the op
+    lowers to ``lax.ppermute`` with the same result. On the CPU the host
+    devices meet the same way and copy with ``memcpy``; host devices in
+    several processes of one host send their blocks over a Unix socket per
+    process, found through ``jax.distributed``'s key-value store, and a peer
+    that never calls, exits or calls another permutation fails the call
+    within ``JAX_TMA_PPERMUTE_TIMEOUT_S`` seconds (default 30) with an
+    error naming it. Which transport a call site got, and why, is logged at
+    DEBUG level on the ``"jax_tma"`` logger when the call is lowered. Works under ``jit``, ``vmap`` (one call
+    over the batched block) and ``grad`` (the transpose is the inverse
+    permutation; devices that sent nothing get a zero cotangent).
+
+    ``method="auto"`` copies with the TMA bulk pipeline on GPUs with TMA and
+    with the SIMT copy on older ones; ``direction="auto"`` pushes (a write
+    crosses the link once, where a read makes a round trip).
+
+    Args:
+      x: the local block (any dtype and shape; sub-byte types are widened
+        around the call).
+      axis_name: a mesh axis name of the enclosing ``shard_map`` or a tuple
+        of them in the mesh's order (positions run over those axes as in
+        ``lax.ppermute``).
+      perm: ``(source, destination)`` position pairs along ``axis_name``;
+        each source and each destination at most once. Devices that receive
+        nothing get zeros.
+      method: ``"auto"`` (the rule above), ``"tma"`` (the TMA bulk copy) or
+        ``"simt"`` (a plain vectorised copy); every method gives the same
+        result. ``"bulk"``, the old name of ``"tma"``, still works and
+        emits a ``DeprecationWarning``.
+      direction: ``"auto"`` (push), ``"push"`` (each sender writes into its
+        destination's output) or ``"pull"`` (each receiver reads its
+        source's input); every direction gives the same result.
+
+    Returns:
+      The block received from the device that sends to this one (zeros
+      where none does), with ``x``'s shape and dtype.
+
+    Raises:
+      TypeError: ``x`` is not an array or scalar; ``axis_name`` is not a
+        name or a tuple of names; ``perm`` is not a sequence of int pairs.
+      NameError: ``axis_name`` is not bound here (the call is not inside a
+        ``shard_map`` over a mesh with that axis).
+      ValueError: several axis names out of the mesh's order; ``method`` or
+        ``direction`` is not one of its names; a ``perm`` position outside
+        the axis; ``perm`` is not a permutation (a source or destination
+        appears twice).
+      jax.errors.JaxRuntimeError: a peer that fails, or does not arrive
+        within ``JAX_TMA_PPERMUTE_TIMEOUT_S`` seconds (default 30).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, jax_tma
+      >>> from jax.sharding import Mesh, PartitionSpec as P
+      >>> mesh = Mesh(jax.devices()[:1], ("i",))
+      >>> f = jax.shard_map(lambda b: jax_tma.ppermute(b, "i", [(0, 0)]),
+      ...                   mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+      >>> jax.jit(f)(jnp.arange(4.0)).tolist()
+      [0.0, 1.0, 2.0, 3.0]
+
+    With two or more devices (GPUs, or host devices forced with
+    ``--xla_force_host_platform_device_count``), ``perm=[(0, 1), (1, 0)]``
+    swaps the blocks of devices 0 and 1, as ``lax.ppermute`` does.
+    """
+    x = _checks.as_array(_OP, "x", x)
+    names = (axis_name,) if isinstance(axis_name, str) else axis_name
+    if not isinstance(names, (tuple, list)) or not names or not all(isinstance(a, str) for a in names):
+        raise TypeError(f"{_OP}: axis_name must be a mesh axis name or a tuple of them, got {axis_name!r}")
+    try:
+        size = lax.axis_size(tuple(names))
+    except NameError as e:
+        raise NameError(
+            f"{_OP}: axis name {axis_name!r} is not bound here; call ppermute inside "
+            f"shard_map over a mesh that has that axis ({e})"
+        ) from None
+    mesh_axes = jax.sharding.get_abstract_mesh().axis_names
+    in_order = [a for a in mesh_axes if a in names]
+    if len(names) > 1 and in_order != list(names):
+        raise ValueError(
+            f"{_OP}: axis_name {tuple(names)} must list the mesh axes in the mesh's order "
+            f"{tuple(in_order)} (positions along several axes run in mesh order)"
+        )
+    method = _checks.check_method(_OP, method, _METHODS)
+    _checks.check_choice(_OP, "direction", direction, _DIRECTIONS)
+    pairs = _check_perm(perm, size)
+    _ffi.register()
+    params = dict(axis_name=tuple(names), perm=pairs, method=method, site=_call_site(),
+                  direction=_AUTO_DIRECTION if direction == "auto" else direction)
+    return _checks.narrow(ppermute_p.bind(_checks.widen(x), **params), x.dtype)
+
+
+# ---- checks -----------------------------------------------------------------
+
+def _check_perm(perm, size: int) -> tuple[tuple[int, int], ...]:
+    try:
+        pairs = tuple((int(s), int(d)) for s, d in perm)
+        exact = all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+            for pair in perm for v in pair
+        )
+    except (TypeError, ValueError):
+        exact = False
+    if not exact:
+        raise TypeError(f"{_OP}: perm must be a sequence of (source, destination) int pairs, got {perm!r:.200}")
+    for s, d in pairs:
+        if not (0 <= s < size and 0 <= d < size):
+            raise ValueError(
+                f"{_OP}: perm pair ({s}, {d}) is outside the axis: positions run 0..{size - 1} (axis size {size})"
+            )
+    for k, name in ((0, "source"), (1, "destination")):
+        seen = [p[k] for p in pairs]
+        dup = sorted({v for v in seen if seen.count(v) > 1})
+        if dup:
+            raise ValueError(
+                f"{_OP}: perm is not a permutation: {name} {dup[0]} appears "
+                f"{seen.count(dup[0])} times in {list(pairs)}"
+            )
+    return pairs
+
+
+def _call_site() -> str:
+    """file:line of the innermost frame outside jax and jax_tma: the user's
+    call of the op."""
+    frame, _ = _checks.user_frame()
+    return "an unknown call site" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+# ---- primitives -------------------------------------------------------------
+
 ppermute_p = Primitive("jax_tma_ppermute")
-# The output has the input's shape, dtype and varying-mesh-axes.
-ppermute_p.def_abstract_eval(lambda x, **_: x)
 
 
-def _ppermute_batcher(args, dims, **params):
-    (x,), (d,) = args, dims
-    return ppermute_p.bind(x, **params), d
-
-
-batching.primitive_batchers[ppermute_p] = _ppermute_batcher
-
-
-def _inverse(perm):
-    return tuple((dst, src) for src, dst in perm)
-
-
-# A permutation is linear; its transpose sends every block back where it came
-# from (devices that sent nothing get a zero cotangent).
-ad.deflinear2(
-    ppermute_p,
-    lambda ct, x, *, perm, **params: [ppermute_p.bind(ct, perm=_inverse(perm), **params)],
-)
+# ---- lowering and partitioning ----------------------------------------------
 
 # Each lowering gets its own id: the handlers of one call meet under it.
 _instances = itertools.count(1)
@@ -124,7 +251,7 @@ def _transport(ctx, *, axis_name, perm, platform):
     if any(_checks.fill_bytes(_OP, 0, ctx.avals_in[0].dtype)):
         return None, (f"{ctx.avals_in[0].dtype} has no zero bytes for the devices that "
                       "receive nothing (jnp's 0 of it is not all zero bits)")
-    if not _ffi.static_shape(*ctx.avals_in):
+    if not _lowering.static_shape(*ctx.avals_in):
         # XLA refines a shape-polymorphic module's shapes, but not those of
         # a custom call inside a manual computation.
         return None, "the block has symbolic dims (a shape-polymorphic export)"
@@ -219,19 +346,7 @@ def _process_links(processes: list[int]) -> tuple[list[str] | None, str]:
     return names, ""
 
 
-_LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (jax, _ffi))
-
-
-def _call_site() -> str:
-    """file:line of the innermost frame outside jax and jax_tma: the user's
-    call of the op."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
-        frame = frame.f_back
-    return "an unknown call site" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
-
-
-def _lowering(ctx, x, *, axis_name, perm, method, direction, site, platform):
+def _ppermute_lowering(ctx, x, *, axis_name, perm, method, direction, site, platform):
     """The jax_tma_ppermute call where `_transport` allows it; lax.ppermute
     otherwise, with the same result. Which one a call site got, and why, is
     logged at DEBUG level on the "jax_tma" logger."""
@@ -252,137 +367,29 @@ def _lowering(ctx, x, *, axis_name, perm, method, direction, site, platform):
     )
 
 
-mlir.register_lowering(ppermute_p, functools.partial(_lowering, platform="cpu"), platform="cpu")
-mlir.register_lowering(ppermute_p, functools.partial(_lowering, platform="cuda"), platform="cuda")
+# ---- vmap -------------------------------------------------------------------
+
+def _ppermute_batcher(args, dims, **params):
+    (x,), (d,) = args, dims
+    return ppermute_p.bind(x, **params), d
 
 
-def _check_perm(perm, size: int) -> tuple[tuple[int, int], ...]:
-    try:
-        pairs = tuple((int(s), int(d)) for s, d in perm)
-        exact = all(
-            isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-            for pair in perm for v in pair
-        )
-    except (TypeError, ValueError):
-        exact = False
-    if not exact:
-        raise TypeError(f"{_OP}: perm must be a sequence of (source, destination) int pairs, got {perm!r:.200}")
-    for s, d in pairs:
-        if not (0 <= s < size and 0 <= d < size):
-            raise ValueError(
-                f"{_OP}: perm pair ({s}, {d}) is outside the axis: positions run 0..{size - 1} (axis size {size})"
-            )
-    for k, name in ((0, "source"), (1, "destination")):
-        seen = [p[k] for p in pairs]
-        dup = sorted({v for v in seen if seen.count(v) > 1})
-        if dup:
-            raise ValueError(
-                f"{_OP}: perm is not a permutation: {name} {dup[0]} appears "
-                f"{seen.count(dup[0])} times in {list(pairs)}"
-            )
-    return pairs
+# ---- AD ---------------------------------------------------------------------
+
+def _inverse(perm):
+    return tuple((dst, src) for src, dst in perm)
 
 
-def ppermute(x: jax.Array, axis_name: str | Sequence[str],
-             perm: Sequence[tuple[int, int]], *, method: PpermuteMethod = "auto",
-             direction: PpermuteDirection = "auto") -> jax.Array:
-    """``lax.ppermute`` through the GPUs' peer memory: inside ``shard_map``,
-    every device receives the block of the device that sends to it.
+def _ppermute_transpose(ct, x, *, perm, **params):
+    # A permutation is linear; its transpose sends every block back where it
+    # came from (devices that sent nothing get a zero cotangent).
+    return [ppermute_p.bind(ct, perm=_inverse(perm), **params)]
 
-    The block moves directly between the two GPUs' memories with the TMA
-    bulk-copy pipeline of :func:`copy` (peer access; no staging buffer, no
-    NCCL): the sender writes into its destination's output (push) or the
-    receiver reads its source's input (pull). Per call, the devices' host
-    threads meet once: the copying device's stream waits on an event
-    recorded where the peer's buffer may be touched (input complete, or
-    output memory free), and the peer's stream waits on an event recorded
-    after the copy, so nothing later on it reuses or reads that buffer too
-    early; a device whose peer fails or never arrives returns an error
-    instead of hanging. Where that cannot run — GPUs in other processes
-    (``jax.distributed``), a ``shard_map`` manual over only some mesh axes,
-    no concrete mesh at lowering, or GPUs without peer access — the op
-    lowers to ``lax.ppermute`` with the same result. On the CPU the host
-    devices meet the same way and copy with ``memcpy``; host devices in
-    several processes of one host send their blocks over a Unix socket per
-    process, found through ``jax.distributed``'s key-value store, and a peer
-    that never calls, exits or calls another permutation fails the call
-    within ``JAX_TMA_PPERMUTE_TIMEOUT_S`` seconds (default 30) with an
-    error naming it. Which transport a call site got, and why, is logged at
-    DEBUG level on the ``"jax_tma"`` logger when the call is lowered. Works under ``jit``, ``vmap`` (one call
-    over the batched block) and ``grad`` (the transpose is the inverse
-    permutation; devices that sent nothing get a zero cotangent).
 
-    ``method="auto"`` copies with the TMA bulk pipeline on GPUs with TMA and
-    with the SIMT copy on older ones; ``direction="auto"`` pushes (a write
-    crosses the link once, where a read makes a round trip).
+# ---- registration -----------------------------------------------------------
 
-    Args:
-      x: the local block (any dtype and shape; sub-byte types are widened
-        around the call).
-      axis_name: a mesh axis name of the enclosing ``shard_map`` or a tuple
-        of them in the mesh's order (positions run over those axes as in
-        ``lax.ppermute``).
-      perm: ``(source, destination)`` position pairs along ``axis_name``;
-        each source and each destination at most once. Devices that receive
-        nothing get zeros.
-      method: ``"auto"`` (the rule above), ``"bulk"`` (the TMA bulk copy) or
-        ``"simt"`` (a plain vectorised copy); every method gives the same
-        result.
-      direction: ``"auto"`` (push), ``"push"`` (each sender writes into its
-        destination's output) or ``"pull"`` (each receiver reads its
-        source's input); every direction gives the same result.
-
-    Returns:
-      The block received from the device that sends to this one (zeros
-      where none does), with ``x``'s shape and dtype.
-
-    Raises:
-      TypeError: ``x`` is not an array or scalar; ``axis_name`` is not a
-        name or a tuple of names; ``perm`` is not a sequence of int pairs.
-      NameError: ``axis_name`` is not bound here (the call is not inside a
-        ``shard_map`` over a mesh with that axis).
-      ValueError: several axis names out of the mesh's order; ``method`` or
-        ``direction`` is not one of its names; a ``perm`` position outside
-        the axis; ``perm`` is not a permutation (a source or destination
-        appears twice).
-      jax.errors.JaxRuntimeError: a peer that fails, or does not arrive
-        within ``JAX_TMA_PPERMUTE_TIMEOUT_S`` seconds (default 30).
-
-    Examples:
-      >>> import jax, jax.numpy as jnp, jax_tma
-      >>> from jax.sharding import Mesh, PartitionSpec as P
-      >>> mesh = Mesh(jax.devices()[:1], ("i",))
-      >>> f = jax.shard_map(lambda b: jax_tma.ppermute(b, "i", [(0, 0)]),
-      ...                   mesh=mesh, in_specs=P("i"), out_specs=P("i"))
-      >>> jax.jit(f)(jnp.arange(4.0)).tolist()
-      [0.0, 1.0, 2.0, 3.0]
-
-    With two or more devices (GPUs, or host devices forced with
-    ``--xla_force_host_platform_device_count``), ``perm=[(0, 1), (1, 0)]``
-    swaps the blocks of devices 0 and 1, as ``lax.ppermute`` does.
-    """
-    x = _checks.as_array(_OP, "x", x)
-    names = (axis_name,) if isinstance(axis_name, str) else axis_name
-    if not isinstance(names, (tuple, list)) or not names or not all(isinstance(a, str) for a in names):
-        raise TypeError(f"{_OP}: axis_name must be a mesh axis name or a tuple of them, got {axis_name!r}")
-    try:
-        size = lax.axis_size(tuple(names))
-    except NameError as e:
-        raise NameError(
-            f"{_OP}: axis name {axis_name!r} is not bound here; call ppermute inside "
-            f"shard_map over a mesh that has that axis ({e})"
-        ) from None
-    mesh_axes = jax.sharding.get_abstract_mesh().axis_names
-    in_order = [a for a in mesh_axes if a in names]
-    if len(names) > 1 and in_order != list(names):
-        raise ValueError(
-            f"{_OP}: axis_name {tuple(names)} must list the mesh axes in the mesh's order "
-            f"{tuple(in_order)} (positions along several axes run in mesh order)"
-        )
-    _checks.check_choice(_OP, "method", method, _METHODS)
-    _checks.check_choice(_OP, "direction", direction, _DIRECTIONS)
-    pairs = _check_perm(perm, size)
-    _ffi.register()
-    params = dict(axis_name=tuple(names), perm=pairs, method=method, site=_call_site(),
-                  direction=_AUTO_DIRECTION if direction == "auto" else direction)
-    return _checks.narrow(ppermute_p.bind(_checks.widen(x), **params), x.dtype)
+# The output has the input's shape, dtype and varying-mesh-axes.
+_lowering.register(ppermute_p, lambda x, **_: x,
+                   {p: functools.partial(_ppermute_lowering, platform=p) for p in ("cpu", "cuda")},
+                   batcher=_ppermute_batcher, jitted=False)
+ad.deflinear2(ppermute_p, _ppermute_transpose)

@@ -13,352 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
 from jax.extend.mlir.dialects import stablehlo as hlo
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, mlir
 
-from jax_tma import _checks, _ffi
+from jax_tma import _checks, _ffi, _lowering
 
 WindowMethod = Literal["auto", "tma", "simt"]
 _METHODS = ("auto", "tma", "simt")
 _OP = "jax_tma.window"
 
-# window_p(x, start): x has the spatial dims last (len(shape) of them) and
-# optionally batch dims before; start is (r,) or (*batch, r). The output is
-# (*batch, *shape). window_transpose_p(ct, start) is its linear transpose:
-# ct is (*batch, *shape), the result (*batch, *x_shape), zeros where no
-# window element lands.
-window_p = Primitive("jax_tma_window")
-window_transpose_p = Primitive("jax_tma_window_transpose")
 
-
-def _batch_shape(x_aval, start_aval, r):
-    if x_aval.ndim > r:
-        return tuple(x_aval.shape[: x_aval.ndim - r])
-    return tuple(start_aval.shape[:-1])
-
-
-def _kept_spec(aval, dims, sizes) -> list:
-    """The spec entries of `aval`'s dims `dims` for result dims of `sizes`: a
-    dim keeps its mesh axes where the result's extent still divides among
-    them (jax's rule for slices), else it is unsharded."""
-    spec, mesh = _ffi.spec_of(aval), aval.sharding.mesh
-    kept = []
-    for d, size in zip(dims, sizes):
-        axes = spec[d]
-        names = axes if isinstance(axes, tuple) else (axes,)
-        parts = math.prod(mesh.shape[a] for a in names) if axes is not None else 1
-        kept.append(axes if isinstance(size, int) and size % parts == 0 else None)
-    return kept
-
-
-def _spatial_abstract(x, start, out_shape, r):
-    """window_p's result and window_transpose_p's alike: batch dims (of x, or
-    of start where only start is batched) keep their sharding, the last r
-    dims keep x's where they still divide."""
-    nb = len(out_shape) - r
-    if x.ndim > r:
-        batch = _ffi.spec_of(x)[:nb]
-    else:
-        batch = _ffi.spec_of(start)[:nb]
-    spatial = _kept_spec(x, range(x.ndim - r, x.ndim), out_shape[nb:])
-    return _ffi.out_aval(x, out_shape, spec=list(batch) + spatial)
-
-
-def _window_abstract(x, start, *, shape, strides, fill_bits, method):
-    return _spatial_abstract(x, start, _batch_shape(x, start, len(shape)) + tuple(shape),
-                             len(shape))
-
-
-def _transpose_abstract(ct, start, *, x_shape, strides, method):
-    r = len(x_shape)
-    return _spatial_abstract(ct, start, tuple(ct.shape[: ct.ndim - r]) + tuple(x_shape), r)
-
-
-window_p.def_abstract_eval(_window_abstract)
-window_transpose_p.def_abstract_eval(_transpose_abstract)
-_ffi.def_jitted_impl(window_p)
-_ffi.def_jitted_impl(window_transpose_p)
-
-
-def _ffi_rule(ctx, src, start, *, strides, fill_bits, transpose, method):
-    src_aval, start_aval = ctx.avals_in
-    out_aval = ctx.avals_out[0]
-    r = len(strides)
-    nb = len(out_aval.shape) - r
-    rule = jax.ffi.ffi_lowering("jax_tma_window")
-    if nb and src_aval.ndim == nb + r:
-        # The batch partitioner splits the leading dims of every operand, so
-        # a shared start is broadcast to (*batch, r) (it is tiny); then the
-        # batch dims shard freely. A shared src stays replicated.
-        if start_aval.ndim == 1:
-            batch = tuple(out_aval.shape[:nb])
-            start_aval = _ffi.out_aval(start_aval, batch + (r,), spec=(None,) * (nb + 1))
-            start, = mlir.lower_fun(lambda s: jnp.broadcast_to(s, batch + (r,)),
-                                    multiple_results=False)(
-                ctx.replace(avals_in=[ctx.avals_in[1]], avals_out=[start_aval]), start)
-            ctx = ctx.replace(avals_in=[src_aval, start_aval])
-        rule = _ffi.batch_partitioned_lowering("jax_tma_window", nb)
-        starts = [start]
-    elif start_aval.ndim == 1:
-        # One scalar operand per dim: XLA folds these slices of the stacked
-        # start back into the scalars it was built from, so traced starts
-        # reach the call as they are, with no kernel to stack them first.
-        scalar = _ffi.out_aval(start_aval, (), spec=())
-        scalar_type = mlir.aval_to_ir_type(ctx.module_context, scalar)
-        starts = [hlo.reshape(scalar_type, hlo.slice(start, mlir.dense_int_array([d]),
-                                                     mlir.dense_int_array([d + 1]),
-                                                     mlir.dense_int_array([1])))
-                  for d in range(r)]
-        ctx = ctx.replace(avals_in=[src_aval] + [scalar] * r)
-    else:
-        starts = [start]
-    return rule(
-        ctx,
-        src,
-        *starts,
-        strides=np.asarray(strides, np.int64),
-        # A u64 attribute from its two's-complement int64: MLIR's Python
-        # binding takes no integer of 2^63 or more.
-        fill_bits=mlir.ir.IntegerAttr.get(mlir.ir.IntegerType.get_unsigned(64),
-                                          fill_bits - (fill_bits >> 63 << 64)),
-        transpose=bool(transpose),
-        method=method,
-    )
-
-
-def _window_lowering(ctx, x, start, *, shape, strides, fill_bits, method):
-    return _ffi_rule(ctx, x, start, strides=strides, fill_bits=fill_bits, transpose=False,
-                     method=method)
-
-
-def _transpose_lowering(ctx, ct, start, *, x_shape, strides, method):
-    zero = _checks.fill_bytes(_OP, 0, ctx.avals_in[0].dtype)
-    if any(zero):
-        # float8_e8m0fnu has no zero (jnp's 0 is 0xFF) and the handlers write
-        # zero bytes where nothing lands: the cotangent's bits XOR jnp's zero
-        # map that zero to zero bytes and back, every other value distinct.
-        bits = np.frombuffer(zero, f"<u{len(zero)}")[0]
-
-        def flipped(c, s):  # moved as unsigned ints of the same width
-            c = jax.lax.bitcast_convert_type(c, bits.dtype) ^ bits
-            y = window_transpose_p.bind(c, s, x_shape=x_shape, strides=strides, method=method)
-            return jax.lax.bitcast_convert_type(y ^ bits, ctx.avals_in[0].dtype)
-
-        return mlir.lower_fun(flipped, multiple_results=False)(ctx, ct, start)
-    return _ffi_rule(ctx, ct, start, strides=strides, fill_bits=0, transpose=True,
-                     method=method)
-
-
-for _platform in ("cpu", "cuda"):
-    mlir.register_lowering(window_p, _window_lowering, platform=_platform)
-    mlir.register_lowering(window_transpose_p, _transpose_lowering, platform=_platform)
-
-
-# ---- autodiff: linear in x, start is an integer (non-differentiable) input --
-
-def _window_jvp(primals, tangents, *, shape, strides, fill_bits, method):
-    x, start = primals
-    tx, _ = tangents
-    y = window_p.bind(x, start, shape=shape, strides=strides, fill_bits=fill_bits, method=method)
-    if type(tx) is ad.Zero:
-        return y, ad.Zero.from_primal_value(y)
-    # Out-of-bounds elements are the constant fill: their tangent is 0.
-    ty = window_p.bind(tx, start, shape=shape, strides=strides, fill_bits=0, method=method)
-    return y, ty
-
-
-def _window_transpose_rule(ct, x, start, *, shape, strides, fill_bits, method):
-    assert ad.is_undefined_primal(x) and not ad.is_undefined_primal(start)
-    x_aval = x.aval
-    r = len(shape)
-    if type(ct) is ad.Zero:
-        return [ad.Zero(x_aval), None]
-    if ct.ndim > r and start.ndim == 1:
-        start = jnp.broadcast_to(start, ct.shape[: ct.ndim - r] + start.shape)
-    x_shape = tuple(x_aval.shape[x_aval.ndim - r:])
-    dx = window_transpose_p.bind(ct, start, x_shape=x_shape, strides=strides, method=method)
-    extra = dx.ndim - x_aval.ndim  # batch dims x did not have: its uses add up
-    if extra:
-        dx = dx.sum(axis=tuple(range(extra)))
-    # x's sharding, where a box that did not divide among a dim's devices
-    # left that dim of the transpose unsharded.
-    if _ffi.spec_of(jax.typeof(dx)) != _ffi.spec_of(x_aval):
-        dx = jax.sharding.reshard(dx, x_aval.sharding.spec)
-    return [dx, None]
-
-
-def _transpose_jvp(primals, tangents, **params):
-    ct, start = primals
-    tct, _ = tangents
-    y = window_transpose_p.bind(ct, start, **params)
-    if type(tct) is ad.Zero:
-        return y, ad.Zero.from_primal_value(y)
-    return y, window_transpose_p.bind(tct, start, **params)
-
-
-def _transpose_transpose_rule(ct, ct_in, start, *, x_shape, strides, method):
-    shape = tuple(ct_in.aval.shape[ct_in.aval.ndim - len(x_shape):])
-    if type(ct) is ad.Zero:
-        return [ad.Zero(ct_in.aval), None]
-    return [window_p.bind(ct, start, shape=shape, strides=strides, fill_bits=0,
-                          method=method), None]
-
-
-ad.primitive_jvps[window_p] = _window_jvp
-ad.primitive_transposes[window_p] = _window_transpose_rule
-ad.primitive_jvps[window_transpose_p] = _transpose_jvp
-ad.primitive_transposes[window_transpose_p] = _transpose_transpose_rule
-
-
-# ---- vmap: the batch becomes a leading batch dim of the call ---------------
-
-def _align_batch(args, dims, tails):
-    """Moves each batched arg's vmapped dim to the front and gives every arg
-    that carries batch dims the full batch shape (new dim + older ones);
-    args with no batch dims at all stay shared."""
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    moved = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
-    old = [m.ndim - t - (d is not None) for m, d, t in zip(moved, dims, tails)]
-    old_shape = ()
-    for m, d, o in zip(moved, dims, old):
-        if o:
-            start = 1 if d is not None else 0
-            old_shape = tuple(m.shape[start:start + o])
-    full = (size,) + old_shape
-    out = []
-    for m, d, o, t in zip(moved, dims, old, tails):
-        if d is None and o == 0:
-            out.append(m)
-            continue
-        tail = m.shape[m.ndim - t:]
-        if d is None:
-            m = m[None]
-        if o < len(old_shape):
-            m = m.reshape((size,) + (1,) * len(old_shape) + tail)
-        out.append(jnp.broadcast_to(m, full + tail))
-    return out
-
-
-def _window_batcher(args, dims, *, shape, **params):
-    x, start = _align_batch(args, dims, (len(shape), 1))
-    return window_p.bind(x, start, shape=shape, **params), 0
-
-
-def _transpose_batcher(args, dims, *, x_shape, **params):
-    ct, start = args
-    ct_dim, start_dim = dims
-    if ct_dim is None:  # the cotangent always carries the batch
-        size = start.shape[start_dim]
-        ct = jnp.broadcast_to(ct[None], (size,) + ct.shape)
-        ct_dim = 0
-    ct, start = _align_batch([ct, start], [ct_dim, start_dim], (len(x_shape), 1))
-    return window_transpose_p.bind(ct, start, x_shape=x_shape, **params), 0
-
-
-batching.primitive_batchers[window_p] = _window_batcher
-batching.primitive_batchers[window_transpose_p] = _transpose_batcher
-
-
-# ---- the public op -----------------------------------------------------------
-
-def _check_length(name: str, n: int, rank: int, x_shape) -> None:
-    if n != rank:
-        raise ValueError(
-            f"{_OP}: {name} has {n} entries but x has rank {rank} (x.shape={tuple(x_shape)})"
-        )
-
-
-_INT32_MAX = 2**31 - 1
-
-
-def _as_start(v: Any, dtype) -> jax.Array:
-    """A traced start (one scalar, or the whole start array) in `dtype`.
-    Unsigned values past int32 saturate at 2^31 - 1: every dim is shorter,
-    so the box reads fill there as at the true start; narrower and sub-byte
-    integers widen losslessly."""
-    v = jnp.asarray(v)
-    if jnp.issubdtype(v.dtype, jnp.unsignedinteger) and jnp.iinfo(v.dtype).max > _INT32_MAX:
-        v = jnp.minimum(v, jnp.asarray(_INT32_MAX, v.dtype))
-    return v.astype(dtype)
-
-
-def _box_shape(shape: Any, x_shape, dims: str) -> tuple:
-    """shape, checked: ints in [1, 2^31), or (in a shape-polymorphic export)
-    x's own symbolic dim, which the box then takes whole."""
-    rank = len(x_shape)
-    if isinstance(shape, Sequence) and not isinstance(shape, str) and len(shape) == rank:
-        symbolic = [d for d, v in enumerate(shape)
-                    if not isinstance(v, (int, np.integer)) and not isinstance(x_shape[d], int)
-                    and v == x_shape[d]]
-        ints = _checks.per_dim_ints(_OP, "shape", [1 if d in symbolic else v
-                                                   for d, v in enumerate(shape)], rank, dims)
-        return tuple(shape[d] if d in symbolic else v for d, v in enumerate(ints))
-    return _checks.per_dim_ints(_OP, "shape", shape, rank, dims)
-
-
-def _clamp_static(v: int, x_dim, size, stride: int) -> int:
-    """A static start that lies beyond every element of x along its dim,
-    moved to the nearest start that still does: the same all-fill result
-    with a smaller number (which also keeps merged starts within int32)."""
-    if isinstance(size, int):
-        v = max(v, -(size - 1) * stride - 1)
-    return min(v, x_dim) if isinstance(x_dim, int) else v
-
-
-def _start_array(start: Any, x_shape, shape, strides) -> tuple[jax.Array, tuple]:
-    """start as one integer array, and per dim its static value (None where
-    traced; empty for a start array). int64 where a start needs it (an int64
-    start, or a static one past int32), else int32."""
-    rank = len(x_shape)
-    if isinstance(start, (jax.Array, np.ndarray)) and np.ndim(start) == 1:
-        _check_length("start", start.shape[0], rank, x_shape)
-        if not jnp.issubdtype(start.dtype, jnp.integer):
-            raise TypeError(f"{_OP}: start must be integers, got dtype {start.dtype}")
-        dtype = jnp.int64 if start.dtype == jnp.int64 else jnp.int32
-        return _as_start(start, dtype), ()
-    if not isinstance(start, Sequence) or isinstance(start, str):
-        raise TypeError(f"{_OP}: start must be a sequence of {rank} integers, got {start!r}")
-    _check_length("start", len(start), rank, x_shape)
-    static: list[int | None] = []
-    for i, v in enumerate(start):
-        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-            static.append(_clamp_static(int(v), x_shape[i], shape[i], strides[i]))
-        elif hasattr(v, "dtype") and np.ndim(v) == 0 and jnp.issubdtype(v.dtype, jnp.integer):
-            static.append(None)
-        else:
-            raise TypeError(f"{_OP}: start[{i}] must be an integer scalar, got {v!r}")
-    wide = [v for v in static if v is not None and not -_INT32_MAX - 1 <= v <= _INT32_MAX]
-    if wide and not jax.config.jax_enable_x64:
-        raise ValueError(f"{_OP}: start {tuple(start)} needs int64; enable jax_enable_x64")
-    dtype = jnp.int64 if wide or any(
-        s is None and v.dtype == jnp.int64 for s, v in zip(static, start)) else jnp.int32
-    parts = [jnp.asarray(s, dtype) if s is not None else _as_start(v, dtype)
-             for s, v in zip(static, start)]
-    return jnp.stack(parts), tuple(static)
-
-
-def _fill_bits(fill: Any, dtype: np.dtype) -> int:
-    """The fill element's bits as a little-endian unsigned int (the
-    handlers' attribute). The string "nan" is NaN in both parts of a complex
-    dtype (a number converts as jnp.pad converts it: NaN + 0j); 16-byte
-    elements pass their first 8 bytes, which the handlers repeat, so both
-    halves must agree."""
-    if isinstance(fill, str) and fill.lower() != "nan":
-        raise ValueError(f"{_OP}: fill must be a number or 'nan', got {fill!r}")
-    nan = isinstance(fill, str) or (isinstance(fill, (float, np.floating)) and math.isnan(fill))
-    if nan and not jnp.issubdtype(dtype, jnp.inexact):
-        raise ValueError(f"{_OP}: fill=NaN needs a floating dtype, x has dtype {dtype}")
-    if isinstance(fill, str):
-        if not jnp.issubdtype(dtype, jnp.inexact):
-            raise ValueError(f"{_OP}: fill=NaN needs a floating dtype, x has dtype {dtype}")
-        fill = complex(np.nan, np.nan) if jnp.issubdtype(dtype, jnp.complexfloating) else np.nan
-    raw = _checks.fill_bytes(_OP, fill, dtype)
-    if len(raw) > 8:
-        if raw[:8] != raw[8:]:
-            raise ValueError(f"{_OP}: a fill of {dtype} must have equal real and imaginary parts "
-                             f"(e.g. 0 or NaN), got {fill!r}")
-        raw = raw[:8]
-    return int.from_bytes(raw, "little")
-
+# ---- the public op ----------------------------------------------------------
 
 def window(
     x: jax.Array | np.ndarray,
@@ -469,7 +133,7 @@ def window(
     fill_bits = _fill_bits(fill, x.dtype)
     _ffi.register()
     src = _checks.widen(x)
-    sharded = [axes is not None for axes in _ffi.spec_of(jax.typeof(x))]
+    sharded = [axes is not None for axes in _lowering.spec_of(jax.typeof(x))]
     # Leading dims that the box covers in full (static start 0, the whole
     # extent, stride 1) become batch dims of the call: XLA may then split them
     # across devices without collectives.
@@ -485,26 +149,123 @@ def window(
         start_arr = start_arr[lead:]
     if lead:
         start_arr = jnp.broadcast_to(start_arr, x.shape[:lead] + start_arr.shape)
-    if method == "auto" and not _inner_start_aligned(x.shape, src.dtype, static, groups[-1][0]):
-        method = "simt"
     src, start_arr = _checks.align_varying(src, start_arr)
-    y = window_p.bind(src, start_arr, shape=m_shape, strides=m_strides,
-                      fill_bits=fill_bits, method=method)
+    y = window_p.bind(src, start_arr, shape=m_shape, strides=m_strides, fill_bits=fill_bits,
+                      method=method, inner_start=_inner_start(x.shape, static, groups[-1][0]))
     return _checks.narrow(y.reshape(x.shape[:lead] + shape[lead:]), x.dtype)
 
 
-def _inner_start_aligned(x_shape, dtype, static, first) -> bool:
-    """Whether the start of the innermost (merged) dim, whose first original
-    dim is `first`, is a static multiple of 16 bytes. Only then does auto let
-    the handler take the TMA path: a TMA box must start 16-B aligned, so any
-    other start is loaded wider and shifted in shared memory, which measured
-    slower than the SIMT kernel (benchmarks/bench_window.py). A traced start
-    may be anything, so it takes SIMT too."""
+# ---- checks and the call's geometry -----------------------------------------
+
+def _check_length(name: str, n: int, rank: int, x_shape) -> None:
+    if n != rank:
+        raise ValueError(
+            f"{_OP}: {name} has {n} entries but x has rank {rank} (x.shape={tuple(x_shape)})"
+        )
+
+
+_INT32_MAX = 2**31 - 1
+
+
+def _as_start(v: Any, dtype) -> jax.Array:
+    """A traced start (one scalar, or the whole start array) in `dtype`.
+    Unsigned values past int32 saturate at 2^31 - 1: every dim is shorter,
+    so the box reads fill there as at the true start; narrower and sub-byte
+    integers widen losslessly."""
+    v = jnp.asarray(v)
+    if jnp.issubdtype(v.dtype, jnp.unsignedinteger) and jnp.iinfo(v.dtype).max > _INT32_MAX:
+        v = jnp.minimum(v, jnp.asarray(_INT32_MAX, v.dtype))
+    return v.astype(dtype)
+
+
+def _box_shape(shape: Any, x_shape, dims: str) -> tuple:
+    """shape, checked: ints in [1, 2^31), or (in a shape-polymorphic export)
+    x's own symbolic dim, which the box then takes whole."""
+    rank = len(x_shape)
+    if isinstance(shape, Sequence) and not isinstance(shape, str) and len(shape) == rank:
+        symbolic = [d for d, v in enumerate(shape)
+                    if not isinstance(v, (int, np.integer)) and not isinstance(x_shape[d], int)
+                    and v == x_shape[d]]
+        ints = _checks.per_dim_ints(_OP, "shape", [1 if d in symbolic else v
+                                                   for d, v in enumerate(shape)], rank, dims)
+        return tuple(shape[d] if d in symbolic else v for d, v in enumerate(ints))
+    return _checks.per_dim_ints(_OP, "shape", shape, rank, dims)
+
+
+def _clamp_static(v: int, x_dim, size, stride: int) -> int:
+    """A static start that lies beyond every element of x along its dim,
+    moved to the nearest start that still does: the same all-fill result
+    with a smaller number (which also keeps merged starts within int32)."""
+    if isinstance(size, int):
+        v = max(v, -(size - 1) * stride - 1)
+    return min(v, x_dim) if isinstance(x_dim, int) else v
+
+
+def _start_array(start: Any, x_shape, shape, strides) -> tuple[jax.Array, tuple]:
+    """start as one integer array, and per dim its static value (None where
+    traced; empty for a start array). int64 where a start needs it (an int64
+    start, or a static one past int32), else int32."""
+    rank = len(x_shape)
+    if isinstance(start, (jax.Array, np.ndarray)) and np.ndim(start) == 1:
+        _check_length("start", start.shape[0], rank, x_shape)
+        if not jnp.issubdtype(start.dtype, jnp.integer):
+            raise TypeError(f"{_OP}: start must be integers, got dtype {start.dtype}")
+        dtype = jnp.int64 if start.dtype == jnp.int64 else jnp.int32
+        return _as_start(start, dtype), ()
+    if not isinstance(start, Sequence) or isinstance(start, str):
+        raise TypeError(f"{_OP}: start must be a sequence of {rank} integers, got {start!r}")
+    _check_length("start", len(start), rank, x_shape)
+    static: list[int | None] = []
+    for i, v in enumerate(start):
+        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            static.append(_clamp_static(int(v), x_shape[i], shape[i], strides[i]))
+        elif hasattr(v, "dtype") and np.ndim(v) == 0 and jnp.issubdtype(v.dtype, jnp.integer):
+            static.append(None)
+        else:
+            raise TypeError(f"{_OP}: start[{i}] must be an integer scalar, got {v!r}")
+    wide = [v for v in static if v is not None and not -_INT32_MAX - 1 <= v <= _INT32_MAX]
+    if wide and not jax.config.jax_enable_x64:
+        raise ValueError(f"{_OP}: start {tuple(start)} needs int64; enable jax_enable_x64")
+    dtype = jnp.int64 if wide or any(
+        s is None and v.dtype == jnp.int64 for s, v in zip(static, start)) else jnp.int32
+    parts = [jnp.asarray(s, dtype) if s is not None else _as_start(v, dtype)
+             for s, v in zip(static, start)]
+    return jnp.stack(parts), tuple(static)
+
+
+def _fill_bits(fill: Any, dtype: np.dtype) -> int:
+    """The fill element's bits as a little-endian unsigned int (the
+    handlers' attribute). The string "nan" is NaN in both parts of a complex
+    dtype (a number converts as jnp.pad converts it: NaN + 0j); 16-byte
+    elements pass their first 8 bytes, which the handlers repeat, so both
+    halves must agree."""
+    if isinstance(fill, str) and fill.lower() != "nan":
+        raise ValueError(f"{_OP}: fill must be a number or 'nan', got {fill!r}")
+    nan = isinstance(fill, str) or (isinstance(fill, (float, np.floating)) and math.isnan(fill))
+    if nan and not jnp.issubdtype(dtype, jnp.inexact):
+        raise ValueError(f"{_OP}: fill=NaN needs a floating dtype, x has dtype {dtype}")
+    if isinstance(fill, str):
+        if not jnp.issubdtype(dtype, jnp.inexact):
+            raise ValueError(f"{_OP}: fill=NaN needs a floating dtype, x has dtype {dtype}")
+        fill = complex(np.nan, np.nan) if jnp.issubdtype(dtype, jnp.complexfloating) else np.nan
+    raw = _checks.fill_bytes(_OP, fill, dtype)
+    if len(raw) > 8:
+        if raw[:8] != raw[8:]:
+            raise ValueError(f"{_OP}: a fill of {dtype} must have equal real and imaginary parts "
+                             f"(e.g. 0 or NaN), got {fill!r}")
+        raw = raw[:8]
+    return int.from_bytes(raw, "little")
+
+
+def _inner_start(x_shape, static, first) -> int | None:
+    """The start of the innermost (merged) dim, whose first original dim is
+    `first`, in elements, where it is static; None where it is traced or
+    symbolic. The CUDA planner's kernel choice reads it (ffi/window/window_plan.h,
+    InnerStartAligned)."""
     inner = x_shape[first + 1:]
     if first >= len(static) or static[first] is None or not all(isinstance(d, int) for d in inner):
-        return False
-    elems = static[first] * math.prod(inner)
-    return (elems * np.dtype(dtype).itemsize) % 16 == 0
+        return None
+    return static[first] * math.prod(inner)
 
 
 def _covers(static, x_shape, shape, strides, d) -> bool:
@@ -556,3 +317,233 @@ def _merge_dims(src, start_arr, shape, strides, static, lead, groups):
         m_dims.append(x_shape[first] * inner)
     src = src.reshape(x_shape[:lead] + tuple(m_dims))
     return src, jnp.stack(starts), tuple(m_shape), tuple(m_strides)
+
+
+# ---- primitives -------------------------------------------------------------
+
+# window_p(x, start): x has the spatial dims last (len(shape) of them) and
+# optionally batch dims before; start is (r,) or (*batch, r). The output is
+# (*batch, *shape). window_transpose_p(ct, start) is its linear transpose:
+# ct is (*batch, *shape), the result (*batch, *x_shape), zeros where no
+# window element lands.
+window_p = Primitive("jax_tma_window")
+window_transpose_p = Primitive("jax_tma_window_transpose")
+
+
+def _batch_shape(x_aval, start_aval, r):
+    if x_aval.ndim > r:
+        return tuple(x_aval.shape[: x_aval.ndim - r])
+    return tuple(start_aval.shape[:-1])
+
+
+def _kept_spec(aval, dims, sizes) -> list:
+    """The spec entries of `aval`'s dims `dims` for result dims of `sizes`: a
+    dim keeps its mesh axes where the result's extent still divides among
+    them (jax's rule for slices), else it is unsharded."""
+    spec, mesh = _lowering.spec_of(aval), aval.sharding.mesh
+    kept = []
+    for d, size in zip(dims, sizes):
+        axes = spec[d]
+        names = axes if isinstance(axes, tuple) else (axes,)
+        parts = math.prod(mesh.shape[a] for a in names) if axes is not None else 1
+        kept.append(axes if isinstance(size, int) and size % parts == 0 else None)
+    return kept
+
+
+def _spatial_abstract(x, start, out_shape, r):
+    """window_p's result and window_transpose_p's alike: batch dims (of x, or
+    of start where only start is batched) keep their sharding, the last r
+    dims keep x's where they still divide."""
+    nb = len(out_shape) - r
+    if x.ndim > r:
+        batch = _lowering.spec_of(x)[:nb]
+    else:
+        batch = _lowering.spec_of(start)[:nb]
+    spatial = _kept_spec(x, range(x.ndim - r, x.ndim), out_shape[nb:])
+    return _lowering.out_aval(x, out_shape, spec=list(batch) + spatial)
+
+
+def _window_abstract(x, start, *, shape, strides, fill_bits, method, inner_start):
+    return _spatial_abstract(x, start, _batch_shape(x, start, len(shape)) + tuple(shape),
+                             len(shape))
+
+
+def _transpose_abstract(ct, start, *, x_shape, strides, method, inner_start):
+    r = len(x_shape)
+    return _spatial_abstract(ct, start, tuple(ct.shape[: ct.ndim - r]) + tuple(x_shape), r)
+
+
+# ---- lowering and partitioning ----------------------------------------------
+
+def _ffi_rule(ctx, src, start, *, strides, fill_bits, transpose, method, inner_start):
+    src_aval, start_aval = ctx.avals_in
+    out_aval = ctx.avals_out[0]
+    r = len(strides)
+    nb = len(out_aval.shape) - r
+    rule = jax.ffi.ffi_lowering("jax_tma_window")
+    if nb and src_aval.ndim == nb + r:
+        # The batch partitioner splits the leading dims of every operand, so
+        # a shared start is broadcast to (*batch, r) (it is tiny); then the
+        # batch dims shard freely. A shared src stays replicated.
+        if start_aval.ndim == 1:
+            batch = tuple(out_aval.shape[:nb])
+            start_aval = _lowering.out_aval(start_aval, batch + (r,), spec=(None,) * (nb + 1))
+            start, = mlir.lower_fun(lambda s: jnp.broadcast_to(s, batch + (r,)),
+                                    multiple_results=False)(
+                ctx.replace(avals_in=[ctx.avals_in[1]], avals_out=[start_aval]), start)
+            ctx = ctx.replace(avals_in=[src_aval, start_aval])
+        rule = _lowering.batch_partitioned_lowering("jax_tma_window", nb)
+        starts = [start]
+    elif start_aval.ndim == 1:
+        # One scalar operand per dim: XLA folds these slices of the stacked
+        # start back into the scalars it was built from, so traced starts
+        # reach the call as they are, with no kernel to stack them first.
+        scalar = _lowering.out_aval(start_aval, (), spec=())
+        scalar_type = mlir.aval_to_ir_type(ctx.module_context, scalar)
+        starts = [hlo.reshape(scalar_type, hlo.slice(start, mlir.dense_int_array([d]),
+                                                     mlir.dense_int_array([d + 1]),
+                                                     mlir.dense_int_array([1])))
+                  for d in range(r)]
+        ctx = ctx.replace(avals_in=[src_aval] + [scalar] * r)
+    else:
+        starts = [start]
+    return rule(
+        ctx,
+        src,
+        *starts,
+        strides=np.asarray(strides, np.int64),
+        # A u64 attribute from its two's-complement int64: MLIR's Python
+        # binding takes no integer of 2^63 or more.
+        fill_bits=mlir.ir.IntegerAttr.get(mlir.ir.IntegerType.get_unsigned(64),
+                                          fill_bits - (fill_bits >> 63 << 64)),
+        transpose=bool(transpose),
+        method=method,
+        inner_start=np.int64(_ffi.rules()["window.unknown_start"] if inner_start is None
+                             else inner_start),
+    )
+
+
+def _window_lowering(ctx, x, start, *, shape, **params):
+    return _ffi_rule(ctx, x, start, transpose=False, **params)
+
+
+def _transpose_lowering(ctx, ct, start, *, x_shape, **params):
+    zero = _checks.fill_bytes(_OP, 0, ctx.avals_in[0].dtype)
+    if any(zero):
+        # float8_e8m0fnu has no zero (jnp's 0 is 0xFF) and the handlers write
+        # zero bytes where nothing lands: the cotangent's bits XOR jnp's zero
+        # map that zero to zero bytes and back, every other value distinct.
+        bits = np.frombuffer(zero, f"<u{len(zero)}")[0]
+
+        def flipped(c, s):  # moved as unsigned ints of the same width
+            c = jax.lax.bitcast_convert_type(c, bits.dtype) ^ bits
+            y = window_transpose_p.bind(c, s, x_shape=x_shape, **params)
+            return jax.lax.bitcast_convert_type(y ^ bits, ctx.avals_in[0].dtype)
+
+        return mlir.lower_fun(flipped, multiple_results=False)(ctx, ct, start)
+    return _ffi_rule(ctx, ct, start, fill_bits=0, transpose=True, **params)
+
+
+# ---- vmap: the batch becomes a leading batch dim of the call ---------------
+
+def _align_batch(args, dims, tails):
+    """Moves each batched arg's vmapped dim to the front and gives every arg
+    that carries batch dims the full batch shape (new dim + older ones);
+    args with no batch dims at all stay shared."""
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    moved = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+    old = [m.ndim - t - (d is not None) for m, d, t in zip(moved, dims, tails)]
+    old_shape = ()
+    for m, d, o in zip(moved, dims, old):
+        if o:
+            start = 1 if d is not None else 0
+            old_shape = tuple(m.shape[start:start + o])
+    full = (size,) + old_shape
+    out = []
+    for m, d, o, t in zip(moved, dims, old, tails):
+        if d is None and o == 0:
+            out.append(m)
+            continue
+        tail = m.shape[m.ndim - t:]
+        if d is None:
+            m = m[None]
+        if o < len(old_shape):
+            m = m.reshape((size,) + (1,) * len(old_shape) + tail)
+        out.append(jnp.broadcast_to(m, full + tail))
+    return out
+
+
+def _window_batcher(args, dims, *, shape, **params):
+    x, start = _align_batch(args, dims, (len(shape), 1))
+    return window_p.bind(x, start, shape=shape, **params), 0
+
+
+def _transpose_batcher(args, dims, *, x_shape, **params):
+    ct, start = args
+    ct_dim, start_dim = dims
+    if ct_dim is None:  # the cotangent always carries the batch
+        size = start.shape[start_dim]
+        ct = jnp.broadcast_to(ct[None], (size,) + ct.shape)
+        ct_dim = 0
+    ct, start = _align_batch([ct, start], [ct_dim, start_dim], (len(x_shape), 1))
+    return window_transpose_p.bind(ct, start, x_shape=x_shape, **params), 0
+
+
+# ---- autodiff: linear in x, start is an integer (non-differentiable) input --
+
+def _window_jvp(primals, tangents, *, fill_bits, **params):
+    x, start = primals
+    tx, _ = tangents
+    y = window_p.bind(x, start, fill_bits=fill_bits, **params)
+    if type(tx) is ad.Zero:
+        return y, ad.Zero.from_primal_value(y)
+    # Out-of-bounds elements are the constant fill: their tangent is 0.
+    ty = window_p.bind(tx, start, fill_bits=0, **params)
+    return y, ty
+
+
+def _window_transpose_rule(ct, x, start, *, shape, fill_bits, **params):
+    assert ad.is_undefined_primal(x) and not ad.is_undefined_primal(start)
+    x_aval = x.aval
+    r = len(shape)
+    if type(ct) is ad.Zero:
+        return [ad.Zero(x_aval), None]
+    if ct.ndim > r and start.ndim == 1:
+        start = jnp.broadcast_to(start, ct.shape[: ct.ndim - r] + start.shape)
+    x_shape = tuple(x_aval.shape[x_aval.ndim - r:])
+    dx = window_transpose_p.bind(ct, start, x_shape=x_shape, **params)
+    extra = dx.ndim - x_aval.ndim  # batch dims x did not have: its uses add up
+    if extra:
+        dx = dx.sum(axis=tuple(range(extra)))
+    # x's sharding, where a box that did not divide among a dim's devices
+    # left that dim of the transpose unsharded.
+    if _lowering.spec_of(jax.typeof(dx)) != _lowering.spec_of(x_aval):
+        dx = jax.sharding.reshard(dx, x_aval.sharding.spec)
+    return [dx, None]
+
+
+def _transpose_jvp(primals, tangents, **params):
+    ct, start = primals
+    tct, _ = tangents
+    y = window_transpose_p.bind(ct, start, **params)
+    if type(tct) is ad.Zero:
+        return y, ad.Zero.from_primal_value(y)
+    return y, window_transpose_p.bind(tct, start, **params)
+
+
+def _transpose_transpose_rule(ct, ct_in, start, *, x_shape, **params):
+    shape = tuple(ct_in.aval.shape[ct_in.aval.ndim - len(x_shape):])
+    if type(ct) is ad.Zero:
+        return [ad.Zero(ct_in.aval), None]
+    return [window_p.bind(ct, start, shape=shape, fill_bits=0, **params), None]
+
+
+# ---- registration -----------------------------------------------------------
+
+_lowering.register(window_p, _window_abstract, _window_lowering, batcher=_window_batcher)
+_lowering.register(window_transpose_p, _transpose_abstract, _transpose_lowering,
+                   batcher=_transpose_batcher)
+ad.primitive_jvps[window_p] = _window_jvp
+ad.primitive_transposes[window_p] = _window_transpose_rule
+ad.primitive_jvps[window_transpose_p] = _transpose_jvp
+ad.primitive_transposes[window_transpose_p] = _transpose_transpose_rule

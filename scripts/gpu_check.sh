@@ -120,13 +120,16 @@ for stage in "${stages[@]}"; do
   sanitize)
     inc=$(python3 -c 'import jaxlib, os; print(os.path.join(os.path.dirname(jaxlib.__file__), "include"))')
     nvcc_args=(-std=c++17 -O2 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Iffi -isystem "$inc")
-    declare -A sources=(
-      [copy]="ffi/copy/bulk_copy.cu ffi/copy/simt_copy.cu ffi/copy/copy_cuda.cc ffi/copy/copy_plan.cc"
-      [window]="ffi/window/tiled_window.cu ffi/window/simt_window.cu ffi/window/window_plan.cc ffi/cuda/tensor_map.cc"
-      [broadcast]="ffi/broadcast/cluster_broadcast.cu ffi/broadcast/simt_broadcast.cu ffi/broadcast/broadcast_plan.cc ffi/cuda/tensor_map.cc"
-      [im2col]="ffi/im2col/simt_im2col.cu ffi/im2col/tma_im2col.cu ffi/im2col/im2col_plan.cc ffi/cuda/tensor_map.cc"
-      [gather]="ffi/gather/bulk_gather.cu ffi/gather/simt_gather.cu ffi/gather/gather_plan.cc ffi/gather/gather_cuda.cc"
-    )
+    # Each family's self-test links the sources its manifest lists
+    # (JAX_TMA_SOURCES(SELFTEST, ...) in ffi/<family>/manifest.inc); the
+    # families come from ffi/families.inc.
+    families=$(sed -n 's|^#include "\([a-z0-9_]*\)/manifest.inc"$|\1|p' ffi/families.inc)
+    declare -A sources=()
+    for family in $families; do
+      line=$(sed -n 's/^JAX_TMA_SOURCES(SELFTEST, "\(.*\)")$/\1/p' "ffi/$family/manifest.inc")
+      [ -n "$line" ] || continue  # its manifest says why it has none (JAX_TMA_NO_SELFTEST)
+      sources[$family]=$(for f in $line; do realpath -m --relative-to=. "ffi/$family/$f"; done | tr '\n' ' ')
+    done
     # synccheck tracks a fixed number of mbarriers per block (CUDA 13.0);
     # below 64 it reported "Detected overflow of tracked cuda::barrier
     # structures" on 16-CTA clusters.
@@ -151,7 +154,8 @@ for stage in "${stages[@]}"; do
     fi
     printf 'largest_synccheck_cluster\t%s\n' "$largest_synccheck_cluster" >> "$tsv"
     cat /tmp/probe.log >> "$OUT/sanitizer.log"
-    for op in ${SELFTESTS:-copy window broadcast im2col gather}; do
+    for op in ${SELFTESTS:-$families}; do
+      [ -n "${sources[$op]:-}" ] || continue
       prog=${op}_selftest
       # shellcheck disable=SC2086
       nvcc "${nvcc_args[@]}" tests/cuda/$prog.cu ${sources[$op]} ffi/cuda/device_info.cc \

@@ -661,7 +661,7 @@ OPS = (
     Op("gather", build_gather, ALL_DTYPES),
     Op("scatter-set", functools.partial(build_scatter, mode="set"), ALL_DTYPES),
     Op("scatter-add", functools.partial(build_scatter, mode="add"), SUMMABLE),
-    Op("ppermute", build_ppermute, ALL_DTYPES, ("auto", "bulk", "simt")),
+    Op("ppermute", build_ppermute, ALL_DTYPES, ("auto", "tma", "simt")),
 )
 OP_NAMES = tuple(o.name for o in OPS)
 BY_NAME = {o.name: o for o in OPS}

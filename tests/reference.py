@@ -257,7 +257,7 @@ def _into_donated(fn):
 def into_poison(fn, x: np.ndarray, device, path: str | None = None) -> jax.Array:
     """fn(x) on `device` (fn returning an array shaped like x) written
     straight into a buffer of POISON bytes; asserts that XLA did reuse it and,
-    given `path` ("copy.bulk"), that the handler took that path."""
+    given `path` ("copy.tma"), that the handler took that path."""
     f = _into_donated(fn)
     xd = jax.device_put(x, device)
     poison = jax.device_put(np.full(x.nbytes, POISON, np.uint8).view(x.dtype).reshape(x.shape),

@@ -238,9 +238,9 @@ def test_errors_name_the_op_rule_and_values():
 
 
 def test_cluster_method_on_a_gpu_without_clusters_names_the_capability(monkeypatch):
-    from jax_tma import _broadcast, _ffi
+    from jax_tma import _broadcast, _devices
 
-    monkeypatch.setattr(_ffi, "gpu_compute_capabilities", lambda: [(8, 0)])
+    monkeypatch.setattr(_devices, "gpu_compute_capabilities", lambda: [(8, 0)])
     with pytest.raises(RuntimeError, match=r"^jax_tma\.broadcast: method='multicast' needs "
                        r"thread-block clusters and TMA, but device 0 has compute capability 8\.0 "
                        r"\(TMA needs >= 9\.0\)"):
@@ -261,7 +261,7 @@ def test_handler_revalidates():
          (2, 4, 5), dict(method="fast")),
         (r"axis 3 is outside \[0, 2\] for an input of rank 2", (2, 4, 5), dict(axis=np.int64(3))),
         (r"axis -1 is outside", (2, 4, 5), dict(axis=np.int64(-1))),
-        (r"output rank 2 is not the input rank 2 \+ 1", (4, 5), {}),
+        (r"output has rank 2; expected 3 \(input rank 2 \+ 1\)", (4, 5), {}),
         (r"output dim 2 = 6 differs from input dim 1 = 5", (2, 4, 6), {}),
         (r"cluster_size 3 is not valid for method 'multicast' \(2, 4, 8 or 16, or 0",
          (2, 4, 5), dict(method="multicast", cluster_size=np.int64(3))),

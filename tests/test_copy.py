@@ -2,6 +2,7 @@
 the transformations (jit, vmap, jvp/vjp/grad/transpose), and errors."""
 
 import functools
+import inspect
 import os
 import re
 
@@ -12,11 +13,11 @@ import pytest
 from jax.test_util import check_grads
 
 import jax_tma
-from jax_tma import _ffi
+from jax_tma import _devices
 from reference import ALL_DTYPES, assert_bits_equal, cpu_device, random_array
 
 SHAPES = [(), (0,), (3, 0, 2), (1,), (7,), (3, 5, 7), (1000003,), (2,) * 8]
-METHODS = ["auto", "bulk", "simt", "tiled"]
+METHODS = ["auto", "tma", "simt", "tiled"]
 
 
 
@@ -134,14 +135,30 @@ def test_non_array_input_is_a_type_error(bad):
 @pytest.mark.parametrize("method", ["fast", "BULK", None, 1])
 def test_unknown_method_is_a_value_error(method):
     with pytest.raises(ValueError, match=r"jax_tma\.copy: method must be one of "
-                                         r"'auto', 'bulk', 'simt', 'tiled', got " + repr(method)):
+                                         r"'auto', 'tma', 'simt', 'tiled', got " + repr(method)):
         jax_tma.copy(jnp.ones(3), method=method)
 
 
-def test_bulk_on_a_gpu_without_tma_names_the_compute_capability(monkeypatch):
-    monkeypatch.setattr(_ffi, "gpu_compute_capabilities", lambda: [(9, 0), (8, 6)])
-    f = jax.jit(functools.partial(jax_tma.copy, method="bulk"))
-    with pytest.raises(RuntimeError, match=r"jax_tma\.copy: method='bulk' needs TMA, but "
+def test_bulk_is_the_deprecated_name_of_tma(rng):
+    """method="bulk" warns at the caller's line (also inside a jitted
+    function), then runs exactly what method="tma" runs."""
+    x = on_cpu(random_array(rng, (5, 37), np.float32))
+    match = r"jax_tma\.copy: method='bulk' is deprecated, use method='tma'"
+    with pytest.warns(DeprecationWarning, match=match) as eager:
+        line, y = inspect.currentframe().f_lineno, jax_tma.copy(x, method="bulk")
+    with pytest.warns(DeprecationWarning, match=match) as traced:
+        line_jit, jaxpr = (inspect.currentframe().f_lineno,
+                           jax.make_jaxpr(lambda a: jax_tma.copy(a, method="bulk"))(x))
+    assert [(w.filename, w.lineno) for w in (*eager, *traced)] == \
+        [(__file__, line), (__file__, line_jit + 1)]
+    assert_bits_equal(y, x)
+    assert str(jaxpr) == str(jax.make_jaxpr(lambda a: jax_tma.copy(a, method="tma"))(x))
+
+
+def test_tma_on_a_gpu_without_tma_names_the_compute_capability(monkeypatch):
+    monkeypatch.setattr(_devices, "gpu_compute_capabilities", lambda: [(9, 0), (8, 6)])
+    f = jax.jit(functools.partial(jax_tma.copy, method="tma"))
+    with pytest.raises(RuntimeError, match=r"jax_tma\.copy: method='tma' needs TMA, but "
                                            r"device 1 has compute capability 8\.6 "
                                            r"\(TMA needs >= 9\.0\)"):
         f.trace(jnp.ones(3)).lower(lowering_platforms=("cuda",))
@@ -161,7 +178,7 @@ def _raw_ffi(x, out_shape, out_dtype, method="auto"):
 
 def test_handler_rejects_unknown_method():
     with pytest.raises(Exception, match=r"jax_tma\.copy: method must be one of 'auto', "
-                                        r"'bulk', 'simt', got 'fast'"):
+                                        r"'tma', 'bulk', 'simt', got 'fast'"):
         _raw_ffi(jnp.ones(4, jnp.float32), (4,), jnp.float32, method="fast")
 
 
@@ -191,7 +208,7 @@ def test_build_info_reports_the_build():
         assert gpu["tma"] == (tuple(map(int, gpu["compute_capability"].split("."))) >= (9, 0))
 
 
-@pytest.mark.parametrize("method", ["auto", "simt", "bulk"])
+@pytest.mark.parametrize("method", ["auto", "simt", "tma"])
 def test_export_with_symbolic_dims(rng, method):
     """jax.export of a copy with symbolic dims, serialized, deserialized and
     called at two sizes; method='tiled' needs static dims and says so."""

@@ -26,7 +26,7 @@ if _BENCHMARKS not in sys.path:
 import references  # noqa: E402  (benchmarks/references.py)
 
 pytestmark = pytest.mark.gpu
-METHODS = ["auto", "bulk", "simt"]
+METHODS = ["auto", "tma", "simt"]
 
 
 @functools.cache
@@ -38,7 +38,7 @@ def copy_path(method: str, nbytes: int) -> str:
     """The kernel jax_tma.copy runs on a TMA GPU: auto takes SIMT below
     _auto_bulk_min_bytes and bulk from there up."""
     simt = method == "simt" or (method == "auto" and nbytes < _ffi._ext._auto_bulk_min_bytes)
-    return "copy.simt" if simt else "copy.bulk"
+    return "copy.simt" if simt else "copy.tma"
 
 
 def copy_poisoned(x: np.ndarray, method: str, device) -> jax.Array:
@@ -104,7 +104,7 @@ def _raw_case(ext, gpu, rng, method, src_off, dst_off, nbytes, **config):
         f"first at {bad[0]} (dst region starts at {dst_off}){seed_note()}")
 
 
-@pytest.mark.parametrize("method", ["bulk", "simt"])
+@pytest.mark.parametrize("method", ["tma", "simt"])
 def test_every_alignment_pair(gpu, bench_ext, rng, method):
     # Same and different misalignment modulo 16, short and long copies.
     for src_off in range(0, 17, 3):
@@ -122,7 +122,7 @@ def test_every_alignment_pair(gpu, bench_ext, rng, method):
     (2, 1024, 1, True), (4, 4096, 1, True), (16, 8192, 16, True)])
 def test_bulk_pipeline_configs(gpu, bench_ext, rng, stages, chunk, per_cta, dynamic):
     for n in (16, 1024 * 1024 + 48, 7_000_016, 33_554_432 + 5):
-        _raw_case(bench_ext, gpu, rng, "bulk", 5, 5, n, chunk_bytes=chunk, stages=stages,
+        _raw_case(bench_ext, gpu, rng, "tma", 5, 5, n, chunk_bytes=chunk, stages=stages,
                   chunks_per_cta=per_cta, dynamic=dynamic)
 
 
@@ -132,12 +132,12 @@ def test_dynamic_schedule_call_sites(gpu, rng):
     # CTA zeroes: running a site again, and two sites in one program, must
     # stay exact.
     n = _ffi._ext._dynamic_bulk_min_bytes + 4099
-    for method in ("bulk", "auto"):
+    for method in ("tma", "auto"):
         for _ in range(2):
             x = random_array(rng, (n,), np.uint8)
             assert_bits_equal(copy_poisoned(x, method, gpu), x)
     a, b = random_array(rng, (n,), np.uint8), random_array(rng, (n + 16,), np.uint8)
-    both = jax.jit(lambda p, q: (jax_tma.copy(p, method="bulk"), jax_tma.copy(q, method="bulk")))
+    both = jax.jit(lambda p, q: (jax_tma.copy(p, method="tma"), jax_tma.copy(q, method="tma")))
     for _ in range(2):
         ya, yb = both(jax.device_put(a, gpu), jax.device_put(b, gpu))
         assert_bits_equal(ya, a)
@@ -148,12 +148,12 @@ def test_raw_hook_rejects_bad_config(gpu, bench_ext):
     x = jax.device_put(np.zeros(64, np.uint8), gpu)
     p = x.unsafe_buffer_pointer()
     with pytest.raises(Exception, match=r"bad pipeline config: chunk_bytes=100 "):
-        _raw(bench_ext, "bulk", p, p, 32, chunk_bytes=100)
+        _raw(bench_ext, "tma", p, p, 32, chunk_bytes=100)
     with pytest.raises(Exception, match=r"stages=1 \(2\.\.16\)"):
-        _raw(bench_ext, "bulk", p, p, 32, stages=1)
+        _raw(bench_ext, "tma", p, p, 32, stages=1)
 
 
-@pytest.mark.parametrize("method", ["bulk", "simt"])
+@pytest.mark.parametrize("method", ["tma", "simt"])
 def test_over_4_gib_and_2_pow_31_elements(gpu, rng, method):
     # 2^31 + 7 uint16 elements: more than 2^31 elements and more than 4 GiB.
     n = (1 << 31) + 7

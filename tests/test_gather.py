@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
 
 import jax_tma
-from jax_tma import _ffi
+from jax_tma import _devices
 from reference import (ALL_DTYPES, SUB_BYTE_BITS, assert_bits_equal, assert_no_collectives,
                        cpu_device, random_array)
 
@@ -641,7 +641,7 @@ def test_deterministic_with_tma_is_an_error():
 
 
 def test_tma_on_a_gpu_without_tma_names_the_compute_capability(monkeypatch):
-    monkeypatch.setattr(_ffi, "gpu_compute_capabilities", lambda: [(8, 0)])
+    monkeypatch.setattr(_devices, "gpu_compute_capabilities", lambda: [(8, 0)])
     f = jax.jit(functools.partial(jax_tma.gather, method="tma"))
     with pytest.raises(RuntimeError, match=r"jax_tma\.gather: method='tma' needs TMA, but device "
                                            r"0 has compute capability 8\.0"):

@@ -304,18 +304,18 @@ _WIDE = (40, 128, 16384)   # 512 B slabs, 8 MiB
 
 
 @pytest.mark.parametrize("path, shape, call", [
-    ("gather.bulk", _PAGES, lambda x, i, u: jax_tma.gather(x, i)),
+    ("gather.tma", _PAGES, lambda x, i, u: jax_tma.gather(x, i)),
     ("gather.simt", _SETS, lambda x, i, u: jax_tma.gather(x, i)),
     ("gather.simt", _WIDE, lambda x, i, u: jax_tma.gather(x, i)),
     ("gather.simt", _WIDE, lambda x, i, u: jax_tma.gather(x[:, :3], i)),       # 12 B slabs
     ("gather.simt", _PAGES, lambda x, i, u: jax_tma.gather(x, i, method="simt")),
-    ("scatter.bulk", _SETS, lambda x, i, u: jax_tma.scatter(x, i, u)),
+    ("scatter.tma", _SETS, lambda x, i, u: jax_tma.scatter(x, i, u)),
     ("scatter.simt", _SMALL, lambda x, i, u: jax_tma.scatter(x, i, u)),
     ("scatter.simt", _WIDE, lambda x, i, u: jax_tma.scatter(x, i, u)),
     ("scatter.simt", _WIDE, lambda x, i, u: jax_tma.scatter(x, i, u, mode="add")),
     ("scatter.simt", _WIDE, lambda x, i, u: jax_tma.scatter(x.astype(jnp.bfloat16), i,
                                                             u.astype(jnp.bfloat16), mode="add")),
-    ("scatter.bulk", _WIDE, lambda x, i, u: jax_tma.scatter(x.astype(jnp.int32), i,
+    ("scatter.tma", _WIDE, lambda x, i, u: jax_tma.scatter(x.astype(jnp.int32), i,
                                                             u.astype(jnp.int32), mode="add")),
     ("scatter.simt", _WIDE, lambda x, i, u: jax_tma.scatter(x.astype(jnp.int8), i,
                                                             u.astype(jnp.int8), mode="add")),

@@ -75,7 +75,7 @@ def _smap(mesh, body):
 
 
 @pytest.mark.parametrize("direction", ["pull", "push"])
-@pytest.mark.parametrize("method", ["auto", "bulk", "simt"])
+@pytest.mark.parametrize("method", ["auto", "tma", "simt"])
 @pytest.mark.parametrize("block_bytes", [1, 1000, 4096 + 13, 1 << 20, (64 << 20) + 48])
 def test_ppermute_matches_reference(mesh, rng, method, block_bytes, direction):
     n = mesh.size
@@ -88,7 +88,7 @@ def test_ppermute_matches_reference(mesh, rng, method, block_bytes, direction):
     assert "jax_tma_ppermute" in text
     assert_no_collectives(text)
     # Peer copies take the bulk pipeline wherever the GPU has TMA, auto included.
-    path = "ppermute.simt" if method == "simt" else "ppermute.bulk"
+    path = "ppermute.simt" if method == "simt" else "ppermute.tma"
     assert_bits_equal(run_on_path(path, ours, x), ppermute_reference(host, n, perm))
 
 

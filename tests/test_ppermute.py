@@ -234,8 +234,19 @@ def test_axis_names_out_of_mesh_order():
 
 
 def test_bad_method():
-    with pytest.raises(ValueError, match=r"jax_tma.ppermute: method must be one of 'auto', 'bulk', 'simt', got 'tma'"):
-        _call((4,), [(0, 1)], method="tma")
+    with pytest.raises(ValueError, match=r"jax_tma.ppermute: method must be one of 'auto', 'tma', 'simt', got 'dma'"):
+        _call((4,), [(0, 1)], method="dma")
+
+
+def test_bulk_is_the_deprecated_name_of_tma():
+    x = np.arange(8.0, dtype=np.float32)
+    with pytest.warns(DeprecationWarning, match=r"jax_tma\.ppermute: method='bulk' is "
+                      r"deprecated, use method='tma'") as record:
+        y = _call((4,), [(0, 1), (1, 0)], method="bulk", x=x)
+    # _call's lambda calls ppermute: the warning names that line.
+    assert record[0].filename == __file__
+    assert record[0].lineno == _call.__code__.co_firstlineno + 2
+    assert_bits_equal(y, _call((4,), [(0, 1), (1, 0)], method="tma", x=x))
 
 
 def test_bad_direction():
@@ -284,7 +295,7 @@ def _raw(devices, sources, method="auto", y_shape=(4,), push=False, x=None, inst
     ([0], [3], "auto", (4,), r"jax_tma.ppermute: sources\[0\] = 3 is not a position in \[0, 1\) or -1"),
     ([1, 0], [0, 0], "auto", (4,), r"jax_tma.ppermute: position 0 is the source of both 0 and 1"),
     ([5], [0], "auto", (4,), r"jax_tma.ppermute: device 0 of process 0 is not among the devices"),
-    ([0], [0], "dma", (4,), r"jax_tma.ppermute: method must be one of 'auto', 'bulk', 'simt', got 'dma'"),
+    ([0], [0], "dma", (4,), r"jax_tma.ppermute: method must be one of 'auto', 'tma', 'bulk', 'simt', got 'dma'"),
     ([0], [0], "auto", (5,), r"jax_tma.ppermute: output has 5 elements but input has 4"),
 ])
 def test_handler_rejects_bad_attributes(devices, sources, method, y_shape, match):

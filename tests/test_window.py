@@ -305,7 +305,7 @@ def _raw_window(x, start, out_shape, device=None, **attrs):
     call = jax.ffi.ffi_call("jax_tma_window", jax.ShapeDtypeStruct(out_shape, x.dtype),
                             has_side_effect=True)
     base = dict(strides=np.ones(len(out_shape), np.int64), fill_bits=np.uint64(0),
-                transpose=False, method="auto")
+                transpose=False, method="auto", inner_start=np.int64(0))
     base.update(attrs)
     starts = start if isinstance(start, tuple) else (start,)
     put = functools.partial(jax.device_put, device=device)
@@ -351,7 +351,7 @@ HANDLER_GEOMETRY_ERRORS = [
     ("output-below-window-rank", (4, 5), (2,), (5,), dict(strides=np.ones(2, np.int64)),
      r"output rank 1 is below the window rank 2"),
     ("batch-dim-mismatch", (3, 4, 5), (2,), (2, 4, 5), dict(strides=np.ones(2, np.int64)),
-     r"batch dim 0 of the input \(3\) differs from the output's \(2\)"),
+     r"input dim 0 = 3 differs from output dim 0 = 2 \(batch dims\)"),
     # 2^31 x 0 elements: the rule fires and nothing is allocated
     ("window-dim-over-int32", (4, 5), (2,), (2**31, 0), {},
      r"window dim 0 = 2147483648 is over 2\^31 - 1"),
@@ -409,7 +409,8 @@ for transpose, x_shape, out_shape in [(False, (2, 3), (4, 0)), (True, (0, 2), (2
     call = jax.ffi.ffi_call("jax_tma_window", jax.ShapeDtypeStruct(out_shape, np.float32),
                             has_side_effect=True)
     f = jax.jit(lambda a, s: call(a, s, strides=np.ones(2, np.int64), fill_bits=np.uint64(0),
-                                  transpose=transpose, method="auto"))
+                                  transpose=transpose, method="auto",
+                                  inner_start=np.int64(0)))
     y = f(jax.device_put(np.zeros(x_shape, np.float32), dev),
           jax.device_put(np.zeros(2, np.int32), dev))
     print(jax.block_until_ready(y).shape)
@@ -448,23 +449,24 @@ def test_traced_starts_reach_the_call_as_scalars():
     assert_bits_equal(whole, split)
 
 
-@pytest.mark.parametrize("start, dtype, want", [
-    ((3, 4), jnp.float32, "auto"),      # 16 B into the row: the TMA path may run
-    ((3, 1), jnp.float32, "simt"),      # 4 B: a TMA box would start misaligned
-    ((0, 8), jnp.bfloat16, "auto"),
-    ((0, 4), jnp.bfloat16, "simt"),
-    ((1, 0), jnp.float32, "auto"),      # whole rows fold: start 1 * 64 elements
+@pytest.mark.parametrize("start, dtype, inner", [
+    ((3, 4), jnp.float32, 4),
+    ((3, 1), jnp.float32, 1),
+    ((0, 8), jnp.bfloat16, 8),
+    ((1, 0), jnp.float32, 64),      # whole rows fold: start 1 * 64 elements
 ])
-def test_auto_takes_simt_unless_the_inner_start_is_static_and_aligned(start, dtype, want):
-    """auto leaves the TMA-or-SIMT choice to the handler only where the
-    innermost start is a static multiple of 16 B; a traced or unaligned one
-    takes the SIMT kernel (measured faster there)."""
+def test_the_call_carries_the_static_inner_start(start, dtype, inner):
+    """auto's choice is the CUDA planner's (InnerStartAligned, tested in
+    tests/cpp/test_window_plan.cc): the call carries the method as given and
+    the innermost (merged) start where it is static, the "unknown" value
+    where it is traced."""
     x = jnp.zeros((32, 64), dtype)
     full = (31, 64) if start[1] == 0 else (8, 8)
     text = jax.jit(lambda a: jax_tma.window(a, start, full)).lower(x).as_text()
-    assert f'method = "{want}"' in text
+    assert 'method = "auto"' in text and f"inner_start = {inner} : i64" in text
     traced = jax.jit(lambda a, s: jax_tma.window(a, (3, s), (8, 8))).lower(x, 4).as_text()
-    assert 'method = "simt"' in traced
+    unknown = jax_tma._ffi.rules()["window.unknown_start"]
+    assert unknown == -2**63 and f"inner_start = {unknown} : i64" in traced
 
 
 START_DTYPES = ["int4", "uint4", "int8", "uint8", "int16", "uint16", "int32", "uint32",

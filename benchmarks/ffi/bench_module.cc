@@ -40,16 +40,24 @@ void CheckCuda(cudaError_t err, const char* what) {
 void RawCopy(const std::string& method, int device, std::uintptr_t dst,
              std::uintptr_t src, std::size_t nbytes, uint32_t chunk_bytes,
              int stages, int64_t chunks_per_cta, bool dynamic, std::uintptr_t stream) {
-  jax_tma::CopyMethod parsed;
-  if (!jax_tma::ParseCopyMethod(method, &parsed)) {
-    throw nb::value_error(("unknown method '" + method + "'").c_str());
-  }
+  constexpr std::string_view kOp = "_jax_tma_bench.raw_copy";
+  jax_tma::Method parsed;
+  xla::ffi::Error err =
+      jax_tma::ParseMethod(kOp, method, &parsed, jax_tma::TmaSpelling::kTmaOrBulk);
+  if (err.failure()) throw nb::value_error(err.message().c_str());
   CheckCuda(cudaSetDevice(device), "cudaSetDevice");
-  jax_tma::BulkCopyConfig config{chunk_bytes, stages, chunks_per_cta, dynamic};
-  xla::ffi::Error err = jax_tma::LaunchCopy(
-      "_jax_tma_bench.raw_copy", parsed, reinterpret_cast<const void*>(src),
-      reinterpret_cast<void*>(dst), nbytes, reinterpret_cast<cudaStream_t>(stream),
-      device, jax_tma::kRawCounterSlot, &config);
+  const jax_tma::BulkCopyConfig config{chunk_bytes, stages, chunks_per_cta, dynamic};
+  const jax_tma::ByteCopy c{reinterpret_cast<const void*>(src), reinterpret_cast<void*>(dst),
+                            nbytes};
+  jax_tma::DeviceInfo info;
+  jax_tma::CopyPlan plan;
+  err = jax_tma::GetDeviceInfo(device, &info);
+  if (err.success()) {
+    err = jax_tma::PlanCopy(kOp, parsed, c, info, device, jax_tma::kRawCounterSlot, &config, &plan);
+  }
+  if (err.success()) {
+    err = jax_tma::LaunchCopy(plan, c, reinterpret_cast<cudaStream_t>(stream), device);
+  }
   if (err.failure()) throw std::runtime_error(err.message());
 }
 

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "common.h"
+#include "shape_checks.h"
 
 namespace jax_tma {
 
@@ -85,20 +86,16 @@ inline ffi::Error DecodeBroadcast(const ffi::AnyBuffer& x, ffi::Result<ffi::AnyB
   if (axis < 0 || axis > r) {
     return InvalidArgument(op, "axis ", axis, " is outside [0, ", r, "] for an input of rank ", r);
   }
-  if (static_cast<int64_t>(yd.size()) != r + 1) {
-    return InvalidArgument(op, "output rank ", yd.size(), " is not the input rank ", r, " + 1");
-  }
+  JAX_TMA_RETURN_IF_FAILED(
+      CheckRank(op, "output", static_cast<int64_t>(yd.size()), r + 1, "input rank ", r, " + 1"));
   JAX_TMA_RETURN_IF_FAILED(CheckElementTypes(op, x.element_type(), y->element_type()));
   g->n = yd[axis];
   g->outer = 1;
   g->inner_bytes = static_cast<int64_t>(ffi::ByteWidth(x.element_type()));
   for (int64_t i = 0; i < r; ++i) {
     const int64_t want = xd[i];
-    const int64_t got = yd[i < axis ? i : i + 1];
-    if (got != want) {
-      return InvalidArgument(op, "output dim ", i < axis ? i : i + 1, " = ", got,
-                             " differs from input dim ", i, " = ", want);
-    }
+    const int64_t yi = i < axis ? i : i + 1;
+    JAX_TMA_RETURN_IF_FAILED(CheckSameDim(op, "output", yi, yd[yi], "input", i, want));
     if (i < axis) {
       g->outer *= want;
     } else {

@@ -7,6 +7,7 @@
 #include "broadcast/broadcast_common.h"
 #include "handlers.h"
 #include "path_counts.h"
+#include "rules.h"
 
 namespace jax_tma {
 
@@ -26,6 +27,14 @@ static ffi::Error BroadcastCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer>
     }
   }
   return ffi::Error::Success();
+}
+
+void BroadcastRules(Rules* rules) {
+  std::vector<int64_t> sizes;
+  for (int64_t c = 1; c <= kMaxClusterSize; ++c) {
+    if (IsClusterSize(c)) sizes.push_back(c);
+  }
+  rules->Tuple("broadcast.cluster_sizes", sizes);
 }
 
 }  // namespace jax_tma

@@ -37,7 +37,7 @@ TiledMapSpec U64Map(const void* address, const int64_t (&dims)[R],
 }  // namespace
 
 bool PlanClusterBroadcast(const BroadcastGeometry& g, BroadcastMethod method, int cluster,
-                          BroadcastPlan* p, std::string* why) {
+                          ClusterBroadcastPlan* p, std::string* why) {
   const int64_t bytes = g.inner_bytes;
   if (bytes % static_cast<int64_t>(kTensorMapAlign) != 0) {
     return Reject(why, "one replica of x is ", bytes, " B, not a multiple of 16 (the tensor-map "
@@ -115,26 +115,43 @@ bool PlanClusterBroadcast(const BroadcastGeometry& g, BroadcastMethod method, in
 
 bool ClusterBroadcastFits(const BroadcastGeometry& g, BroadcastMethod method, int cluster_size,
                           std::string* why) {
-  BroadcastPlan plan;
+  ClusterBroadcastPlan plan;
   return PlanClusterBroadcast(g, method, cluster_size, &plan, why);
 }
 
-BroadcastChoice ChooseBroadcast(const BroadcastGeometry& g, bool has_tma) {
-  switch (g.method) {
-    case BroadcastMethod::kSimt:
-    case BroadcastMethod::kStore:
-      return {g.method, 1};
-    case BroadcastMethod::kMulticast:
-    case BroadcastMethod::kDsmem:
-      return {g.method, g.cluster_size != 0 ? static_cast<int>(g.cluster_size)
-                                            : kDefaultClusterSize};
-    default:
-      break;
+ffi::Error PlanBroadcast(const BroadcastGeometry& g, const DeviceInfo& info, int device,
+                         BroadcastPlan* plan) {
+  const auto op = kBroadcastOp;
+  const BroadcastMethod method = g.method;
+  const bool clustered =
+      method == BroadcastMethod::kMulticast || method == BroadcastMethod::kDsmem;
+  const int cluster_size =
+      !clustered ? 1
+                 : static_cast<int>(g.cluster_size != 0 ? g.cluster_size : kDefaultClusterSize);
+  plan->cluster_size = cluster_size;
+  if (method == BroadcastMethod::kAuto) {
+    const bool store = info.has_tma() && PlanClusterBroadcast(g, BroadcastMethod::kStore, 1,
+                                                              &plan->cluster, nullptr);
+    plan->method = store ? BroadcastMethod::kStore : BroadcastMethod::kSimt;
+    return ffi::Error::Success();
   }
-  if (has_tma && ClusterBroadcastFits(g, BroadcastMethod::kStore, 1, nullptr)) {
-    return {BroadcastMethod::kStore, 1};
+  plan->method = method;
+  if (method == BroadcastMethod::kSimt) return ffi::Error::Success();
+  if (!(method == BroadcastMethod::kStore && cluster_size == 1) &&
+      !(clustered && IsClusterSize(cluster_size))) {
+    return InvalidArgument(op, "no TMA kernel for method '", BroadcastMethodName(method),
+                           "' with cluster_size ", cluster_size);
   }
-  return {BroadcastMethod::kSimt, 1};
+  if (!info.has_tma()) {
+    return InvalidArgument(op, info.NeedsTma(BroadcastMethodName(method), device,
+                                             clustered ? "thread-block clusters and TMA" : "TMA"));
+  }
+  std::string why;
+  if (!PlanClusterBroadcast(g, method, cluster_size, &plan->cluster, &why)) {
+    return InvalidArgument(op, "method='", BroadcastMethodName(method), "' (cluster_size ",
+                           cluster_size, ") cannot run this shape: ", why);
+  }
+  return ffi::Error::Success();
 }
 
 }  // namespace jax_tma

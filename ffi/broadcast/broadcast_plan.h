@@ -9,6 +9,7 @@
 #include <string>
 
 #include "broadcast/broadcast_common.h"
+#include "cuda/device_info.h"
 #include "cuda/launch.h"
 #include "cuda/tensor_map.h"
 
@@ -40,7 +41,7 @@ struct BroadcastTileArgs {
   uint32_t pieces_per_cta;   // multicast: slice loads per CTA
 };
 
-struct BroadcastPlan {
+struct ClusterBroadcastPlan {
   TiledMapSpec tile;   // box = one tile of x
   TiledMapSpec piece;  // box = one multicast slice (= tile otherwise)
   TiledMapSpec dst;    // box = one tile of one replica
@@ -54,23 +55,30 @@ struct BroadcastPlan {
 // arithmetic only: whether the device can launch such a cluster is
 // LaunchClusterBroadcast's check.
 bool PlanClusterBroadcast(const BroadcastGeometry& g, BroadcastMethod method, int cluster,
-                          BroadcastPlan* plan, std::string* why);
+                          ClusterBroadcastPlan* plan, std::string* why);
 
 // PlanClusterBroadcast's verdict alone.
 bool ClusterBroadcastFits(const BroadcastGeometry& g, BroadcastMethod method, int cluster_size,
                           std::string* why);
 
-struct BroadcastChoice {
-  BroadcastMethod method;  // never kAuto
-  int cluster_size;        // 1 for store and simt
+// What one call runs: the method (never kAuto), its cluster size (1 for
+// store and simt) and, for the TMA methods, their tiles and tensor maps.
+struct BroadcastPlan {
+  BroadcastMethod method = BroadcastMethod::kSimt;
+  int cluster_size = 1;
+  ClusterBroadcastPlan cluster;
 };
 
-// Resolves method "auto" and cluster size 0 for a device with or without TMA.
-// auto takes the TMA store kernel wherever its tensor-map rules hold, SIMT
-// otherwise and below sm_90: every method reads x from DRAM once, so the
-// cluster methods save no traffic, and the store kernel saves their cluster
-// barriers and co-scheduling (benchmarks/bench_broadcast.py).
-BroadcastChoice ChooseBroadcast(const BroadcastGeometry& g, bool has_tma);
+// Plans a non-empty call once on `device` (`info`). "auto" takes the TMA
+// store kernel wherever its tensor-map rules hold, SIMT otherwise and below
+// sm_90: every method reads x from DRAM once, so the cluster methods save no
+// traffic, and the store kernel saves their cluster barriers and
+// co-scheduling (benchmarks/bench_broadcast.py). Cluster size 0 takes
+// kDefaultClusterSize. An explicit TMA method that cannot run (no kernel for
+// that cluster size, no TMA, a broken tensor-map rule) is an error naming
+// the rule and the values.
+ffi::Error PlanBroadcast(const BroadcastGeometry& g, const DeviceInfo& info, int device,
+                         BroadcastPlan* plan);
 
 }  // namespace jax_tma
 

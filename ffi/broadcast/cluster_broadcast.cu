@@ -177,29 +177,15 @@ ffi::Error QueryClusterCaps(int device, ClusterCaps* caps) {
 
 }  // namespace
 
-ffi::Error LaunchClusterBroadcast(const BroadcastGeometry& g, BroadcastMethod method,
-                                  int cluster_size, cudaStream_t stream, int device) {
+ffi::Error LaunchClusterBroadcast(const BroadcastGeometry& g, const BroadcastPlan& p,
+                                  cudaStream_t stream, int device) {
   const auto op = kBroadcastOp;
+  const BroadcastMethod method = p.method;
+  const int cluster_size = p.cluster_size;
+  const ClusterBroadcastPlan& plan = p.cluster;
   const bool clustered =
       method == BroadcastMethod::kMulticast || method == BroadcastMethod::kDsmem;
-  if (!(method == BroadcastMethod::kStore && cluster_size == 1) &&
-      !(clustered && IsClusterSize(cluster_size))) {
-    return InvalidArgument(op, "no TMA kernel for method '", BroadcastMethodName(method),
-                           "' with cluster_size ", cluster_size);
-  }
   if (g.n == 0 || g.outer == 0 || g.inner_bytes == 0) return ffi::Error::Success();
-  DeviceInfo info;
-  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  if (!info.has_tma()) {
-    return InvalidArgument(op, info.NeedsTma(BroadcastMethodName(method), device,
-                                             clustered ? "thread-block clusters and TMA" : "TMA"));
-  }
-  BroadcastPlan plan;
-  std::string why;
-  if (!PlanClusterBroadcast(g, method, cluster_size, &plan, &why)) {
-    return InvalidArgument(op, "method='", BroadcastMethodName(method), "' (cluster_size ",
-                           cluster_size, ") cannot run this shape: ", why);
-  }
   static PerDevice<ClusterCaps> caps_cache;
   ClusterCaps caps;
   JAX_TMA_RETURN_IF_FAILED(caps_cache.Get(device, QueryClusterCaps, &caps));

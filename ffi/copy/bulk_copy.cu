@@ -146,7 +146,7 @@ ffi::Error SetBulkSmemLimit(int device, int* limit) {
 ffi::Error LaunchBulkCopy(const void* src, void* dst, std::size_t bytes,
                           cudaStream_t stream, int device,
                           const BulkCopyConfig& config, int counter_slot) {
-  constexpr std::string_view kOp = "jax_tma.copy(method='bulk')";
+  constexpr std::string_view kOp = "jax_tma.copy(method='tma')";
   if (bytes == 0) return ffi::Error::Success();
   // No common aligned body: the SIMT kernel (also one launch) copies it all.
   if (!HasBulkBody(src, dst)) return LaunchSimtCopy(src, dst, bytes, stream, device);

@@ -11,8 +11,8 @@ namespace jax_tma {
 
 static ffi::Error CopyCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                               std::string_view method) {
-  CopyMethod parsed;
-  JAX_TMA_RETURN_IF_FAILED(ParseCopyMethodAttr("jax_tma.copy", method, &parsed));
+  Method parsed;
+  JAX_TMA_RETURN_IF_FAILED(ParseMethod("jax_tma.copy", method, &parsed, TmaSpelling::kTmaOrBulk));
   ByteCopy c;
   JAX_TMA_RETURN_IF_FAILED(CheckWholeCopy("jax_tma.copy", x, y, &c));
   if (c.bytes != 0) std::memcpy(c.dst, c.src, c.bytes);

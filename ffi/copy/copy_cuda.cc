@@ -1,5 +1,5 @@
-// CUDA handler of "jax_tma_copy": re-validates the call, picks the kernel for
-// the requested method and launches it on XLA's stream. Graph-safe: no
+// CUDA handler of "jax_tma_copy": decodes and re-validates the call, plans it
+// (PlanCopy) and launches the plan on XLA's stream. Graph-safe: no
 // allocation, no synchronisation, no host reads of device data. An
 // instantiate stage gives each call site the work-counter slot of its
 // dynamic bulk schedule.
@@ -12,25 +12,6 @@
 #include "path_counts.h"
 
 namespace jax_tma {
-
-ffi::Error LaunchCopy(std::string_view op, CopyMethod method, const void* src,
-                      void* dst, std::size_t bytes, cudaStream_t stream,
-                      int device, int counter_slot, const BulkCopyConfig* config,
-                      CopyKernel* ran) {
-  if (ran != nullptr) *ran = CopyKernel::kNone;
-  if (bytes == 0) return ffi::Error::Success();
-  DeviceInfo info;
-  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  if (method == CopyMethod::kBulk && !info.has_tma()) {
-    return InvalidArgument(op, info.NeedsTma("bulk", device));
-  }
-  const CopyKernel kernel = ChooseCopyKernel(method, bytes, info.has_tma(), src, dst);
-  if (ran != nullptr) *ran = kernel;
-  if (kernel == CopyKernel::kSimt) return LaunchSimtCopy(src, dst, bytes, stream, device);
-  return LaunchBulkCopy(src, dst, bytes, stream, device,
-                        config != nullptr ? *config : ChooseBulkCopyConfig(bytes, counter_slot),
-                        counter_slot);
-}
 
 // Per call site (FFI instantiate state): the work-counter slot of its
 // dynamic bulk copies, returned to the pool with the executable.
@@ -54,15 +35,17 @@ static ffi::Error CopyCudaImpl(cudaStream_t stream, int32_t device,
                                ffi::Result<ffi::AnyBuffer> y,
                                std::string_view method) {
   constexpr std::string_view kOp = "jax_tma.copy";
-  CopyMethod parsed;
-  JAX_TMA_RETURN_IF_FAILED(ParseCopyMethodAttr(kOp, method, &parsed));
+  Method parsed;
+  JAX_TMA_RETURN_IF_FAILED(ParseMethod(kOp, method, &parsed, TmaSpelling::kTmaOrBulk));
   ByteCopy c;
   JAX_TMA_RETURN_IF_FAILED(CheckWholeCopy(kOp, x, y, &c));
-  CopyKernel ran;
-  JAX_TMA_RETURN_IF_FAILED(
-      LaunchCopy(kOp, parsed, c.src, c.dst, c.bytes, stream, device, site->slot, nullptr, &ran));
-  if (ran != CopyKernel::kNone) {
-    CountPath(ran == CopyKernel::kBulk ? Path::kCopyBulk : Path::kCopySimt);
+  DeviceInfo info;
+  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
+  CopyPlan plan;
+  JAX_TMA_RETURN_IF_FAILED(PlanCopy(kOp, parsed, c, info, device, site->slot, nullptr, &plan));
+  JAX_TMA_RETURN_IF_FAILED(LaunchCopy(plan, c, stream, device));
+  if (plan.kernel != CopyKernel::kNone) {
+    CountPath(plan.kernel == CopyKernel::kTma ? Path::kCopyTma : Path::kCopySimt);
   }
   return ffi::Error::Success();
 }

@@ -42,13 +42,28 @@ void ReleaseBulkCounterSlot(int slot) {
   p.free.push_back(slot);
 }
 
-CopyKernel ChooseCopyKernel(CopyMethod method, std::size_t bytes, bool has_tma,
+CopyKernel ChooseCopyKernel(Method method, std::size_t bytes, bool has_tma,
                             const void* src, const void* dst) {
   if (bytes == 0) return CopyKernel::kNone;
-  const bool simt = method == CopyMethod::kSimt || !has_tma ||
-                    (method == CopyMethod::kAuto && bytes < kAutoBulkMinBytes) ||
+  const bool simt = method == Method::kSimt || !has_tma ||
+                    (method == Method::kAuto && bytes < kAutoBulkMinBytes) ||
                     !HasBulkBody(src, dst);
-  return simt ? CopyKernel::kSimt : CopyKernel::kBulk;
+  return simt ? CopyKernel::kSimt : CopyKernel::kTma;
+}
+
+ffi::Error PlanCopy(std::string_view op, Method method, const ByteCopy& c, const DeviceInfo& info,
+                    int device, int counter_slot, const BulkCopyConfig* config, CopyPlan* plan) {
+  if (c.bytes == 0) {
+    plan->kernel = CopyKernel::kNone;
+    return ffi::Error::Success();
+  }
+  if (method == Method::kTma && !info.has_tma()) {
+    return InvalidArgument(op, info.NeedsTma("tma", device));
+  }
+  plan->kernel = ChooseCopyKernel(method, c.bytes, info.has_tma(), c.src, c.dst);
+  plan->config = config != nullptr ? *config : ChooseBulkCopyConfig(c.bytes, counter_slot);
+  plan->counter_slot = counter_slot;
+  return ffi::Error::Success();
 }
 
 const BulkCopyConfig& ChooseBulkCopyConfig(std::size_t bytes, int counter_slot) {

@@ -1,15 +1,18 @@
-// Host rules of jax_tma.copy's CUDA path: which kernel a method runs, the bulk
-// pipeline's configurations and their limits, the bulk kernel's chunking and
-// grid, and the work-counter slots of its dynamic schedule. Pure host C++,
-// unit-tested without a GPU (tests/cpp/test_copy_plan.cc).
+// Host rules of jax_tma.copy's CUDA path: which kernel a method runs
+// (PlanCopy, once per call), the TMA bulk pipeline's configurations and their
+// limits, its chunking and grid, and the work-counter slots of its dynamic
+// schedule. Pure host C++, unit-tested without a GPU
+// (tests/cpp/test_copy_plan.cc).
 #ifndef JAX_TMA_FFI_COPY_COPY_PLAN_H_
 #define JAX_TMA_FFI_COPY_COPY_PLAN_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "common.h"
+#include "cuda/device_info.h"
 
 namespace jax_tma {
 
@@ -35,7 +38,7 @@ inline constexpr BulkCopyConfig kDynamicBulkCopyConfig{8 * 1024, 16, 4, true};
 inline constexpr std::size_t kDynamicBulkMinBytes = std::size_t{32} << 20;
 inline constexpr int kMaxBulkStages = 16;
 // cp.async.bulk moves 16-B aligned addresses and sizes.
-inline constexpr std::size_t kBulkAlign = 16;
+inline constexpr std::size_t kBulkAlign = kTmaAlignBytes;
 
 // method="auto" uses the bulk kernel from this size up and the SIMT kernel
 // below it, where SIMT is as fast (benchmarks/bench_copy.py).
@@ -62,19 +65,34 @@ inline bool HasBulkBody(const void* src, const void* dst) {
   return (rel & (kBulkAlign - 1)) == 0;
 }
 
-enum class CopyKernel { kNone, kBulk, kSimt };
+enum class CopyKernel { kNone, kTma, kSimt };
 
-// The kernel that copies `bytes` from `src` to `dst` for `method` (bulk was
-// checked to have TMA): SIMT without TMA, for method="simt", for "auto" below
+// The kernel that copies `bytes` from `src` to `dst` for `method` (kTma was
+// checked to have TMA): SIMT without TMA, for Method::kSimt, for kAuto below
 // kAutoBulkMinBytes, and where the buffers have no common aligned body
-// (HasBulkBody); else bulk. kNone for an empty copy.
-CopyKernel ChooseCopyKernel(CopyMethod method, std::size_t bytes, bool has_tma,
+// (HasBulkBody); else the TMA bulk pipeline. kNone for an empty copy.
+CopyKernel ChooseCopyKernel(Method method, std::size_t bytes, bool has_tma,
                             const void* src, const void* dst);
 
 // The bulk configuration of a copy of `bytes` that names none: the dynamic
 // schedule from kDynamicBulkMinBytes up when the call site has a counter
 // slot, else the default static one.
 const BulkCopyConfig& ChooseBulkCopyConfig(std::size_t bytes, int counter_slot);
+
+// What one copy runs: the kernel and, for kTma, the pipeline configuration
+// and the work-counter slot of its dynamic schedule.
+struct CopyPlan {
+  CopyKernel kernel = CopyKernel::kNone;
+  BulkCopyConfig config = kDefaultBulkCopyConfig;
+  int counter_slot = kNoCounterSlot;
+};
+
+// Plans the copy `c` for `method` on `device` (`info`): the kernel
+// (ChooseCopyKernel) and the bulk configuration, `config` where given, else
+// ChooseBulkCopyConfig's. Method::kTma on a device without TMA is an error
+// naming `op` (an empty copy plans kNone on any device).
+ffi::Error PlanCopy(std::string_view op, Method method, const ByteCopy& c, const DeviceInfo& info,
+                    int device, int counter_slot, const BulkCopyConfig* config, CopyPlan* plan);
 
 // The bulk kernel's launch: bytes [0, head) and [head + body, bytes) are
 // copied with ordinary stores, the body (16-B aligned in both buffers, a

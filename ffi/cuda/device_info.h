@@ -19,16 +19,16 @@ struct DeviceInfo {
   int sm_count = 0;
   int smem_per_block_optin = 0;  // bytes
   int smem_per_sm = 0;           // bytes
-  bool has_tma() const { return cc_major >= 9; }
+  bool has_tma() const { return cc_major >= kTmaMinComputeMajor; }
   // The error of a method that cannot run here, spelled as Python's
-  // jax_tma/_checks.py require_tma spells it: "method='bulk' needs TMA, but
+  // jax_tma/_checks.py require_tma spells it: "method='tma' needs TMA, but
   // device 0 has compute capability 8.0 (TMA needs >= 9.0); use ...".
   std::string NeedsTma(std::string_view method, int device,
                        std::string_view need = "TMA") const {
     Message m;
     m << "method='" << method << "' needs " << need << ", but device " << device
       << " has compute capability " << cc_major << "." << cc_minor
-      << " (TMA needs >= 9.0); use method='auto' or 'simt'";
+      << " (TMA needs >= " << kTmaMinComputeMajor << ".0); use method='auto' or 'simt'";
     return m.str();
   }
 };

@@ -1,6 +1,7 @@
 // Host-side helpers that every op's planner and launcher share: the planners'
 // rejection message, shared-memory sizing (tile alignment, the static part
-// and the driver's per-CTA reservation), and cluster launch configurations.
+// and the driver's per-CTA reservation), cluster launch configurations and
+// the dispatch of a TMA-or-SIMT plan.
 // No CUDA calls: the planners that use it are host C++, unit-tested without a
 // GPU (tests/cpp/).
 #ifndef JAX_TMA_FFI_CUDA_LAUNCH_H_
@@ -14,6 +15,7 @@
 #include <string>
 
 #include "../message.h"
+#include "../path_counts.h"
 #include "device_info.h"
 
 namespace jax_tma {
@@ -96,6 +98,21 @@ struct ClusterLaunch {
   ClusterLaunch(const ClusterLaunch&) = delete;
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
+
+// Runs a planned call of a family with a TMA kernel and a SIMT one: `tma`
+// where the plan took it (nothing to launch where its plan is `empty`), else
+// `simt`; then counts the path taken.
+template <typename Tma, typename Simt>
+ffi::Error LaunchTmaOrSimt(bool use_tma, bool empty, Path tma_path, Path simt_path,
+                           const Tma& tma, const Simt& simt) {
+  if (use_tma) {
+    if (!empty) JAX_TMA_RETURN_IF_FAILED(tma());
+  } else {
+    JAX_TMA_RETURN_IF_FAILED(simt());
+  }
+  CountPath(use_tma ? tma_path : simt_path);
+  return ffi::Error::Success();
+}
 
 }  // namespace jax_tma
 

@@ -1,7 +1,7 @@
 // Device-side wrappers for the tensor-map (cp.async.bulk.tensor) forms of the
 // Hopper async copy: tiled loads and stores of 1..5-d boxes, tensor-map
-// prefetch, and the proxy fence that hands generic shared-memory writes to a
-// tensor store. Companion of device_helpers.cuh (mbarriers, 1D bulk copies).
+// prefetch. Companion of device_helpers.cuh (mbarriers, 1D bulk copies, the
+// proxy fence that hands generic shared-memory writes to a tensor store).
 #ifndef JAX_TMA_FFI_CUDA_TENSOR_COPY_CUH_
 #define JAX_TMA_FFI_CUDA_TENSOR_COPY_CUH_
 
@@ -24,12 +24,6 @@ __device__ __forceinline__ uint64_t tensor_map_addr(const CUtensorMap* map) {
 // Pulls the 128-B descriptor into the TMA unit's cache ahead of first use.
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(tensor_map_addr(map)) : "memory");
-}
-
-// Orders this thread's generic-proxy shared-memory writes before later
-// async-proxy reads of them (a tensor store issued after a CTA barrier).
-__device__ __forceinline__ void fence_proxy_async_shared_cta() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 // Tiled tensor loads: the box at coordinates {c0 (innermost), c1, ...} of

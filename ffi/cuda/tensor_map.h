@@ -20,7 +20,7 @@ namespace jax_tma {
 inline constexpr int kMaxTensorMapRank = 5;
 inline constexpr uint32_t kMaxTensorMapBox = 256;          // per box dim
 inline constexpr uint32_t kMaxTensorMapElementStride = 8;
-inline constexpr uint64_t kTensorMapAlign = 16;            // address, strides, inner box bytes
+inline constexpr uint64_t kTensorMapAlign = kTmaAlignBytes;  // address, strides, inner box bytes
 inline constexpr uint64_t kMaxTensorMapDim = uint64_t{1} << 32;
 inline constexpr uint64_t kTensorMapStrideLimit = uint64_t{1} << 40;  // strides are below this
 

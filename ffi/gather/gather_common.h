@@ -19,14 +19,14 @@
 #include <utility>
 
 #include "common.h"
-#include "im2col/im2col_common.h"  // SumKind, Col2imSum: the element arithmetic col2im shares
+#include "element_sum.h"
+#include "shape_checks.h"
 
 namespace jax_tma {
 
 inline constexpr std::string_view kGatherOp = "jax_tma.gather";
 inline constexpr std::string_view kScatterOp = "jax_tma.scatter";
 
-enum class GatherMethod { kAuto, kTma, kSimt };
 enum class ScatterMode { kSet, kAdd };
 enum class IndexKind : int32_t { kS8, kS16, kS32, kS64, kU8, kU16, kU32, kU64 };
 
@@ -47,8 +47,9 @@ inline bool IndexKindOf(ffi::DataType t, IndexKind* k) {
 // w(indices[i]) for a table of n rows: negative values wrap once, anything
 // outside [0, n) after that is -1. Unsigned values never wrap. The kind's
 // code gives the width (its low two bits) and the signedness: an if-chain,
-// common widths first, where an eight-way switch compiled to a jump table
-// whose constant-bank read and indirect branch cost a small call 0.14 µs.
+// common widths first: an eight-way switch compiles to a jump table whose
+// constant-bank read and indirect branch cost small calls time
+// (benchmarks/TUNING.md, SlabRow).
 static_assert(static_cast<int32_t>(IndexKind::kS32) == 2 &&
               static_cast<int32_t>(IndexKind::kU8) == 4 &&
               static_cast<int32_t>(IndexKind::kU64) == 7);
@@ -73,15 +74,8 @@ JAX_TMA_HOST_DEVICE inline int64_t SlabRow(const void* indices, IndexKind kind, 
   return static_cast<uint64_t>(v) < static_cast<uint64_t>(n) ? v : -1;  // n >= 0
 }
 
-inline bool ParseGatherMethod(std::string_view name, GatherMethod* out) {
-  if (name == "auto") { *out = GatherMethod::kAuto; return true; }
-  if (name == "tma") { *out = GatherMethod::kTma; return true; }
-  if (name == "simt") { *out = GatherMethod::kSimt; return true; }
-  return false;
-}
-
 struct GatherGeometry {
-  GatherMethod method = GatherMethod::kAuto;
+  Method method = Method::kAuto;
   int64_t batch = 1;       // B
   int64_t outer = 1;       // P
   int64_t table_rows = 0;  // N
@@ -109,9 +103,10 @@ struct GatherGeometry {
   JAX_TMA_HOST_DEVICE int64_t TableRow(int64_t r) const;
 };
 
-// TableRow with batch or outer dims: divisions, kept out of line (inlined,
-// their code cost every small call of the plain case 0.09 µs). Scalars, not
-// the geometry, so that a kernel passes them in registers.
+// TableRow with batch or outer dims: divisions, kept out of line so that
+// their code does not slow the plain case (benchmarks/TUNING.md,
+// DividedTableRow). Scalars, not the geometry, so that a kernel passes them
+// in registers.
 JAX_TMA_HOST_DEVICE JAX_TMA_NOINLINE inline int64_t DividedTableRow(
     const void* indices, IndexKind kind, int64_t r, int64_t count, int64_t outer,
     int64_t table_rows) {
@@ -129,9 +124,9 @@ JAX_TMA_HOST_DEVICE inline int64_t GatherGeometry::TableRow(int64_t r) const {
 
 #if defined(__CUDACC__)
 // The V at byte offset `o` of a slab of gather's fill element (element sizes
-// are powers of two), read a byte at a time where a row needs it: a 16-byte
-// pattern loaded once a SIMT tile cost 2% at 128 B rows (H100, 108.1 against
-// 106.1 us), and loaded a vector it spilled registers.
+// are powers of two), read a byte at a time where a row needs it: cheaper
+// than a 16-byte pattern loaded once per tile, which also spilled registers
+// as a vector (benchmarks/TUNING.md, FillVector).
 template <typename V>
 __device__ __forceinline__ V FillVector(const void* fill, int64_t elem_bytes, int64_t o) {
   union {
@@ -237,9 +232,7 @@ inline ffi::Error DecodeSlabs(std::string_view op, const ffi::AnyBuffer& x,
                               ffi::Span<const int64_t> slab_dims, std::string_view slab_name,
                               int64_t axis, int64_t batch, std::string_view method,
                               GatherGeometry* g) {
-  if (!ParseGatherMethod(method, &g->method)) {
-    return BadChoice(op, "method", method, {"auto", "tma", "simt"});
-  }
+  JAX_TMA_RETURN_IF_FAILED(ParseMethod(op, method, &g->method));
   JAX_TMA_RETURN_IF_FAILED(CheckElementTypes(op, x.element_type(), slab_type));
   if (!IndexKindOf(indices.element_type(), &g->index_kind)) {
     return InvalidArgument(op, "indices must be integers, got element type ",
@@ -258,20 +251,17 @@ inline ffi::Error DecodeSlabs(std::string_view op, const ffi::AnyBuffer& x,
                            axis < ir ? axis : ir, "]");
   }
   const int64_t want_rank = r - 1 + ir - batch;
-  if (static_cast<int64_t>(slab_dims.size()) != want_rank) {
-    return InvalidArgument(op, slab_name, " has rank ", slab_dims.size(), "; expected ", want_rank,
-                           " (x rank ", r, " - 1 + indices rank ", ir, " - batch ", batch, ")");
-  }
+  JAX_TMA_RETURN_IF_FAILED(CheckRank(op, slab_name, static_cast<int64_t>(slab_dims.size()),
+                                     want_rank, "x rank ", r, " - 1 + indices rank ", ir,
+                                     " - batch ", batch));
   g->elem_bytes = static_cast<int64_t>(ffi::ByteWidth(x.element_type()));
   g->batch = g->outer = g->count = 1;
   g->slab_bytes = g->elem_bytes;
   g->table_rows = xd[axis];
   bool ok = true;
   for (int64_t d = 0; d < batch; ++d) {
-    if (id[d] != xd[d]) {
-      return InvalidArgument(op, "indices dim ", d, " = ", id[d], " differs from x dim ", d, " = ",
-                             xd[d], " (both are batch dims)");
-    }
+    JAX_TMA_RETURN_IF_FAILED(
+        CheckSameDim(op, "indices", d, id[d], "x", d, xd[d], "both are batch dims"));
     ok = ok && Mul(g->batch, xd[d], &g->batch);
   }
   for (int64_t d = batch; d < axis; ++d) ok = ok && Mul(g->outer, xd[d], &g->outer);

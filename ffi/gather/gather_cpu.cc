@@ -10,6 +10,7 @@
 #include "handlers.h"
 #include "keep_subnormals.h"
 #include "path_counts.h"
+#include "rules.h"
 
 namespace jax_tma {
 namespace {
@@ -49,7 +50,7 @@ struct AddRows {
 
   template <SumKind K>
   void operator()() const {
-    using S = Col2imSum<K>;
+    using S = ElementSum<K>;
     using T = typename S::T;
     const int64_t n = g.slab_bytes / static_cast<int64_t>(sizeof(T));
     const T* src = static_cast<const T*>(g.slabs);
@@ -98,6 +99,16 @@ ffi::Error ScatterCpuImpl(ffi::AnyBuffer indices, ffi::AnyBuffer order, ffi::Rem
 }
 
 }  // namespace
+
+void GatherRules(Rules* rules) {
+  rules->Int("gather.max_tables", kMaxGatherTables);
+  rules->Dtypes("gather.bulk_add_dtypes", [](ffi::DataType t) {
+    SumKind kind;
+    int components;
+    return SumKindOf(t, &kind, &components) && BulkAddSums(kind);
+  });
+}
+
 }  // namespace jax_tma
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTmaGatherCpu, jax_tma::GatherCpuImpl,

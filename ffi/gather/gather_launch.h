@@ -1,6 +1,6 @@
 // Launchers of the gather/scatter kernels (TMA bulk pipeline, vectorised
-// SIMT, the ordered deterministic scatter) and the dispatch shared by the FFI
-// handlers and the standalone selftest. Which path runs is gather_plan.h's rule.
+// SIMT, the ordered deterministic scatter) and of a planned call
+// (LaunchGather). Which path runs is gather_plan.h's rule.
 #ifndef JAX_TMA_FFI_GATHER_GATHER_LAUNCH_H_
 #define JAX_TMA_FFI_GATHER_GATHER_LAUNCH_H_
 
@@ -32,11 +32,13 @@ ffi::Error LaunchSimtGather(const GatherGeometry& g, const GatherTables& tables,
 ffi::Error LaunchOrderedScatter(const GatherGeometry& g, const GatherTables& tables,
                                 cudaStream_t stream, int device);
 
-// The whole call of the tables gs[0..n): scatter first copies each table
-// into its output where that is not aliased; then each run of tables that
-// FusesWith its first moves in one launch of the plan's kernel.
-ffi::Error LaunchGather(const GatherGeometry* gs, size_t n, bool scatter, cudaStream_t stream,
-                        int device);
+// The whole call of the tables gs[0..n) as `plan` (PlanGatherCall) says:
+// scatter first copies each table into its output where that is not aliased
+// (the lowering asks for the alias, so that only the indexed slabs are
+// written); then each run of tables that FusesWith its first moves in one
+// launch of the plan's kernel, and counts its path.
+ffi::Error LaunchGather(const GatherGeometry* gs, size_t n, const GatherCallPlan& plan,
+                        cudaStream_t stream, int device);
 
 }  // namespace jax_tma
 

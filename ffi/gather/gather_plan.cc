@@ -7,22 +7,9 @@
 namespace jax_tma {
 namespace {
 
-constexpr int64_t kBulkAlign = 16;  // cp.async.bulk address and size rule
 constexpr int64_t kMaxUnitsPerCta = 4;
 
-bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kBulkAlign == 0; }
-
-// The element types cp.reduce.async.bulk .add sums: 32/64-bit integers,
-// f16, bf16, f32, f64 (complex numbers as their parts).
-bool HasBulkAdd(const GatherGeometry& g) {
-  switch (g.sum) {
-    case SumKind::kU32: case SumKind::kU64: case SumKind::kF16: case SumKind::kBF16:
-    case SumKind::kF32: case SumKind::kF64:
-      return true;
-    default:
-      return false;
-  }
-}
+bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kTmaAlignBytes == 0; }
 
 std::string_view OpName(GatherOp op) { return op == GatherOp::kGather ? kGatherOp : kScatterOp; }
 
@@ -38,14 +25,14 @@ FastDivisor FastDivisor::Of(uint32_t d) {
 
 bool BulkGatherFits(const GatherGeometry& g, GatherOp op, std::string* why) {
   Message m;
-  if (g.slab_bytes % kBulkAlign != 0) {
+  if (g.slab_bytes % kTmaAlignBytes != 0) {
     m << "slabs of " << g.slab_bytes << " B are not a multiple of 16 B (the bulk-copy size rule)";
   } else if (!Aligned(g.x) || !Aligned(g.out) || (op != GatherOp::kGather && !Aligned(g.slabs))) {
     m << "a buffer is not 16-B aligned (x at " << g.x << ", output at "
       << static_cast<const void*>(g.out);
     if (op != GatherOp::kGather) m << ", updates at " << g.slabs;
     m << ")";
-  } else if (op == GatherOp::kScatterAdd && !HasBulkAdd(g)) {
+  } else if (op == GatherOp::kScatterAdd && !BulkAddSums(g.sum)) {
     m << "cp.reduce.async.bulk has no add for " << g.elem_bytes / g.components
       << "-byte integers (it adds 32/64-bit integers, f16, bf16, f32 and f64)";
   } else {
@@ -142,7 +129,7 @@ ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& in
   const bool has_tma = info.has_tma();
   const std::string_view name = OpName(op);
   if (op != GatherOp::kGather && g.deterministic) {
-    if (g.method == GatherMethod::kTma) {
+    if (g.method == Method::kTma) {
       return InvalidArgument(name, "deterministic=True applies updates in index order with the "
                              "SIMT kernel; method='tma' cannot (use method='auto' or 'simt')");
     }
@@ -151,7 +138,7 @@ ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& in
   }
   std::string why;
   const bool fits = BulkGatherFits(g, op, &why);
-  if (g.method == GatherMethod::kTma) {
+  if (g.method == Method::kTma) {
     if (!has_tma) return InvalidArgument(name, info.NeedsTma("tma", device));
     if (!fits) return InvalidArgument(name, "method='tma' cannot move this call: ", why);
   }
@@ -164,9 +151,9 @@ ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& in
                           simt.tiles <= SimtWaveThreads(info.sm_count) ||
                           (op == GatherOp::kGather &&
                            g.rows() * g.slab_bytes <= kAutoSimtMaxGatherBytes));
-  const bool bulk = g.method == GatherMethod::kTma ||
-                    (g.method == GatherMethod::kAuto && has_tma && fits && !simt_wins);
-  plan->path = bulk ? GatherPath::kBulk : GatherPath::kSimt;
+  const bool bulk = g.method == Method::kTma ||
+                    (g.method == Method::kAuto && has_tma && fits && !simt_wins);
+  plan->path = bulk ? GatherPath::kTma : GatherPath::kSimt;
   if (bulk) {
     plan->bulk = TileBulkGather(g, info.sm_count);
   } else {
@@ -185,7 +172,7 @@ bool FusesWith(const GatherGeometry& a, const GatherPlan& pa, const GatherGeomet
       a.order_64 == b.order_64 && a.sum == b.sum && a.components == b.components;
   if (!same_geometry || pa.path != pb.path) return false;
   switch (pa.path) {
-    case GatherPath::kBulk: {
+    case GatherPath::kTma: {
       const BulkGatherTiling& s = pa.bulk;
       const BulkGatherTiling& t = pb.bulk;
       return s.rows_per_unit == t.rows_per_unit && s.pieces == t.pieces &&
@@ -202,6 +189,16 @@ bool FusesWith(const GatherGeometry& a, const GatherPlan& pa, const GatherGeomet
     }
     default: return true;
   }
+}
+
+ffi::Error PlanGatherCall(const GatherGeometry* gs, size_t n, bool scatter, const DeviceInfo& info,
+                          int device, GatherCallPlan* plan) {
+  plan->op = GatherOpOf(gs[0], scatter);
+  for (size_t i = 0; i < n; ++i) {
+    JAX_TMA_RETURN_IF_FAILED(gather_detail::ForTable(
+        PlanGather(gs[i], plan->op, info, device, &plan->tables[i]), OpName(plan->op), i, n));
+  }
+  return ffi::Error::Success();
 }
 
 }  // namespace jax_tma

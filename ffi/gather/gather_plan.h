@@ -5,6 +5,7 @@
 #ifndef JAX_TMA_FFI_GATHER_GATHER_PLAN_H_
 #define JAX_TMA_FFI_GATHER_GATHER_PLAN_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -13,7 +14,7 @@
 
 namespace jax_tma {
 
-enum class GatherPath { kBulk, kSimt, kOrdered };
+enum class GatherPath { kTma, kSimt, kOrdered };
 
 // Which op a plan is for.
 enum class GatherOp { kGather, kScatterSet, kScatterAdd };
@@ -40,8 +41,8 @@ struct BulkGatherTiling {
 // Division of n < 2^31 by a divisor 1 <= d < 2^31 fixed before the launch,
 // as a multiply-high, an add and a shift (Granlund and Montgomery, "Division
 // by invariant integers using multiplication", PLDI 1994, theorem 4.2): the
-// flat kernels' row of a vector. A division there, or a test for a power of
-// two and a bit scan, cost a small call 0.05 us (H100, 2026-11-24).
+// flat kernels' row of a vector, cheaper there than a division or a
+// power-of-two test (benchmarks/TUNING.md, FastDivisor).
 struct FastDivisor {
   uint32_t mul = 1;
   int32_t shift = 0;
@@ -59,8 +60,8 @@ struct FastDivisor {
 
 // The SIMT kernels, in vectors of `vector_bytes`:
 // - flat: a thread per vector, in 32-bit arithmetic. Calls of 16-byte
-//   vectors take it up to 2^31 - 1 vectors, as XLA's gather does (on an H100
-//   it out-runs the tiled kernel by 5% at every slab size); calls of narrower
+//   vectors take it up to 2^31 - 1 vectors, as XLA's gather does (faster
+//   than tiled at every slab size, benchmarks/TUNING.md); calls of narrower
 //   vectors where they have at most one vector for each thread of a resident
 //   wave, where the tiled kernel's work per tile would be most of the call's
 //   time. Adds of f32, f16 and bf16 in 16-byte vectors use it with vector
@@ -70,9 +71,9 @@ struct FastDivisor {
 //   (gather) or the updates (scatter), one segment of each row per tile.
 //   Each lane reads one row's index per tile (one coalesced load) and the
 //   warp shares them by shuffles, so every vector load is independent of the
-//   others and a lane has several in flight (narrow vectors: 100 B rows of
-//   4-byte vectors take 12% less time than flat). Calls with few rows get smaller
-//   tiles, so that they still spread over many warps.
+//   others and a lane has several in flight (for narrow vectors faster than
+//   flat, benchmarks/TUNING.md). Calls with few rows get smaller tiles, so
+//   that they still spread over many warps.
 // A flat tiling is narrow where the call has no batch or outer dims, fewer
 // than 2^31 table rows and fewer than 2^32 table vectors: its kernels find
 // rows and offsets in 32-bit arithmetic, as XLA's gather does where sizes
@@ -93,7 +94,7 @@ struct SimtGatherTiling {
 
 struct GatherPlan {
   GatherPath path = GatherPath::kSimt;
-  BulkGatherTiling bulk;  // path == kBulk
+  BulkGatherTiling bulk;  // path == kTma
   SimtGatherTiling simt;  // path == kSimt, gather and scatter set
 };
 
@@ -107,14 +108,11 @@ inline constexpr int64_t kBulkGatherMaxRowsPerUnit = 64;
 // of one row a tile moves (larger slabs are split, so that even a few rows
 // give every SM tiles).
 inline constexpr int kSimtGatherThreads = 256;
-// Threads of a flat kernel's block: 128 went 1% faster than 256 (H100, 128 MiB
-// of 128 B and 512 B rows). Calls of at most a vector for each thread of a
-// resident wave, and at least a block of 256 for every SM, take blocks of 256
-// (kSimtFlatWaveThreads), half as many for the SMs to start: a gather of
-// 1,024 rows of 2 KiB took 1.70 us against 1.92 (H100, 2026-11-24, GPU busy
-// time). Smaller calls spread over more SMs in blocks of 128; blocks of 64
-// took a tick longer (1.31 against 1.28 us for 64 rows, 1.39 against 1.34
-// for 128).
+// Threads of a flat kernel's block: 128, the fastest on large calls. Calls
+// of at most a vector for each thread of a resident wave, and at least a
+// block of 256 for every SM, take blocks of 256 (kSimtFlatWaveThreads), half
+// as many for the SMs to start; smaller calls spread over more SMs in blocks
+// of 128 (benchmarks/TUNING.md, kSimtFlatThreads).
 inline constexpr int kSimtFlatThreads = 128;
 inline constexpr int kSimtFlatWaveThreads = 256;
 inline constexpr int kSimtGatherBlocksPerSm = 4;  // its launch bounds: 64 registers a thread
@@ -125,12 +123,9 @@ inline constexpr int64_t kSimtSegmentBytes = 1024;
 // scatter sets of slabs of at most kAutoSimtMaxSlabBytes, for gathers of at
 // most kAutoSimtMaxGatherBytes, and for calls of at most a vector for each
 // thread of a resident wave (SimtWaveThreads); and for f32, f16 and bf16 adds
-// in 16-byte vectors on sm_90 and later. Measured on an H100 (2026-11-23,
-// gathers of 64 and 128 MiB of random slabs, 128 B to 64 KiB): the flat
-// kernel beat the bulk path by 1-10% up to 4 KiB and at every slab size at
-// 64 MiB; the bulk path won by up to 1% (gather) and 3% (set) at 8-64 KiB in
-// 128 MiB; vector reductions beat the bulk reduction by 4% (f32) and 8%
-// (bf16).
+// in 16-byte vectors on sm_90 and later: where SIMT was as fast or faster
+// (benchmarks/TUNING.md, kAutoSimtMaxSlabBytes; results in
+// benchmarks/results/gather_*.json).
 inline constexpr int64_t kAutoSimtMaxSlabBytes = 4096;
 inline constexpr int64_t kAutoSimtMaxGatherBytes = int64_t{64} << 20;
 
@@ -171,6 +166,18 @@ ffi::Error PlanGather(const GatherGeometry& g, GatherOp op, const DeviceInfo& in
 // same path and tiling (which also depend on the buffers' alignment).
 bool FusesWith(const GatherGeometry& a, const GatherPlan& pa, const GatherGeometry& b,
                const GatherPlan& pb);
+
+// The plan of a whole call of tables gs[0..n): the op and each table's
+// GatherPlan.
+struct GatherCallPlan {
+  GatherOp op = GatherOp::kGather;
+  GatherPlan tables[kMaxGatherTables];
+};
+
+// Plans every table of a call once (PlanGather); an error names the table
+// where the call has several.
+ffi::Error PlanGatherCall(const GatherGeometry* gs, size_t n, bool scatter, const DeviceInfo& info,
+                          int device, GatherCallPlan* plan);
 
 }  // namespace jax_tma
 

@@ -105,10 +105,10 @@ __device__ __forceinline__ bool NarrowRow(const I* indices, uint32_t i, uint32_t
 // What a flat kernel reads on its hot path, passed as its first parameter.
 // Kernel parameters start at c[0x0][0x210] of the constant bank on sm_90, so
 // these 48 bytes lie in one 64-byte line, which each SM fetches once a
-// launch; spread over the geometry, tiling and tables, the same fields took
-// four lines and a gather of 1,024 rows of 2 KiB 0.1 us longer (H100,
-// 2026-11-24). The buffers and table rows hold for narrow calls of one
-// table (LaunchFlat); the other kernels take their table's from GatherTables.
+// launch, where the same fields spread over the geometry, tiling and tables
+// take four (benchmarks/TUNING.md, FlatArgs). The buffers and table rows hold
+// for narrow calls of one table (LaunchFlat); the other kernels take their
+// table's from GatherTables.
 struct FlatArgs {
   const void* indices;
   const void* src;  // the table (gather) or the updates (scatter)
@@ -117,8 +117,7 @@ struct FlatArgs {
   uint32_t vectors_per_row;
   uint32_t table_rows;
   FastDivisor per_row;
-  uint32_t threads;  // a block's: blockDim.x, read from c[0x0][0x0], another line,
-                     // cost 0.1 us at 1,024 rows of 2 KiB (1.79 against 1.70 us)
+  uint32_t threads;  // a block's: blockDim.x is read from c[0x0][0x0], another line
 };
 static_assert(sizeof(FlatArgs) <= 48, "FlatArgs must fit in one line of the constant bank");
 
@@ -195,14 +194,14 @@ __global__ void __launch_bounds__(kSimtFlatWaveThreads)
   }
 }
 
-// dst += v with the element arithmetic of Col2imSum<K>, atomically. 1- and
+// dst += v with the element arithmetic of ElementSum<K>, atomically. 1- and
 // 2-byte elements swap their aligned 4-byte word (XLA's buffers are
 // 16-B-aligned allocations, so the word lies inside one; the other bytes are
 // written back unchanged, or the swap retries).
 template <SumKind K>
-__device__ __forceinline__ void AtomicAdd(typename Col2imSum<K>::T* dst,
-                                          typename Col2imSum<K>::T v) {
-  using S = Col2imSum<K>;
+__device__ __forceinline__ void AtomicAdd(typename ElementSum<K>::T* dst,
+                                          typename ElementSum<K>::T v) {
+  using S = ElementSum<K>;
   using T = typename S::T;
   if constexpr (K == SumKind::kU32) {
     atomicAdd(reinterpret_cast<unsigned*>(dst), static_cast<unsigned>(v));
@@ -230,7 +229,7 @@ template <SumKind K>
 __global__ void __launch_bounds__(kSimtGatherThreads)
     SimtAddKernel(const GatherGeometry g0, const GatherTables tables) {
   const GatherGeometry g = BlockTable(g0, tables);
-  using T = typename Col2imSum<K>::T;
+  using T = typename ElementSum<K>::T;
   const int64_t per_row = g.slab_bytes / static_cast<int64_t>(sizeof(T));
   const int64_t total = g.rows() * per_row;
   const T* updates = static_cast<const T*>(g.slabs);
@@ -244,7 +243,7 @@ __global__ void __launch_bounds__(kSimtGatherThreads)
 }
 
 // dst[0..16) += v, v holding the 16 bytes of f32, f16 or bf16 elements of
-// Col2imSum<K>, with one vector reduction (sm_90; element atomics before).
+// ElementSum<K>, with one vector reduction (sm_90; element atomics before).
 template <SumKind K>
 __device__ __forceinline__ void VectorAtomicAdd(uint4* dst, uint4 v) {
 #if __CUDA_ARCH__ >= 900
@@ -264,7 +263,7 @@ __device__ __forceinline__ void VectorAtomicAdd(uint4* dst, uint4 v) {
                  : "memory");
   }
 #else
-  using T = typename Col2imSum<K>::T;
+  using T = typename ElementSum<K>::T;
   T parts[sizeof(uint4) / sizeof(T)];
   memcpy(parts, &v, sizeof(v));
   for (int e = 0; e < static_cast<int>(sizeof(uint4) / sizeof(T)); ++e) {
@@ -306,7 +305,7 @@ template <SumKind K, bool kAdd>
 // to 48 registers and spilled.)
 __global__ void __launch_bounds__(kSimtGatherThreads, 1)
     OrderedScatterKernel(const GatherGeometry g, const GatherTables tables) {
-  using S = Col2imSum<K>;
+  using S = ElementSum<K>;
   using T = typename S::T;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
@@ -369,13 +368,10 @@ struct FlatAdds {
 };
 
 // Launches the flat kernel of `Family` for the call: its index type's for a
-// narrow tiling of one table, which reads no table by blockIdx.y (0.07 us a
-// small call, H100, 2026-11-23), skips TableRow's test for batch and outer
-// dims (0.09 us) and the index kind's branches, and finds rows and offsets
-// in 32-bit arithmetic; else the kernel of any call. With FastDivisor and
-// FlatArgs, gathers of 64 and 1,024 rows of 2 KiB went from 1.50 and 2.05 us
-// to 1.33 and 1.82, level with an XLA-like kernel's 1.31 and 1.81 (H100,
-// 2026-11-24, CUDA graphs of 100 launches).
+// narrow tiling of one table, which reads no table by blockIdx.y, skips
+// TableRow's test for batch and outer dims and the index kind's branches,
+// and finds rows and offsets in 32-bit arithmetic (what small calls gain:
+// benchmarks/TUNING.md, LaunchFlat); else the kernel of any call.
 template <typename Family>
 void LaunchFlat(const GatherGeometry& g, const GatherTables& tables, const SimtGatherTiling& t,
                 cudaStream_t stream) {
@@ -436,7 +432,7 @@ struct LaunchAdd {
         return ffi::Error::Success();
       }
     }
-    using T = typename Col2imSum<K>::T;
+    using T = typename ElementSum<K>::T;
     const int blocks = Blocks(g.rows() * (g.slab_bytes / static_cast<int64_t>(sizeof(T))), info);
     SimtAddKernel<K><<<Grid(blocks, tables), kSimtGatherThreads, 0, stream>>>(g, tables);
     JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());

@@ -14,7 +14,7 @@
 // zero where that lies outside x. Patch column: t * C + c (tap-major) or
 // c * K + t (channel-major, lax.conv_general_dilated_patches).
 // col2im (transpose=true) writes x-shaped sums: each input element adds its
-// patch entries in increasing t (see Col2imSum).
+// patch entries in increasing t (see ElementSum).
 #ifndef JAX_TMA_FFI_IM2COL_IM2COL_COMMON_H_
 #define JAX_TMA_FFI_IM2COL_IM2COL_COMMON_H_
 
@@ -23,6 +23,7 @@
 #include <string_view>
 
 #include "common.h"
+#include "element_sum.h"
 
 namespace jax_tma {
 
@@ -31,9 +32,6 @@ inline constexpr std::string_view kIm2colOp = "jax_tma.im2col";
 inline constexpr std::string_view kCol2imOp = "jax_tma.col2im";
 inline constexpr int64_t kMaxIm2colValue = (int64_t{1} << 31) - 1;
 inline constexpr int64_t kMaxIm2colTaps = INT64_MAX;  // taps and patch columns fit int64
-
-// How col2im adds one component of an element (complex: two components).
-enum class SumKind : int32_t { kU8, kU16, kU32, kU64, kF16, kBF16, kF32, kF64 };
 
 struct Im2colGeometry {
   int rank = 0;                        // spatial dims r
@@ -84,25 +82,8 @@ auto BindIm2colCall(Binding binding) {
       .template Attr<std::string_view>("method");              // method
 }
 
-inline bool SumKindOf(ffi::DataType t, SumKind* kind, int* components) {
-  *components = 1;
-  switch (t) {
-    case ffi::DataType::S8: case ffi::DataType::U8: *kind = SumKind::kU8; return true;
-    case ffi::DataType::S16: case ffi::DataType::U16: *kind = SumKind::kU16; return true;
-    case ffi::DataType::S32: case ffi::DataType::U32: *kind = SumKind::kU32; return true;
-    case ffi::DataType::S64: case ffi::DataType::U64: *kind = SumKind::kU64; return true;
-    case ffi::DataType::F16: *kind = SumKind::kF16; return true;
-    case ffi::DataType::BF16: *kind = SumKind::kBF16; return true;
-    case ffi::DataType::F32: *kind = SumKind::kF32; return true;
-    case ffi::DataType::F64: *kind = SumKind::kF64; return true;
-    case ffi::DataType::C64: *kind = SumKind::kF32; *components = 2; return true;
-    case ffi::DataType::C128: *kind = SumKind::kF64; *components = 2; return true;
-    default: return false;
-  }
-}
-
-// Re-validates a call of "jax_tma_im2col" (method name included) and fills
-// in its geometry.
+// Re-validates a call of "jax_tma_im2col" and fills in its geometry and
+// method.
 inline ffi::Error DecodeIm2col(const ffi::AnyBuffer& src, ffi::Result<ffi::AnyBuffer>& dst,
                                ffi::Span<const int64_t> kernel,
                                ffi::Span<const int64_t> strides,
@@ -110,11 +91,9 @@ inline ffi::Error DecodeIm2col(const ffi::AnyBuffer& src, ffi::Result<ffi::AnyBu
                                ffi::Span<const int64_t> pad_lo,
                                ffi::Span<const int64_t> pad_hi, bool channel_major,
                                bool transpose, std::string_view method,
-                               Im2colGeometry* g) {
+                               Im2colGeometry* g, Method* parsed) {
   const auto op = transpose ? kCol2imOp : kIm2colOp;
-  if (method != "auto" && method != "tma" && method != "simt") {
-    return BadChoice(op, "method", method, {"auto", "tma", "simt"});
-  }
+  JAX_TMA_RETURN_IF_FAILED(ParseMethod(op, method, parsed));
   const auto sd = src.dimensions();
   const auto dd = dst->dimensions();
   // x is the input of im2col: src forward, dst for the transpose.
@@ -246,128 +225,13 @@ JAX_TMA_HOST_DEVICE inline int64_t PatchColumn(const Im2colGeometry& g, int64_t 
   return g.channel_major ? c * g.taps + t : t * g.channels + c;
 }
 
-// ---- col2im arithmetic: identical on the host and the device ---------------
-// 16-bit floats add in f32 and round once to nearest-even; f32 and f64 add in
-// their own type; integers add in the unsigned type of their width (wrap).
-// A NaN sum is stored as the positive quiet NaN: the GPU's float add returns
-// a canonical NaN where x86 propagates an operand's payload, so payloads
-// cannot be kept alike on both.
-
-// Bit casts (register moves on the device, where memcpy can cost a stack slot).
-JAX_TMA_HOST_DEVICE inline float BitsToF32(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
-
-JAX_TMA_HOST_DEVICE inline uint32_t F32ToBits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-
-JAX_TMA_HOST_DEVICE inline double BitsToF64(uint64_t u) {
-#if defined(__CUDA_ARCH__)
-  return __longlong_as_double(static_cast<long long>(u));
-#else
-  double d;
-  std::memcpy(&d, &u, 8);
-  return d;
-#endif
-}
-
-JAX_TMA_HOST_DEVICE inline float Bf16ToF32(uint16_t h) {
-  return BitsToF32(static_cast<uint32_t>(h) << 16);
-}
-
-JAX_TMA_HOST_DEVICE inline uint16_t F32ToBf16(float f) {
-  const uint32_t u = F32ToBits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-JAX_TMA_HOST_DEVICE inline float F16ToF32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t man = h & 0x3ffu;
-  if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in f32
-    const float v = static_cast<float>(man) * 5.9604644775390625e-8f;
-    return BitsToF32(F32ToBits(v) | sign);
-  }
-  if (exp == 31) return BitsToF32(sign | 0x7f800000u | (man << 13));
-  return BitsToF32(sign | ((exp + 112u) << 23) | (man << 13));
-}
-
-JAX_TMA_HOST_DEVICE inline uint16_t F32ToF16(float f) {
-  const uint32_t u = F32ToBits(f);
-  const uint32_t sign = (u >> 16) & 0x8000u;
-  const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to infinity
-  if (a < 0x33000000u) return static_cast<uint16_t>(sign);            // below 2^-25: zero
-  if (a < 0x38800000u) {  // a half subnormal: round(value / 2^-24)
-    const uint32_t man = (a & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126u - (a >> 23);  // 14..24
-    uint32_t q = man >> shift;
-    const uint32_t rem = man & ((1u << shift) - 1u);
-    const uint32_t half = 1u << (shift - 1u);
-    if (rem > half || (rem == half && (q & 1u))) ++q;
-    return static_cast<uint16_t>(sign | q);
-  }
-  const uint32_t r = a - 0x38000000u;  // rebias 127 -> 15
-  return static_cast<uint16_t>(sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
-}
-
-// Storage and accumulator types per SumKind.
-template <SumKind K> struct Col2imSum;
-template <typename U>
-struct WrappingSum {  // integers: the unsigned type of their width
-  using T = U; using Acc = U;
-  JAX_TMA_HOST_DEVICE static Acc Load(T v) { return v; }
-  JAX_TMA_HOST_DEVICE static T Store(Acc a) { return a; }
-};
-template <> struct Col2imSum<SumKind::kU8> : WrappingSum<uint8_t> {};
-template <> struct Col2imSum<SumKind::kU16> : WrappingSum<uint16_t> {};
-template <> struct Col2imSum<SumKind::kU32> : WrappingSum<uint32_t> {};
-template <> struct Col2imSum<SumKind::kU64> : WrappingSum<uint64_t> {};
-template <> struct Col2imSum<SumKind::kF16> {
-  using T = uint16_t; using Acc = float;
-  JAX_TMA_HOST_DEVICE static Acc Load(T v) { return F16ToF32(v); }
-  JAX_TMA_HOST_DEVICE static T Store(Acc a) { return a != a ? 0x7e00 : F32ToF16(a); }
-};
-template <> struct Col2imSum<SumKind::kBF16> {
-  using T = uint16_t; using Acc = float;
-  JAX_TMA_HOST_DEVICE static Acc Load(T v) { return Bf16ToF32(v); }
-  JAX_TMA_HOST_DEVICE static T Store(Acc a) { return a != a ? 0x7fc0 : F32ToBf16(a); }
-};
-template <> struct Col2imSum<SumKind::kF32> {
-  using T = float; using Acc = float;
-  JAX_TMA_HOST_DEVICE static Acc Load(T v) { return v; }
-  JAX_TMA_HOST_DEVICE static T Store(Acc a) { return a != a ? BitsToF32(0x7fc00000u) : a; }
-};
-template <> struct Col2imSum<SumKind::kF64> {
-  using T = double; using Acc = double;
-  JAX_TMA_HOST_DEVICE static Acc Load(T v) { return v; }
-  JAX_TMA_HOST_DEVICE static T Store(Acc a) {
-    return a != a ? BitsToF64(0x7ff8000000000000ull) : a;
-  }
-};
-
 // Component `j` of channel `c` of input pixel `p` of image `n`: the sum of
 // its patch entries in increasing tap order (the exact order every path uses).
 template <SumKind K>
-JAX_TMA_HOST_DEVICE inline typename Col2imSum<K>::T Col2imElement(
-    const Im2colGeometry& g, const typename Col2imSum<K>::T* patches, int64_t n, int64_t p,
+JAX_TMA_HOST_DEVICE inline typename ElementSum<K>::T Col2imElement(
+    const Im2colGeometry& g, const typename ElementSum<K>::T* patches, int64_t n, int64_t p,
     int64_t c, int j) {
-  using S = Col2imSum<K>;
+  using S = ElementSum<K>;
   typename S::Acc acc = 0;
   const int64_t row = g.taps * g.channels;
   for (int64_t t = 0; t < g.taps; ++t) {
@@ -377,21 +241,6 @@ JAX_TMA_HOST_DEVICE inline typename Col2imSum<K>::T Col2imElement(
     acc = static_cast<typename S::Acc>(acc + S::Load(patches[e * g.components + j]));
   }
   return S::Store(acc);
-}
-
-// Runs fn.template operator()<K>() for the geometry's SumKind.
-template <typename Fn>
-auto DispatchSumKind(SumKind kind, Fn&& fn) {
-  switch (kind) {
-    case SumKind::kU8: return fn.template operator()<SumKind::kU8>();
-    case SumKind::kU16: return fn.template operator()<SumKind::kU16>();
-    case SumKind::kU32: return fn.template operator()<SumKind::kU32>();
-    case SumKind::kU64: return fn.template operator()<SumKind::kU64>();
-    case SumKind::kF16: return fn.template operator()<SumKind::kF16>();
-    case SumKind::kBF16: return fn.template operator()<SumKind::kBF16>();
-    case SumKind::kF32: return fn.template operator()<SumKind::kF32>();
-    default: return fn.template operator()<SumKind::kF64>();
-  }
 }
 
 }  // namespace jax_tma

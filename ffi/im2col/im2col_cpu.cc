@@ -51,7 +51,7 @@ struct Col2imHost {
 
   template <SumKind K>
   void operator()() const {
-    using T = typename Col2imSum<K>::T;
+    using T = typename ElementSum<K>::T;
     const T* src = static_cast<const T*>(patches);
     T* dst = static_cast<T*>(x);
     const int comps = g.components;
@@ -74,8 +74,9 @@ ffi::Error Im2colCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                          ffi::Span<const int64_t> pad_hi, bool channel_major, bool transpose,
                          std::string_view method) {
   Im2colGeometry g;
+  Method parsed;  // every method is the same loop on the host
   JAX_TMA_RETURN_IF_FAILED(DecodeIm2col(x, y, kernel, strides, dilation, pad_lo, pad_hi,
-                                        channel_major, transpose, method, &g));
+                                        channel_major, transpose, method, &g, &parsed));
   CountPath(Path::kIm2colCpu);
   // Nothing to write (the loops below would still walk every tap: up to 2^63).
   if (y->element_count() == 0) return ffi::Error::Success();

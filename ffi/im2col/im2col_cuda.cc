@@ -1,16 +1,14 @@
-// CUDA handler of "jax_tma_im2col" (and col2im): re-validates the geometry,
-// then runs the kernel ChooseIm2colKernel picks: the TMA im2col kernel where
-// asked (method="tma"; an error naming the broken hardware rule where it
-// cannot run), else the SIMT kernels (col2im always takes the deterministic
-// SIMT gather kernel). Graph-safe: no allocation, no synchronisation; tensor
+// CUDA handler of "jax_tma_im2col" (and col2im): decodes and re-validates the
+// geometry, plans the call once (PlanIm2col: the TMA im2col kernel where
+// asked, method="tma", or an error naming the broken hardware rule; else the
+// SIMT kernels, col2im always the deterministic SIMT gather kernel) and
+// launches the plan. Graph-safe: no allocation, no synchronisation; tensor
 // maps encoded per call.
-#include <string>
 #include <string_view>
 
 #include "cuda/device_info.h"
 #include "cuda/handlers.h"
 #include "im2col/im2col_launch.h"
-#include "path_counts.h"
 
 namespace jax_tma {
 
@@ -23,26 +21,15 @@ static ffi::Error Im2colCudaImpl(cudaStream_t stream, int32_t device, ffi::AnyBu
                                  ffi::Span<const int64_t> pad_hi, bool channel_major,
                                  bool transpose, std::string_view method) {
   Im2colGeometry g;
+  Method parsed;
   JAX_TMA_RETURN_IF_FAILED(DecodeIm2col(x, y, kernel, strides, dilation, pad_lo, pad_hi,
-                                        channel_major, transpose, method, &g));
+                                        channel_major, transpose, method, &g, &parsed));
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  Im2colKernel path;
-  std::string why;
-  if (!ChooseIm2colKernel(g, method, info, device, x.untyped_data(), y->untyped_data(), &path,
-                          &why)) {
-    return InvalidArgument(kIm2colOp, why);
-  }
-  if (path == Im2colKernel::kTma) {
-    JAX_TMA_RETURN_IF_FAILED(
-        LaunchTmaIm2col(g, x.untyped_data(), y->untyped_data(), stream, device));
-    CountPath(Path::kIm2colTma);
-  } else {
-    JAX_TMA_RETURN_IF_FAILED(
-        LaunchSimtIm2col(g, x.untyped_data(), y->untyped_data(), stream, device));
-    CountPath(Path::kIm2colSimt);
-  }
-  return ffi::Error::Success();
+  Im2colPlan plan;
+  JAX_TMA_RETURN_IF_FAILED(
+      PlanIm2col(g, parsed, info, device, x.untyped_data(), y->untyped_data(), &plan));
+  return LaunchIm2col(g, plan, x.untyped_data(), y->untyped_data(), stream, device);
 }
 
 }  // namespace jax_tma

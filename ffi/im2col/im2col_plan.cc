@@ -167,18 +167,18 @@ void PlanTmaIm2colGrid(const DeviceInfo& info, TmaIm2colPlan* p) {
   p->blocks = split.blocks;
 }
 
-bool ChooseIm2colKernel(const Im2colGeometry& g, std::string_view method, const DeviceInfo& info,
-                        int device, const void* x, const void* out, Im2colKernel* kernel,
-                        std::string* why) {
-  *kernel = Im2colKernel::kSimt;
-  if (g.transpose || method != "tma") return true;
-  if (!info.has_tma()) return Reject(why, info.NeedsTma(method, device));
+ffi::Error PlanIm2col(const Im2colGeometry& g, Method method, const DeviceInfo& info, int device,
+                      const void* x, const void* out, Im2colPlan* plan) {
+  plan->kernel = Im2colKernel::kSimt;
+  if (g.transpose || method != Method::kTma) return ffi::Error::Success();
+  if (!info.has_tma()) return InvalidArgument(kIm2colOp, info.NeedsTma("tma", device));
   std::string rule;
-  if (!TmaIm2colFits(g, x, out, &rule)) {
-    return Reject(why, "method='tma' cannot run this im2col: ", rule);
+  if (!PlanTmaIm2col(g, x, out, &plan->tma, &rule)) {
+    return InvalidArgument(kIm2colOp, "method='tma' cannot run this im2col: ", rule);
   }
-  *kernel = Im2colKernel::kTma;
-  return true;
+  if (!plan->tma.empty) PlanTmaIm2colGrid(info, &plan->tma);
+  plan->kernel = Im2colKernel::kTma;
+  return ffi::Error::Success();
 }
 
 }  // namespace jax_tma

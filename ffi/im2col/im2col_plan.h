@@ -1,4 +1,5 @@
-// Host rules of jax_tma.im2col's CUDA path: which kernel a method runs, every
+// Host rules of jax_tma.im2col's CUDA path: which kernel a method runs
+// (PlanIm2col, once per call), every
 // rule the TMA im2col kernel relies on (im2col tensor-map limits: traversal
 // strides, pixel-box corners, offsets, alignment), its jobs and its grid.
 // Pure host C++, unit-tested without a GPU (tests/cpp/test_im2col_plan.cc).
@@ -7,7 +8,6 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
 
 #include "cuda/device_info.h"
 #include "cuda/tensor_map.h"
@@ -65,15 +65,20 @@ void PlanTmaIm2colGrid(const DeviceInfo& info, TmaIm2colPlan* plan);
 
 enum class Im2colKernel { kTma, kSimt };
 
-// The kernel for `method` ("auto", "tma" or "simt") on a device with `info`:
-// the TMA kernel only where asked (method="tma", forward), the SIMT kernels
+// What one call runs: the kernel and, for kTma, its jobs, tensor maps and
+// grid (nothing to launch where tma.empty).
+struct Im2colPlan {
+  Im2colKernel kernel = Im2colKernel::kSimt;
+  TmaIm2colPlan tma;
+};
+
+// Plans a call once: the TMA kernel only where asked (Method::kTma, forward;
+// an error naming the broken rule where it cannot run), the SIMT kernels
 // otherwise: auto takes SIMT, the faster one on every shape measured
 // (benchmarks/bench_im2col.py; the TMA unit moves one pixel's channel run per
-// request). False with the error of method="tma" in *why where the TMA kernel
-// cannot run.
-bool ChooseIm2colKernel(const Im2colGeometry& g, std::string_view method, const DeviceInfo& info,
-                        int device, const void* x, const void* out, Im2colKernel* kernel,
-                        std::string* why);
+// request).
+ffi::Error PlanIm2col(const Im2colGeometry& g, Method method, const DeviceInfo& info, int device,
+                      const void* x, const void* out, Im2colPlan* plan);
 
 }  // namespace jax_tma
 

@@ -161,9 +161,9 @@ __global__ void __launch_bounds__(kThreads)
 // scalars per pixel, L per thread (L divides lanes).
 template <SumKind K, int L, int R>
 __global__ void __launch_bounds__(kThreads)
-    SimtCol2imKernel(const Im2colGeometry g, const typename Col2imSum<K>::T* __restrict__ patches,
-                     typename Col2imSum<K>::T* __restrict__ x, int64_t lanes) {
-  using S = Col2imSum<K>;
+    SimtCol2imKernel(const Im2colGeometry g, const typename ElementSum<K>::T* __restrict__ patches,
+                     typename ElementSum<K>::T* __restrict__ x, int64_t lanes) {
+  using S = ElementSum<K>;
   using Vec = Lanes<typename S::T, L>;
   const int64_t per_pixel = lanes / L;
   const int64_t total = g.batch * g.in_pixels * per_pixel;
@@ -236,8 +236,8 @@ __global__ void __launch_bounds__(kThreads)
 template <SumKind K>
 __global__ void __launch_bounds__(kThreads)
     SimtCol2imChannelMajorKernel(const Im2colGeometry g,
-                                 const typename Col2imSum<K>::T* __restrict__ patches,
-                                 typename Col2imSum<K>::T* __restrict__ x) {
+                                 const typename ElementSum<K>::T* __restrict__ patches,
+                                 typename ElementSum<K>::T* __restrict__ x) {
   const int comps = g.components;
   const int64_t total = g.batch * g.in_pixels * g.channels * comps;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
@@ -293,8 +293,8 @@ struct TapMajorLaunch {
 template <SumKind K, int L>
 struct Col2imRankLaunch {
   const Im2colGeometry& g;
-  const typename Col2imSum<K>::T* patches;
-  typename Col2imSum<K>::T* x;
+  const typename ElementSum<K>::T* patches;
+  typename ElementSum<K>::T* x;
   int64_t lanes;
   cudaStream_t stream;
   const DeviceInfo& info;
@@ -336,7 +336,7 @@ struct Col2imLaunch {
 
   template <SumKind K>
   ffi::Error operator()() const {
-    using T = typename Col2imSum<K>::T;
+    using T = typename ElementSum<K>::T;
     const T* src = static_cast<const T*>(patches);
     T* dst = static_cast<T*>(x);
     if (g.channel_major) {

@@ -136,17 +136,9 @@ ffi::Error SetSmemLimit(int /*device*/, bool* done) {
 
 }  // namespace
 
-ffi::Error LaunchTmaIm2col(const Im2colGeometry& g, const void* x, void* out,
+ffi::Error LaunchTmaIm2col(const Im2colGeometry& g, const TmaIm2colPlan& plan,
                            cudaStream_t stream, int device) {
   constexpr std::string_view kOp = "jax_tma.im2col(method='tma')";
-  TmaIm2colPlan plan;
-  std::string why;
-  if (!PlanTmaIm2col(g, x, out, &plan, &why)) return InvalidArgument(kOp, why);
-  if (plan.empty) return ffi::Error::Success();
-  DeviceInfo info;
-  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  if (!info.has_tma()) return InvalidArgument(kOp, info.NeedsTma("tma", device));
-  PlanTmaIm2colGrid(info, &plan);
   static PerDevice<bool> smem_limit_set;
   bool set = false;
   JAX_TMA_RETURN_IF_FAILED(smem_limit_set.Get(device, SetSmemLimit, &set));

@@ -23,19 +23,19 @@ static ffi::Error PpermuteCpuImpl(int32_t device, ffi::RunId run,
   JAX_TMA_RETURN_IF_FAILED(DecodePpermute(device, x, y, devices, sources, push, method,
                                           process, processes, links, site, timeout_ms, &call));
   const ByteCopy& c = call.bytes;
-  const PermutePlan& plan = call.plan;
+  const PermuteRoute& route = call.route;
   // Every participant has the same block size, so all skip together.
   if (c.bytes == 0) return ffi::Error::Success();
   CountPath(Path::kPpermuteCpu);
   if (call.where.spans_processes()) {
-    return ExchangeAcrossProcesses(plan, call.where, c.src, c.dst, c.bytes);
+    return ExchangeAcrossProcesses(route, call.where, c.src, c.dst, c.bytes);
   }
-  if (plan.source < 0) std::memset(c.dst, 0, c.bytes);
+  if (route.source < 0) std::memset(c.dst, 0, c.bytes);
   void* published = push ? c.dst : const_cast<void*>(c.src);
   // Each step is synchronous on the host, so reaching Depart means this
   // device's copy is finished and returning after it means the peer's is.
   return ExchangeBlocks(
-      instance, plan, call.where.timeout, PermuteBlock{run.run_id, published},
+      instance, route, call.where.timeout, PermuteBlock{run.run_id, published},
       [&](const PermuteBlock* partner) {
         if (partner != nullptr) {
           if (push) {

@@ -1,7 +1,7 @@
 // A jax_tma.ppermute across the processes of one host (see the header).
 #include "ppermute/ppermute_processes.h"
 
-#include "ppermute/ppermute_rendezvous.h"
+#include "ppermute/ppermute_common.h"
 
 #include <algorithm>
 #include <cstring>
@@ -18,17 +18,17 @@ struct BlockHeader {
   uint64_t bytes = 0;
 };
 
-uint64_t Digest(const PermutePlan& plan, const ProcessPlan& where) {
+uint64_t Digest(const PermuteRoute& route, const ProcessPlan& where) {
   uint64_t h = 14695981039346656037ull;  // FNV-1a, 64 bits
   auto mix = [&](int64_t v) {
     for (int i = 0; i < 8; ++i) {
       h = (h ^ static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i))) * 1099511628211ull;
     }
   };
-  for (int i = 0; i < plan.size; ++i) {
+  for (int i = 0; i < route.size; ++i) {
     mix(where.processes[i]);
-    mix(plan.devices[i]);
-    mix(plan.sources[i]);
+    mix(route.devices[i]);
+    mix(route.sources[i]);
   }
   return h;
 }
@@ -51,8 +51,8 @@ std::string BlockKey(const ProcessPlan& where, int64_t call, int from, int to) {
          std::to_string(to);
 }
 
-std::string Describe(const PermutePlan& plan, const ProcessPlan& where, int logical) {
-  return "device " + std::to_string(plan.devices[logical]) + " of process " +
+std::string Describe(const PermuteRoute& route, const ProcessPlan& where, int logical) {
+  return "device " + std::to_string(route.devices[logical]) + " of process " +
          std::to_string(where.processes[logical]);
 }
 
@@ -104,7 +104,7 @@ ffi::Error DecodeProcessPlan(int64_t process, ffi::Span<const int64_t> processes
   return ffi::Error::Success();
 }
 
-ffi::Error ExchangeAcrossProcesses(const PermutePlan& plan, const ProcessPlan& where,
+ffi::Error ExchangeAcrossProcesses(const PermuteRoute& route, const ProcessPlan& where,
                                    const void* src, void* dst, size_t bytes) {
   int64_t call;
   {
@@ -117,10 +117,10 @@ ffi::Error ExchangeAcrossProcesses(const PermutePlan& plan, const ProcessPlan& w
                             "), so the processes are out of step at this call site and it "
                             "refuses every later call; restart the processes");
     }
-    call = site.calls[plan.self]++;
+    call = site.calls[route.self]++;
   }
-  const std::string self = Describe(plan, where, plan.self);
-  const BlockHeader header{Digest(plan, where), bytes};
+  const std::string self = Describe(route, where, route.self);
+  const BlockHeader header{Digest(route, where), bytes};
   const std::string abort_key = where.site + "#" + std::to_string(call);
   auto fail = [&](ffi::Error err) {
     std::string why(err.message());
@@ -140,22 +140,22 @@ ffi::Error ExchangeAcrossProcesses(const PermutePlan& plan, const ProcessPlan& w
     return ffi::Error(*err.errc(), std::string(kPpermuteOp) + " at " + where.site + ", call " +
                                        std::to_string(call) + " on " + self + ": " + why);
   };
-  if (plan.destination >= 0) {
+  if (route.destination >= 0) {
     std::string block(sizeof(header) + bytes, '\0');
     std::memcpy(block.data(), &header, sizeof(header));
     std::memcpy(block.data() + sizeof(header), src, bytes);
-    ffi::Error err = SendLink(where.peer(plan.destination),
-                              BlockKey(where, call, plan.self, plan.destination), block);
+    ffi::Error err = SendLink(where.peer(route.destination),
+                              BlockKey(where, call, route.self, route.destination), block);
     if (err.failure()) return fail(std::move(err));
   }
-  if (plan.source < 0) {
+  if (route.source < 0) {
     std::memset(dst, 0, bytes);
     return ffi::Error::Success();
   }
   LinkMessage got;
   ffi::Error err =
-      ReceiveLink(where.peer(plan.source), BlockKey(where, call, plan.source, plan.self),
-                  abort_key, "the block of " + Describe(plan, where, plan.source), where.timeout,
+      ReceiveLink(where.peer(route.source), BlockKey(where, call, route.source, route.self),
+                  abort_key, "the block of " + Describe(route, where, route.source), where.timeout,
                   &got);
   if (err.failure()) return fail(std::move(err));
   BlockHeader theirs;
@@ -163,7 +163,7 @@ ffi::Error ExchangeAcrossProcesses(const PermutePlan& plan, const ProcessPlan& w
   if (got.bytes.size() != sizeof(header) + bytes || theirs.digest != header.digest) {
     return fail(ffi::Error(
         ffi::ErrorCode::kFailedPrecondition,
-        Describe(plan, where, plan.source) + " sent a block of " +
+        Describe(route, where, route.source) + " sent a block of " +
             std::to_string(got.bytes.size() - std::min(got.bytes.size(), sizeof(header))) +
             " bytes for another permutation or shape (this call moves " + std::to_string(bytes) +
             " bytes" + (theirs.digest == header.digest ? "" : " with another permutation") +

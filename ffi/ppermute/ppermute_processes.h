@@ -20,7 +20,7 @@
 
 namespace jax_tma {
 
-struct PermutePlan;  // ppermute_rendezvous.h
+struct PermuteRoute;  // ppermute_common.h
 
 // Where each participant lives: its process (by logical id), every process's
 // link name (by process index), this call site, and how long to wait.
@@ -44,7 +44,7 @@ ffi::Error DecodeProcessPlan(int64_t process, ffi::Span<const int64_t> processes
 // This participant's whole call: send `bytes` of `src` to the destination's
 // process (if any), then receive the source's block into `dst` (zeros where
 // there is no source).
-ffi::Error ExchangeAcrossProcesses(const PermutePlan& plan, const ProcessPlan& where,
+ffi::Error ExchangeAcrossProcesses(const PermuteRoute& route, const ProcessPlan& where,
                                    const void* src, void* dst, size_t bytes);
 
 }  // namespace jax_tma

@@ -31,9 +31,9 @@ struct PermuteMeeting::State {
   std::string abort_message;  // non-empty once a participant failed
 };
 
-ffi::Error PlanPermute(int device, int process, ffi::Span<const int64_t> devices,
+ffi::Error RoutePermute(int device, int process, ffi::Span<const int64_t> devices,
                        ffi::Span<const int64_t> processes, ffi::Span<const int64_t> sources,
-                       bool push, PermutePlan* plan) {
+                       bool push, PermuteRoute* route) {
   const int64_t n = static_cast<int64_t>(devices.size());
   if (n < 1 || static_cast<int64_t>(sources.size()) != n ||
       static_cast<int64_t>(processes.size()) != n) {
@@ -41,11 +41,11 @@ ffi::Error PlanPermute(int device, int process, ffi::Span<const int64_t> devices
                            " and processes ", processes.size(),
                            "; each needs one entry per device");
   }
-  plan->size = static_cast<int>(n);
-  plan->self = -1;
-  plan->push = push;
-  plan->devices.assign(devices.begin(), devices.end());
-  plan->sources.assign(sources.begin(), sources.end());
+  route->size = static_cast<int>(n);
+  route->self = -1;
+  route->push = push;
+  route->devices.assign(devices.begin(), devices.end());
+  route->sources.assign(sources.begin(), sources.end());
   std::vector<int> receivers(n, -1);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < i; ++j) {
@@ -67,14 +67,14 @@ ffi::Error PlanPermute(int device, int process, ffi::Span<const int64_t> devices
       }
       receivers[s] = static_cast<int>(i);
     }
-    if (devices[i] == device && processes[i] == process) plan->self = static_cast<int>(i);
+    if (devices[i] == device && processes[i] == process) route->self = static_cast<int>(i);
   }
-  if (plan->self < 0) {
+  if (route->self < 0) {
     return InvalidArgument(kPpermuteOp, "device ", device, " of process ", process,
                            " is not among the devices of this ppermute");
   }
-  plan->source = static_cast<int>(sources[plan->self]);
-  plan->destination = receivers[plan->self];
+  route->source = static_cast<int>(sources[route->self]);
+  route->destination = receivers[route->self];
   return ffi::Error::Success();
 }
 
@@ -102,7 +102,7 @@ ffi::Error GetState(int64_t instance, int size, PermuteMeeting::State** out) {
 
 template <typename Ready>
 ffi::Error Await(PermuteMeeting::State* s, std::unique_lock<std::mutex>& lock,
-                 const PermutePlan& plan, std::chrono::milliseconds timeout, int peer,
+                 const PermuteRoute& route, std::chrono::milliseconds timeout, int peer,
                  int64_t generation, const char* what, Ready ready) {
   const bool ok = s->cv.wait_for(lock, timeout, [&] {
     return !s->abort_message.empty() || ready();
@@ -112,8 +112,8 @@ ffi::Error Await(PermuteMeeting::State* s, std::unique_lock<std::mutex>& lock,
   }
   if (!ok) {
     Message m;
-    m << kPpermuteOp << ": device " << plan.devices[plan.self] << " waited "
-      << timeout.count() / 1000.0 << " s for device " << plan.devices[peer] << " to " << what
+    m << kPpermuteOp << ": device " << route.devices[route.self] << " waited "
+      << timeout.count() / 1000.0 << " s for device " << route.devices[peer] << " to " << what
       << " call " << generation << " of this ppermute; every device of the mesh must run the "
       << "program";
     return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, m.str());
@@ -123,33 +123,33 @@ ffi::Error Await(PermuteMeeting::State* s, std::unique_lock<std::mutex>& lock,
 
 }  // namespace
 
-ffi::Error PermuteMeeting::Arrive(int64_t instance, const PermutePlan& plan,
+ffi::Error PermuteMeeting::Arrive(int64_t instance, const PermuteRoute& route,
                                   std::chrono::milliseconds timeout, const PermuteBlock& own,
                                   PermuteBlock* partner_block) {
   State* s = nullptr;
-  JAX_TMA_RETURN_IF_FAILED(GetState(instance, plan.size, &s));
+  JAX_TMA_RETURN_IF_FAILED(GetState(instance, route.size, &s));
   state_ = s;
-  plan_ = &plan;
+  route_ = &route;
   timeout_ = timeout;
   std::unique_lock<std::mutex> lock(s->mu);
-  Slot& me = s->slots[plan.self];
+  Slot& me = s->slots[route.self];
   const int64_t gen = generation_ = me.calls++;
   me.block = own;
   me.published = gen;
   s->cv.notify_all();
-  const int partner = plan.partner();
+  const int partner = route.partner();
   if (partner < 0) return ffi::Error::Success();
   const Slot& other = s->slots[partner];
   // The partner cannot move past this generation before this device
   // departs (it waits for it in Depart), so the block read here is `gen`'s.
-  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, plan, timeout, partner, gen, "publish its buffer for",
+  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, route, timeout, partner, gen, "publish its buffer for",
                                  [&] { return other.published >= gen; }));
   if (other.block.run_id != own.run_id) {
     return ffi::Error::Internal(
         std::string(kPpermuteOp) + ": call " + std::to_string(gen) + " on device " +
-        std::to_string(plan.devices[plan.self]) + " belongs to run " +
+        std::to_string(route.devices[route.self]) + " belongs to run " +
         std::to_string(own.run_id) + " but on device " +
-        std::to_string(plan.devices[partner]) + " to run " +
+        std::to_string(route.devices[partner]) + " to run " +
         std::to_string(other.block.run_id) +
         "; executions of this program reached the devices in different orders");
   }
@@ -159,15 +159,15 @@ ffi::Error PermuteMeeting::Arrive(int64_t instance, const PermutePlan& plan,
 
 ffi::Error PermuteMeeting::Depart(void** partnered_by_done) {
   State* s = state_;
-  const PermutePlan& plan = *plan_;
+  const PermuteRoute& route = *route_;
   const int64_t gen = generation_;
   std::unique_lock<std::mutex> lock(s->mu);
-  s->slots[plan.self].departed = gen;
+  s->slots[route.self].departed = gen;
   s->cv.notify_all();
-  const int by = plan.partnered_by();
+  const int by = route.partnered_by();
   if (by < 0) return ffi::Error::Success();
   const Slot& other = s->slots[by];
-  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, plan, timeout_, by, gen, "finish its copy in",
+  JAX_TMA_RETURN_IF_FAILED(Await(s, lock, route, timeout_, by, gen, "finish its copy in",
                                  [&] { return other.departed >= gen; }));
   *partnered_by_done = other.block.done;
   return ffi::Error::Success();
@@ -177,7 +177,7 @@ void PermuteMeeting::Abort(std::string_view why) {
   if (state_ == nullptr) return;
   std::lock_guard<std::mutex> lock(state_->mu);
   if (state_->abort_message.empty()) {
-    state_->abort_message = "device " + std::to_string(plan_->devices[plan_->self]) +
+    state_->abort_message = "device " + std::to_string(route_->devices[route_->self]) +
                             " failed (" + std::string(why) +
                             "); this ppermute cannot run again in this process";
   }

@@ -10,91 +10,11 @@
 
 #include <chrono>
 #include <cstdint>
-#include <limits>
 #include <string_view>
-#include <utility>
-#include <vector>
 
-#include "common.h"
-#include "ppermute/ppermute_processes.h"
+#include "ppermute/ppermute_common.h"
 
 namespace jax_tma {
-
-inline constexpr std::string_view kPpermuteOp = "jax_tma.ppermute";
-
-// One device's part in a permutation over `size` participants (logical ids
-// 0..size-1, the order of the mesh's devices).
-struct PermutePlan {
-  int size = 0;
-  int self = -1;         // this device's logical id
-  int source = -1;       // whose block this device receives; -1: nobody's (zeros)
-  int destination = -1;  // who receives this device's block; -1: nobody
-  bool push = false;
-  std::vector<int64_t> devices;  // device ordinal of each logical id (in its process)
-  std::vector<int64_t> sources;  // whose block each logical id receives; -1: nobody's
-
-  // The participant whose published buffer this device copies from (pull:
-  // its source's input) or into (push: its destination's output); -1: none.
-  int partner() const { return push ? destination : source; }
-  // The participant that copies from or into this device's published buffer.
-  int partnered_by() const { return push ? source : destination; }
-};
-
-// The context, operands and attributes of "jax_tma_ppermute" after the
-// platform's own context (the stream on CUDA, none on the CPU).
-template <typename Binding>
-auto BindPpermuteCall(Binding binding) {
-  return std::move(binding).template Ctx<ffi::DeviceOrdinal>()  // device
-      .template Ctx<ffi::RunId>()                               // run
-      .template Arg<ffi::AnyBuffer>()                           // x
-      .template Ret<ffi::AnyBuffer>()                           // y
-      .template Attr<int64_t>("instance")                       // instance
-      .template Attr<ffi::Span<const int64_t>>("devices")       // devices
-      .template Attr<ffi::Span<const int64_t>>("sources")       // sources
-      .template Attr<bool>("push")                              // push
-      .template Attr<std::string_view>("method")                // method
-      .template Attr<int64_t>("process")                        // process
-      .template Attr<ffi::Span<const int64_t>>("processes")     // processes
-      .template Attr<std::string_view>("links")                 // links
-      .template Attr<std::string_view>("site")                  // site
-      .template Attr<int64_t>("timeout_ms");                    // timeout_ms
-}
-
-// Checks the attributes Python passes (device ordinals and processes by
-// logical id, and per logical id the logical id it receives from or -1) and
-// finds the part of `device` of process `process`.
-ffi::Error PlanPermute(int device, int process, ffi::Span<const int64_t> devices,
-                       ffi::Span<const int64_t> processes, ffi::Span<const int64_t> sources,
-                       bool push, PermutePlan* plan);
-
-// A call of "jax_tma_ppermute", re-validated: the method, the bytes to move,
-// this device's part and where the participants live.
-struct PpermuteCall {
-  CopyMethod method = CopyMethod::kAuto;
-  ByteCopy bytes;
-  PermutePlan plan;
-  ProcessPlan where;
-};
-
-inline ffi::Error DecodePpermute(int device, const ffi::AnyBuffer& x,
-                                 ffi::Result<ffi::AnyBuffer>& y,
-                                 ffi::Span<const int64_t> devices,
-                                 ffi::Span<const int64_t> sources, bool push,
-                                 std::string_view method, int64_t process,
-                                 ffi::Span<const int64_t> processes, std::string_view links,
-                                 std::string_view site, int64_t timeout_ms,
-                                 PpermuteCall* call) {
-  JAX_TMA_RETURN_IF_FAILED(ParseCopyMethodAttr(kPpermuteOp, method, &call->method));
-  JAX_TMA_RETURN_IF_FAILED(CheckWholeCopy(kPpermuteOp, x, y, &call->bytes));
-  if (process < 0 || process > std::numeric_limits<int>::max()) {
-    return InvalidArgument(kPpermuteOp, "process must be in [0, ",
-                           std::numeric_limits<int>::max(), "], got ", process);
-  }
-  JAX_TMA_RETURN_IF_FAILED(PlanPermute(device, static_cast<int>(process), devices, processes,
-                                       sources, push, &call->plan));
-  return DecodeProcessPlan(process, processes, links, site, timeout_ms, devices.size(),
-                           &call->where);
-}
 
 // What a participant publishes for one call. `ready` and `done` are opaque
 // tokens for the caller's own ordering (CUDA events on GPU, unused on CPU):
@@ -117,7 +37,7 @@ class PermuteMeeting {
  public:
   // Publishes this device's buffer and waits until the partner (if any) has
   // published its buffer of the same generation; `partner_block` receives it.
-  ffi::Error Arrive(int64_t instance, const PermutePlan& plan,
+  ffi::Error Arrive(int64_t instance, const PermuteRoute& route,
                     std::chrono::milliseconds timeout, const PermuteBlock& own,
                     PermuteBlock* partner_block);
   // Says this device finished its copy (its `done` token is complete or
@@ -132,7 +52,7 @@ class PermuteMeeting {
 
  private:
   State* state_ = nullptr;
-  const PermutePlan* plan_ = nullptr;
+  const PermuteRoute* route_ = nullptr;
   std::chrono::milliseconds timeout_{0};
   int64_t generation_ = 0;
 };
@@ -142,16 +62,16 @@ class PermuteMeeting {
 // this device's buffer after the peer's copy). A failure anywhere aborts
 // the meeting so no peer waits on this device.
 template <typename Copy, typename Release>
-ffi::Error ExchangeBlocks(int64_t instance, const PermutePlan& plan,
+ffi::Error ExchangeBlocks(int64_t instance, const PermuteRoute& route,
                           std::chrono::milliseconds timeout, const PermuteBlock& own, Copy copy,
                           Release release) {
   PermuteMeeting meeting;
   PermuteBlock partner;
   void* partnered_by_done = nullptr;
-  ffi::Error err = meeting.Arrive(instance, plan, timeout, own, &partner);
-  if (err.success()) err = copy(plan.partner() >= 0 ? &partner : nullptr);
+  ffi::Error err = meeting.Arrive(instance, route, timeout, own, &partner);
+  if (err.success()) err = copy(route.partner() >= 0 ? &partner : nullptr);
   if (err.success()) err = meeting.Depart(&partnered_by_done);
-  if (err.success()) err = release(plan.partnered_by() >= 0 ? partnered_by_done : nullptr);
+  if (err.success()) err = release(route.partnered_by() >= 0 ? partnered_by_done : nullptr);
   if (err.failure()) meeting.Abort(err.message());
   return err;
 }

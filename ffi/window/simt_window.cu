@@ -58,9 +58,8 @@ __device__ __forceinline__ void CopyStrided(const V* __restrict__ src, int64_t s
 // The same for a span of the window. A contiguous span whose source and
 // destination are equally aligned modulo 16 B (a traced start may be
 // anything) moves in 16-B vectors after a scalar head; other spans move
-// element by element, the warp's loads still coalesced (aligned vector
-// loads shifted into place, through a second load or a warp shuffle, were
-// slower).
+// element by element, the warp's loads still coalesced (faster than aligned
+// vector loads shifted into place: benchmarks/TUNING.md, CopySpan).
 template <typename T>
 __device__ __forceinline__ void CopySpan(const T* __restrict__ src, int64_t step,
                                          T* __restrict__ dst, int64_t n, int lane) {

@@ -194,7 +194,7 @@ __device__ void FixTileAs(void* stage, const StageFix& f, const TiledWindowArgs&
     if (f.flags & kPatch) PatchOutOfBounds<E, R>(buf, f, a, fill, threadIdx.x, kThreads);
   }
   // The tensor store that follows reads this through the async proxy.
-  device::fence_proxy_async_shared_cta();
+  device::fence_proxy_async_shared();
 }
 
 template <int R>
@@ -359,18 +359,9 @@ ffi::Error SetTiledWindowSmemLimit(int /*device*/, bool* done) {
 
 }  // namespace
 
-ffi::Error LaunchTiledWindow(const WindowGeometry& g, const void* src, void* dst,
+ffi::Error LaunchTiledWindow(const WindowGeometry& g, const TiledWindowPlan& plan,
                              cudaStream_t stream, int device) {
   constexpr std::string_view kOp = "jax_tma.window(method='tma')";
-  TiledWindowPlan plan;
-  std::string why;
-  if (!PlanTiledWindow(g, src, dst, &plan, &why)) return InvalidArgument(kOp, why);
-  if (plan.empty) return ffi::Error::Success();
-
-  DeviceInfo info;
-  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  if (!info.has_tma()) return InvalidArgument(kOp, info.NeedsTma("tma", device));
-  if (!PlanTiledWindowGrid(info, &plan, &why)) return InvalidArgument(kOp, why);
   static PerDevice<bool> smem_limit_set;
   bool set = false;
   JAX_TMA_RETURN_IF_FAILED(smem_limit_set.Get(device, SetTiledWindowSmemLimit, &set));

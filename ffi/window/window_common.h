@@ -20,6 +20,7 @@
 #include <string_view>
 
 #include "common.h"
+#include "shape_checks.h"
 
 namespace jax_tma {
 
@@ -36,6 +37,12 @@ struct WindowStarts {
   bool batched = false;
   bool is64 = false;            // int64 (else int32)
 };
+
+// The "inner_start" attribute (the innermost start in src elements, where
+// the caller knew it when it built the call; the CUDA planner's kernel
+// choice reads it) of a call whose innermost start is known only on the
+// device (traced).
+inline constexpr int64_t kUnknownStart = std::numeric_limits<int64_t>::min();
 
 struct WindowGeometry {
   int rank = 0;                 // spatial rank r
@@ -77,22 +84,21 @@ auto BindWindowCall(Binding binding) {
       .template Attr<ffi::Span<const int64_t>>("strides")      // strides
       .template Attr<uint64_t>("fill_bits")                    // fill_bits
       .template Attr<bool>("transpose")                        // transpose
-      .template Attr<std::string_view>("method");              // method
+      .template Attr<std::string_view>("method")               // method
+      .template Attr<int64_t>("inner_start");                  // inner_start
 }
 
-// Re-validates a call of "jax_tma_window" (method name included) and fills
-// in its geometry.
+// Re-validates a call of "jax_tma_window" and fills in its geometry and
+// method.
 inline ffi::Error DecodeWindow(const ffi::AnyBuffer& src,
                                const ffi::RemainingArgs& starts,
                                ffi::Result<ffi::AnyBuffer>& dst,
                                ffi::Span<const int64_t> strides,
                                uint64_t fill_bits, bool transpose,
                                std::string_view method,
-                               WindowGeometry* g) {
+                               WindowGeometry* g, Method* parsed) {
   const auto op = kWindowOp;
-  if (method != "auto" && method != "tma" && method != "simt") {
-    return BadChoice(op, "method", method, {"auto", "tma", "simt"});
-  }
+  JAX_TMA_RETURN_IF_FAILED(ParseMethod(op, method, parsed));
   const int64_t r = static_cast<int64_t>(strides.size());
   const auto sd = src.dimensions();
   const auto dd = dst->dimensions();
@@ -114,9 +120,9 @@ inline ffi::Error DecodeWindow(const ffi::AnyBuffer& src,
   g->src_batched = static_cast<int64_t>(sd.size()) == nb + r && nb > 0;
   g->batch = 1;
   for (int64_t i = 0; i < nb; ++i) {
-    if (g->src_batched && sd[i] != dd[i]) {
-      return InvalidArgument(op, "batch dim ", i, " of the input (", sd[i],
-                             ") differs from the output's (", dd[i], ")");
+    if (g->src_batched) {
+      JAX_TMA_RETURN_IF_FAILED(
+          CheckSameDim(op, "input", i, sd[i], "output", i, dd[i], "batch dims"));
     }
     g->batch *= dd[i];
   }

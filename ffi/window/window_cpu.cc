@@ -5,6 +5,7 @@
 
 #include "handlers.h"
 #include "path_counts.h"
+#include "rules.h"
 #include "window/window_common.h"
 
 namespace jax_tma {
@@ -12,9 +13,12 @@ namespace jax_tma {
 static ffi::Error WindowCpuImpl(ffi::AnyBuffer x, ffi::RemainingArgs starts,
                                 ffi::Result<ffi::AnyBuffer> y,
                                 ffi::Span<const int64_t> strides, uint64_t fill_bits,
-                                bool transpose, std::string_view method) {
+                                bool transpose, std::string_view method,
+                                int64_t /*inner_start: read by the CUDA planner alone*/) {
   WindowGeometry g;
-  JAX_TMA_RETURN_IF_FAILED(DecodeWindow(x, starts, y, strides, fill_bits, transpose, method, &g));
+  Method parsed;  // every method is the same loop on the host
+  JAX_TMA_RETURN_IF_FAILED(
+      DecodeWindow(x, starts, y, strides, fill_bits, transpose, method, &g, &parsed));
   CountPath(Path::kWindowCpu);
   // Nothing to write; a zero-size window dim would also divide by zero below.
   if (g.batch == 0 || g.dst_spatial == 0) return ffi::Error::Success();
@@ -56,6 +60,8 @@ static ffi::Error WindowCpuImpl(ffi::AnyBuffer x, ffi::RemainingArgs starts,
   }
   return ffi::Error::Success();
 }
+
+void WindowRules(Rules* rules) { rules->Int("window.unknown_start", kUnknownStart); }
 
 }  // namespace jax_tma
 

@@ -1,14 +1,12 @@
-// CUDA handler of "jax_tma_window": re-validates the geometry, then runs the
-// kernel ChooseWindowKernel picks: the TMA tiled kernel where the tensor-map
-// rules allow (auto) or where asked (method="tma", an error naming the rule
-// otherwise), else the SIMT kernel. Graph-safe: the starts stay in device
-// memory; tensor maps are encoded per call.
-#include <string>
+// CUDA handler of "jax_tma_window": decodes and re-validates the geometry,
+// plans the call once (PlanWindow: the TMA tiled kernel where the tensor-map
+// rules allow, or an error naming the rule for method="tma"; else SIMT) and
+// launches the plan. Graph-safe: the starts stay in device memory; tensor
+// maps are encoded per call.
 #include <string_view>
 
 #include "cuda/device_info.h"
 #include "cuda/handlers.h"
-#include "path_counts.h"
 #include "window/window_launch.h"
 
 namespace jax_tma {
@@ -16,28 +14,18 @@ namespace jax_tma {
 static ffi::Error WindowCudaImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                                  ffi::RemainingArgs starts, ffi::Result<ffi::AnyBuffer> y,
                                  ffi::Span<const int64_t> strides, uint64_t fill_bits,
-                                 bool transpose, std::string_view method) {
+                                 bool transpose, std::string_view method,
+                                 int64_t inner_start) {
   WindowGeometry g;
+  Method parsed;
   JAX_TMA_RETURN_IF_FAILED(
-      DecodeWindow(x, starts, y, strides, fill_bits, transpose, method, &g));
+      DecodeWindow(x, starts, y, strides, fill_bits, transpose, method, &g, &parsed));
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  WindowKernel kernel;
-  std::string why;
-  if (!ChooseWindowKernel(g, method, info, device, x.untyped_data(), y->untyped_data(), &kernel,
-                          &why)) {
-    return InvalidArgument(kWindowOp, why);
-  }
-  if (kernel == WindowKernel::kTiled) {
-    JAX_TMA_RETURN_IF_FAILED(
-        LaunchTiledWindow(g, x.untyped_data(), y->untyped_data(), stream, device));
-    CountPath(Path::kWindowTiled);
-  } else {
-    JAX_TMA_RETURN_IF_FAILED(
-        LaunchSimtWindow(g, x.untyped_data(), y->untyped_data(), stream, device));
-    CountPath(Path::kWindowSimt);
-  }
-  return ffi::Error::Success();
+  WindowPlan plan;
+  JAX_TMA_RETURN_IF_FAILED(PlanWindow(g, parsed, inner_start, info, device, x.untyped_data(),
+                                      y->untyped_data(), &plan));
+  return LaunchWindow(g, plan, x.untyped_data(), y->untyped_data(), stream, device);
 }
 
 }  // namespace jax_tma

@@ -1,7 +1,8 @@
-// Launchers of the window kernels: the TMA tiled kernel (forward only, where
-// TiledWindowFits) and the SIMT kernel (any geometry, forward or transpose).
-// Both read the starts from device memory, allocate nothing and synchronise
-// nothing (CUDA-graph safe); tensor maps are encoded on every call.
+// Launchers of the window kernels: the TMA tiled kernel (forward only, as
+// PlanWindow planned it) and the SIMT kernel (any geometry, forward or
+// transpose), and of a planned call (LaunchWindow). Both kernels read the
+// starts from device memory, allocate nothing and synchronise nothing
+// (CUDA-graph safe); tensor maps are encoded on every call.
 #ifndef JAX_TMA_FFI_WINDOW_WINDOW_LAUNCH_H_
 #define JAX_TMA_FFI_WINDOW_WINDOW_LAUNCH_H_
 
@@ -12,15 +13,19 @@
 
 namespace jax_tma {
 
-// Computes the window of `src` at the start indices g.starts into `dst` on
-// `stream`. InvalidArgument when the window does not fit (the
-// TiledWindowFits reason) or `device` has no TMA.
-ffi::Error LaunchTiledWindow(const WindowGeometry& g, const void* src, void* dst,
+// Computes the window at the start indices g.starts on `stream` with the
+// tiles, tensor maps (their addresses included) and grid of `plan`
+// (non-empty).
+ffi::Error LaunchTiledWindow(const WindowGeometry& g, const TiledWindowPlan& plan,
                              cudaStream_t stream, int device);
 
 // Any geometry, forward or transpose.
 ffi::Error LaunchSimtWindow(const WindowGeometry& g, const void* src, void* dst,
                             cudaStream_t stream, int device);
+
+// Runs the kernel of `plan` (PlanWindow) and counts its path.
+ffi::Error LaunchWindow(const WindowGeometry& g, const WindowPlan& plan, const void* src,
+                        void* dst, cudaStream_t stream, int device);
 
 }  // namespace jax_tma
 

@@ -214,19 +214,28 @@ bool PlanTiledWindowGrid(const DeviceInfo& info, TiledWindowPlan* p, std::string
   return true;
 }
 
-bool ChooseWindowKernel(const WindowGeometry& g, std::string_view method, const DeviceInfo& info,
-                        int device, const void* src, const void* dst, WindowKernel* kernel,
-                        std::string* why) {
-  *kernel = WindowKernel::kSimt;
-  if (method == "simt") return true;
-  std::string rule;
-  if (info.has_tma() && TiledWindowFits(g, src, dst, &rule)) {
-    *kernel = WindowKernel::kTiled;
-    return true;
+bool InnerStartAligned(const WindowGeometry& g, int64_t inner_start) {
+  return inner_start != kUnknownStart &&
+         (inner_start % kTmaAlignBytes) * g.elem_bytes % kTmaAlignBytes == 0;
+}
+
+ffi::Error PlanWindow(const WindowGeometry& g, Method method, int64_t inner_start,
+                      const DeviceInfo& info, int device, const void* src, const void* dst,
+                      WindowPlan* plan) {
+  plan->kernel = WindowKernel::kSimt;
+  if (method == Method::kSimt) return ffi::Error::Success();
+  if (method == Method::kAuto && !InnerStartAligned(g, inner_start)) {
+    return ffi::Error::Success();
   }
-  if (method != "tma") return true;
-  if (!info.has_tma()) return Reject(why, info.NeedsTma(method, device));
-  return Reject(why, "method='tma' cannot run this window: ", rule);
+  std::string rule;
+  if (info.has_tma() && PlanTiledWindow(g, src, dst, &plan->tiled, &rule) &&
+      (plan->tiled.empty || PlanTiledWindowGrid(info, &plan->tiled, &rule))) {
+    plan->kernel = WindowKernel::kTiled;
+    return ffi::Error::Success();
+  }
+  if (method != Method::kTma) return ffi::Error::Success();
+  if (!info.has_tma()) return InvalidArgument(kWindowOp, info.NeedsTma("tma", device));
+  return InvalidArgument(kWindowOp, "method='tma' cannot run this window: ", rule);
 }
 
 }  // namespace jax_tma

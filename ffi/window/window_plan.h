@@ -1,13 +1,13 @@
-// Host rules of jax_tma.window's CUDA path: which kernel a method runs, every
-// rule the TMA tiled kernel relies on (tensor-map limits, alignment, rank),
-// its tiling into tensor-map boxes and its grid. Pure host C++, unit-tested
+// Host rules of jax_tma.window's CUDA path: which kernel a method runs
+// (PlanWindow, once per call), every rule the TMA tiled kernel relies on
+// (tensor-map limits, alignment, rank), its tiling into tensor-map boxes and
+// its grid. Pure host C++, unit-tested
 // without a GPU (tests/cpp/test_window_plan.cc).
 #ifndef JAX_TMA_FFI_WINDOW_WINDOW_PLAN_H_
 #define JAX_TMA_FFI_WINDOW_WINDOW_PLAN_H_
 
 #include <cstdint>
 #include <string>
-#include <string_view>
 
 #include "cuda/device_info.h"
 #include "cuda/tensor_map.h"
@@ -86,13 +86,29 @@ bool PlanTiledWindowGrid(const DeviceInfo& info, TiledWindowPlan* plan, std::str
 
 enum class WindowKernel { kTiled, kSimt };
 
-// The kernel for `method` ("auto", "tma" or "simt") on a device with `info`:
-// tiled where the device has TMA and the window fits (never the transpose),
-// else SIMT. False with the error of method="tma" in *why where the tiled
-// kernel cannot run the window.
-bool ChooseWindowKernel(const WindowGeometry& g, std::string_view method, const DeviceInfo& info,
-                        int device, const void* src, const void* dst, WindowKernel* kernel,
-                        std::string* why);
+// What one call runs: the kernel and, for kTiled, its tiles, tensor maps and
+// grid (nothing to launch where tiled.empty).
+struct WindowPlan {
+  WindowKernel kernel = WindowKernel::kSimt;
+  TiledWindowPlan tiled;
+};
+
+// Whether the innermost start (the call's "inner_start", in elements) is
+// known and a multiple of 16 bytes. Only then
+// does Method::kAuto take the tiled kernel: a TMA box starts 16-B aligned, so
+// any other start is loaded wider and shifted in shared memory, which measured
+// slower than the SIMT kernel (benchmarks/bench_window.py). A start known
+// only on the device (kUnknownStart) may be anything, so it takes SIMT too.
+bool InnerStartAligned(const WindowGeometry& g, int64_t inner_start);
+
+// Plans a call once: the tiled kernel where the device has TMA and the window
+// fits it (PlanTiledWindow and PlanTiledWindowGrid; never the transpose) and,
+// under Method::kAuto, its innermost start is aligned (InnerStartAligned),
+// else SIMT. Method::kTma where the tiled kernel cannot run is an error
+// naming the rule; Method::kSimt plans SIMT without looking further.
+ffi::Error PlanWindow(const WindowGeometry& g, Method method, int64_t inner_start,
+                      const DeviceInfo& info, int device, const void* src, const void* dst,
+                      WindowPlan* plan);
 
 }  // namespace jax_tma
 

@@ -29,14 +29,14 @@ BroadcastGeometry Broadcast(int64_t outer, int64_t inner_bytes, int64_t n,
 
 std::string Why(const BroadcastGeometry& g, BroadcastMethod method, int cluster) {
   std::string why;
-  BroadcastPlan plan;
+  ClusterBroadcastPlan plan;
   return PlanClusterBroadcast(g, method, cluster, &plan, &why) ? "fits" : why;
 }
 
 void TestStoreTiles() {
   // 8 rows of 8 KiB, 4 replicas: rows of 256 u64 (2 KiB), 4 replica rows by
   // 4 outer rows per 32 KiB tile, two tiles.
-  BroadcastPlan p;
+  ClusterBroadcastPlan p;
   std::string why;
   CHECK(PlanClusterBroadcast(Broadcast(8, 8192, 4), BroadcastMethod::kStore, 1, &p, &why));
   CHECK_EQ(p.args.row_bytes, 2048u);
@@ -60,7 +60,7 @@ void TestStoreTiles() {
 
 void TestClusterTiles() {
   // multicast: every CTA of the cluster loads one slice of each tile.
-  BroadcastPlan p;
+  ClusterBroadcastPlan p;
   std::string why;
   CHECK(PlanClusterBroadcast(Broadcast(8, 8192, 4), BroadcastMethod::kMulticast, 2, &p, &why));
   CHECK_EQ(p.grid, int64_t{4});
@@ -99,26 +99,37 @@ void TestRules() {
   CHECK(ClusterBroadcastFits(Broadcast(4, 32, 4), BroadcastMethod::kStore, 1, nullptr));
 }
 
-void TestChoice() {
+const DeviceInfo kH100{9, 0, 132, 232448, 233472};
+const DeviceInfo kA100{8, 0, 108, 166912, 167936};
+
+void TestPlan() {
   const BroadcastGeometry fits = Broadcast(8, 8192, 4);
-  BroadcastChoice c = ChooseBroadcast(fits, true);
-  CHECK(c.method == BroadcastMethod::kStore);
-  CHECK_EQ(c.cluster_size, 1);
-  c = ChooseBroadcast(fits, false);  // below sm_90
-  CHECK(c.method == BroadcastMethod::kSimt);
-  c = ChooseBroadcast(Broadcast(8, 24, 4), true);  // no tensor map describes it
-  CHECK(c.method == BroadcastMethod::kSimt);
-  c = ChooseBroadcast(Broadcast(8, 8192, 4, BroadcastMethod::kMulticast), true);
-  CHECK(c.method == BroadcastMethod::kMulticast);
-  CHECK_EQ(c.cluster_size, kDefaultClusterSize);
-  c = ChooseBroadcast(Broadcast(8, 8192, 4, BroadcastMethod::kDsmem, 8), true);
-  CHECK(c.method == BroadcastMethod::kDsmem);
-  CHECK_EQ(c.cluster_size, 8);
-  // Explicit methods are kept even where they cannot run: the launcher says why.
-  c = ChooseBroadcast(Broadcast(8, 24, 4, BroadcastMethod::kStore), false);
-  CHECK(c.method == BroadcastMethod::kStore);
-  c = ChooseBroadcast(Broadcast(8, 8192, 4, BroadcastMethod::kSimt), true);
-  CHECK(c.method == BroadcastMethod::kSimt);
+  BroadcastPlan p;
+  CHECK(PlanBroadcast(fits, kH100, 0, &p).success());
+  CHECK(p.method == BroadcastMethod::kStore);
+  CHECK_EQ(p.cluster_size, 1);
+  CHECK_EQ(p.cluster.grid, int64_t{2});  // the store kernel's tiles are planned too
+  CHECK(PlanBroadcast(fits, kA100, 0, &p).success());  // below sm_90
+  CHECK(p.method == BroadcastMethod::kSimt);
+  CHECK(PlanBroadcast(Broadcast(8, 24, 4), kH100, 0, &p).success());  // no tensor map fits
+  CHECK(p.method == BroadcastMethod::kSimt);
+  CHECK(PlanBroadcast(Broadcast(8, 8192, 4, BroadcastMethod::kMulticast), kH100, 0, &p)
+            .success());
+  CHECK(p.method == BroadcastMethod::kMulticast);
+  CHECK_EQ(p.cluster_size, kDefaultClusterSize);
+  CHECK(PlanBroadcast(Broadcast(8, 8192, 4, BroadcastMethod::kDsmem, 8), kH100, 0, &p)
+            .success());
+  CHECK(p.method == BroadcastMethod::kDsmem);
+  CHECK_EQ(p.cluster_size, 8);
+  CHECK(PlanBroadcast(Broadcast(8, 8192, 4, BroadcastMethod::kSimt), kH100, 0, &p).success());
+  CHECK(p.method == BroadcastMethod::kSimt);
+  // Explicit TMA methods that cannot run say why.
+  ffi::Error err = PlanBroadcast(Broadcast(8, 24, 4, BroadcastMethod::kStore), kA100, 3, &p);
+  CHECK_EQ(err.message(), "jax_tma.broadcast: method='store' needs TMA, but device 3 has compute "
+                          "capability 8.0 (TMA needs >= 9.0); use method='auto' or 'simt'");
+  err = PlanBroadcast(Broadcast(8, 8192, 4, BroadcastMethod::kDsmem, 3), kH100, 0, &p);
+  CHECK_EQ(err.message(),
+           "jax_tma.broadcast: no TMA kernel for method 'dsmem' with cluster_size 3");
 }
 
 }  // namespace
@@ -128,6 +139,6 @@ int main() {
   jax_tma::TestStoreTiles();
   jax_tma::TestClusterTiles();
   jax_tma::TestRules();
-  jax_tma::TestChoice();
+  jax_tma::TestPlan();
   return jax_tma::testing::Failures("test_broadcast_plan");
 }

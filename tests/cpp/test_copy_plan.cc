@@ -18,17 +18,17 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 void TestKernelChoice() {
   const void* s = Addr(0x100000);
   const void* d = Addr(0x200000);
-  CHECK(ChooseCopyKernel(CopyMethod::kAuto, 0, true, s, d) == CopyKernel::kNone);
-  CHECK(ChooseCopyKernel(CopyMethod::kAuto, kAutoBulkMinBytes - 1, true, s, d) ==
+  CHECK(ChooseCopyKernel(Method::kAuto, 0, true, s, d) == CopyKernel::kNone);
+  CHECK(ChooseCopyKernel(Method::kAuto, kAutoBulkMinBytes - 1, true, s, d) ==
         CopyKernel::kSimt);
-  CHECK(ChooseCopyKernel(CopyMethod::kAuto, kAutoBulkMinBytes, true, s, d) == CopyKernel::kBulk);
-  CHECK(ChooseCopyKernel(CopyMethod::kAuto, 64 * kMiB, false, s, d) == CopyKernel::kSimt);
-  CHECK(ChooseCopyKernel(CopyMethod::kBulk, 1, true, s, d) == CopyKernel::kBulk);
-  CHECK(ChooseCopyKernel(CopyMethod::kSimt, 64 * kMiB, true, s, d) == CopyKernel::kSimt);
+  CHECK(ChooseCopyKernel(Method::kAuto, kAutoBulkMinBytes, true, s, d) == CopyKernel::kTma);
+  CHECK(ChooseCopyKernel(Method::kAuto, 64 * kMiB, false, s, d) == CopyKernel::kSimt);
+  CHECK(ChooseCopyKernel(Method::kTma, 1, true, s, d) == CopyKernel::kTma);
+  CHECK(ChooseCopyKernel(Method::kSimt, 64 * kMiB, true, s, d) == CopyKernel::kSimt);
   // Equally misaligned buffers share an aligned body; others have none.
-  CHECK(ChooseCopyKernel(CopyMethod::kBulk, kMiB, true, Addr(0x100003), Addr(0x200003)) ==
-        CopyKernel::kBulk);
-  CHECK(ChooseCopyKernel(CopyMethod::kBulk, kMiB, true, Addr(0x100008), d) == CopyKernel::kSimt);
+  CHECK(ChooseCopyKernel(Method::kTma, kMiB, true, Addr(0x100003), Addr(0x200003)) ==
+        CopyKernel::kTma);
+  CHECK(ChooseCopyKernel(Method::kTma, kMiB, true, Addr(0x100008), d) == CopyKernel::kSimt);
   CHECK(HasBulkBody(Addr(0x10), Addr(0x20)));
   CHECK(!HasBulkBody(Addr(0x10), Addr(0x21)));
 }

@@ -228,22 +228,22 @@ void TestPathChoice() {
   // and for calls of at most a vector a thread of a wave; bulk for larger
   // slabs in larger calls.
   const GatherGeometry pages = Gather(32768, 8192, 32768);  // 256 MiB
-  CHECK(PathOf(pages, GatherOp::kGather, true) == GatherPath::kBulk);
-  CHECK(PathOf(pages, GatherOp::kScatterSet, true) == GatherPath::kBulk);
+  CHECK(PathOf(pages, GatherOp::kGather, true) == GatherPath::kTma);
+  CHECK(PathOf(pages, GatherOp::kScatterSet, true) == GatherPath::kTma);
   CHECK(PathOf(pages, GatherOp::kGather, false) == GatherPath::kSimt);
   const int64_t max_pages = kAutoSimtMaxGatherBytes / 32768;
   CHECK(PathOf(Gather(32768, max_pages, 32768), GatherOp::kGather, true) == GatherPath::kSimt);
   CHECK(PathOf(Gather(32768, max_pages + 1, 32768), GatherOp::kGather, true) ==
-        GatherPath::kBulk);
+        GatherPath::kTma);
   CHECK(PathOf(Gather(32768, max_pages, 32768), GatherOp::kScatterSet, true) ==
-        GatherPath::kBulk);
+        GatherPath::kTma);
   const GatherGeometry rows = Gather(1 << 22, 1 << 20, kAutoSimtMaxSlabBytes);
   CHECK(PathOf(rows, GatherOp::kGather, true) == GatherPath::kSimt);
   CHECK(PathOf(rows, GatherOp::kScatterSet, true) == GatherPath::kSimt);
   CHECK(PathOf(Gather(100, 1 << 16, kAutoSimtMaxSlabBytes + 16), GatherOp::kGather, true) ==
-        GatherPath::kBulk);
+        GatherPath::kTma);
   CHECK(PathOf(Gather(100, 1 << 16, kAutoSimtMaxSlabBytes + 16), GatherOp::kScatterSet, true) ==
-        GatherPath::kBulk);
+        GatherPath::kTma);
   const GatherGeometry small = Gather(65536, 64, 8192);  // flat: 32,768 vectors
   CHECK(PathOf(small, GatherOp::kGather, true) == GatherPath::kSimt);
   CHECK(PathOf(small, GatherOp::kScatterSet, true) == GatherPath::kSimt);
@@ -255,7 +255,7 @@ void TestPathChoice() {
   GatherGeometry f64 = pages;
   f64.elem_bytes = 8;
   f64.sum = SumKind::kF64;
-  CHECK(PathOf(f64, GatherOp::kScatterAdd, true) == GatherPath::kBulk);
+  CHECK(PathOf(f64, GatherOp::kScatterAdd, true) == GatherPath::kTma);
   CHECK(!VectorAddFits(f64, TileSimtGather(f64, GatherOp::kScatterAdd, kH100Sms)));
   GatherGeometry bf16 = pages;
   bf16.elem_bytes = 2;
@@ -268,19 +268,19 @@ void TestPathChoice() {
   CHECK(PathOf(g, GatherOp::kGather, false) == GatherPath::kSimt);
   GatherGeometry odd = Gather(100, 10, 12);
   CHECK(PathOf(odd, GatherOp::kGather, true) == GatherPath::kSimt);
-  g.method = GatherMethod::kSimt;
+  g.method = Method::kSimt;
   CHECK(PathOf(g, GatherOp::kGather, true) == GatherPath::kSimt);
-  odd.method = GatherMethod::kTma;
+  odd.method = Method::kTma;
   CHECK_EQ(Error(odd, GatherOp::kGather, true),
            std::string("jax_tma.gather: method='tma' cannot move this call: slabs of 12 B are "
                        "not a multiple of 16 B (the bulk-copy size rule)"));
-  g.method = GatherMethod::kTma;
+  g.method = Method::kTma;
   CHECK_EQ(Error(g, GatherOp::kScatterSet, false), "jax_tma.scatter: " + std::string(kNeedsTma));
   GatherGeometry ordered = Gather(100, 10, 64);
   ordered.mode = ScatterMode::kAdd;
   ordered.deterministic = true;
   CHECK(PathOf(ordered, GatherOp::kScatterAdd, true) == GatherPath::kOrdered);
-  ordered.method = GatherMethod::kTma;
+  ordered.method = Method::kTma;
   CHECK(Error(ordered, GatherOp::kScatterAdd, true).find("deterministic=True") !=
         std::string::npos);
 }
@@ -317,7 +317,7 @@ void TestFusion() {
   // The same geometry on different paths (a forced method) stays apart.
   const GatherGeometry pages = Gather(32768, 8192, 32768);
   GatherGeometry simt = pages;
-  simt.method = GatherMethod::kSimt;
+  simt.method = Method::kSimt;
   CHECK(!FusesWith(pages, Plan(pages, GatherOp::kGather), simt, Plan(simt, GatherOp::kGather)));
 }
 

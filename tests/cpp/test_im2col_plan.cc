@@ -184,26 +184,26 @@ void TestGrid() {
 
 void TestKernelChoice() {
   const Im2colGeometry ok = Im2col(2, {16, 16}, 64, 2, k3x3);
-  Im2colKernel k;
-  std::string why;
+  Im2colPlan p;
   // auto always takes SIMT; TMA only where asked.
-  CHECK(ChooseIm2colKernel(ok, "auto", kH100, 0, kAligned, kAlignedOut, &k, &why));
-  CHECK(k == Im2colKernel::kSimt);
-  CHECK(ChooseIm2colKernel(ok, "tma", kH100, 0, kAligned, kAlignedOut, &k, &why));
-  CHECK(k == Im2colKernel::kTma);
-  CHECK(ChooseIm2colKernel(ok, "simt", kH100, 0, kAligned, kAlignedOut, &k, &why));
-  CHECK(k == Im2colKernel::kSimt);
+  CHECK(PlanIm2col(ok, Method::kAuto, kH100, 0, kAligned, kAlignedOut, &p).success());
+  CHECK(p.kernel == Im2colKernel::kSimt);
+  CHECK(PlanIm2col(ok, Method::kTma, kH100, 0, kAligned, kAlignedOut, &p).success());
+  CHECK(p.kernel == Im2colKernel::kTma);
+  CHECK(p.tma.blocks > 0);  // the grid is planned too
+  CHECK(PlanIm2col(ok, Method::kSimt, kH100, 0, kAligned, kAlignedOut, &p).success());
+  CHECK(p.kernel == Im2colKernel::kSimt);
   Im2colGeometry col2im = ok;
   col2im.transpose = true;
-  CHECK(ChooseIm2colKernel(col2im, "tma", kH100, 0, kAligned, kAlignedOut, &k, &why));
-  CHECK(k == Im2colKernel::kSimt);
-  CHECK(!ChooseIm2colKernel(Im2col(1, {8, 8}, 3, 4, k3x3), "tma", kH100, 0, kAligned,
-                            kAlignedOut, &k, &why));
-  CHECK_EQ(why, "method='tma' cannot run this im2col: a pixel's channels (3 x 4 B = 12 B) are "
-                "not a multiple of 16 B");
-  CHECK(!ChooseIm2colKernel(ok, "tma", kA100, 1, kAligned, kAlignedOut, &k, &why));
-  CHECK_EQ(why, "method='tma' needs TMA, but device 1 has compute capability 8.0 "
-                "(TMA needs >= 9.0); use method='auto' or 'simt'");
+  CHECK(PlanIm2col(col2im, Method::kTma, kH100, 0, kAligned, kAlignedOut, &p).success());
+  CHECK(p.kernel == Im2colKernel::kSimt);
+  ffi::Error err = PlanIm2col(Im2col(1, {8, 8}, 3, 4, k3x3), Method::kTma, kH100, 0, kAligned,
+                              kAlignedOut, &p);
+  CHECK_EQ(err.message(), "jax_tma.im2col: method='tma' cannot run this im2col: a pixel's "
+                          "channels (3 x 4 B = 12 B) are not a multiple of 16 B");
+  err = PlanIm2col(ok, Method::kTma, kA100, 1, kAligned, kAlignedOut, &p);
+  CHECK_EQ(err.message(), "jax_tma.im2col: method='tma' needs TMA, but device 1 has compute "
+                          "capability 8.0 (TMA needs >= 9.0); use method='auto' or 'simt'");
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // gets.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "check.h"
@@ -185,24 +186,36 @@ void TestGrid() {
 void TestKernelChoice() {
   const WindowGeometry ok = Window({64, 64}, {32, 32}, {1, 1}, 4);
   const auto* off = static_cast<const char*>(kAligned) + 4;
-  WindowKernel k;
-  std::string why;
-  CHECK(ChooseWindowKernel(ok, "auto", kH100, 0, kAligned, kAlignedOut, &k, &why));
-  CHECK(k == WindowKernel::kTiled);
-  CHECK(ChooseWindowKernel(ok, "tma", kH100, 0, kAligned, kAlignedOut, &k, &why));
-  CHECK(k == WindowKernel::kTiled);
-  CHECK(ChooseWindowKernel(ok, "simt", kH100, 0, kAligned, kAlignedOut, &k, &why));
-  CHECK(k == WindowKernel::kSimt);
+  WindowPlan p;
+  CHECK(PlanWindow(ok, Method::kAuto, 0, kH100, 0, kAligned, kAlignedOut, &p).success());
+  CHECK(p.kernel == WindowKernel::kTiled);
+  CHECK_EQ(p.tiled.blocks, p.tiled.args.total_tiles);  // the grid is planned too
+  CHECK(PlanWindow(ok, Method::kTma, 0, kH100, 0, kAligned, kAlignedOut, &p).success());
+  CHECK(p.kernel == WindowKernel::kTiled);
+  CHECK(PlanWindow(ok, Method::kSimt, 0, kH100, 0, kAligned, kAlignedOut, &p).success());
+  CHECK(p.kernel == WindowKernel::kSimt);
   // auto falls back where the tiled kernel cannot run; tma says why.
-  CHECK(ChooseWindowKernel(ok, "auto", kH100, 0, off, kAlignedOut, &k, &why));
-  CHECK(k == WindowKernel::kSimt);
-  CHECK(ChooseWindowKernel(ok, "auto", kA100, 0, kAligned, kAlignedOut, &k, &why));
-  CHECK(k == WindowKernel::kSimt);
-  CHECK(!ChooseWindowKernel(ok, "tma", kH100, 0, off, kAlignedOut, &k, &why));
-  CHECK_EQ(why, "method='tma' cannot run this window: x address is not 16-B aligned");
-  CHECK(!ChooseWindowKernel(ok, "tma", kA100, 3, kAligned, kAlignedOut, &k, &why));
-  CHECK_EQ(why, "method='tma' needs TMA, but device 3 has compute capability 8.0 "
-                "(TMA needs >= 9.0); use method='auto' or 'simt'");
+  CHECK(PlanWindow(ok, Method::kAuto, 0, kH100, 0, off, kAlignedOut, &p).success());
+  CHECK(p.kernel == WindowKernel::kSimt);
+  CHECK(PlanWindow(ok, Method::kAuto, 0, kA100, 0, kAligned, kAlignedOut, &p).success());
+  CHECK(p.kernel == WindowKernel::kSimt);
+  // auto takes the tiled kernel only from a known start of a multiple of
+  // 16 B (f32: of 4 elements, either side of 0); tma from any start.
+  for (const auto& [start, tiled] : std::vector<std::pair<int64_t, bool>>{
+           {4, true}, {-4, true}, {int64_t{1} << 62, true}, {2, false}, {-6, false},
+           {kUnknownStart, false}}) {
+    CHECK_EQ(InnerStartAligned(ok, start), tiled);
+    CHECK(PlanWindow(ok, Method::kAuto, start, kH100, 0, kAligned, kAlignedOut, &p).success());
+    CHECK(p.kernel == (tiled ? WindowKernel::kTiled : WindowKernel::kSimt));
+    CHECK(PlanWindow(ok, Method::kTma, start, kH100, 0, kAligned, kAlignedOut, &p).success());
+    CHECK(p.kernel == WindowKernel::kTiled);
+  }
+  ffi::Error err = PlanWindow(ok, Method::kTma, 0, kH100, 0, off, kAlignedOut, &p);
+  CHECK_EQ(err.message(),
+           "jax_tma.window: method='tma' cannot run this window: x address is not 16-B aligned");
+  err = PlanWindow(ok, Method::kTma, 0, kA100, 3, kAligned, kAlignedOut, &p);
+  CHECK_EQ(err.message(), "jax_tma.window: method='tma' needs TMA, but device 3 has compute "
+                          "capability 8.0 (TMA needs >= 9.0); use method='auto' or 'simt'");
 }
 
 }  // namespace

@@ -46,14 +46,20 @@ bool RunCase(BroadcastGeometry g, BroadcastMethod method, int cluster, std::mt19
   g.src = d_src;
   g.dst = d_dst;
   g.method = method;
-  std::string why;
-  bool tma = method != BroadcastMethod::kSimt;
-  if (ok && tma && !jax_tma::ClusterBroadcastFits(g, method, cluster, &why)) {
-    tma = false;  // the SIMT kernel then covers this geometry
+  // The plan of `method` where its TMA kernel fits, else of "simt", which
+  // then covers this geometry.
+  jax_tma::BroadcastPlan plan;
+  jax_tma::DeviceInfo info;
+  ok = ok && !jax_tma::GetDeviceInfo(0, &info).failure();
+  g.cluster_size = cluster;
+  bool tma = ok && method != BroadcastMethod::kSimt &&
+             jax_tma::PlanBroadcast(g, info, 0, &plan).success();
+  if (ok && !tma) {
+    g.method = BroadcastMethod::kSimt;
+    ok = jax_tma::PlanBroadcast(g, info, 0, &plan).success();
   }
   if (ok) {
-    xla::ffi::Error err = tma ? jax_tma::LaunchClusterBroadcast(g, method, cluster, nullptr, 0)
-                              : jax_tma::LaunchSimtBroadcast(g, nullptr, 0);
+    xla::ffi::Error err = jax_tma::LaunchBroadcast(g, plan, nullptr, 0);
     if (err.failure()) {
       std::fprintf(stderr, "launch failed: %s\n", err.message().c_str());
       ok = false;

@@ -29,7 +29,7 @@ bool Check(cudaError_t err, const char* what) {
 }
 
 // Copies n bytes src+so -> dst+d_o and verifies every byte of dst.
-bool RunCase(jax_tma::CopyMethod method, std::size_t so, std::size_t d_o,
+bool RunCase(jax_tma::Method method, std::size_t so, std::size_t d_o,
              std::size_t n, const jax_tma::BulkCopyConfig& config,
              std::mt19937_64& gen) {
   const std::size_t total = n + 2 * kGuard;
@@ -42,8 +42,15 @@ bool RunCase(jax_tma::CopyMethod method, std::size_t so, std::size_t d_o,
             Check(cudaMemcpy(d_src, src.data(), total, cudaMemcpyHostToDevice), "H2D") &&
             Check(cudaMemset(d_dst, kPoison, total), "memset");
   if (ok) {
-    xla::ffi::Error err = jax_tma::LaunchCopy("selftest", method, d_src + so, d_dst + d_o, n,
-                                              nullptr, 0, jax_tma::kRawCounterSlot, &config);
+    const jax_tma::ByteCopy c{d_src + so, d_dst + d_o, n};
+    jax_tma::DeviceInfo info;
+    jax_tma::CopyPlan plan;
+    xla::ffi::Error err = jax_tma::GetDeviceInfo(0, &info);
+    if (err.success()) {
+      err = jax_tma::PlanCopy("selftest", method, c, info, 0, jax_tma::kRawCounterSlot, &config,
+                              &plan);
+    }
+    if (err.success()) err = jax_tma::LaunchCopy(plan, c, nullptr, 0);
     if (err.failure()) {
       std::fprintf(stderr, "launch failed: %s\n", err.message().c_str());
       ok = false;
@@ -109,8 +116,7 @@ int main() {
       jax_tma::kDynamicBulkCopyConfig, {1024, 2, 1, true}, {4096, 4, 1, true}};
   const std::size_t sizes[] = {0, 1, 15, 16, 17, 4099, 1 << 20, (3 << 20) + 48, (9 << 20) + 5};
   int cases = 0, failures = 0;
-  for (auto method : {jax_tma::CopyMethod::kBulk, jax_tma::CopyMethod::kSimt,
-                      jax_tma::CopyMethod::kAuto}) {
+  for (auto method : {jax_tma::Method::kTma, jax_tma::Method::kSimt, jax_tma::Method::kAuto}) {
     for (const auto& config : configs) {
       for (std::size_t n : sizes) {
         for (std::size_t so : {0, 3, 16}) {

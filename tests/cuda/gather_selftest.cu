@@ -45,10 +45,10 @@ T* ToDevice(const std::vector<T>& v, size_t extra_bytes = 0, bool* ok = nullptr)
   return static_cast<T*>(d);
 }
 
-// a + b as Col2imSum<K> adds, on raw little-endian element bytes.
+// a + b as ElementSum<K> adds, on raw little-endian element bytes.
 template <SumKind K>
 void AddElement(uint8_t* a, const uint8_t* b) {
-  using S = jax_tma::Col2imSum<K>;
+  using S = jax_tma::ElementSum<K>;
   typename S::T x, y;
   std::memcpy(&x, a, sizeof(x));
   std::memcpy(&y, b, sizeof(y));
@@ -62,7 +62,7 @@ struct HostAdd {
   int64_t bytes;
   template <SumKind K>
   void operator()() const {
-    using T = typename jax_tma::Col2imSum<K>::T;
+    using T = typename jax_tma::ElementSum<K>::T;
     for (int64_t o = 0; o < bytes; o += sizeof(T)) AddElement<K>(dst + o, src + o);
   }
 };

@@ -25,7 +25,7 @@ struct HostCol2im {
   std::vector<uint8_t>& x;
   template <SumKind K>
   void operator()() const {
-    using T = typename jax_tma::Col2imSum<K>::T;
+    using T = typename jax_tma::ElementSum<K>::T;
     const T* src = reinterpret_cast<const T*>(patches.data());
     T* dst = reinterpret_cast<T*>(x.data());
     int64_t i = 0;
@@ -87,11 +87,19 @@ bool RunCase(Im2colGeometry g, bool tma, std::mt19937_64& gen, bool* used_tma) {
             Check(cudaMalloc(&d_dst, want.size() + 16), "malloc") &&
             Check(cudaMemcpy(d_src, src.data(), src.size(), cudaMemcpyHostToDevice), "h2d") &&
             Check(cudaMemset(d_dst, 0xA5, want.size()), "memset");
-  std::string why;
-  *used_tma = ok && tma && jax_tma::TmaIm2colFits(g, d_src, d_dst, &why);
+  // The plan of method "tma" where the TMA kernel fits, else of "simt".
+  jax_tma::Im2colPlan plan;
+  jax_tma::DeviceInfo info;
+  ok = ok && !jax_tma::GetDeviceInfo(0, &info).failure();
+  *used_tma = ok && tma &&
+              jax_tma::PlanIm2col(g, jax_tma::Method::kTma, info, 0, d_src, d_dst, &plan)
+                  .success() &&
+              plan.kernel == jax_tma::Im2colKernel::kTma;
+  if (ok && !*used_tma) {
+    ok = jax_tma::PlanIm2col(g, jax_tma::Method::kSimt, info, 0, d_src, d_dst, &plan).success();
+  }
   if (ok) {
-    xla::ffi::Error err = *used_tma ? jax_tma::LaunchTmaIm2col(g, d_src, d_dst, nullptr, 0)
-                                    : jax_tma::LaunchSimtIm2col(g, d_src, d_dst, nullptr, 0);
+    xla::ffi::Error err = jax_tma::LaunchIm2col(g, plan, d_src, d_dst, nullptr, 0);
     if (err.failure()) {
       std::fprintf(stderr, "launch failed: %s\n", err.message().c_str());
       ok = false;

@@ -79,13 +79,21 @@ bool RunCase(WindowGeometry g, bool tiled, std::mt19937_64& gen) {
             Check(cudaMemset(d_dst, 0xA5, want.size()), "memset");
   // Split starts: one one-element buffer per dim (here consecutive ones).
   for (int d = 0; d < (g.starts.split ? g.rank : 1); ++d) g.starts.ptr[d] = d_start + d;
-  std::string why;
-  if (ok && tiled && !jax_tma::TiledWindowFits(g, d_src, d_dst, &why)) {
-    tiled = false;  // the SIMT kernel then covers this geometry
+  // The plan of method "tma" where the tiled kernel fits, else of "simt",
+  // which then covers this geometry.
+  jax_tma::WindowPlan plan;
+  jax_tma::DeviceInfo info;
+  ok = ok && !jax_tma::GetDeviceInfo(0, &info).failure();
+  if (ok && tiled) {
+    tiled = jax_tma::PlanWindow(g, jax_tma::Method::kTma, jax_tma::kUnknownStart, info, 0, d_src,
+                                d_dst, &plan).success();
+  }
+  if (ok && !tiled) {
+    ok = jax_tma::PlanWindow(g, jax_tma::Method::kSimt, jax_tma::kUnknownStart, info, 0, d_src,
+                             d_dst, &plan).success();
   }
   if (ok) {
-    xla::ffi::Error err = tiled ? jax_tma::LaunchTiledWindow(g, d_src, d_dst, nullptr, 0)
-                                : jax_tma::LaunchSimtWindow(g, d_src, d_dst, nullptr, 0);
+    xla::ffi::Error err = jax_tma::LaunchWindow(g, plan, d_src, d_dst, nullptr, 0);
     if (err.failure()) {
       std::fprintf(stderr, "launch failed: %s\n", err.message().c_str());
       ok = false;

@@ -1,0 +1,97 @@
+// The call of jax_tma.ppermute, decoded and re-validated once from the FFI
+// buffers and attributes, then shared by the CPU and CUDA handlers: the
+// method, the bytes to move and this device's part of the permutation.
+#ifndef JAX_TMA_FFI_PPERMUTE_PPERMUTE_COMMON_H_
+#define JAX_TMA_FFI_PPERMUTE_PPERMUTE_COMMON_H_
+
+#include <cstdint>
+#include <limits>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common.h"
+#include "ppermute/ppermute_processes.h"
+
+namespace jax_tma {
+
+inline constexpr std::string_view kPpermuteOp = "jax_tma.ppermute";
+
+// One device's part in a permutation over `size` participants (logical ids
+// 0..size-1, the order of the mesh's devices).
+struct PermuteRoute {
+  int size = 0;
+  int self = -1;         // this device's logical id
+  int source = -1;       // whose block this device receives; -1: nobody's (zeros)
+  int destination = -1;  // who receives this device's block; -1: nobody
+  bool push = false;
+  std::vector<int64_t> devices;  // device ordinal of each logical id (in its process)
+  std::vector<int64_t> sources;  // whose block each logical id receives; -1: nobody's
+
+  // The participant whose published buffer this device copies from (pull:
+  // its source's input) or into (push: its destination's output); -1: none.
+  int partner() const { return push ? destination : source; }
+  // The participant that copies from or into this device's published buffer.
+  int partnered_by() const { return push ? source : destination; }
+};
+
+// The context, operands and attributes of "jax_tma_ppermute" after the
+// platform's own context (the stream on CUDA, none on the CPU).
+template <typename Binding>
+auto BindPpermuteCall(Binding binding) {
+  return std::move(binding).template Ctx<ffi::DeviceOrdinal>()  // device
+      .template Ctx<ffi::RunId>()                               // run
+      .template Arg<ffi::AnyBuffer>()                           // x
+      .template Ret<ffi::AnyBuffer>()                           // y
+      .template Attr<int64_t>("instance")                       // instance
+      .template Attr<ffi::Span<const int64_t>>("devices")       // devices
+      .template Attr<ffi::Span<const int64_t>>("sources")       // sources
+      .template Attr<bool>("push")                              // push
+      .template Attr<std::string_view>("method")                // method
+      .template Attr<int64_t>("process")                        // process
+      .template Attr<ffi::Span<const int64_t>>("processes")     // processes
+      .template Attr<std::string_view>("links")                 // links
+      .template Attr<std::string_view>("site")                  // site
+      .template Attr<int64_t>("timeout_ms");                    // timeout_ms
+}
+
+// Checks the attributes Python passes (device ordinals and processes by
+// logical id, and per logical id the logical id it receives from or -1) and
+// finds the part of `device` of process `process`.
+ffi::Error RoutePermute(int device, int process, ffi::Span<const int64_t> devices,
+                        ffi::Span<const int64_t> processes, ffi::Span<const int64_t> sources,
+                        bool push, PermuteRoute* route);
+
+// A call of "jax_tma_ppermute", re-validated: the method, the bytes to move,
+// this device's part and where the participants live.
+struct PpermuteCall {
+  Method method = Method::kAuto;
+  ByteCopy bytes;
+  PermuteRoute route;
+  ProcessPlan where;
+};
+
+inline ffi::Error DecodePpermute(int device, const ffi::AnyBuffer& x,
+                                 ffi::Result<ffi::AnyBuffer>& y,
+                                 ffi::Span<const int64_t> devices,
+                                 ffi::Span<const int64_t> sources, bool push,
+                                 std::string_view method, int64_t process,
+                                 ffi::Span<const int64_t> processes, std::string_view links,
+                                 std::string_view site, int64_t timeout_ms,
+                                 PpermuteCall* call) {
+  JAX_TMA_RETURN_IF_FAILED(
+      ParseMethod(kPpermuteOp, method, &call->method, TmaSpelling::kTmaOrBulk));
+  JAX_TMA_RETURN_IF_FAILED(CheckWholeCopy(kPpermuteOp, x, y, &call->bytes));
+  if (process < 0 || process > std::numeric_limits<int>::max()) {
+    return InvalidArgument(kPpermuteOp, "process must be in [0, ",
+                           std::numeric_limits<int>::max(), "], got ", process);
+  }
+  JAX_TMA_RETURN_IF_FAILED(RoutePermute(device, static_cast<int>(process), devices, processes,
+                                        sources, push, &call->route));
+  return DecodeProcessPlan(process, processes, links, site, timeout_ms, devices.size(),
+                           &call->where);
+}
+
+}  // namespace jax_tma
+
+#endif  // JAX_TMA_FFI_PPERMUTE_PPERMUTE_COMMON_H_

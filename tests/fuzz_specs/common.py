@@ -1,0 +1,73 @@
+"""What every family's FFI fuzz spec (tests/fuzz_specs/<family>.py) is built
+from: the call, the spec, the random pickers and the rules every handler
+words alike. tests/test_ffi_fuzz.py runs the specs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from reference import ALL_DTYPES, SUB_BYTE_BITS
+
+S = jax.ShapeDtypeStruct
+
+# The rules of an array's form that every handler checks, as they word them:
+# a shape (ranks, dims, element counts, sizes) and an element type.
+SHAPE_RULES = r"rank|\bdims?\b|\belements?\b|entries|shape|\bsize|batch"
+DTYPE_RULES = r"element type|sub-byte"
+
+BYTE_DTYPES = tuple(d for d in ALL_DTYPES if d.name not in SUB_BYTE_BITS)
+SUMMABLE = tuple(d for d in BYTE_DTYPES  # what col2im and scatter's add sum
+                 if d.kind in "iuc" or d.name in ("float16", "bfloat16", "float32", "float64"))
+# Baselines take the methods that run on every device; the forced hardware
+# methods (which may refuse a geometry, naming the rule) come in as mutations.
+PORTABLE = ("auto", "simt")
+
+
+@dataclasses.dataclass
+class Call:
+    operands: list[np.ndarray]
+    results: list[S]
+    attrs: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    ops: tuple[str, ...]                                  # names the handler's errors start with
+    baseline: Callable[[np.random.Generator], Call]       # a correct call
+    reference: Callable[[Call], list[np.ndarray]]         # the results of an accepted call
+    # hand-picked calls, from a baseline, each with the rule it breaks (a
+    # pattern of the handler's error after the op's name)
+    nasty: tuple[tuple[Callable[[Call], Call], str], ...] = ()
+    # The op's own wording of the rules a kind of mutation ("shape", "dtype",
+    # "operands", "results") breaks, beyond SHAPE_RULES / DTYPE_RULES and
+    # XLA's; and, by attribute, what else a wrong value of it breaks (the
+    # attribute's own name always counts).
+    rules: dict[str, str] = dataclasses.field(default_factory=dict)
+    attr_rules: dict[str, str] = dataclasses.field(default_factory=dict)
+    keep: tuple[str, ...] = ()                            # attributes never mutated
+    waits_for_peer: Callable[[Call], bool] = lambda call: False  # would block until a timeout
+    # Whether an accepted call's results are defined bit for bit on the
+    # platform (else only: no crash, inputs unchanged, the right shapes).
+    exact: Callable[[str, Call], bool] = lambda platform, call: True
+
+
+def some_dtype(rng, pool=BYTE_DTYPES) -> np.dtype:
+    return pool[int(rng.integers(len(pool)))]
+
+
+def pick(rng, options):
+    return options[int(rng.integers(len(options)))]
+
+
+def with_(call: Call, operands=None, results=None, **attrs) -> Call:
+    return Call(list(call.operands if operands is None else operands),
+                list(call.results if results is None else results), {**call.attrs, **attrs})
+
+
+def i64(*values) -> np.ndarray:
+    return np.array(values, np.int64)

@@ -1,0 +1,254 @@
+"""The FFI fuzz's spec of jax_tma.gather and scatter (tests/test_ffi_fuzz.py runs it)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fuzz_specs.common import (BYTE_DTYPES, PORTABLE, S, SHAPE_RULES, SUMMABLE, Call, Spec, pick,
+                               some_dtype, with_)
+from reference import random_array
+
+
+_INDEX_DTYPES = tuple(np.dtype(d) for d in (np.int8, np.int16, np.int32, np.int64, np.uint8,
+                                            np.uint16, np.uint32, np.uint64))
+
+
+def _tables_of(call: Call, lead: int) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    """The indices, the tables and their fills / updates of a gather (lead=1:
+    indices, x_0..x_{n-1}, fill_0..) or scatter call (lead=2: indices, order,
+    x_0.., updates_0..), n = the results."""
+    n = len(call.results)
+    rest = call.operands[lead:]
+    return call.operands[0], rest[:n], rest[n:2 * n]
+
+
+def _slab_geometry(call: Call, x: np.ndarray) -> tuple[int, int, int, int, int]:
+    """(B, P, N, M, slab bytes) of table x of a gather or scatter call
+    (gather_common.h)."""
+    idx = call.operands[0]
+    axis, batch = int(call.attrs["axis"]), int(call.attrs["batch"])
+    return (math.prod(x.shape[:batch]), math.prod(x.shape[batch:axis]), x.shape[axis],
+            math.prod(idx.shape[batch:]), math.prod(x.shape[axis + 1:]) * x.dtype.itemsize)
+
+
+def _table_rows(idx: np.ndarray, n: int, batch: int) -> np.ndarray:
+    """(B, M) rows the indices pick: negatives wrap once, -1 out of range."""
+    flat = idx.reshape(math.prod(idx.shape[:batch]), math.prod(idx.shape[batch:]))
+    if flat.dtype.kind == "u":
+        return np.where(flat < np.uint64(n), flat, 0).astype(np.int64) - (flat >= np.uint64(n))
+    v = flat.astype(np.int64)
+    v = np.where(v < 0, v + n, v)
+    return np.where((v >= 0) & (v < n), v, -1)
+
+
+def _slab_call(rng, dtypes) -> tuple[np.ndarray, list[np.ndarray], dict, list[tuple[int, ...]]]:
+    """Indices, a table of each dtype (1 to 3: their dims up to axis shared,
+    their slab dims their own), the axis/batch attributes and each table's
+    gathered slabs' shape."""
+    r = int(rng.integers(1, 4))
+    lead = tuple(int(v) for v in rng.integers(0, 5, r))
+    axis = int(rng.integers(r))
+    batch = int(rng.integers(axis + 1))
+    idx_shape = lead[:batch] + tuple(int(v) for v in rng.integers(0, 4, int(rng.integers(0, 3))))
+    n = lead[axis]
+    idx_dtype = pick(rng, _INDEX_DTYPES)
+    lo = 0 if idx_dtype.kind == "u" else -n - 2
+    idx = rng.integers(lo, n + 2, idx_shape).astype(idx_dtype)
+    xs, slab_shapes = [], []
+    for dtype in dtypes:
+        x_shape = lead[:axis + 1] + tuple(int(v) for v in rng.integers(0, 5, r - axis - 1))
+        xs.append(random_array(rng, x_shape, dtype))
+        slab_shapes.append(x_shape[:axis] + idx_shape[batch:] + x_shape[axis + 1:])
+    attrs = dict(axis=np.int64(axis), batch=np.int64(batch), method=pick(rng, PORTABLE))
+    return idx, xs, attrs, slab_shapes
+
+
+def _table_count(rng) -> int:
+    return int(rng.choice([1, 1, 2, 3]))
+
+
+def _gather_call(rng) -> Call:
+    dtypes = [some_dtype(rng) for _ in range(_table_count(rng))]
+    idx, xs, attrs, out_shapes = _slab_call(rng, dtypes)
+    return Call([idx, *xs, *(random_array(rng, (), d) for d in dtypes)],
+                [S(o, d) for o, d in zip(out_shapes, dtypes)], attrs)
+
+
+def _gather_reference(call: Call) -> list[np.ndarray]:
+    idx, xs, fills = _tables_of(call, 1)
+    outs = []
+    for x, fill, y in zip(xs, fills, call.results):
+        b, p, n, m, s = _slab_geometry(call, x)
+        eb = x.dtype.itemsize
+        table = np.ascontiguousarray(x).view(np.uint8).reshape(b, p, n, s)
+        rows = _table_rows(idx, n, int(call.attrs["batch"]))
+        out = np.empty((b, p, m, s), np.uint8)
+        out[...] = np.tile(np.ascontiguousarray(fill).reshape(1).view(np.uint8), s // eb)
+        for i, j in zip(*np.nonzero(rows >= 0)):
+            out[i, :, j] = table[i, :, rows[i, j]]
+        outs.append(out.view(y.dtype).reshape(y.shape))
+    return outs
+
+
+def _sorted_order(idx: np.ndarray, n: int, batch: int) -> np.ndarray:
+    """What deterministic scatter passes as `order`: per batch entry the
+    stable argsort of the rows (out-of-range ones as n)."""
+    rows = _table_rows(idx, n, batch)
+    keys = np.where(rows >= 0, rows, n)
+    return np.argsort(keys, axis=-1, kind="stable").astype(np.int32).reshape(
+        idx.shape[:batch] + (keys.shape[-1],))
+
+
+def _scatter_call(rng) -> Call:
+    mode = pick(rng, ("set", "add"))
+    dtypes = [some_dtype(rng, SUMMABLE if mode == "add" else BYTE_DTYPES)
+              for _ in range(_table_count(rng))]
+    idx, xs, attrs, upd_shapes = _slab_call(rng, dtypes)
+    axis, batch = int(attrs["axis"]), int(attrs["batch"])
+    n = xs[0].shape[axis]
+    # Floats add in a defined order only with deterministic=True.
+    deterministic = (mode == "add" and any(d.kind not in "iu" for d in dtypes)) or \
+        bool(rng.integers(2))
+    if not deterministic:  # one update per row: any winner is the same one
+        rows = _table_rows(idx, n, batch)
+        for row in rows:
+            _, first = np.unique(row, return_index=True)
+            dup = np.setdiff1d(np.arange(row.size), first)
+            row[dup] = -1
+        flat = idx.reshape(rows.shape)
+        flat[rows < 0] = n + 1 if idx.dtype.kind == "u" else -n - 1
+    order = _sorted_order(idx, n, batch) if deterministic else np.zeros(0, np.int32)
+    attrs.update(mode=mode, deterministic=deterministic)
+    return Call([idx, order, *xs, *(random_array(rng, u, d) for u, d in zip(upd_shapes, dtypes))],
+                [S(x.shape, x.dtype) for x in xs], attrs)
+
+
+def _add_parts(a: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """a + u as the handlers add: integers wrap, 16-bit floats in f32 rounded
+    once, a NaN sum stored as the canonical quiet NaN; complex by parts."""
+    if a.dtype.kind in "iu":
+        w = _UNSIGNED[a.dtype.itemsize]
+        return (a.view(w) + u.view(w)).view(a.dtype)
+    if a.dtype.kind == "c":
+        part = np.float32 if a.dtype == np.complex64 else np.float64
+        return _add_parts(a.view(part), u.view(part)).view(a.dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = (a.astype(np.float64) + u.astype(np.float64)).astype(a.dtype) \
+            if a.dtype.itemsize == 8 else \
+            (a.astype(np.float32) + u.astype(np.float32)).astype(a.dtype)
+    out[np.isnan(out)] = np.nan
+    return out
+
+
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _scatter_reference(call: Call) -> list[np.ndarray]:
+    """Every update applied in index order (the CPU handler's order)."""
+    idx, xs, upds = _tables_of(call, 2)
+    outs = []
+    for x, upd in zip(xs, upds):
+        b, p, n, m, s = _slab_geometry(call, x)
+        eb = x.dtype.itemsize
+        out = np.ascontiguousarray(x).copy()
+        table = out.reshape(b, p, n, s // eb)
+        slabs = np.ascontiguousarray(upd).reshape(b, p, m, s // eb)
+        rows = _table_rows(idx, n, int(call.attrs["batch"]))
+        for i in range(b):
+            for j in range(m):
+                if rows[i, j] < 0:
+                    continue
+                if call.attrs["mode"] == "set":
+                    table[i, :, rows[i, j]] = slabs[i, :, j]
+                else:
+                    table[i, :, rows[i, j]] = _add_parts(table[i, :, rows[i, j]], slabs[i, :, j])
+        outs.append(out)
+    return outs
+
+
+def _scatter_exact(platform: str, call: Call) -> bool:
+    """The CPU applies updates in index order whatever the call; the GPU only
+    with deterministic=True and the stable order, or where the order cannot
+    matter (integer adds; sets of one update per row)."""
+    if platform == "cpu":
+        return True
+    idx, xs, _ = _tables_of(call, 2)
+    order = call.operands[1]
+    axis, batch = int(call.attrs["axis"]), int(call.attrs["batch"])
+    n = xs[0].shape[axis]
+    if call.attrs.get("deterministic") is True:
+        want = _sorted_order(idx, n, batch)
+        return order.dtype == np.int32 and np.array_equal(order.reshape(-1), want.reshape(-1))
+    if call.attrs.get("mode") == "add":  # floats: hardware order, f32 subnormals flushed
+        return all(x.dtype.kind in "iu" for x in xs)
+    rows = _table_rows(idx, n, batch)
+    return all(np.unique(r[r >= 0]).size == (r >= 0).sum() for r in rows)
+
+
+def _one_table(c: Call) -> Call:
+    """Gather call c with its first table alone."""
+    idx, xs, fills = _tables_of(c, 1)
+    return with_(c, [idx, xs[0], fills[0]], c.results[:1])
+
+
+def _gathered(x: np.ndarray, axis: int, count: int) -> S:
+    return S(x.shape[:axis] + (count,) + x.shape[axis + 1:], x.dtype)
+
+
+# What gather's and scatter's handlers say of the operands and outputs they take.
+_TAKES = r"takes indices"
+
+_GATHER_NASTY = (
+    # extreme indices: in range or a fill, never out of bounds
+    (lambda c: (lambda o: with_(o, [np.array([-2**63, 2**63 - 1, 0], np.int64)] + o.operands[1:],
+                                [_gathered(o.operands[1], int(o.attrs["axis"]), 3)],
+                                batch=np.int64(0)))(_one_table(c)), r"indices|output"),
+    (lambda c: with_(c, batch=np.int64(int(c.attrs["axis"]) + 1)), r"batch"),
+    (lambda c: with_(c, axis=np.int64(-1)), r"axis"),
+    (lambda c: with_(c, c.operands[:-1] + [np.zeros(2, c.operands[-1].dtype)]), r"fill"),
+    (lambda c: with_(c, [np.zeros(3, np.int32), np.zeros((2**40, 0), np.float32),
+                         np.zeros((), np.float32)], [S((3, 0), np.float32)], axis=np.int64(0),
+                     batch=np.int64(0)), SHAPE_RULES),
+    (lambda c: with_(c, method="tma"), r"method"),
+    (lambda c: with_(c, c.operands[:-1]), _TAKES),                    # a fill short
+    (lambda c: with_(c, results=c.results + c.results[:1]), _TAKES),  # an output too many
+    (lambda c: with_(c, c.operands[:1] + c.operands[1:] * 9,  # more than 8 tables
+                     results=c.results * 9), _TAKES),
+)
+
+_SCATTER_NASTY = (
+    (lambda c: with_(c, [c.operands[0], np.array([2**31 - 1, -5] * 3, np.int32)]
+                     + c.operands[2:], deterministic=True), r"order"),
+    (lambda c: (with_(c, mode="add", deterministic=True)
+                if any(x.dtype == np.bool_ for x in _tables_of(c, 2)[1]) else c),
+     r"mode|summed|\bsum\b|order"),
+    (lambda c: with_(c, method="tma", deterministic=True), r"method|deterministic|order"),
+    (lambda c: with_(c, method="tma"), r"method"),
+    (lambda c: with_(c, [np.array([-2**63, 2**63 - 1], np.int64)] + c.operands[1:],
+                     batch=np.int64(0)), r"indices|updates|order|" + SHAPE_RULES),
+    (lambda c: with_(c, c.operands[:-1]), _TAKES),                    # an update short
+    (lambda c: with_(c, results=c.results[:-1] or c.results * 2), _TAKES),
+)
+
+
+# The slab ops' attributes: a wrong axis or batch leaves the arrays' dims
+# unexplained (an output or updates rank or dim, indices dims).
+_SLAB_DIMS = r"axis|batch|rank|\bdims?\b|shape|indices|updates|\belements?\b"
+
+SPECS: dict[str, Spec] = {
+    "jax_tma_gather": Spec(
+        ("jax_tma.gather",), _gather_call, _gather_reference, _GATHER_NASTY,
+        rules={"shape": r"fill|axis", "dtype": r"indices must be integers|fill must be",
+               "operands": _TAKES, "results": _TAKES},
+        attr_rules={"axis": _SLAB_DIMS, "batch": _SLAB_DIMS}),
+    "jax_tma_scatter": Spec(
+        ("jax_tma.scatter",), _scatter_call, _scatter_reference, _SCATTER_NASTY,
+        rules={"shape": r"order|axis|updates", "dtype": r"integers|order|updates|summed",
+               "operands": _TAKES, "results": _TAKES},
+        attr_rules={"axis": _SLAB_DIMS + r"|order", "batch": _SLAB_DIMS + r"|order",
+                    "deterministic": r"order",
+                    "mode": r"summed|\bsum\b|order"},
+        exact=_scatter_exact),
+}
