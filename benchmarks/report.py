@@ -146,7 +146,7 @@ def changed_since(commit: str) -> list[str] | None:
 
 def load_unmeasured() -> dict[str, Any]:
     """The code changes made after the results' commit and not measured,
-    each with why it leaves every measured program as it was: {"commit":
+    each with why it should not move the numbers and what was checked instead: {"commit":
     the results' commit, "changes": [{"path", "code_at" (a commit with the
     code that was not measured), "why"}]}, from UNMEASURED of the checkout at ROOT; none
     where the file is absent."""
@@ -220,8 +220,8 @@ def _unmeasured_note(commit: str) -> str:
     """"; N code files changed since ..." for the results of `commit`, or ""."""
     listed = load_unmeasured()
     count = len(listed["changes"]) if listed["commit"] == commit else 0
-    return (f"; {count} code file{'s' if count > 1 else ''} changed since without changing "
-            f"what is measured (which and why: `{UNMEASURED}`)" if count else "")
+    return (f"; {count} code file{'s' if count > 1 else ''} changed since and not measured "
+            f"again (which, why, and what was checked instead: `{UNMEASURED}`)" if count else "")
 
 
 def _provenance_line(path: str, r: dict[str, Any]) -> str:

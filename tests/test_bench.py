@@ -427,8 +427,8 @@ def test_an_unmeasured_change_is_named_and_bounded(tmp_path, monkeypatch):
     _git(repo, "commit", "-qm", "unmeasured")
     assert report.main(args) == 1  # the README does not name it yet
     assert report.main(args[1:]) == 0
-    assert "1 code file changed since without changing what is measured (which and why: " \
-        "`benchmarks/unmeasured_changes.json`)" in (repo / "README.md").read_text()
+    assert "1 code file changed since and not measured again (which, why, and what was checked " \
+        "instead: `benchmarks/unmeasured_changes.json`)" in (repo / "README.md").read_text()
     _git(repo, "commit", "-qam", "rendered")
     assert report.main(args) == 0
     (repo / "jax_tma" / "_copy.py").write_text("def copy(x):\n    return x + 1\n")
