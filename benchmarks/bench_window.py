@@ -7,7 +7,6 @@ against the XLA formulation of each case and the copy ceiling.
 from __future__ import annotations
 
 import functools
-import re
 from typing import Any
 
 import jax
@@ -77,12 +76,14 @@ def _cases(p: dict[str, Any], dtype: str) -> list[dict[str, Any]]:
     ]
 
 
-def _lowered_method(fn, *args) -> str:
-    """The method that a jitted jax_tma call hands its FFI target: 'simt'
-    where the Python wrapper already chose SIMT, 'auto' where the handler
-    chooses (the tensor-map path wherever its rules hold)."""
-    found = set(re.findall(r'method = "(\w+)"', fn.lower(*args).as_text()))
-    return ",".join(sorted(found)) or "?"
+def _paths_run(fn, *args) -> str:
+    """The handler paths (ffi/path_counts.h) that one call of `fn` runs, e.g.
+    "window.tiled" where auto's planner took the tensor-map kernel. Call it
+    first: a CUDA graph that XLA replays counts once, when it is recorded."""
+    before = jax_tma._ffi.path_counts()
+    jax.block_until_ready(fn(*args))
+    after = jax_tma._ffi.path_counts()
+    return ",".join(sorted(p for p, n in after.items() if n > before.get(p, 0))) or "?"
 
 
 def bench_window(s: Session) -> dict[str, Any]:
@@ -96,6 +97,7 @@ def bench_window(s: Session) -> dict[str, Any]:
         x = jax.random.normal(jax.random.key(7), (n, n), dtype)
         args = (x, *c["args"])
         want = c["xla"](*args)
+        auto_path = _paths_run(c["ours"]["auto"], *args)
         for method, fn in c["ours"].items():
             s.check(f"{c['case']}: {method}", fn(*args), want)
         ceiling_in = jax.random.bits(jax.random.key(8), (c["bytes"] // 8,), jnp.uint32)
@@ -107,7 +109,7 @@ def bench_window(s: Session) -> dict[str, Any]:
         t = timed["cases"]
         row = {"case": c["case"], "dtype": dtype, "bytes": c["bytes"],
                "protocol": timed["protocol"],
-               "auto_lowered_method": _lowered_method(c["ours"]["auto"], *args),
+               "auto_path": auto_path,
                "times": t,
                "busy_tbps": {k: c["bytes"] / v["busy_us"] / 1e6 for k, v in t.items()},
                "span_tbps": {k: c["bytes"] / v["span_us"] / 1e6 for k, v in t.items()},

@@ -353,7 +353,7 @@ def render_tune_bulk(r: dict[str, Any]) -> str:
 def render_window(r: dict[str, Any]) -> str:
     lines = [f"GPU {WALL_NOTE}; TB/s and ratios by busy time (auto vs XLA by span and wall "
              f"too):", "",
-             "| case | auto hands the handler | auto | tma | simt | XLA | copy ceiling | "
+             "| case | auto ran | auto | tma | simt | XLA | copy ceiling | "
              "auto TB/s | vs XLA, busy: auto / tma / simt | auto vs XLA: span / wall | "
              "auto vs ceiling |", "|" + "---|" * 11]
     for row in r["rows"]:
@@ -361,7 +361,11 @@ def render_window(r: dict[str, Any]) -> str:
         cell = {m: _us(t[m]) if m in t else "—" for m in ("auto", "tma", "simt")}
         vs = " / ".join(f"{row['vs_xla'][m]:.2f}" if m in t else "—"
                         for m in ("auto", "tma", "simt"))
-        lines.append(f"| {row['case']} | `method=\"{row['auto_lowered_method']}\"` | "
+        # Results before the planner chose auto's kernel recorded the method
+        # that Python handed the handler instead of the path that ran.
+        ran = (f"`{row['auto_path']}`" if "auto_path" in row
+               else f"`method=\"{row['auto_lowered_method']}\"`")
+        lines.append(f"| {row['case']} | {ran} | "
                      f"{cell['auto']} | {cell['tma']} | {cell['simt']} | {_us(t['xla'])} | "
                      f"{_us(t['memcpy'])} | {row['busy_tbps']['auto']:.2f} | {vs} | "
                      f"{_ratio(t, 'auto', 'xla', 'span_us')} / "
