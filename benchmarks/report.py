@@ -351,9 +351,13 @@ def render_tune_bulk(r: dict[str, Any]) -> str:
 
 
 def render_window(r: dict[str, Any]) -> str:
+    # Results before the planner chose auto's kernel recorded the method that
+    # Python handed the handler instead of the path that ran.
+    paths = all("auto_path" in row for row in r["rows"])
     lines = [f"GPU {WALL_NOTE}; TB/s and ratios by busy time (auto vs XLA by span and wall "
              f"too):", "",
-             "| case | auto ran | auto | tma | simt | XLA | copy ceiling | "
+             f"| case | {'auto ran' if paths else 'auto hands the handler'} | auto | tma | "
+             "simt | XLA | copy ceiling | "
              "auto TB/s | vs XLA, busy: auto / tma / simt | auto vs XLA: span / wall | "
              "auto vs ceiling |", "|" + "---|" * 11]
     for row in r["rows"]:
@@ -361,9 +365,7 @@ def render_window(r: dict[str, Any]) -> str:
         cell = {m: _us(t[m]) if m in t else "—" for m in ("auto", "tma", "simt")}
         vs = " / ".join(f"{row['vs_xla'][m]:.2f}" if m in t else "—"
                         for m in ("auto", "tma", "simt"))
-        # Results before the planner chose auto's kernel recorded the method
-        # that Python handed the handler instead of the path that ran.
-        ran = (f"`{row['auto_path']}`" if "auto_path" in row
+        ran = (f"`{row['auto_path']}`" if paths
                else f"`method=\"{row['auto_lowered_method']}\"`")
         lines.append(f"| {row['case']} | {ran} | "
                      f"{cell['auto']} | {cell['tma']} | {cell['simt']} | {_us(t['xla'])} | "
