@@ -291,7 +291,8 @@ def test_smoke_results_render_into_the_pages_sections(smoke_results):
     # copy ceiling, met (and whether a missed one is above the ceiling)
     assert "| target | case | dtype | clock | measured | at the ceiling | met |" in text
     assert re.search(r"\| in-place page set: `auto` ≥ 5× XLA \| .* \| bfloat16 \| busy and span "
-                     r"\| [\d.]+× busy, [\d.]+× span \| [\d.]+× \| (✓|✗|✗ \(above the ceiling\)) \|",
+                     r"\| [\d.]+× busy, [\d.]+× span(, wall [\d.]+×)? \| [\d.]+× \| "
+                     r"(✓|✗|✗ \(above the ceiling\)) \|",
                      text)
     assert "| case | bfloat16 | float32 | float8_e4m3fn | uint32 |" in text  # the dtype effect
     # the build measured, and the wheel's case beside it
