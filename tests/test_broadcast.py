@@ -14,7 +14,7 @@ from jax.test_util import check_grads
 
 import jax_tma
 from reference import (ALL_DTYPES, assert_bits_equal, broadcast_reference, cpu_device,
-                       random_array)
+                       cpu_mesh, random_array)
 
 METHODS = ("auto", "multicast", "dsmem", "store", "simt")
 
@@ -134,8 +134,8 @@ def test_python_scalars_and_disable_jit(rng):
 def test_grad_inside_shard_map_with_checks(rng):
     """grad inside shard_map (varying-axes checks on) as jnp.broadcast_to's;
     a varying result under out_specs=P() is refused as jnp's is."""
-    mesh = jax.make_mesh((8,), ("i",), axis_types=(AxisType.Auto,))
-    x = jnp.asarray(rng.standard_normal((8, 4)), jnp.float32)
+    mesh = cpu_mesh((8,), ("i",))
+    x = rng.standard_normal((8, 4)).astype(np.float32)
     ours = lambda a: jax_tma.broadcast(a, 3, axis=1)  # noqa: E731
     ref = lambda a: jnp.broadcast_to(a[:, None], (a.shape[0], 3, a.shape[1]))  # noqa: E731
 
@@ -157,7 +157,7 @@ def test_explicit_mesh_types_match_broadcast_to(rng, spec):
     keep their mesh axes, the replica dim is whole) and sharded so; the grad
     has x's type and the values of jnp's."""
     host = rng.standard_normal((8, 16, 4)).astype(np.float32)
-    mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+    mesh = cpu_mesh((2, 4), ("a", "b"), AxisType.Explicit)
     with jax.set_mesh(mesh):
         x = jax.device_put(host, NamedSharding(mesh, spec))
         for axis in range(4):
@@ -182,14 +182,14 @@ def test_export_with_symbolic_dims(rng):
     from jax import export
 
     def exported(f, shape, **jit_args):
-        exp = export.export(jax.jit(f, **jit_args), disabled_checks=[
+        exp = export.export(jax.jit(f, **jit_args), platforms=("cpu",), disabled_checks=[
             export.DisabledSafetyCheck.custom_call("jax_tma_broadcast")])(
             jax.ShapeDtypeStruct(export.symbolic_shape(shape), jnp.float32))
         return export.deserialize(exp.serialize())
 
     fwd = exported(lambda a: jax_tma.broadcast(a, 3, axis=1), "b, c, 2")
     grad = exported(jax.grad(lambda a: (jax_tma.broadcast(a, 4, axis=-1) ** 2).sum()), "b, 5")
-    mesh = jax.make_mesh((8,), ("i",), axis_types=(AxisType.Auto,))
+    mesh = cpu_mesh((8,), ("i",))
     split = NamedSharding(mesh, P("i"))
     sharded = exported(lambda a: jax_tma.broadcast(a, 2, axis=1), "8*b, 3", in_shardings=split,
                        out_shardings=split)

@@ -216,7 +216,7 @@ def test_export_with_symbolic_dims(rng, method):
     from jax import export
     f = jax.jit(lambda a: jax_tma.copy(a, method=method))
     checks = [export.DisabledSafetyCheck.custom_call("jax_tma_copy")]
-    exp = export.export(f, disabled_checks=checks)(
+    exp = export.export(f, platforms=("cpu",), disabled_checks=checks)(
         jax.ShapeDtypeStruct(export.symbolic_shape("n, 3"), jnp.bfloat16))
     call = export.deserialize(exp.serialize()).call
     for n in (1, 6):

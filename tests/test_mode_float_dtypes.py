@@ -14,7 +14,7 @@ import pytest
 
 import jax_tma
 import ops_table as T
-from reference import assert_bits_equal, im2col_reference, random_array
+from reference import assert_bits_equal, cpu_device, im2col_reference, random_array
 
 IDS = [d.name for d in T.FLOAT_DTYPES]
 # col2im and scatter(mode="add") sum only the dtypes their docstrings list;
@@ -48,11 +48,13 @@ def test_grads(rng, name, dtype):
             return
     ours = lambda c, *a: T.vjp(case, case.ours, a, c)[1]  # noqa: E731
     if dtype.name == "float4_e2m1fn":
-        # Two programs: XLA's GPU compiler aborts the process on the one
-        # program of both for float4_e2m1fn (each alone compiles; H100,
-        # jax 0.11.2, 2026-11-25).
+        # The jnp grads on the CPU: XLA's GPU compiler aborts the process on
+        # them for float4_e2m1fn (window's: a RET_CHECK in
+        # algebraic_simplifier, "equal(slice->shape(), pad->shape())"; the
+        # others in one program with ours; H100, jax 0.11.2, 2026-11-25).
         got = jax.jit(ours)(ct, *case.args)
-        want, exact = jax.jit(lambda c, *a: T.ref_grads(case, a, c))(ct, *case.args)
+        with jax.default_device(cpu_device()):
+            want, exact = jax.jit(lambda c, *a: T.ref_grads(case, a, c))(ct, *case.args)
     else:  # one program for both: one compilation
         got, (want, exact) = jax.jit(lambda c, *a: (ours(c, *a), T.ref_grads(case, a, c)))(
             ct, *case.args)
