@@ -546,7 +546,9 @@ def build_gather(rng, dtype, *, batch=8, even=True, method="auto",
     elif dtype == np.bool_:
         fill = bool(rng.integers(0, 2))
     else:
-        fill = int(rng.choice(int_extremes(dtype)))
+        # by index: NumPy makes a list holding 2**64 - 1 a float64 array
+        extremes = int_extremes(dtype)
+        fill = extremes[int(rng.integers(0, len(extremes)))]
 
     def draw(rr):
         return _data(rr, shape, dtype), _indices(rr, r, idx_shape, index_dtype)
