@@ -9,6 +9,7 @@ where a kernel's fixed cost shows), and a sweep of slab sizes (128 B to
 run against the wheel.
 
     python benchmarks/run.py gather [--out-dir DIR]
+    python benchmarks/run.py wheel --out-dir DIR   # one case, against another install
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ XLA = {
 }
 # Issue 18's targets, judged at the dtype of the use case (and the adds at
 # f32 too): comparator time ÷ auto's time must reach the ratio by busy time
-# and by span alike (report.target_met). Keyed by (case key, dtype).
+# and by span alike (tables.target_met). Keyed by (case key, dtype).
 TARGETS = {("pages", USE_DTYPE): {"memcpy": 0.95, "xla": 1.15},
            ("set", USE_DTYPE): {"memcpy": 0.90, "xla": 5.0, "xla_hinted": 1.05},
            ("rows 512", USE_DTYPE): {"memcpy": 0.90},

@@ -11,7 +11,7 @@ Then, outside the trace, the *wall* clock a user's step sees: WALL_CALLS
 calls of a case dispatched without waiting, one sync after the last, the
 time over the calls; the median of WALL_SAMPLES such samples, the cases
 taking turns. Below about 100 µs a call the wall clock measures Python
-dispatch rather than the GPU (report.WALL_MIN_US). Bandwidth counts what
+dispatch rather than the GPU (tables.WALL_MIN_US). Bandwidth counts what
 each benchmark's `bytes_convention` says. A smoke session (``run.py
 --smoke``) runs the same code on the CPU with a wall clock per call in place
 of the trace: it tests the code path and measures nothing.

@@ -15,6 +15,12 @@ everything between them is this script's output. The results must be one
 file per op, from one commit, clean and not smoke runs, and that commit's
 measured code (WATCHED, comments and docstrings aside) must be HEAD's; a file written before results
 recorded their provenance is rendered as such.
+
+What an op's section, headline row and plot say comes from the
+render_<name>.py module of the bench_<name>.py that writes the op's result
+(_render_modules). This script renders what is no op family's: the build
+measured (with the one case timed on the wheel beside the same case of the
+source build), the wheel's case and the compute-sanitizer runs.
 """
 
 from __future__ import annotations
@@ -23,33 +29,37 @@ import argparse
 import ast
 import difflib
 import glob
+import importlib
 import json
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
+
+import tables
+from tables import UNRECORDED, WALL_NOTE, Headline, Plot, bare_case, mark, ratio_text, us_text
+
+# bench_gather.py imports these from here: it is measured code (WATCHED), so
+# its import moves to tables.py with the next benchmark run.
+size_text, target_met = tables.size_text, tables.target_met
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 README = os.path.join(ROOT, "README.md")
-MIB = 1 << 20
-# The wall clock (N calls dispatched, one sync) is shown for cases of at
-# least this busy time: below it, it measures Python dispatch.
-WALL_MIN_US = 100.0
-# What L2 holds on an H100 (50 MiB): calls that rotate through less read
-# their data from L2 (the tables say "L2-warm").
-L2_BYTES = 50 * MIB
 # Code changes after the results' commit that leave every measured program as
 # it was, each with why (see check_fresh), relative to the checkout's root.
 UNMEASURED = "benchmarks/unmeasured_changes.json"
 # The code a result measures: a change to its code (comments, docstrings and
 # layout aside) after the results' commit makes them stale (git pathspecs,
-# from the checkout's root). This script only renders results, and --check
-# compares its rendering with the committed README, so it is not watched.
+# from the checkout's root). This script and the modules it renders with
+# (tables.py, render_*.py) only render results, and --check compares their
+# rendering with the committed README, so they are not watched.
 WATCHED = ("ffi", "jax_tma", "benchmarks/*.py", "benchmarks/ffi", "CMakeLists.txt",
-           ":(exclude)benchmarks/report.py")
+           ":(exclude)benchmarks/report.py", ":(exclude)benchmarks/tables.py",
+           ":(exclude)benchmarks/render_*.py")
 _SECTION = re.compile(r"(<!-- bench:(?P<op>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=op) -->)",
                       re.S)
 
@@ -245,499 +255,11 @@ def _provenance_line(path: str, r: dict[str, Any]) -> str:
             f"(`{path}`){_unmeasured_note(prov['commit'])}")
 
 
-def _wall_shown(*times: dict[str, float]) -> bool:
-    """Whether these cases' wall clocks mean something: measured, and every
-    case takes at least WALL_MIN_US of GPU busy time."""
-    return all("wall_us" in t and t["busy_us"] >= WALL_MIN_US for t in times)
-
-
-def _us(t: dict[str, float]) -> str:
-    """busy / span / wall µs (the wall clock from WALL_MIN_US of busy time)."""
-    wall = f"{t['wall_us']:.1f}" if _wall_shown(t) else "—"
-    return f"{t['busy_us']:.1f} / {t['span_us']:.1f} / {wall}"
-
-
-def _ratio(times: dict[str, dict[str, float]], a: str, b: str, clock: str) -> str:
-    """b's time ÷ a's by `clock` ("busy_us", "span_us", "wall_us"), or "—"
-    where either is missing (or, for the wall clock, not shown)."""
-    if a not in times or b not in times or clock not in times[a] or clock not in times[b]:
-        return "—"
-    if clock == "wall_us" and not _wall_shown(times[a], times[b]):
-        return "—"
-    return f"{times[b][clock] / times[a][clock]:.2f}"
-
-
-def target_met(row: dict[str, Any], comparator: str, ratio: float) -> bool:
-    """Whether `auto` reaches `ratio` × the comparator's speed by busy time
-    and by span alike (a faster-than claim needs both clocks)."""
-    t = row["times"]
-    return all(t[comparator][k] / t["auto"][k] >= ratio for k in ("busy_us", "span_us"))
-
-
-# The clocks are defined in the README's "How every benchmark measures".
-WALL_NOTE = (f"busy / span / wall µs per call (the wall clock from {WALL_MIN_US:g} µs of busy "
-             f"time)")
-
-
-def _range(values: list[float], fmt: str = "{:.3f}") -> str:
-    lo, hi = min(values), max(values)
-    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else \
-        f"{fmt.format(lo)}–{fmt.format(hi)}"
-
-
-def size_text(nbytes: float) -> str:
-    """nbytes in its largest binary unit that it reaches: 128 B, 32 KiB, 1 GiB."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes:g} B"
-
-
-def render_copy(r: dict[str, Any]) -> str:
-    cases = ("auto", "bulk", "simt", "seed_tma", "xla_copy", "memcpy")
-    head = ["size", "dtype", "inputs rotated", "auto", "bulk", "simt", "seed-style TMA",
-            "XLA `jnp.copy`", "cudaMemcpyAsync", "auto vs XLA, repeated: span / wall",
-            "after a write: auto vs XLA (bulk vs cudaMemcpyAsync), span"]
-    lines = [f"TB/s by span in the repeated regime (vs cudaMemcpyAsync in parentheses), then "
-             f"`auto` vs XLA in both regimes (the wall clock from {WALL_MIN_US:g} µs of busy "
-             f"time):", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in r["rows"]:
-        rep, after = row["repeat"], row["after_write"]
-        cells = [size_text(row["bytes"]), row.get("dtype", "uint32"),
-                 f"{row['inputs']} ({size_text(row['inputs'] * row['bytes'])})"]
-        cells += [f"{rep[c]['tbps']:.2f} ({rep[c]['vs_memcpy']:.3f}×)" for c in cases]
-        wall = _ratio(rep, "auto", "xla_copy", "wall_us")
-        cells.append(f"{rep['auto']['vs_xla']:.3f}× / {wall}{'×' if wall != '—' else ''}")
-        cells.append(f"{after['auto']['vs_xla']:.3f}× ({after['bulk']['vs_memcpy']:.3f}×)")
-        lines.append("| " + " | ".join(cells) + " |")
-    bounded = [row for row in r["rows"] if "serial_bound" in row]
-    if bounded:
-        lines += ["", "| size | read-only TB/s | write-only TB/s | serial bound "
-                  "2n/(t_read+t_write) TB/s | bulk TB/s ÷ bound | seed-style ÷ bound | "
-                  "cudaMemcpyAsync ÷ bound |", "|---|---|---|---|---|---|---|"]
-        for row in bounded:
-            b = row["serial_bound"]
-            lines.append(f"| {size_text(row['bytes'])} | {b['read_tbps']:.2f} | "
-                         f"{b['write_tbps']:.2f} | {b['copy_tbps']:.2f} | "
-                         f"{b['bulk_fraction']:.3f} | {b['seed_tma_fraction']:.3f} | "
-                         f"{b['memcpy_fraction']:.3f} |")
-    chain = r["chained_tiny_copies"]
-    lines += ["", f"{chain['bulk']['ops']} chained 1 KiB copies inside one `jit` (L2-warm: "
-                  f"the same 1 KiB every call): {chain['bulk']['us_per_op']:.2f} µs per op "
-                  f"(bulk), {chain['simt']['us_per_op']:.2f} µs per op (simt), by span."]
-    rep = [row["repeat"]["auto"]["vs_xla"] for row in r["rows"]]
-    after = [row["after_write"]["auto"]["vs_xla"] for row in r["rows"]]
-    lines += ["", f"`auto` vs XLA over these sizes, by span: {_range(rep)}× repeated, "
-                  f"{_range(after)}× after a write."]
-    if bounded:
-        lines[-1] += (f" From {size_text(bounded[0]['bytes'])} up `bulk` runs at "
-                      f"{_range([row['repeat']['bulk']['vs_memcpy'] for row in bounded])}× "
-                      f"cudaMemcpyAsync, "
-                      f"{_range([row['repeat']['bulk']['vs_xla'] for row in bounded])}× XLA and "
-                      f"{_range([row['serial_bound']['bulk_fraction'] for row in bounded])} of "
-                      f"the serial bound.")
-    return "\n".join(lines)
-
-
-def render_tune_bulk(r: dict[str, Any]) -> str:
-    lines = ["| size | shapes swept | best shape | best TB/s | shipped shape (schedule) | "
-             "its rank | shipped ÷ best time |", "|---|---|---|---|---|---|---|"]
-    for e in r["summary"]:
-        lines.append(f"| {size_text(e['bytes'])} | {e['shapes']} | {e['best']} | "
-                     f"{e['best_tbps']:.3f} | {e['shipped']} ({e['shipped_schedule']}) | "
-                     f"{e['shipped_rank']} | {1 / e['shipped_vs_best']:.3f}× |")
-    return "\n".join(lines)
-
-
-def render_window(r: dict[str, Any]) -> str:
-    # Results before the planner chose auto's kernel recorded the method that
-    # Python handed the handler instead of the path that ran.
-    paths = all("auto_path" in row for row in r["rows"])
-    lines = [f"GPU {WALL_NOTE}; TB/s and ratios by busy time (auto vs XLA by span and wall "
-             f"too):", "",
-             f"| case | {'auto ran' if paths else 'auto hands the handler'} | auto | tma | "
-             "simt | XLA | copy ceiling | "
-             "auto TB/s | vs XLA, busy: auto / tma / simt | auto vs XLA: span / wall | "
-             "auto vs ceiling |", "|" + "---|" * 11]
-    for row in r["rows"]:
-        t = row["times"]
-        cell = {m: _us(t[m]) if m in t else "—" for m in ("auto", "tma", "simt")}
-        vs = " / ".join(f"{row['vs_xla'][m]:.2f}" if m in t else "—"
-                        for m in ("auto", "tma", "simt"))
-        ran = (f"`{row['auto_path']}`" if paths
-               else f"`method=\"{row['auto_lowered_method']}\"`")
-        lines.append(f"| {row['case']} | {ran} | "
-                     f"{cell['auto']} | {cell['tma']} | {cell['simt']} | {_us(t['xla'])} | "
-                     f"{_us(t['memcpy'])} | {row['busy_tbps']['auto']:.2f} | {vs} | "
-                     f"{_ratio(t, 'auto', 'xla', 'span_us')} / "
-                     f"{_ratio(t, 'auto', 'xla', 'wall_us')} | {row['vs_ceiling']['auto']:.2f} |")
-    return "\n".join(lines)
-
-
-def _im2col_rows(r: dict[str, Any], ours: tuple[str, ...], xla: tuple[str, ...],
-                 ceiling: str, vs: str) -> list[str]:
-    """Table rows: input, µs of `ours`, `xla` and `ceiling`, TB/s of ours[0],
-    then its ratios to `xla` and to the ceiling (row[vs])."""
-    out = []
-    for row in r["rows"]:
-        t = row["times"]
-        cells = [f"{tuple(row['shape'])} {row['dtype']}"]
-        cells += [_us(t[k]) for k in (*ours, *xla, ceiling)]
-        cells += [f"{row['busy_tbps'][ours[0]]:.2f}",
-                  " / ".join(f"{row[vs][k]:.2f}" for k in xla), f"{row[vs][ceiling]:.2f}"]
-        out.append("| " + " | ".join(cells) + " |")
-    return out
-
-
-def render_im2col(r: dict[str, Any]) -> str:
-    lines = [f"GPU {WALL_NOTE}; TB/s and ratios by busy time:", "",
-             "| input (3×3 SAME) | auto | tma | simt | XLA patches | XLA slice-concat | "
-             "copy ceiling | auto TB/s | auto vs XLA: patches / slice-concat | "
-             "auto vs ceiling |", "|---|---|---|---|---|---|---|---|---|---|"]
-    lines += _im2col_rows(r, ("im2col_auto", "im2col_tma", "im2col_simt"),
-                          ("xla_patches", "xla_slice_concat"), "memcpy", "im2col_vs")
-    lines += ["", "| input | col2im | XLA grad of patches | XLA grad of slice-concat | "
-              "copy ceiling | col2im TB/s | col2im vs XLA: grad of patches / of "
-              "slice-concat | col2im vs ceiling |", "|---|---|---|---|---|---|---|---|"]
-    lines += _im2col_rows(r, ("col2im",), ("xla_grad_patches", "xla_grad_slice_concat"),
-                          "memcpy_col2im_run", "col2im_vs")
-    return "\n".join(lines)
-
-
-def render_broadcast(r: dict[str, Any]) -> str:
-    rows = r["rows"]
-    labels = list(rows[0]["times"])
-    lines = [f"GPU {WALL_NOTE} (TB/s by busy time); ratios by busy time:", "",
-             "| method | " + " | ".join(row["case"] for row in rows) + " |",
-             "|---|" + "---|" * len(rows)]
-    for label in labels:
-        lines.append(f"| {label} | " + " | ".join(
-            f"{_us(row['times'][label])} ({row['busy_tbps'][label]:.2f})" for row in rows) + " |")
-    lines.append("| fastest jax_tma method (vs XLA) | " + " | ".join(
-        f"{row['best']} ({row['best_vs_xla']:.2f}×)" for row in rows) + " |")
-    lines.append("| auto: vs XLA, and vs the fastest | " + " | ".join(
-        f"{row['auto_vs_xla']:.2f}×, {row['auto_vs_best']:.3f}" for row in rows) + " |")
-    push = r["dsmem_push"]
-    lines += ["", f"SM-to-SM push of the dsmem path ({push['input']} in, n = 1; "
-                  f"{push['bytes_convention']}):", "",
-              "| cluster size | " + " | ".join(str(p["cluster_size"]) for p in push["rows"]) + " |",
-              "|---|" + "---|" * len(push["rows"]),
-              "| push TB/s | " + " | ".join(f"{p['push_tbps']:.2f}" for p in push["rows"]) + " |",
-              "| busy / span µs | " + " | ".join(_us(p) for p in push["rows"]) + " |"]
-    return "\n".join(lines)
-
-
-def _kernel_name(demangled: str) -> str:
-    """'void ns::(anonymous namespace)::Kernel<T>(args)' -> 'Kernel'."""
-    base = re.split(r"[<(]", demangled.replace("(anonymous namespace)", ""), maxsplit=1)[0]
-    return (base.split("::")[-1].split() or [demangled])[-1]
-
-
-def render_broadcast_ncu(r: dict[str, Any]) -> str:
-    lines = [f"{r['case']}: x is {r['x_bytes'] / 1e6:.2f} MB, the output "
-             f"{r['out_bytes'] / 1e6:.2f} MB; `{' '.join(r['command'])}` "
-             f"({', '.join(r['ncu_version'])}):", "",
-             "| method | DRAM read MB | read ÷ x | DRAM write MB | kernel µs (ncu) | kernels |",
-             "|---|---|---|---|---|---|"]
-    for row in r["rows"]:
-        kernels = "; ".join(sorted({_kernel_name(k) for k in row["kernels"]}))
-        lines.append(f"| {row['method']} | {row['dram_read_bytes'] / 1e6:.2f} | "
-                     f"{row['read_over_x']:.3f} | {row['dram_write_bytes'] / 1e6:.2f} | "
-                     f"{row['kernel_us']:.1f} | {kernels} |")
-    return "\n".join(lines)
-
-
-def render_ppermute(r: dict[str, Any]) -> str:
-    # Only what bench_ppermute.topology() recorded (an older file's text
-    # was added by hand).
-    topo = r.get("topology")
-    link = topo.get("gpu0_gpu1") if isinstance(topo, dict) else None
-    lines = [f"GB/s per direction by span, {r['chain']} permutations chained per program, "
-             f"`perm={r['perm']}`; GPU0–GPU1 link: {link or 'not recorded'}:", "",
-             "| block per GPU | push (TMA bulk) | pull (TMA bulk) | pull (SIMT) | auto | "
-             "lax.ppermute (NCCL) | auto vs NCCL |", "|---|---|---|---|---|---|---|"]
-    for row in r["rows"]:
-        lines.append(f"| {row['block_mib']:g} MiB | {row['push_gbps']:.1f} | "
-                     f"{row['pull_gbps']:.1f} | {row['simt_pull_gbps']:.1f} | "
-                     f"{row['auto_gbps']:.1f} | {row['nccl_gbps']:.1f} | "
-                     f"{row['auto_vs_nccl']:.2f}× |")
-    return "\n".join(lines)
-
-
-_GATHER_LABELS = {"memcpy": "ceiling", "xla": "XLA", "xla_hinted": "XLA hinted"}
-# The sweep's cases and their labels in the plot.
-_GATHER_SWEEP = {"auto": "jax_tma.gather", "tma": "jax_tma.gather(method='tma')",
-                 "simt": "jax_tma.gather(method='simt')", "xla": "XLA jnp.take",
-                 "xla_hinted": "XLA x.at[i].get, hinted",
-                 "memcpy": "cudaMemcpyAsync (copy ceiling)"}
-_GATHER_TARGET_TEXT = {"pages": "gather of pages", "set": "in-place page set",
-                       "rows 512": "gather of 512 B rows", "rows 128": "gather of 128 B rows",
-                       "add": "row scatter-add", "decode": "paged decode step"}
-
-
-def _dtype_order(dtypes: list[str], use: str | None) -> list[str]:
-    """The use case's dtype first, the uint32 control last."""
-    return sorted(dict.fromkeys(dtypes), key=lambda d: (d != use, d == "uint32", d))
-_UNRECORDED = "not recorded"
-
-
-def _mark(met: bool) -> str:
-    return "✓" if met else "✗"
-
-
-def _gather_key(row: dict[str, Any]) -> str:
-    """The row's case key (results written before rows recorded theirs: from
-    the case's kind and text)."""
-    if "key" in row:
-        return row["key"]
-    kind = row.get("kind", "")
-    if kind in ("scatter set", "scatter add", "decode step"):
-        return {"scatter set": "set", "scatter add": "add", "decode step": "decode"}[kind]
-    m = re.search(r"rows of (\d+) B", row["case"])
-    return f"rows {m.group(1)}" if m else "pages"
-
-
-def _bare_case(row: dict[str, Any]) -> str:
-    """The case's text without its dtype where it qualifies a noun ("random
-    bfloat16 pages"): the tables give the dtype a column."""
-    dtype = row.get("dtype")
-    return row["case"].replace(f" {dtype} ", " ") if dtype else row["case"]
-
-
-def _ratios(t: dict[str, dict[str, float]], comps: tuple[str, ...], clock: str) -> str:
-    return " / ".join(_ratio(t, "auto", c, clock) for c in comps)
-
-
-def gather_targets(r: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 18's targets that the gather result's rows carry, judged by
-    target_met: [{"target", "case", "dtype", "comparator", "ratio", "busy",
-    "span", "wall" (None unless shown), "met", "bound"}], where "bound" is
-    the highest ratio to the comparator that a call at the copy ceiling
-    would reach (by busy time; None where the row has no ceiling)."""
-    out = []
-    for row in r["rows"]:
-        t = row["times"]
-        for comp, ratio in row.get("targets", {}).items():
-            wall = _ratio(t, "auto", comp, "wall_us")
-            out.append({"target": f"{_GATHER_TARGET_TEXT.get(_gather_key(row), row['case'])}: "
-                                  f"`auto` ≥ {ratio:g}× {_GATHER_LABELS[comp]}",
-                        "case": _bare_case(row), "dtype": row.get("dtype", _UNRECORDED),
-                        "comparator": comp, "ratio": ratio,
-                        "busy": t[comp]["busy_us"] / t["auto"]["busy_us"],
-                        "span": t[comp]["span_us"] / t["auto"]["span_us"],
-                        "wall": None if wall == "—" else float(wall),
-                        "met": target_met(row, comp, ratio),
-                        "bound": (t[comp]["busy_us"] / t["memcpy"]["busy_us"]
-                                  if "memcpy" in t else None)})
-    return out
-
-
-def _render_gather_targets(r: dict[str, Any]) -> list[str]:
-    lines = ["Issue 18's targets, judged at the dtype of their use case (the row scatter-add at "
-             "float32 too): a target is met where `auto` reaches it by busy time and by span "
-             f"alike; the wall clock is given from {WALL_MIN_US:g} µs. \"At the ceiling\" is "
-             f"the ratio a call moving its bytes at the copy ceiling (`cudaMemcpyAsync` of the "
-             f"same bytes, same run) would reach: a target above it is above the hardware's "
-             f"limit.", "",
-             "| target | case | dtype | clock | measured | at the ceiling | met |",
-             "|---|---|---|---|---|---|---|"]
-    for t in gather_targets(r):
-        wall = f", wall {t['wall']:.2f}×" if t["wall"] is not None else ""
-        bound = "—" if t["bound"] is None else f"{t['bound']:.2f}×"
-        beyond = (" (above the ceiling)" if not t["met"] and t["bound"] is not None
-                  and t["bound"] < t["ratio"] else "")
-        lines.append(f"| {t['target']} | {t['case']} | {t['dtype']} | busy and span | "
-                     f"{t['busy']:.2f}× busy, {t['span']:.2f}× span{wall} | {bound} | "
-                     f"{_mark(t['met'])}{beyond} |")
-    c = r["chained_tiny_gathers"]
-    lines.append(f"| chained tiny gathers: ≤ {c['target_gap_us']:g} µs per call over a minimal "
-                 f"FFI kernel | {c['ops']} chained gathers of one {size_text(c['bytes'])} page "
-                 f"(L2-warm) | {c.get('dtype', 'uint32')} | span | {c['gap_us']:+.2f} µs | — | "
-                 f"{_mark(c['target_met'])} |")
-    return lines
-
-
-def _rotation(row: dict[str, Any]) -> str:
-    """How many index sets a gather row's calls rotate through, and the slab
-    bytes they read together ("L2-warm" below L2's size)."""
-    sets = row.get("inputs", 1)
-    read = sets * row["bytes"] // 2
-    return f"{sets} ({size_text(read)}{': L2-warm' if read < L2_BYTES else ''})"
-
-
-def render_gather(r: dict[str, Any]) -> str:
-    cols = ("auto", "tma", "simt", "deterministic", "xla", "xla_hinted", "memcpy")
-    comps = ("xla", "xla_hinted", "memcpy")
-    lines = _render_gather_targets(r)
-    lines += ["", f"GPU {WALL_NOTE}; ratios of `auto` to XLA, XLA hinted and the copy ceiling "
-                  f"(their time ÷ auto's) by each clock:", "",
-              "| case | dtype | auto | tma | simt | deterministic | XLA | XLA hinted | "
-              "copy ceiling | auto TB/s (busy) | auto vs XLA / hinted / ceiling: busy | span | "
-              "wall |", "|" + "---|" * 13]
-    for row in r["rows"]:
-        t = row["times"]
-        cells = [_bare_case(row), row.get("dtype", _UNRECORDED)]
-        cells += [_us(t[k]) if k in t else "—" for k in cols]
-        cells += [f"{row['busy_tbps']['auto']:.2f}"]
-        cells += [_ratios(t, comps, clock) for clock in ("busy_us", "span_us", "wall_us")]
-        lines.append("| " + " | ".join(cells) + " |")
-    dtypes = _dtype_order([row["dtype"] for row in r["rows"] if "dtype" in row],
-                          r.get("use_dtype"))
-    keyed: dict[str, dict[str, dict[str, Any]]] = {}
-    for row in r["rows"]:
-        if "dtype" in row:
-            keyed.setdefault(_gather_key(row), {})[row["dtype"]] = row
-    if len(dtypes) > 1:
-        lines += ["", "The dtype's effect: each case's speed as a fraction of the copy ceiling "
-                      "(ceiling time ÷ the case's, busy) at each dtype, XLA / XLA hinted / "
-                      "`auto`:", "",
-                  "| case | " + " | ".join(dtypes) + " |", "|---|" + "---|" * len(dtypes)]
-        for key, rows in keyed.items():
-            cells = []
-            for d in dtypes:
-                if d not in rows:
-                    cells.append("—")
-                    continue
-                t = rows[d]["times"]
-                cells.append(" / ".join(_ratio(t, k, "memcpy", "busy_us")
-                                        for k in ("xla", "xla_hinted", "auto")))
-            lines.append(f"| {_GATHER_TARGET_TEXT.get(key, key)} | " + " | ".join(cells) + " |")
-    lines += ["", "XLA formulations:"]
-    lines += [f"- {kind}: " + "; ".join(f"{_GATHER_LABELS[k]} `{code}`" for k, code in f.items())
-              for kind, f in r["xla_formulations"].items()]
-    for row in r["rows"]:
-        for name, why in row.get("xla_rejects", {}).items():
-            lines.append(f"- {_bare_case(row)} ({row.get('dtype')}): XLA rejects "
-                         f"{_GATHER_LABELS[name]}: `{why}`")
-        if "per_pool" in row["times"]:
-            lines.append(f"- {row['case'].split(':')[0]}, auto: both pools as the tables of one "
-                         f"`jax_tma.scatter` and one `jax_tma.gather`; with a call per pool "
-                         f"instead: {_us(row['times']['per_pool'])} µs "
-                         f"({_ratio(row['times'], 'per_pool', 'xla_hinted', 'busy_us')}× XLA "
-                         f"hinted by busy time)")
-        if "xla_gather_kernels" in row:
-            n = row["xla_gather_kernels"]
-            lines.append(f"- {row['case'].split(':')[0]}: XLA's compiled step gathers K and V "
-                         f"in {n['xla']} kernel{'s' * (n['xla'] != 1)} (hinted: "
-                         f"{n['xla_hinted']}), counted in its optimized HLO")
-    c = r["chained_tiny_gathers"]
-    g, m = c["per_op"]["gather"], c["per_op"]["minimal_ffi"]
-    lines += ["", f"{c['ops']} chained gathers of one {size_text(c['bytes'])} page in one "
-                  f"`jit` (L2-warm: every call moves the same page): {g['span_us']:.2f} µs per "
-                  f"call by span ({g['busy_us']:.2f} busy); {c['minimal_ffi']} of the same page "
-                  f"(a minimal FFI kernel) chained alike: {m['span_us']:.2f} µs "
-                  f"({m['busy_us']:.2f}); the gather costs {c['gap_us']:+.2f} µs per call more "
-                  f"(target ≤ {c['target_gap_us']:g} µs {_mark(c['target_met'])})."]
-    others = [f"`method='{k[len('gather_'):]}'` {v['span_us']:.2f} µs ({v['busy_us']:.2f})"
-              for k, v in c["per_op"].items() if k.startswith("gather_")]
-    if others:
-        lines[-1] += " The other methods, chained alike: " + ", ".join(others) + "."
-    if "small_gathers" in r:
-        lines += ["", "Small gathers, GPU busy µs per call (the profiler's clock ticks every "
-                      "32 ns); the calls of a case rotate through index sets of distinct rows "
-                      "(count, and the slab bytes they read together; a copy ceiling's inputs "
-                      "rotate alike):", "",
-                  "| case | dtype | index sets | auto | tma | simt | XLA | XLA hinted | "
-                  "copy ceiling | auto vs XLA / hinted: busy | span |", "|" + "---|" * 11]
-        for row in r["small_gathers"]:
-            t = row["times"]
-            lines.append(f"| {_bare_case(row)} | {row.get('dtype', _UNRECORDED)} | "
-                         f"{_rotation(row)} | "
-                         + " | ".join(f"{t[k]['busy_us']:.2f}" if k in t else "—"
-                                      for k in _GATHER_SWEEP)
-                         + f" | {_ratios(t, ('xla', 'xla_hinted'), 'busy_us')} | "
-                           f"{_ratios(t, ('xla', 'xla_hinted'), 'span_us')} |")
-    sweep = r["sweep"]
-    lines += ["", f"GB/s by busy time against slab size, each case gathering "
-                  f"{size_text(sweep['gathered_bytes'])} of random distinct slabs of a "
-                  f"{size_text(sweep['table_bytes'])} {sweep.get('dtype', 'uint32')} table:", "",
-              "| slab | auto | tma | simt | XLA | XLA hinted | copy ceiling | auto vs XLA / "
-              "hinted: busy | span |", "|" + "---|" * 9]
-    for row in sweep["rows"]:
-        gbps, t = row["busy_tbps"], row["times"]
-        lines.append(f"| {size_text(row['slab_bytes'])} | "
-                     + " | ".join(f"{gbps[k] * 1e3:.0f}" for k in _GATHER_SWEEP)
-                     + f" | {_ratios(t, ('xla', 'xla_hinted'), 'busy_us')} | "
-                       f"{_ratios(t, ('xla', 'xla_hinted'), 'span_us')} |")
-    return "\n".join(lines)
-
-
-def _find(rows: list[dict[str, Any]], key: str, dtype: str | None = None) -> dict | None:
-    return next((row for row in rows if _gather_key(row) == key
-                 and (dtype is None or row.get("dtype") == dtype)), None)
-
-
-def render_gather_limits(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None:
-    """The README's limits bullet on gather's speed, every number from the
-    gather result; None without one."""
-    if "gather" not in results:
-        return None
-    r = results["gather"][1]
-    use = r.get("use_dtype")
-    device = (r.get("provenance") or {}).get("devices", ["?"])[0]
-
-    def vs(row, comp, clock="busy_us"):
-        return _ratio(row["times"], "auto", comp, clock) if row else "—"
-
-    rows, parts = r["rows"], []
-    sweep = r["sweep"]["rows"]
-    sweep_dtype = r["sweep"].get("dtype", "uint32")
-    parts.append(f"over the slab sweep ({sweep_dtype}) `auto` runs at "
-                 f"{_range([row['vs']['auto']['xla'] for row in sweep], '{:.2f}')}× "
-                 f"`jnp.take` and "
-                 f"{_range([row['vs']['auto']['xla_hinted'] for row in sweep], '{:.2f}')}× its "
-                 f"hinted form")
-    fits = [x for x in (_find(rows, "rows 128", use), _find(rows, "rows 512", use)) if x]
-    pages = _find(rows, "pages", use)
-    if fits and pages:
-        parts.append(f"{use or 'its'} rows of 128–512 B at "
-                     f"{_range([x['vs']['auto']['memcpy'] for x in fits], '{:.2f}')}× the copy "
-                     f"ceiling, pages at {vs(pages, 'memcpy')}× and {vs(pages, 'xla')}× "
-                     f"`jnp.take`")
-    page_set = _find(rows, "set", use)
-    if page_set:
-        parts.append(f"the in-place page set at {vs(page_set, 'xla')}× XLA's `.at[].set` and "
-                     f"{vs(page_set, 'xla_hinted')}× its hinted form")
-    small = {(_gather_key(x).split()[-1], x.get("dtype")): x for x in r.get("small_gathers", [])}
-    for count in ("64", "1024"):
-        x = small.get((count, use)) or small.get((count, None))
-        if x:
-            t = x["times"]
-            parts.append(f"a gather of {int(count):,} rows of 2 KiB ({x.get('dtype', 'uint32')}, "
-                         f"index sets rotated: {_rotation(x)}) takes {t['auto']['busy_us']:.2f} "
-                         f"µs against XLA's {t['xla']['busy_us']:.2f}")
-    c = r["chained_tiny_gathers"]
-    parts.append(f"one {size_text(c['bytes'])} page chained {c['ops']} times costs "
-                 f"{c['gap_us']:+.2f} µs per call over a minimal FFI kernel (by span, L2-warm)")
-    decode = _find(rows, "decode")
-    if decode:
-        text = (f"the paged decode step ({decode.get('dtype', 'bfloat16')} pools) runs at "
-                f"{vs(decode, 'xla_hinted')}× its hinted XLA form with K and V as the tables of "
-                f"one call")
-        if "per_pool" in decode["times"]:
-            text += (f", {_ratio(decode['times'], 'per_pool', 'xla_hinted', 'busy_us')}× with "
-                     f"a call per pool")
-        if "xla_gather_kernels" in decode:
-            n = decode["xla_gather_kernels"]["xla_hinted"]
-            text += f" (XLA's hinted step gathers both pools in {n} kernel{'s' * (n != 1)})"
-        parts.append(text)
-    adds = [x for x in rows if _gather_key(x) == "add"]
-    if adds:
-        parts.append("the row scatter-add runs at " + ", ".join(
-            f"{vs(x, 'xla')}× XLA's " + (f"in {x['dtype']}" if "dtype" in x else
-                                         f"({x['case']})") for x in adds))
-    return (f"- `gather`/`scatter` speed ({device}, GPU busy time, the gather results above; "
-            f"ratios are XLA's time ÷ `auto`'s): " + "; ".join(parts) + ". `auto` moves slabs "
-            f"of up to 4 KiB and gathers of up to 64 MiB with a thread per 16-byte vector, the "
-            f"layout of XLA's own gather kernel, in 32-bit arithmetic where the table allows.")
-
-
 def render_wheel(r: dict[str, Any]) -> str:
     row = r["rows"][0]
     t = row["times"]
-    return (f"{_bare_case(row)} ({row.get('dtype')}), {WALL_NOTE}: `auto` {_us(t['auto'])}, "
-            f"XLA `jnp.take` {_us(t['xla'])}, copy ceiling {_us(t['memcpy'])}.")
+    return (f"{bare_case(row)} ({row.get('dtype')}), {WALL_NOTE}: `auto` {us_text(t['auto'])}, "
+            f"XLA `jnp.take` {us_text(t['xla'])}, copy ceiling {us_text(t['memcpy'])}.")
 
 
 def _install(r: dict[str, Any]) -> str:
@@ -745,7 +267,7 @@ def _install(r: dict[str, Any]) -> str:
     if prov.get("install"):
         return prov["install"]
     path = (prov.get("jax_tma") or {}).get("file", "")
-    return "source build (gpu_check.sh)" if "jax_tma_source" in path else _UNRECORDED
+    return "source build (gpu_check.sh)" if "jax_tma_source" in path else UNRECORDED
 
 
 def _build_cells(r: dict[str, Any]) -> list[str]:
@@ -788,10 +310,10 @@ def render_build(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None:
         if r is None or row is None:
             continue
         t = row["times"]
-        lines.append("| " + " | ".join(_build_cells(r)[:3]) + f" | {_bare_case(row)} "
-                     f"({row.get('dtype')}) | {_us(t['auto'])} | {_us(t['xla'])} | "
-                     f"{_us(t['memcpy'])} | {_ratio(t, 'auto', 'xla', 'busy_us')} / "
-                     f"{_ratio(t, 'auto', 'xla', 'span_us')} |")
+        lines.append("| " + " | ".join(_build_cells(r)[:3]) + f" | {bare_case(row)} "
+                     f"({row.get('dtype')}) | {us_text(t['auto'])} | {us_text(t['xla'])} | "
+                     f"{us_text(t['memcpy'])} | {ratio_text(t, 'auto', 'xla', 'busy_us')} / "
+                     f"{ratio_text(t, 'auto', 'xla', 'span_us')} |")
     return "\n".join(lines)
 
 
@@ -811,7 +333,7 @@ def render_sanitizer(r: dict[str, Any]) -> str:
                 continue
             summary = x["summary"] or f"exit status {x['rc']}"
             args = f" (`{x['args']}`)" if x.get("args") else ""
-            cells.append(f"{_mark(x['rc'] == 0)} {summary}{args}")
+            cells.append(f"{mark(x['rc'] == 0)} {summary}{args}")
         lines.append(f"| {prog} | " + " | ".join(cells) + " |")
     probe = r.get("synccheck_cluster_probe")
     if probe:
@@ -824,92 +346,19 @@ def render_sanitizer(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _copy_headline(r: dict[str, Any]) -> str:
-    row = max((row for row in r["rows"] if row.get("dtype", "uint32") == "uint32"),
-              key=lambda row: row["bytes"])
-    auto = row["repeat"]["auto"]
-    return (f"{auto['tbps']:.2f} TB/s copying {size_text(row['bytes'])}, "
-            f"{auto['vs_memcpy']:.2f}× `cudaMemcpyAsync`, {auto['vs_xla']:.2f}× `jnp.copy` "
-            f"(by span)")
-
-
-def _headline(tbps: float, versus: str, case: str) -> str:
-    return f"{tbps:.2f} TB/s, {versus}: {case}"
-
-
-def _window_headline(r: dict[str, Any]) -> str:
-    row = r["rows"][0]
-    return _headline(row["busy_tbps"]["auto"], f"{row['vs_xla']['auto']:.2f}× XLA", row["case"])
-
-
-def _im2col_headline(r: dict[str, Any]) -> str:
-    row = r["rows"][0]
-    vs = row["im2col_vs"]
-    return _headline(row["busy_tbps"]["im2col_auto"],
-                     f"{vs['xla_patches']:.2f}× `lax.conv_general_dilated_patches`, "
-                     f"{vs['xla_slice_concat']:.2f}× slice-and-concatenate",
-                     f"3×3 SAME patches of {tuple(row['shape'])} {row['dtype']}")
-
-
-def _broadcast_headline(r: dict[str, Any]) -> str:
-    row = r["rows"][0]
-    return _headline(row["busy_tbps"]["auto"], f"{row['auto_vs_xla']:.2f}× `jnp.broadcast_to`",
-                     row["case"])
-
-
-def _slab_headline(key: str, xla: str) -> Callable[[dict[str, Any]], str]:
-    def headline(r: dict[str, Any]) -> str:
-        row = _find(r["rows"], key, r.get("use_dtype")) or _find(r["rows"], key)
-        pages = _find(r["rows"], "pages", row.get("dtype"))
-        t = row["times"]
-        # The in-place case names "those pages" of the gather case before it.
-        case = re.sub(r"those [\d,]+ pages", _bare_case(pages).split(" ", 1)[1],
-                      _bare_case(row)) if pages else _bare_case(row)
-        return _headline(row["busy_tbps"]["auto"],
-                         f"{_ratio(t, 'auto', 'xla', 'busy_us')}× {xla}, "
-                         f"{_ratio(t, 'auto', 'memcpy', 'busy_us')}× the copy ceiling",
-                         f"{case} ({row.get('dtype', 'uint32')})")
-    return headline
-
-
-def _ppermute_headline(r: dict[str, Any]) -> str:
-    row = r["rows"][-1]
-    return (f"{row['auto_gbps']:.1f} GB/s per direction, {row['auto_vs_nccl']:.2f}× "
-            f"`lax.ppermute` (NCCL), by span: {row['block_mib']:g} MiB blocks")
-
-
-# The README's table of ops: (op, what it does, the result its headline is
-# drawn from, the headline of that result).
-_HEADLINES = (
-    ("copy", "a new buffer equal to `x`, bit for bit", "copy", _copy_headline),
-    ("window", "a strided box at any (traced) start; out of bounds reads a fill", "window",
-     _window_headline),
-    ("im2col", "convolution patches, GEMM-ready (`col2im`: their transpose)", "im2col",
-     _im2col_headline),
-    ("broadcast", "`n` materialised replicas, each input tile read once", "broadcast",
-     _broadcast_headline),
-    ("gather", "whole slabs (rows, pages) picked by index", "gather",
-     _slab_headline("pages", "`jnp.take`")),
-    ("scatter", "slabs set or added by index, in place", "gather",
-     _slab_headline("set", "`x.at[i].set`")),
-    ("ppermute", "each device's block to its peer, GPU to GPU", "ppermute", _ppermute_headline),
-)
-_OP_PAGE = {"scatter": "gather", "col2im": "im2col"}
-
-
 def render_headline(results: dict[str, tuple[str, dict[str, Any]]]) -> str:
     """The README's table of ops, one headline number each from the results,
     and where and how they were measured."""
     lines = ["| op | what it does | `auto`, on the GPU below |", "|---|---|---|"]
     used = []
-    for op, what, source, headline in _HEADLINES:
-        if source in results:
-            used.append(results[source][1])
-            number = headline(results[source][1])
+    for row in HEADLINES:
+        if row.result in results:
+            used.append(results[row.result][1])
+            number = row.number(results[row.result][1])
         else:
-            number = "no result at this commit" + (" (it needs two GPUs)"
-                                                   if op == "ppermute" else "")
-        lines.append(f"| [`{op}`](docs/ops/{_OP_PAGE.get(op, op)}.md) | {what} | {number} |")
+            number = row.no_result
+        lines.append(f"| [`{row.op}`](docs/ops/{row.page or row.op}.md) | {row.what} | "
+                     f"{number} |")
     where = sorted({(prov["devices"][0], prov["date"][:10], str(prov["commit"]),
                      prov["versions"].get("jax")) for r in used
                     if (prov := r.get("provenance"))})
@@ -923,14 +372,43 @@ def render_headline(results: dict[str, tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "copy": render_copy, "tune-bulk": render_tune_bulk, "window": render_window,
-    "im2col": render_im2col, "broadcast": render_broadcast,
-    "broadcast-ncu": render_broadcast_ncu, "ppermute": render_ppermute, "gather": render_gather,
-    "wheel": render_wheel, "sanitizer": render_sanitizer}
+def _render_modules() -> list[ModuleType]:
+    """The render_<name>.py modules next to this script, alphabetically: each
+    renders the results that bench_<name>.py writes. A module lists RENDERERS
+    ({op: its section's text from the op's result}, for every op its bench
+    module writes that this script does not render itself) and, where it has
+    them, DERIVED ({section: its text from all the results, None where what
+    it draws from is missing}), HEADLINES (tables.Headline: its rows of the
+    README's table of ops) and PLOTS (tables.Plot)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [importlib.import_module(os.path.basename(path)[:-len(".py")])
+            for path in sorted(glob.glob(os.path.join(here, "render_*.py")))]
+
+
+def _merged(name: str, own: dict[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+    """The render modules' dicts called `name`, and `own`: a key in two of
+    them is an error."""
+    out = dict(own)
+    for module in _MODULES:
+        for key, value in getattr(module, name, {}).items():
+            if key in out:
+                raise RuntimeError(f"benchmarks/{module.__name__}.py: {name} {key!r} is taken")
+            out[key] = value
+    return out
+
+
+_MODULES = _render_modules()
+# Each op's section: the render modules', the wheel's case (one case timed on
+# another install, on the pages inside the build section) and the sanitizer's.
+RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = _merged(
+    "RENDERERS", {"wheel": render_wheel, "sanitizer": render_sanitizer})
 # Sections drawn from several results (None: nothing to draw from).
-DERIVED: dict[str, Callable[[dict[str, tuple[str, dict[str, Any]]]], str | None]] = {
-    "build": render_build, "gather-limits": render_gather_limits, "headline": render_headline}
+DERIVED: dict[str, Callable[[dict[str, tuple[str, dict[str, Any]]]], str | None]] = _merged(
+    "DERIVED", {"build": render_build, "headline": render_headline})
+HEADLINES: list[Headline] = sorted((row for module in _MODULES
+                                    for row in getattr(module, "HEADLINES", ())),
+                                   key=lambda row: row.rank)
+PLOTS: list[Plot] = [p for module in _MODULES for p in getattr(module, "PLOTS", ())]
 # What writes each op's result, for the sections that have none yet.
 _WRITTEN_BY = {"sanitizer": "`scripts/gpu_check.sh sanitize` (its `bench_sanitize.tgz`)",
                "wheel": "`scripts/gpu_check.sh bench` (`benchmarks/run.py wheel` against the "
@@ -980,9 +458,8 @@ def pages(readme: str, docs: str) -> list[str]:
 
 
 def plot(results: dict[str, tuple[str, dict[str, Any]]], out_dir: str) -> list[str]:
-    """Copy TB/s over size, broadcast TB/s per method and gather GB/s over
-    slab size, as PNG files in `out_dir` (none without matplotlib); returns
-    their paths."""
+    """The render modules' PLOTS of the results at hand, as PNG files in
+    `out_dir` (none without matplotlib); returns their paths."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -992,46 +469,12 @@ def plot(results: dict[str, tuple[str, dict[str, Any]]], out_dir: str) -> list[s
         return []
     os.makedirs(out_dir, exist_ok=True)
     paths = []
-    if "copy" in results:
-        # The sizes of one dtype (the uint32 sweep; the bf16 row is a point
-        # of comparison in the table).
-        rows = [row for row in results["copy"][1]["rows"] if row.get("dtype", "uint32") == "uint32"]
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for case in rows[0]["repeat"]:
-            ax.plot([row["bytes"] / MIB for row in rows],
-                    [row["repeat"][case]["tbps"] for row in rows], marker="o", label=case)
-        ax.set(xscale="log", xlabel="MiB copied", ylabel="TB/s (read + write, by span)",
-               title="jax_tma.copy of uint32 arrays, repeated calls")
-        ax.legend()
-        paths.append(os.path.join(out_dir, "copy_tbps.png"))
-        fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
-    if "broadcast" in results:
-        row = results["broadcast"][1]["rows"][0]
-        fig, ax = plt.subplots(figsize=(7, 4))
-        labels = list(row["busy_tbps"])
-        ax.bar(labels, [row["busy_tbps"][k] for k in labels])
-        ax.set(ylabel="TB/s (read + write, by busy time)", title=row["case"])
-        ax.tick_params(axis="x", rotation=60)
-        paths.append(os.path.join(out_dir, "broadcast_tbps.png"))
-        fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
-    if "gather" in results:
-        r = results["gather"][1]
-        rows = r["sweep"]["rows"]
-        sizes = [row["slab_bytes"] for row in rows]
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for case, label in _GATHER_SWEEP.items():
-            ax.plot(sizes, [row["busy_tbps"][case] * 1e3 for row in rows], marker="o",
-                    linestyle="--" if case == "memcpy" else "-", label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes, [size_text(b) for b in sizes], rotation=45)
-        ax.set(xlabel="slab size", ylabel="GB/s (read + write, by busy time)",
-               title=f"gather of random slabs of a {size_text(r['sweep']['table_bytes'])} "
-                     f"{r['sweep'].get('dtype', 'uint32')} table, "
-                     f"{r['provenance']['devices'][0]}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        paths.append(os.path.join(out_dir, "gather_gbps.png"))
-        fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
+    for p in PLOTS:
+        if p.result in results:
+            fig, ax = plt.subplots(figsize=(7, 4))
+            p.draw(ax, results[p.result][1])
+            paths.append(os.path.join(out_dir, p.file))
+            fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
     return paths
 
 

@@ -3,10 +3,9 @@ Runs against the installed jax_tma; the reference kernels come from the
 benchmarks' extension _jax_tma_bench (build with JAX_TMA_BENCH=ON).
 
     python benchmarks/run.py all --out-dir benchmarks/results   # every op, one JSON each
-    python benchmarks/run.py copy window ... [--out-dir DIR]    # some ops
+    python benchmarks/run.py OP ... [--out-dir DIR]    # some ops, `all`'s or others
     python benchmarks/run.py all --smoke [--out-dir DIR]  # the code path on the CPU, tiny sizes
     python benchmarks/run.py stamp   # benchmarks/tree_stamp.json, for a copy without .git
-    python benchmarks/run.py wheel --out-dir DIR   # one gather case, against another install
     python benchmarks/run.py sanitizer --tsv FILE --out-dir DIR   # gpu_check.sh's sanitize lines
 
 Ops: those the bench_*.py modules list in their BENCHMARKS (harness.Benchmark:
@@ -16,8 +15,9 @@ sanitizer (compute-sanitizer's results as a result file, from the lines
 gpu_check.sh's sanitize stage writes). Each result JSON (<op>_<devices>_<date>.json)
 records the commit it was measured at and refuses a dirty tree (unless
 --allow-dirty, which marks it), the devices, versions and how it was timed;
-benchmarks/report.py renders the README's tables from them. How cases are
-timed: benchmarks/harness.py.
+benchmarks/report.py renders the README's tables from them, an op's with the
+render_<name>.py of its bench_<name>.py. How cases are timed:
+benchmarks/harness.py.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ HLO kernel count; on a GPU, the reference kernels that the copy benchmark
 times jax_tma against and the fusion of XLA's decode-step gathers that
 docs/ops/gather.md states."""
 
+import glob
 import importlib
 import json
 import os
@@ -32,7 +33,9 @@ if _BENCHMARKS not in sys.path:
 import harness  # noqa: E402
 import ncu  # noqa: E402
 import provenance  # noqa: E402
+import render_gather  # noqa: E402
 import report  # noqa: E402
+import tables  # noqa: E402
 
 
 def test_split_runs_cuts_at_the_largest_gaps():
@@ -89,23 +92,23 @@ def test_a_target_needs_busy_time_and_span_to_agree():
     def row(busy, span):
         return {"times": {"auto": {"busy_us": 100.0, "span_us": 100.0},
                           "xla": {"busy_us": busy, "span_us": span}}}
-    assert report.target_met(row(120.0, 125.0), "xla", 1.2)
-    assert not report.target_met(row(130.0, 110.0), "xla", 1.2)  # span disagrees
-    assert not report.target_met(row(110.0, 130.0), "xla", 1.2)  # busy disagrees
+    assert tables.target_met(row(120.0, 125.0), "xla", 1.2)
+    assert not tables.target_met(row(130.0, 110.0), "xla", 1.2)  # span disagrees
+    assert not tables.target_met(row(110.0, 130.0), "xla", 1.2)  # busy disagrees
 
 
 def test_the_wall_clock_shows_from_100_us():
-    assert report._us({"busy_us": 99.9, "span_us": 100.0, "wall_us": 130.0}) == \
+    assert tables.us_text({"busy_us": 99.9, "span_us": 100.0, "wall_us": 130.0}) == \
         "99.9 / 100.0 / —"
-    assert report._us({"busy_us": 100.0, "span_us": 100.0, "wall_us": 130.0}) == \
+    assert tables.us_text({"busy_us": 100.0, "span_us": 100.0, "wall_us": 130.0}) == \
         "100.0 / 100.0 / 130.0"
-    assert report._us({"busy_us": 300.0, "span_us": 300.0}) == "300.0 / 300.0 / —"
+    assert tables.us_text({"busy_us": 300.0, "span_us": 300.0}) == "300.0 / 300.0 / —"
     times = {"auto": {"busy_us": 200.0, "span_us": 210.0, "wall_us": 220.0},
              "xla": {"busy_us": 300.0, "span_us": 315.0, "wall_us": 440.0},
              "fast": {"busy_us": 50.0, "span_us": 50.0, "wall_us": 60.0}}
-    assert [report._ratio(times, "auto", "xla", c) for c in ("busy_us", "span_us", "wall_us")] \
-        == ["1.50", "1.50", "2.00"]
-    assert report._ratio(times, "auto", "fast", "wall_us") == "—"
+    assert [tables.ratio_text(times, "auto", "xla", c)
+            for c in ("busy_us", "span_us", "wall_us")] == ["1.50", "1.50", "2.00"]
+    assert tables.ratio_text(times, "auto", "fast", "wall_us") == "—"
 
 
 def test_case_medians_need_a_run_per_planned_call():
@@ -137,8 +140,44 @@ def test_every_benchmark_module_imports(name):
     importlib.import_module(name)
 
 
+_BENCH_NAMES = sorted(os.path.basename(path)[len("bench_"):-len(".py")]
+                      for path in glob.glob(os.path.join(_BENCHMARKS, "bench_*.py")))
+
+
+@pytest.mark.parametrize("name", _BENCH_NAMES)
+def test_every_benchmark_module_has_its_renderers(name):
+    # benchmarks/render_<name>.py renders what bench_<name>.py writes: a
+    # section of each of its ops (but those report.py renders itself), and
+    # headline rows and plots of those ops alone.
+    bench = importlib.import_module(f"bench_{name}")
+    render = importlib.import_module(f"render_{name}")
+    own = set(report.RENDERERS) - {op for m in report._MODULES for op in m.RENDERERS}
+    assert set(render.RENDERERS) <= set(bench.BENCHMARKS)
+    missing = set(bench.BENCHMARKS) - set(render.RENDERERS) - own
+    assert not missing, f"benchmarks/render_{name}.py renders no section of {sorted(missing)}"
+    for entry in (*getattr(render, "HEADLINES", ()), *getattr(render, "PLOTS", ())):
+        assert entry.result in render.RENDERERS, entry
+
+
+def test_report_collects_a_render_module_per_benchmark_module():
+    # Each render_*.py is a bench_*.py's, and the README's table of ops has
+    # one row per rank.
+    assert [m.__name__.removeprefix("render_") for m in report._MODULES] == _BENCH_NAMES
+    ranks = [row.rank for row in report.HEADLINES]
+    assert len(set(ranks)) == len(ranks), ranks
+
+
+def test_report_needs_neither_jax_nor_jax_tma():
+    # report.py, tables.py and the render modules render on any machine.
+    code = ("import sys, report; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'jax_tma'}))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=_BENCHMARKS, capture_output=True,
+                         text=True, timeout=120)
+    assert (run.returncode, run.stdout) == (0, "[]\n"), run.stderr
+
+
 def test_size_text_takes_the_largest_unit_reached():
-    assert [report.size_text(n) for n in (128, 1536, 32768, 1 << 20, 3 << 29, 1 << 30)] == [
+    assert [tables.size_text(n) for n in (128, 1536, 32768, 1 << 20, 3 << 29, 1 << 30)] == [
         "128 B", "1.5 KiB", "32 KiB", "1 MiB", "1.5 GiB", "1 GiB"]
 
 
@@ -351,7 +390,9 @@ def _measured_checkout(tmp_path, monkeypatch, code):
     rendered from them -> (repo, the results' commit, report.py's --check
     arguments)."""
     repo = tmp_path / "repo"
-    for path, text in {**code, "docs/index.md": "one", "benchmarks/report.py": "X = 1\n"}.items():
+    rendering = {"benchmarks/report.py": "X = 1\n", "benchmarks/tables.py": "X = 1\n",
+                 "benchmarks/render_copy.py": "X = 1\n"}
+    for path, text in {**code, "docs/index.md": "one", **rendering}.items():
         (repo / path).parent.mkdir(parents=True, exist_ok=True)
         (repo / path).write_text(text)
     _git(repo, "init", "-q")
@@ -381,12 +422,13 @@ _CODE = {"jax_tma/_copy.py": 'def copy(x):\n    """Copies x."""\n    return x  #
 
 
 def test_check_fails_on_a_code_change_after_the_results_commit(tmp_path, monkeypatch):
-    # Docs, comments, docstrings, layout and the renderer may change after
+    # Docs, comments, docstrings, layout and the renderers may change after
     # the results; code may not.
     repo, measured, args = _measured_checkout(tmp_path, monkeypatch, _CODE)
     assert report.main(args) == 0
     for path, text in {
             "docs/index.md": "two", "benchmarks/report.py": "X = 2\n",
+            "benchmarks/tables.py": "X = 2\n", "benchmarks/render_copy.py": "X = 2\n",
             "jax_tma/_copy.py": 'def copy(x):\n    """Returns a copy of x."""\n\n'
                                 '    return x  # unchanged\n',
             "ffi/copy/bulk_copy.cu": '/* The box. */\nint Size() {\n  return 16;\n}\n',
@@ -717,7 +759,7 @@ def test_a_target_above_the_copy_ceiling_says_so():
                 "times": times, "targets": {"xla": 1.2}}
 
     chained = {"target_gap_us": 0.3, "ops": 100, "bytes": 4096, "gap_us": 0.1, "target_met": True}
-    lines = report._render_gather_targets({"rows": [row(80.2), row(60.0)],
-                                           "chained_tiny_gathers": chained})
+    lines = render_gather._render_gather_targets({"rows": [row(80.2), row(60.0)],
+                                                  "chained_tiny_gathers": chained})
     assert lines[4].endswith("| 0.99× busy, 0.99× span | 1.17× | ✗ (above the ceiling) |")
     assert lines[5].endswith("| 1.32× busy, 1.32× span | 1.17× | ✓ |")

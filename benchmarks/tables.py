@@ -1,0 +1,101 @@
+"""What the renderers of benchmark results share: report.py's generic
+sections and each bench_<name>.py's render_<name>.py. The registry entries a
+render module lists besides its RENDERERS (Headline, Plot), and the text of
+times, ratios and sizes that every table uses. Standard library only, as
+report.py: rendering needs neither jax nor jax_tma.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+MIB = 1 << 20
+# The wall clock (N calls dispatched, one sync) is shown for cases of at
+# least this busy time: below it, it measures Python dispatch.
+WALL_MIN_US = 100.0
+# The clocks are defined in the README's "How every benchmark measures".
+WALL_NOTE = (f"busy / span / wall µs per call (the wall clock from {WALL_MIN_US:g} µs of busy "
+             f"time)")
+UNRECORDED = "not recorded"
+
+
+@dataclasses.dataclass(frozen=True)
+class Headline:
+    """A row of the README's table of ops (report.render_headline)."""
+    rank: int                 # the table's rows go by rank, those of every render module
+    op: str                   # the op, linked to its page docs/ops/<page>.md
+    what: str                 # what it does
+    result: str               # the result (op) its number is drawn from
+    number: Callable[[dict[str, Any]], str]  # that number, from the result
+    page: str = ""            # the op's page, where not docs/ops/<op>.md
+    no_result: str = "no result at this commit"  # the number's cell without the result
+
+
+@dataclasses.dataclass(frozen=True)
+class Plot:
+    """A figure of one result (report.py --plots)."""
+    result: str               # the result (op) it draws
+    file: str                 # its PNG file's name
+    draw: Callable[[Any, dict[str, Any]], None]  # (matplotlib Axes, the result)
+
+
+def wall_shown(*times: dict[str, float]) -> bool:
+    """Whether these cases' wall clocks mean something: measured, and every
+    case takes at least WALL_MIN_US of GPU busy time."""
+    return all("wall_us" in t and t["busy_us"] >= WALL_MIN_US for t in times)
+
+
+def us_text(t: dict[str, float]) -> str:
+    """busy / span / wall µs (the wall clock from WALL_MIN_US of busy time)."""
+    wall = f"{t['wall_us']:.1f}" if wall_shown(t) else "—"
+    return f"{t['busy_us']:.1f} / {t['span_us']:.1f} / {wall}"
+
+
+def ratio_text(times: dict[str, dict[str, float]], a: str, b: str, clock: str) -> str:
+    """b's time ÷ a's by `clock` ("busy_us", "span_us", "wall_us"), or "—"
+    where either is missing (or, for the wall clock, not shown)."""
+    if a not in times or b not in times or clock not in times[a] or clock not in times[b]:
+        return "—"
+    if clock == "wall_us" and not wall_shown(times[a], times[b]):
+        return "—"
+    return f"{times[b][clock] / times[a][clock]:.2f}"
+
+
+def target_met(row: dict[str, Any], comparator: str, ratio: float) -> bool:
+    """Whether `auto` reaches `ratio` × the comparator's speed by busy time
+    and by span alike (a faster-than claim needs both clocks)."""
+    t = row["times"]
+    return all(t[comparator][k] / t["auto"][k] >= ratio for k in ("busy_us", "span_us"))
+
+
+def range_text(values: list[float], fmt: str = "{:.3f}") -> str:
+    """The values' lowest–highest, or one value where both print alike."""
+    lo, hi = min(values), max(values)
+    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else \
+        f"{fmt.format(lo)}–{fmt.format(hi)}"
+
+
+def size_text(nbytes: float) -> str:
+    """nbytes in its largest binary unit that it reaches: 128 B, 32 KiB, 1 GiB."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def mark(met: bool) -> str:
+    return "✓" if met else "✗"
+
+
+def bare_case(row: dict[str, Any]) -> str:
+    """The case's text without its dtype where it qualifies a noun ("random
+    bfloat16 pages"): the tables give the dtype a column."""
+    dtype = row.get("dtype")
+    return row["case"].replace(f" {dtype} ", " ") if dtype else row["case"]
+
+
+def tbps_headline(tbps: float, versus: str, case: str) -> str:
+    """A headline number: "1.23 TB/s, <versus>: <case>"."""
+    return f"{tbps:.2f} TB/s, {versus}: {case}"
