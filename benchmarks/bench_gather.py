@@ -25,7 +25,7 @@ import numpy as np
 
 import jax_tma
 from harness import MIB, Benchmark, Session, rotate, rotate_all
-from report import size_text, target_met
+from tables import size_text, target_met
 
 OP = "gather"
 WHEEL_OP = "wheel"

@@ -268,6 +268,9 @@ class Benchmark:
     devices: int = 1         # the devices it measures across (more: skipped in `all` without)
     not_in_smoke: str = ""   # why a smoke run (the CPU) cannot run it
     timing_method: str = ""  # how it is timed, where not by the session (e.g. "ncu")
+    # `run.py <op>-once`: each variant run once, untimed, for a profiler to
+    # watch (ncu); returns the variants' labels, in order.
+    once: Callable[[], list[str]] | None = None
 
 
 def write_result(result: dict[str, Any], out_dir: str) -> str:

@@ -68,7 +68,7 @@ class CpuHook:
     bytes, the shapes and threshold of the real module."""
 
     shipped_bulk_configs = {"static": (32768, 4, 4, False), "dynamic": (8192, 16, 4, True)}
-    dynamic_bulk_min_bytes = 32 << 20
+    dynamic_bulk_min_bytes = _ffi.rules()["copy.dynamic_bulk_min_bytes"]
 
     @staticmethod
     def raw_copy(method, device, dst, src, nbytes, *config):

@@ -39,12 +39,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-import tables
 from tables import UNRECORDED, WALL_NOTE, Headline, Plot, bare_case, mark, ratio_text, us_text
-
-# bench_gather.py imports these from here: it is measured code (WATCHED), so
-# its import moves to tables.py with the next benchmark run.
-size_text, target_met = tables.size_text, tables.target_met
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")

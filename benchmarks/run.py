@@ -103,8 +103,9 @@ def _sanitizer(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/run.py")
-    parser.add_argument("ops", nargs="+", choices=("all",) + tuple(BENCHMARKS) + (
-        "stamp", "broadcast-once", "sanitizer"))
+    once = {f"{op}-once": bench.once for op, bench in BENCHMARKS.items() if bench.once}
+    parser.add_argument("ops", nargs="+", choices=("all",) + tuple(BENCHMARKS) + tuple(once) + (
+        "stamp", "sanitizer"))
     parser.add_argument("--out-dir", help="write one result JSON per op here, replacing the "
                                           "op's earlier results there")
     parser.add_argument("--smoke", action="store_true",
@@ -113,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--allow-dirty", action="store_true",
                         help="measure a tree that differs from its commit (marked dirty)")
     parser.add_argument("--sizes-mib", type=float, nargs="+",
-                        help="sizes for copy (bytes) and ppermute (block per device), in MiB")
+                        help="the sizes of the ops that take them, in MiB")
     parser.add_argument("--tsv", help="sanitizer: the lines gpu_check.sh's sanitize stage wrote")
     args = parser.parse_args(argv)
     if args.ops == ["sanitizer"]:
@@ -121,9 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.ops == ["stamp"]:
         print(provenance.make_stamp())
         return 0
-    if args.ops == ["broadcast-once"]:
-        from bench_broadcast import run_once
-        print("broadcast-once variants: " + json.dumps(run_once()), flush=True)
+    if len(args.ops) == 1 and args.ops[0] in once:
+        print(f"{args.ops[0]} variants: " + json.dumps(once[args.ops[0]]()), flush=True)
         return 0
     gpus = [d for d in jax.devices() if d.platform == "gpu"]
     if not gpus and not args.smoke:

@@ -1,7 +1,6 @@
 // The one extension module, jax_tma._jax_tma: hands Python the FFI handler
 // capsules (CPU always, CUDA when built) and what was compiled. Benchmark
 // targets and the raw launch hook live in benchmarks/ffi/ (_jax_tma_bench).
-#include <stdexcept>
 #include <string>
 
 #include <nanobind/nanobind.h>
@@ -10,15 +9,14 @@
 
 #include "handlers.h"
 #include "element_sum.h"
+#include "module_defs.h"
 #include "path_counts.h"
-#include "ppermute/peer_link.h"
 #include "rules.h"
 #include "xla/ffi/api/c_api.h"
 
 #if JAX_TMA_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "copy/copy_plan.h"  // kDynamicBulkMinBytes
 #include "cuda/handlers.h"
 #endif
 
@@ -30,23 +28,6 @@ template <typename Fn>
 nb::capsule Capsule(Fn* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
 }
-
-#if JAX_TMA_WITH_CUDA
-void CheckCuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-  }
-}
-
-// Whether `device` can map `peer`'s memory (what jax_tma.ppermute reads
-// through); lowering falls back to lax.ppermute where it cannot.
-bool CanAccessPeer(int device, int peer) {
-  if (device == peer) return true;
-  int can = 0;
-  CheckCuda(cudaDeviceCanAccessPeer(&can, device, peer), "cudaDeviceCanAccessPeer");
-  return can != 0;
-}
-#endif
 
 }  // namespace
 
@@ -152,15 +133,9 @@ NB_MODULE(_jax_tma, m) {
     return d;
   });
 
-  // Starts this process's end of jax_tma.ppermute's process link (see
-  // ffi/ppermute/peer_link.h) before its name is published.
-  m.def(
-      "listen_link",
-      [](const std::string& name, int process) {
-        xla::ffi::Error err = jax_tma::ListenLink(jax_tma::LinkPeer{process, name});
-        if (err.failure()) throw std::runtime_error(std::string(err.message()));
-      },
-      nb::arg("name"), nb::arg("process"));
+  // What families add beside their handlers (module_defs.h).
+#define JAX_TMA_MODULE(Name) jax_tma::Name##Module(m);
+#include "families.inc"
 
   m.attr("cuda_compiled") = static_cast<bool>(JAX_TMA_WITH_CUDA);
   m.attr("cuda_archs") = JAX_TMA_CUDA_ARCHS;
@@ -169,8 +144,5 @@ NB_MODULE(_jax_tma, m) {
 
 #if JAX_TMA_WITH_CUDA
   m.attr("cuda_runtime_version") = CUDART_VERSION;
-  m.def("can_access_peer", &CanAccessPeer, nb::arg("device"), nb::arg("peer"));
-  m.attr("_dynamic_bulk_min_bytes") = jax_tma::kDynamicBulkMinBytes;
-  m.attr("_auto_bulk_min_bytes") = jax_tma::kAutoBulkMinBytes;
 #endif
 }

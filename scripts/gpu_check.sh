@@ -25,6 +25,8 @@
 #   the full suite takes about 5 min an install on an H100 (2026-11-23), so
 #   within the device tool's 10-min call use one install a call:
 #   INSTALLS=wheel bash scripts/gpu_check.sh tests; INSTALLS=source ... tests sanitize
+#   `tests` runs one pytest per test file: $OUT/tests_<install>.log has a
+#   line per file (and its failures), tests_<install>.tgz each file's output.
 #   TESTS, SELFTESTS and BENCH_OPS narrow a stage, e.g. TESTS=tests/test_im2col_gpu.py
 #   SELFTESTS=im2col BENCH_OPS=im2col (WHEEL_CASE=0 leaves out the wheel's case). CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90a-real
 #   builds the source install for the H100/H200 alone (about a third of the
@@ -107,14 +109,35 @@ bench() {
 for stage in "${stages[@]}"; do
   case $stage in
   tests)
+    # One pytest process per test file: a file whose process aborts (XLA
+    # ends the process on some compiler failures, and pytest's report with
+    # it) is named, and the other files still run and report. Each file's
+    # summary line goes to the log, its output to tests_<install>/<file>.log.
     for install in ${INSTALLS:-wheel source}; do
       log=$OUT/tests_$install.log
-      PYTHONPATH=${site[$install]}:$bench_site JAX_TMA_REQUIRE_GPU=1 timeout 500 python3 -P -m pytest \
-        ${TESTS:-tests} -q -rfE --durations=15 -p no:cacheprovider > "$log" 2>&1
-      rc=$?
-      tail -15 "$log"
-      # The last line pytest wrote: JAX may print after it at exit.
-      record $rc "tests ($install install): $(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed|error)' "$log" | tail -1)"
+      mkdir -p "$OUT/tests_$install"
+      : > "$log"
+      rc=0
+      files=0
+      # shellcheck disable=SC2086
+      for file in $(ls -d ${TESTS:-tests/test_*.py}); do
+        name=$(basename "$file" .py)
+        files=$((files + 1))
+        PYTHONPATH=${site[$install]}:$bench_site JAX_TMA_REQUIRE_GPU=1 timeout 300 python3 -P -m pytest \
+          "$file" -q -rfE --durations=5 -p no:cacheprovider > "$OUT/tests_$install/$name.log" 2>&1
+        file_rc=$?
+        [ $file_rc -eq 0 ] || [ $file_rc -eq 5 ] || rc=$file_rc  # 5: nothing collected
+        # The last line pytest wrote: JAX may print after it at exit.
+        printf '%s rc=%s: %s\n' "$name" "$file_rc" "$(grep -E '^[0-9]+ (passed|failed|skipped|errors?)|^=+ .*(passed|failed|error|skipped)' \
+          "$OUT/tests_$install/$name.log" | tail -1)" >> "$log"
+        [ $file_rc -eq 0 ] || grep -E '^(FAILED|ERROR) |Fatal Python error' "$OUT/tests_$install/$name.log" \
+          | head -20 >> "$log"
+      done
+      tar -czf "$OUT/tests_$install.tgz" -C "$OUT" "tests_$install" && rm -rf "$OUT/tests_$install"
+      grep -v ' rc=0: ' "$log" | tail -30
+      totals=$(grep -E '^test_[a-z0-9_]+ rc=[0-9]+: ' "$log" | grep -oE '[0-9]+ (passed|failed|skipped|errors?)' \
+        | awk '{n[$2] += $1} END {for (k in n) printf "%d %s, ", n[k], k}')
+      record $rc "tests ($install install): ${totals}$files files"
     done
     ;;
   sanitize)

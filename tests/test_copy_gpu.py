@@ -36,8 +36,9 @@ def _copy_fn(method):
 
 def copy_path(method: str, nbytes: int) -> str:
     """The kernel jax_tma.copy runs on a TMA GPU: auto takes SIMT below
-    _auto_bulk_min_bytes and bulk from there up."""
-    simt = method == "simt" or (method == "auto" and nbytes < _ffi._ext._auto_bulk_min_bytes)
+    the rule copy.auto_bulk_min_bytes and bulk from there up."""
+    auto_bulk_min = _ffi.rules()["copy.auto_bulk_min_bytes"]
+    simt = method == "simt" or (method == "auto" and nbytes < auto_bulk_min)
     return "copy.simt" if simt else "copy.tma"
 
 
@@ -127,11 +128,11 @@ def test_bulk_pipeline_configs(gpu, bench_ext, rng, stages, chunk, per_cta, dyna
 
 
 def test_dynamic_schedule_call_sites(gpu, rng):
-    # From _dynamic_bulk_min_bytes up (where auto takes bulk too) a call
+    # From copy.dynamic_bulk_min_bytes up (where auto takes bulk too) a call
     # site's bulk copy claims chunks from its own work counter, which the last
     # CTA zeroes: running a site again, and two sites in one program, must
     # stay exact.
-    n = _ffi._ext._dynamic_bulk_min_bytes + 4099
+    n = _ffi.rules()["copy.dynamic_bulk_min_bytes"] + 4099
     for method in ("tma", "auto"):
         for _ in range(2):
             x = random_array(rng, (n,), np.uint8)

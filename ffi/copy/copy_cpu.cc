@@ -6,6 +6,8 @@
 #include "common.h"
 #include "handlers.h"
 #include "path_counts.h"
+#include "copy/copy_plan.h"
+#include "rules.h"
 
 namespace jax_tma {
 
@@ -18,6 +20,13 @@ static ffi::Error CopyCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
   if (c.bytes != 0) std::memcpy(c.dst, c.src, c.bytes);
   CountPath(Path::kCopyCpu);
   return ffi::Error::Success();
+}
+
+void CopyRules(Rules* rules) {
+  // The sizes from which the CUDA planner takes the bulk kernel under auto
+  // and its dynamic schedule (the GPU tests predict the path from them).
+  rules->Int("copy.auto_bulk_min_bytes", static_cast<int64_t>(kAutoBulkMinBytes));
+  rules->Int("copy.dynamic_bulk_min_bytes", static_cast<int64_t>(kDynamicBulkMinBytes));
 }
 
 }  // namespace jax_tma

@@ -10,6 +10,7 @@
 
 #include "common.h"
 #include "copy/copy_plan.h"
+#include "cuda/device_info.h"
 
 namespace jax_tma {
 

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <vector>
 
+#include "cuda/device_info.h"
 #include "cuda/launch.h"
 
 namespace jax_tma {

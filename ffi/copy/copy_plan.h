@@ -12,9 +12,10 @@
 #include <string_view>
 
 #include "common.h"
-#include "cuda/device_info.h"
 
 namespace jax_tma {
+
+struct DeviceInfo;  // cuda/device_info.h, not included: CPU builds read the constants below
 
 // Shape of the bulk pipeline: each CTA streams `chunks_per_cta` chunks of
 // `chunk_bytes` through `stages` shared-memory buffers (static schedule), or

@@ -20,7 +20,7 @@ namespace {
 using std::chrono::milliseconds;
 
 std::string Name(int process) {
-  return "jax_tma.test_peer_link." + std::to_string(getpid()) + "." + std::to_string(process);
+  return "jax_tma.test_ppermute_host." + std::to_string(getpid()) + "." + std::to_string(process);
 }
 
 char* MapPage(int fd) {
@@ -89,7 +89,7 @@ void Parent(pid_t child, const std::string& own_name, const std::string& child_n
 
   // A page of shared memory, passed as a descriptor (the peer may not be
   // listening yet: it is refused until it does).
-  const int fd = memfd_create("jax_tma_test_peer_link", MFD_CLOEXEC);
+  const int fd = memfd_create("jax_tma_test_ppermute_host", MFD_CLOEXEC);
   CHECK(fd >= 0 && ftruncate(fd, 4096) == 0);
   char* page = MapPage(fd);
   CHECK(page != nullptr);
@@ -146,5 +146,5 @@ int main() {
   const pid_t child = fork();
   if (child == 0) _exit(jax_tma::Child(parent_name, child_name) == 0 ? 0 : 1);
   jax_tma::Parent(child, parent_name, child_name);
-  return jax_tma::testing::Failures("test_peer_link");
+  return jax_tma::testing::Failures("test_ppermute_host");
 }
