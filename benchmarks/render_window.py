@@ -10,13 +10,9 @@ from tables import WALL_NOTE, Headline, ratio_text, tbps_headline, us_text
 
 
 def render_window(r: dict[str, Any]) -> str:
-    # Results before the planner chose auto's kernel recorded the method that
-    # Python handed the handler instead of the path that ran.
-    paths = all("auto_path" in row for row in r["rows"])
     lines = [f"GPU {WALL_NOTE}; TB/s and ratios by busy time (auto vs XLA by span and wall "
              f"too):", "",
-             f"| case | {'auto ran' if paths else 'auto hands the handler'} | auto | tma | "
-             "simt | XLA | copy ceiling | "
+             "| case | auto ran | auto | tma | simt | XLA | copy ceiling | "
              "auto TB/s | vs XLA, busy: auto / tma / simt | auto vs XLA: span / wall | "
              "auto vs ceiling |", "|" + "---|" * 11]
     for row in r["rows"]:
@@ -24,9 +20,7 @@ def render_window(r: dict[str, Any]) -> str:
         cell = {m: us_text(t[m]) if m in t else "—" for m in ("auto", "tma", "simt")}
         vs = " / ".join(f"{row['vs_xla'][m]:.2f}" if m in t else "—"
                         for m in ("auto", "tma", "simt"))
-        ran = (f"`{row['auto_path']}`" if paths
-               else f"`method=\"{row['auto_lowered_method']}\"`")
-        lines.append(f"| {row['case']} | {ran} | "
+        lines.append(f"| {row['case']} | `{row['auto_path']}` | "
                      f"{cell['auto']} | {cell['tma']} | {cell['simt']} | {us_text(t['xla'])} | "
                      f"{us_text(t['memcpy'])} | {row['busy_tbps']['auto']:.2f} | {vs} | "
                      f"{ratio_text(t, 'auto', 'xla', 'span_us')} / "
