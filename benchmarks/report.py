@@ -336,7 +336,7 @@ def render_sanitizer(r: dict[str, Any]) -> str:
                       f"`cp.async.bulk` per CTA into its own shared memory between two cluster "
                       f"barriers) at cluster size {probe['cluster']}: "
                       f"{'passes' if probe['rc'] == 0 else 'faults under synccheck'} "
-                      f"(`{probe['summary']}`); the broadcast self-test ran synccheck on "
+                      f"(`{probe['summary']}`); the self-tests ran synccheck on "
                       f"clusters of up to {r.get('largest_synccheck_cluster', '?')}."]
     return "\n".join(lines)
 

@@ -6,10 +6,14 @@
 // or launch error; a failing case is printed in full, and a sticky CUDA
 // error (a fault that kills the context) stops the run at that case.
 //   usage: broadcast_selftest [store|multicast|dsmem|simt|all] [seed] [largest cluster size]
+// The largest cluster size defaults to JAX_TMA_SELFTEST_MAX_CLUSTER where it
+// is set (scripts/gpu_check.sh sets it under synccheck, which tracks clusters
+// only up to a size), else 16.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -88,7 +92,8 @@ bool RunCase(BroadcastGeometry g, BroadcastMethod method, int cluster, std::mt19
 int main(int argc, char** argv) {
   const std::string only = argc > 1 ? argv[1] : "all";
   const uint64_t seed = argc > 2 ? std::stoull(argv[2]) : std::random_device{}();
-  const int largest = argc > 3 ? std::stoi(argv[3]) : 16;
+  const char* max_cluster = std::getenv("JAX_TMA_SELFTEST_MAX_CLUSTER");
+  const int largest = argc > 3 ? std::stoi(argv[3]) : max_cluster ? std::stoi(max_cluster) : 16;
   std::mt19937_64 gen(seed);
   const BroadcastMethod methods[] = {BroadcastMethod::kStore, BroadcastMethod::kMulticast,
                                      BroadcastMethod::kDsmem, BroadcastMethod::kSimt};
