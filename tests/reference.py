@@ -452,8 +452,12 @@ def cpu_mesh(shape, names, axis_type=None):
     """A mesh over the forced host devices (tests/conftest.py makes 8), of
     one axis type (Auto by default), whatever the default backend is."""
     from jax.sharding import AxisType, Mesh
-    devices = np.array(jax.devices("cpu")[: int(np.prod(shape))]).reshape(shape)
-    return Mesh(devices, names, axis_types=(axis_type or AxisType.Auto,) * len(names))
+    devices, need = jax.devices("cpu"), int(np.prod(shape))
+    if len(devices) < need:
+        raise RuntimeError(f"the test needs {need} host devices (tests/conftest.py forces 8), "
+                           f"jax sees {len(devices)}")
+    return Mesh(np.array(devices[:need]).reshape(shape), names,
+                axis_types=(axis_type or AxisType.Auto,) * len(names))
 
 
 def use_mesh(mesh):
