@@ -44,27 +44,32 @@ def ppermute(x: jax.Array, axis_name: str | Sequence[str],
     every device receives the block of the device that sends to it.
 
     The block moves directly between the two GPUs' memories with the TMA
-    bulk-copy pipeline of :func:`copy` (peer access; no staging buffer, no
-    NCCL): the sender writes into its destination's output (push) or the
-    receiver reads its source's input (pull). Per call, the devices' host
-    threads meet once: the copying device's stream waits on an event
-    recorded where the peer's buffer may be touched (input complete, or
-    output memory free), and the peer's stream waits on an event recorded
-    after the copy, so nothing later on it reuses or reads that buffer too
-    early; a device whose peer fails or never arrives returns an error
-    instead of hanging. Where that cannot run — GPUs in other processes
-    (``jax.distributed``), a ``shard_map`` manual over only some mesh axes,
-    no concrete mesh at lowering, or GPUs without peer access — the op
-    lowers to ``lax.ppermute`` with the same result. On the CPU the host
-    devices meet the same way and copy with ``memcpy``; host devices in
-    several processes of one host send their blocks over a Unix socket per
-    process, found through ``jax.distributed``'s key-value store, and a peer
-    that never calls, exits or calls another permutation fails the call
-    within ``JAX_TMA_PPERMUTE_TIMEOUT_S`` seconds (default 30) with an
-    error naming it. Which transport a call site got, and why, is logged at
-    DEBUG level on the ``"jax_tma"`` logger when the call is lowered. Works under ``jit``, ``vmap`` (one call
-    over the batched block) and ``grad`` (the transpose is the inverse
-    permutation; devices that sent nothing get a zero cotangent).
+    bulk-copy pipeline of :func:`copy` (no staging buffer, no NCCL): the
+    sender writes into its destination's output (push) or the receiver reads
+    its source's input (pull). The GPUs may be in this process (peer access)
+    or in other processes of this host under ``jax.distributed`` (each
+    process maps the XLA allocations its peers hand it over a Unix socket,
+    found through ``jax.distributed``'s key-value store). The first call of a
+    lowered ppermute on a device meets its peers on the host to trade small
+    mailboxes in device memory; every later call meets only on the GPUs —
+    each device publishes its buffer and signals its copy through the
+    mailboxes, numbered per call — so a call does no host synchronisation
+    and replays from XLA's command buffers (CUDA graphs). Waits are bounded:
+    a peer that never calls, exits or calls another permutation fails the
+    first call within ``JAX_TMA_PPERMUTE_TIMEOUT_S`` seconds (default 30)
+    with an error naming it; on a later call the waiting kernel traps, so the
+    step fails instead of returning a block that never came, and the reason
+    (call site, peer, what was awaited) is printed on stderr. Where the
+    transport cannot run — a mesh across hosts, a ``shard_map`` manual over
+    only some mesh axes, no concrete mesh at lowering, or GPUs of one
+    process without peer access — the op lowers to ``lax.ppermute`` with the
+    same result. On the CPU the host devices meet on every call and copy
+    with ``memcpy``; host devices in several processes of one host send
+    their blocks over the same sockets. Which transport a call site got, and
+    why, is logged at DEBUG level on the ``"jax_tma"`` logger when the call
+    is lowered. Works under ``jit``, ``vmap`` (one call over the batched
+    block) and ``grad`` (the transpose is the inverse permutation; devices
+    that sent nothing get a zero cotangent).
 
     ``method="auto"`` copies with the TMA bulk pipeline on GPUs with TMA and
     with the SIMT copy on older ones; ``direction="auto"`` pushes (a write
@@ -219,9 +224,11 @@ def device_plan(mesh: jax.sharding.Mesh, axis_name: tuple[str, ...],
         for src, dst in perm:
             sources[group[dst]] = group[src]
     # What each handler is told it runs on: a host device's id (process 1's
-    # are 2048, ... under jax.distributed), a GPU's CUDA ordinal.
+    # are 2048, ... under jax.distributed), a GPU's CUDA ordinal in its
+    # process (the global id where a remote device does not tell it).
     ordinals = np.array(
-        [d.id if d.platform == "cpu" else d.local_hardware_id for d in mesh.devices.flat],
+        [d.id if d.platform == "cpu" or d.local_hardware_id is None else d.local_hardware_id
+         for d in mesh.devices.flat],
         np.int64,
     )
     return ordinals, sources
@@ -240,10 +247,11 @@ def _fallback(ctx, x, *, axis_name, perm):
 
 
 def _transport(ctx, *, axis_name, perm, platform):
-    """The devices' ordinals and sources where the jax_tma_ppermute call can
-    run (every device of the mesh in this process, the shard_map manual over
-    every mesh axis and, on GPUs, each receiver able to map its source's
-    memory), else None; and the reason, for the debug log."""
+    """The devices' ordinals, sources and process links where the
+    jax_tma_ppermute call can run (the mesh's processes on this host, the
+    shard_map manual over every mesh axis and, on GPUs of this process, each
+    receiver able to map its source's memory), else None; and the reason,
+    for the debug log."""
     mesh = _mesh_of(ctx)
     manual = getattr(ctx.module_context.axis_context, "manual_axes", frozenset())
     if mesh is None:
@@ -262,26 +270,23 @@ def _transport(ctx, *, axis_name, perm, platform):
     processes = sorted({d.process_index for d in mesh.devices.flat})
     links = None
     if processes != [jax.process_index()]:
-        if platform != "cpu":
-            return None, (f"the mesh spans {len(processes)} processes {processes} (the GPU "
-                          f"transport runs within one process)")
         links, why = _process_links(processes)
         if links is None:
             return None, why
     ordinals, sources = device_plan(mesh, axis_name, perm)
     if platform == "cuda":
+        # Within a process, each receiver must map its source's memory;
+        # across processes the first call maps the peers' allocations.
+        owners = [d.process_index for d in mesh.devices.flat]
         for i, s in enumerate(sources):
-            if s < 0:
+            if s < 0 or owners[i] != owners[s] or owners[i] != jax.process_index():
                 continue
             for a, b in ((i, s), (s, i)):
                 if not peer_access(int(ordinals[a]), int(ordinals[b])):
                     return None, f"GPU {ordinals[a]} cannot map GPU {ordinals[b]}'s memory"
-    if links is not None:
-        return (ordinals, sources, links), (
-            f"{platform} blocks over the process link between {mesh.size} devices of "
-            f"{len(processes)} processes {processes}")
-    return (ordinals, sources, None), \
-        f"{platform} peer copies between {mesh.size} devices of this process"
+    kind = "blocks over the process link" if platform == "cpu" and links else "peer copies"
+    where = (f"{len(processes)} processes {processes}" if links is not None else "this process")
+    return (ordinals, sources, links), f"{platform} {kind} between {mesh.size} devices of {where}"
 
 
 # How long a call across processes waits for a peer (its block, its link).

@@ -1,8 +1,10 @@
 """One process of tests/test_ppermute_processes.py: process `pid` of `count`
-under jax.distributed with a local coordinator, 2 host devices each; prints
-the jax_tma debug log, then "process PID: ok" or the error it expects.
+under jax.distributed with a local coordinator, with 2 host devices
+(PLATFORM cpu, the default) or the one GPU that all the processes share
+(gpu); prints the jax_tma debug log, then "process PID: ok" or the error it
+expects.
 
-    usage: python tests/ppermute_process.py MODE PID COUNT PORT SEED
+    usage: python tests/ppermute_process.py MODE PID COUNT PORT SEED [PLATFORM]
 
 MODE:
   check  jax_tma.ppermute over the global mesh (1-D and 2-D, several
@@ -17,6 +19,13 @@ MODE:
          fails the next).
   perm   process 1 calls with another permutation: every process fails
          instead of taking a block meant for another call.
+  (GPU only; after a first call that every process makes:)
+  replay a jitted loop of ppermutes replays from XLA's command buffers:
+         bit-exact, with fewer handler calls than loop iterations.
+  stop   process 1 stops calling: the others' waiting kernel traps after
+         the timeout, failing the step, and the reason names it on stderr.
+  die    process 1 is killed (SIGKILL): the others' waiting kernel traps at
+         once, and the reason names it.
 """
 
 import logging
@@ -27,8 +36,16 @@ import time
 import traceback
 
 mode, pid, count, port, seed = sys.argv[1], *map(int, sys.argv[2:5]), int(sys.argv[5])
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-os.environ["JAX_PLATFORMS"] = "cpu"
+platform = sys.argv[6] if len(sys.argv) > 6 else "cpu"
+if platform == "cpu":
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+else:
+    os.environ["JAX_PLATFORMS"] = "cuda"
+    # Command buffers for graphs of any size: the replay mode's loop body
+    # holds two thunks.
+    os.environ["XLA_FLAGS"] = "--xla_gpu_graph_min_graph_size=1"
+per = 2 if platform == "cpu" else 1  # devices per process
 
 import jax  # noqa: E402
 
@@ -45,7 +62,7 @@ from reference import assert_bits_equal, random_array  # noqa: E402
 
 logging.basicConfig(stream=sys.stdout, format="%(name)s: %(message)s")
 logging.getLogger("jax_tma").setLevel(logging.DEBUG)
-n = 2 * count
+n = per * count
 assert jax.process_count() == count and len(jax.devices()) == n, jax.devices()
 
 
@@ -96,6 +113,10 @@ def expect_failure(fn, *patterns):
 def main():
     if mode == "check":
         run_checks()
+    elif mode == "replay":
+        run_replay()
+    elif mode in ("stop", "die"):
+        run_device_fault()
     else:
         run_fault()
     print(f"process {pid}: ok", flush=True)
@@ -110,12 +131,47 @@ def run_checks():
         check(mesh_1d, "i", ring, dtype, (n * 3, 5), iterations=3)
     for rows in (0, 1, 7, 1 << 20):  # 0 B, 20 B, 140 B and 20 MiB blocks
         check(mesh_1d, "i", ring, np.float32, (n * rows, 5), iterations=1)
-    check(mesh_1d, "i", [(0, n - 1), (n - 1, 1)], np.int16, (n * 7,), iterations=2)
-    mesh_2d = Mesh(np.array(jax.devices()).reshape(count, 2), ("a", "b"))
-    check(mesh_2d, ("a",), [(i, (i + 1) % count) for i in range(count)], np.float32,
-          (count * 3, 2 * 4), iterations=2)
-    check(mesh_2d, ("b",), [(0, 1), (1, 0)], np.uint8, (count * 2, 2 * 9), iterations=2)
-    check(mesh_2d, ("a", "b"), ring, np.int32, (count * 2, 2 * 3), iterations=2)
+    if platform == "gpu" and count == 2:  # 1 GiB + 3 B per GPU
+        check(mesh_1d, "i", ring, np.uint8, (n * ((1 << 30) + 3),), iterations=1)
+    partial = [(0, n - 1), (n - 1, 1)] if n > 2 else [(0, 1)]
+    check(mesh_1d, "i", partial, np.int16, (n * 7,), iterations=2)
+    # A 2-D mesh: processes x their devices on the CPU; on the GPUs (one per
+    # process) pairs of processes where the count is even.
+    rows, cols = (count, per) if per > 1 or count % 2 else (count // 2, 2)
+    mesh_2d = Mesh(np.array(jax.devices()).reshape(rows, cols), ("a", "b"))
+    check(mesh_2d, ("a",), [(i, (i + 1) % rows) for i in range(rows)], np.float32,
+          (rows * 3, cols * 4), iterations=2)
+    check(mesh_2d, ("b",), [(0, 1), (1, 0)] if cols == 2 else [(0, 0)], np.uint8,
+          (rows * 2, cols * 9), iterations=2)
+    check(mesh_2d, ("a", "b"), ring, np.int32, (rows * 2, cols * 3), iterations=2)
+
+
+def run_replay():
+    """A jitted loop of `steps` ppermutes around the ring, each followed by
+    an xor with the step: bit-exact against the blocks moved on the host,
+    three times with fresh data, with fewer handler calls than steps."""
+    steps = 128
+
+    def loop(b):
+        return jax.lax.fori_loop(
+            0, steps, lambda i, v: jax_tma.ppermute(v, "i", ring) ^ i.astype(v.dtype), b)
+
+    spec = P("i")
+    f = jax.jit(jax.shard_map(loop, mesh=mesh_1d, in_specs=spec, out_specs=spec))
+    _, sources = device_plan(mesh_1d, ("i",), tuple(ring))
+    rng = np.random.default_rng([seed, steps])
+    before = jax_tma.path_counts()["ppermute.tma"]
+    for _ in range(3):
+        x = random_array(rng, (n * 1000, 3), np.uint32)
+        blocks = np.split(x, n)
+        for i in range(steps):
+            blocks = [blocks[s] ^ np.uint32(i) for s in sources]
+        got = f(global_array(mesh_1d, x))
+        for shard in got.addressable_shards:
+            assert_bits_equal(shard.data, blocks[shard.index[0].start // 1000])
+    calls = jax_tma.path_counts()["ppermute.tma"] - before
+    print(f"process {pid}: {calls} handler calls for {3 * steps} ppermutes", flush=True)
+    assert calls < steps, calls
 
 
 def run_fault():
@@ -148,6 +204,32 @@ def run_fault():
     print(f"process {pid}: failed after {time.monotonic() - start:.1f} s", flush=True)
     if mode == "never":  # the call site is out of step: later calls refuse at once
         expect_failure(lambda: f(x), "an earlier call here failed", "refuses every later call")
+
+
+def run_device_fault():
+    """After a first call that meets on the host, process 1 stops calling
+    (or is killed): the others' next call waits on the GPU and fails."""
+    f = shard_mapped(jax_tma.ppermute, mesh_1d, "i", ring)
+    x = global_array(mesh_1d, np.arange(n * 4, dtype=np.float32))
+    jax.block_until_ready(f(x))
+    # jax.distributed's barrier, not a collective (NCCL refuses two ranks on
+    # one GPU).
+    from jax._src import distributed
+    distributed.global_state.client.wait_at_barrier("first call done", 60_000)
+    if pid == 1:
+        if mode == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)
+        return
+    start = time.monotonic()
+    try:
+        jax.block_until_ready(f(x))
+    except Exception as e:  # noqa: BLE001 (XLA's error for the trapped kernel)
+        print(f"process {pid}: failed: {str(e).splitlines()[0]}", flush=True)
+    else:
+        raise AssertionError(f"process {pid}: the call did not fail")
+    print(f"process {pid}: failed after {time.monotonic() - start:.1f} s", flush=True)
+    time.sleep(0.5)  # the reporting thread prints the reason
 
 
 try:

@@ -1,10 +1,15 @@
 """jax_tma.ppermute with one process per device group: 2 to 4 processes on
-localhost under jax.distributed (a local coordinator, 2 host devices each).
-The blocks travel over the process link (ffi/ppermute/peer_link.h), bit-exact
-against lax.ppermute over the global mesh; the "jax_tma" debug log must say
-so. A peer that never calls, is killed, or calls with another permutation
-fails every process still alive with an error that names it, within the
-timeout (JAX_TMA_PPERMUTE_TIMEOUT_S), never a hang."""
+localhost under jax.distributed (a local coordinator), with 2 host devices
+each, or all sharing the one GPU of the machine (the `gpu` tests, which
+start their processes without touching the GPU here). On the CPU the blocks
+travel over the process link (ffi/ppermute/peer_link.h); on the GPU each
+process maps its peers' XLA allocations and the blocks move GPU to GPU
+(ffi/ppermute/peer_copy.h). Either way they are bit-exact against the blocks
+every process cuts from the same global array (NCCL refuses two ranks on one
+GPU, so lax.ppermute cannot be the reference), and the "jax_tma" debug log
+must name the transport. A peer that never calls, is killed, or calls with
+another permutation fails every process still alive with an error that names
+it, within the timeout (JAX_TMA_PPERMUTE_TIMEOUT_S), never a hang."""
 
 import os
 import socket
@@ -22,23 +27,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(mode: str, count: int, rng, timeout_s: float | None = None) -> list[tuple[int, str]]:
+def _run(mode: str, count: int, rng, timeout_s: float | None = None,
+         platform: str = "cpu") -> list[tuple[int, str]]:
     """(exit status, output) of each of `count` processes of
-    tests/ppermute_process.py in `mode`."""
+    tests/ppermute_process.py in `mode` on `platform`."""
     port, seed = _free_port(), int(rng.integers(2**62))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")])))
     if timeout_s is not None:
         env["JAX_TMA_PPERMUTE_TIMEOUT_S"] = str(timeout_s)
+    if platform == "gpu":  # the processes share the GPU's memory
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.8 / count:.3f}"
     procs = [subprocess.Popen([sys.executable, "-P", os.path.join(HERE, "ppermute_process.py"),
-                               mode, str(pid), str(count), str(port), str(seed)],
+                               mode, str(pid), str(count), str(port), str(seed), platform],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for pid in range(count)]
     outputs = []
     try:
         for pid, p in enumerate(procs):
-            # A process that stays alive on purpose (mode "never") is ended
-            # once the others are done.
-            wait = 5 if mode == "never" and pid == 1 else 300
+            # A process that stays alive on purpose (modes "never", "stop")
+            # is ended once the others are done.
+            wait = 5 if mode in ("never", "stop") and pid == 1 else 300
             try:
                 outputs.append((p.wait(timeout=wait), p.communicate()[0]))
             except subprocess.TimeoutExpired:
@@ -99,3 +107,74 @@ def test_a_killed_peer_fails_the_others_at_once(rng):
 def test_a_peer_with_another_permutation_fails_every_process(rng):
     outputs = _run("perm", 2, rng, timeout_s=5)
     _survivors_failed(outputs, within_s=30, skip=())
+
+
+# ---- processes sharing the GPU ----
+
+
+@pytest.fixture(scope="module")
+def shared_gpu():
+    """Skips without a CUDA GPU (JAX_TMA_REQUIRE_GPU=1 fails instead),
+    asking a child process: this one must not take the GPU's memory."""
+    probe = subprocess.run([sys.executable, "-P", "-c", "import jax; print(len(jax.devices('cuda')))"],
+                           env=dict(os.environ, JAX_PLATFORMS="cuda"), capture_output=True, text=True)
+    if probe.returncode != 0 or not probe.stdout.strip().isdigit():
+        if os.environ.get("JAX_TMA_REQUIRE_GPU") == "1":
+            pytest.fail(f"JAX_TMA_REQUIRE_GPU=1 but JAX sees no CUDA GPU: {probe.stderr[-2000:]}")
+        pytest.skip("needs a CUDA GPU (set JAX_TMA_REQUIRE_GPU=1 to fail instead)")
+
+
+@pytest.mark.parametrize("count", [2, 3, 4])
+def test_processes_sharing_a_gpu_move_blocks_gpu_to_gpu(rng, shared_gpu, count):
+    for pid, (status, out) in enumerate(_run("check", count, rng, platform="gpu")):
+        assert status == 0, f"process {pid} exited {status}:\n{out[-4000:]}"
+        assert f"process {pid}: ok" in out, out[-4000:]
+        assert (f"jax_tma_ppermute (cuda peer copies between {count} devices of {count} "
+                f"processes {list(range(count))}" in out), out[-4000:]
+        assert "lax.ppermute, because" not in out, out[-4000:]
+
+
+def test_a_loop_across_processes_replays_from_command_buffers(rng, shared_gpu):
+    for pid, (status, out) in enumerate(_run("replay", 2, rng, platform="gpu")):
+        assert status == 0, f"process {pid} exited {status}:\n{out[-4000:]}"
+        assert f"process {pid}: ok" in out, out[-4000:]
+
+
+def test_a_gpu_peer_that_never_calls_times_out_by_name(rng, shared_gpu):
+    outputs = _run("never", 2, rng, timeout_s=3, platform="gpu")
+    _survivors_failed(outputs, within_s=20)
+    out = outputs[0][1]
+    assert "DEADLINE_EXCEEDED: jax_tma.ppermute at " in out, out
+    assert "waiting for the mailbox of device 0 of process 1 from process 1" in out, out
+    assert "an earlier call here failed" in out, out
+
+
+def test_a_killed_gpu_peer_fails_the_others_at_once(rng, shared_gpu):
+    outputs = _run("kill", 3, rng, timeout_s=60, platform="gpu")
+    assert outputs[1][0] == -9, outputs[1]
+    _survivors_failed(outputs, within_s=15)
+    assert "process 1 is gone" in outputs[2][1], outputs[2][1]
+
+
+def test_a_gpu_peer_with_another_permutation_fails_every_process(rng, shared_gpu):
+    # Three processes: with two, the reversed ring is the same permutation.
+    outputs = _run("perm", 3, rng, timeout_s=5, platform="gpu")
+    _survivors_failed(outputs, within_s=30, skip=())
+
+
+def test_a_gpu_peer_that_stops_calling_fails_the_step_by_name(rng, shared_gpu):
+    # After the first call, calls meet only on the GPU: the waiting kernel
+    # gives up after the timeout and traps, and the reason names the peer.
+    outputs = _run("stop", 2, rng, timeout_s=3, platform="gpu")
+    _survivors_failed(outputs, within_s=20)
+    out = outputs[0][1]
+    assert ("timed out after 3 s waiting for device 0 of process 1 to publish its buffer for "
+            "call 2" in out), out
+
+
+def test_a_killed_gpu_peer_fails_the_step_at_once(rng, shared_gpu):
+    outputs = _run("die", 2, rng, timeout_s=60, platform="gpu")
+    assert outputs[1][0] == -9, outputs[1]
+    _survivors_failed(outputs, within_s=15)
+    out = outputs[0][1]
+    assert "the process of device 0 of process 1 is gone" in out, out

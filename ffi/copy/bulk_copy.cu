@@ -11,8 +11,8 @@
 // Unaligned head/tail bytes are copied by CTA 0 in the same launch.
 #include <string>
 
+#include "copy/bulk_pipeline.cuh"
 #include "copy/copy_launch.h"
-#include "cuda/device_helpers.cuh"
 #include "cuda/device_info.h"
 #include "cuda/launch.h"
 
@@ -41,84 +41,12 @@ __global__ void __launch_bounds__(kBulkThreads)
   __shared__ uint64_t full[kMaxBulkStages];
   __shared__ int64_t chunk_of[kMaxBulkStages];  // chunk held by each stage
 
-  // The edges are written with ordinary stores; they never overlap the body
-  // the async proxy writes, so no proxy fence is needed between them.
-  if (blockIdx.x == 0) {
-    for (int64_t i = threadIdx.x; i < head; i += blockDim.x) dst[i] = src[i];
-    for (int64_t i = head + body + threadIdx.x; i < bytes; i += blockDim.x) {
-      dst[i] = src[i];
-    }
-  }
-  // One thread drives the whole pipeline: the copy engine does the moving.
+  CopyBulkEdges(src, dst, bytes, head, body);
   if (threadIdx.x != 0) return;
-  const int64_t nchunks = (body + chunk - 1) / chunk;
-  const int64_t body_end = head + body;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * chunks_per_cta;
-  const int64_t static_end = min(first + chunks_per_cta, nchunks);
-  const int64_t claimed_from = static_cast<int64_t>(gridDim.x) * chunks_per_cta;
   unsigned long long* counters =
       counter_slot >= 0 ? g_bulk_counters[counter_slot] : nullptr;
-
-  // Chunk index of this CTA's next chunk (>= nchunks: none left). Claims
-  // come in order, so once one comes back empty every later one would too.
-  int64_t taken = 0;
-  auto next_chunk = [&]() -> int64_t {
-    const int64_t j = taken++;
-    if (first + j < static_end) return first + j;
-    if (counters == nullptr || claimed_from >= nchunks) return nchunks;
-    return claimed_from + static_cast<int64_t>(atomicAdd(&counters[0], 1ull));
-  };
-  auto size_of = [&](int64_t k) {
-    return static_cast<uint32_t>(min(static_cast<int64_t>(chunk), body_end - (head + k * chunk)));
-  };
-  // Stages are used round robin; stage indices and each stage's barrier
-  // parity are kept as running values: 64-bit divisions for them slow the
-  // issuing thread, and with it the whole dynamic schedule.
-  int load_stage = 0, wait_stage = 0;
-  uint32_t parity = 0;  // bit s: parity of the next phase of stage s
-  auto load = [&](int64_t k) {
-    const int s = load_stage;
-    load_stage = s + 1 == stages ? 0 : s + 1;
-    chunk_of[s] = k;
-    expect_tx(&full[s], size_of(k));
-    bulk_load(stage_buf + static_cast<size_t>(s) * chunk, src + head + k * chunk,
-              size_of(k), &full[s]);
-  };
-
-  for (int s = 0; s < stages; ++s) mbarrier_init(&full[s], 1);
-  fence_mbarrier_init();
-  int64_t in_flight = 0;
-  // The next chunk is fetched one load ahead, so a claim's round trip
-  // overlaps the wait for data already in flight.
-  int64_t pending = next_chunk();
-  while (in_flight < stages && pending < nchunks) {
-    load(pending);
-    ++in_flight;
-    pending = next_chunk();
-  }
-  for (int64_t waited = 0; in_flight > 0; ++waited) {
-    const int s = wait_stage;
-    wait_stage = s + 1 == stages ? 0 : s + 1;
-    const int64_t k = chunk_of[s];  // this thread's own write: read ahead of the wait
-    mbarrier_wait(&full[s], (parity >> s) & 1u);
-    parity ^= 1u << s;
-    bulk_store(dst + head + k * chunk, stage_buf + static_cast<size_t>(s) * chunk, size_of(k));
-    store_commit_group();
-    --in_flight;
-    // From the second chunk on, refill the previous chunk's stage once its
-    // store has finished reading it (at most one group, this chunk's, may
-    // still read shared memory). Only a full pipeline refills, so that stage
-    // is always the next one round robin.
-    if (waited > 0 && pending < nchunks) {
-      store_wait_read<1>();
-      load(pending);
-      ++in_flight;
-      pending = next_chunk();
-    }
-  }
-  // Shared memory must outlive every store that reads it; the writes
-  // themselves are complete when the grid is.
-  store_wait_read<0>();
+  StreamBulkChunks(src, dst, head, body, chunk, stages, chunks_per_cta, counters, stage_buf,
+                   full, chunk_of);
   if (counters != nullptr) {
     // Every CTA's claims precede its finish count; the last one to finish
     // sees all claims done and resets the slot for the next launch.

@@ -1,6 +1,5 @@
 // Tiled and im2col tensor-map encoding (see tensor_map.h). The driver
-// functions come from cudaGetDriverEntryPointByVersion, so the extension
-// links only the static cudart.
+// functions come from driver_api.h.
 #include "tensor_map.h"
 
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncode{Tiled,Im2col}_v12000
@@ -10,52 +9,21 @@
 #include <string>
 
 #include "cuda_status.h"  // JAX_TMA_RETURN_IF_FAILED
+#include "driver_api.h"
 
 namespace jax_tma {
 namespace {
 
-// A cuTensorMapEncode* driver entry point, or why it could not be had.
-template <typename Fn>
-struct Encoder {
-  Fn fn = nullptr;
-  std::string error;  // why fn is null
-};
-
-// Resolves `name` at ABI version 12000 (what the PFN_*_v12000 typedefs
-// describe on every newer driver).
-template <typename Fn>
-Encoder<Fn> ResolveEncoder(const char* name) {
-  Encoder<Fn> e;
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult qres = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t err =
-      cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &qres);
-  if (err != cudaSuccess || qres != cudaDriverEntryPointSuccess || fn == nullptr) {
-    Message os;
-    os << "cannot resolve the driver entry point " << name << " (v12000): "
-       << "cudaGetDriverEntryPointByVersion returned " << cudaGetErrorName(err)
-       << " with query result "
-       << (qres == cudaDriverEntryPointSuccess           ? "success"
-           : qres == cudaDriverEntryPointSymbolNotFound ? "symbol not found"
-                                                        : "driver version not sufficient")
-       << (fn == nullptr ? " and no function" : "");
-    e.error = os.str();
-  } else {
-    e.fn = reinterpret_cast<Fn>(fn);
-  }
-  return e;
-}
-
 // Resolved once per process (function-local statics: thread-safe).
-const Encoder<PFN_cuTensorMapEncodeTiled_v12000>& GetTiledEncoder() {
+const DriverEntry<PFN_cuTensorMapEncodeTiled_v12000>& GetTiledEncoder() {
   static const auto encoder =
-      ResolveEncoder<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled");
+      ResolveDriverEntry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
   return encoder;
 }
 
-const Encoder<PFN_cuTensorMapEncodeIm2col_v12000>& GetIm2colEncoder() {
+const DriverEntry<PFN_cuTensorMapEncodeIm2col_v12000>& GetIm2colEncoder() {
   static const auto encoder =
-      ResolveEncoder<PFN_cuTensorMapEncodeIm2col_v12000>("cuTensorMapEncodeIm2col");
+      ResolveDriverEntry<PFN_cuTensorMapEncodeIm2col_v12000>("cuTensorMapEncodeIm2col", 12000);
   return encoder;
 }
 
@@ -64,7 +32,7 @@ const Encoder<PFN_cuTensorMapEncodeIm2col_v12000>& GetIm2colEncoder() {
 // the driver entry point.
 template <typename Describe, typename Fn>
 ffi::Error BeforeEncode(std::string_view op, const std::string& broken, Describe&& describe,
-                        const CUtensorMap* map, const Encoder<Fn>& enc) {
+                        const CUtensorMap* map, const DriverEntry<Fn>& enc) {
   if (!broken.empty()) {
     return InvalidArgument(op, "tensor map: ", broken, " (", describe(), ")");
   }

@@ -61,6 +61,8 @@ struct Link {
     int fd = -1;
   };
   std::map<int, std::unique_ptr<Out>> out;  // connection to each peer
+  std::atomic<LinkHandler> on_message{nullptr};
+  std::atomic<LinkGoneHandler> on_gone{nullptr};
 };
 
 Link& TheLink() {
@@ -150,8 +152,14 @@ void ReadConnection(int fd) {
       if (passed >= 0) close(passed);
       break;
     }
-    std::lock_guard<std::mutex> lock(link.mu);
     sender = h.process;
+    if (h.kind == Kind::kData) {
+      LinkMessage message{std::move(bytes), passed};
+      const LinkHandler handle = link.on_message.load();
+      if (handle != nullptr && handle(sender, key, &message)) continue;
+      bytes = std::move(message.bytes);
+    }
+    std::lock_guard<std::mutex> lock(link.mu);
     if (h.kind == Kind::kData) {
       LinkMessage& slot = link.inbox[{sender, std::move(key)}];
       if (slot.fd >= 0) close(slot.fd);
@@ -165,9 +173,13 @@ void ReadConnection(int fd) {
   }
   close(fd);
   if (sender >= 0) {
-    std::lock_guard<std::mutex> lock(link.mu);
-    link.gone.insert(sender);
-    link.cv.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(link.mu);
+      link.gone.insert(sender);
+      link.cv.notify_all();
+    }
+    const LinkGoneHandler gone = link.on_gone.load();
+    if (gone != nullptr) gone(sender);
   }
 }
 
@@ -279,12 +291,23 @@ ffi::Error ListenLink(const LinkPeer& self) {
   return ffi::Error::Success();
 }
 
+LinkPeer LinkSelf() {
+  Link& link = TheLink();
+  std::lock_guard<std::mutex> lock(link.mu);
+  return LinkPeer{link.self, link.name};
+}
+
+void SetLinkHandlers(LinkHandler on_message, LinkGoneHandler on_gone) {
+  TheLink().on_message = on_message;
+  TheLink().on_gone = on_gone;
+}
+
 ffi::Error SendLink(const LinkPeer& to, std::string_view key, std::string_view bytes, int fd) {
   Link& link = TheLink();
-  if (to.process == link.self) {  // to this process: straight into the inbox
+  if (to.name.empty() || to.process == link.self) {  // to this process: straight into the inbox
     int copy = fd < 0 ? -1 : fcntl(fd, F_DUPFD_CLOEXEC, 0);
     std::lock_guard<std::mutex> lock(link.mu);
-    LinkMessage& slot = link.inbox[{link.self, std::string(key)}];
+    LinkMessage& slot = link.inbox[{to.process, std::string(key)}];
     if (slot.fd >= 0) close(slot.fd);
     slot = LinkMessage{std::string(bytes), copy};
     link.cv.notify_all();
@@ -310,7 +333,9 @@ ffi::Error ReceiveLink(const LinkPeer& from, std::string_view key, std::string_v
   // Our own connection to the sender tells when it has gone, also where it
   // never connected to us.
   Link::Out* conn = nullptr;
-  if (from.process != link.self) JAX_TMA_RETURN_IF_FAILED(Connect(from, &conn));
+  if (!from.name.empty() && from.process != link.self) {
+    JAX_TMA_RETURN_IF_FAILED(Connect(from, &conn));
+  }
   const InboxKey k{from.process, std::string(key)};
   const std::string abort(abort_key);
   std::unique_lock<std::mutex> lock(link.mu);
@@ -356,10 +381,10 @@ ffi::Error ReceiveLink(const LinkPeer& from, std::string_view key, std::string_v
 
 void AbortLink(const LinkPeer& to, std::string_view abort_key, std::string_view why) {
   Link& link = TheLink();
-  if (to.process == link.self) {
+  if (to.name.empty() || to.process == link.self) {
     std::lock_guard<std::mutex> lock(link.mu);
     link.aborted.emplace(std::string(abort_key),
-                         "process " + std::to_string(link.self) + ": " + std::string(why));
+                         "process " + std::to_string(to.process) + ": " + std::string(why));
     link.cv.notify_all();
     return;
   }

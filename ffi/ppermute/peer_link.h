@@ -22,7 +22,8 @@
 namespace jax_tma {
 
 // A process of the link: its index (jax.process_index()) and the abstract
-// socket name it listens under.
+// socket name it listens under; an empty name is this process itself, whose
+// messages to itself stay in its inbox (no socket, no listening needed).
 struct LinkPeer {
   int process = -1;
   std::string_view name;
@@ -37,6 +38,9 @@ struct LinkMessage {
 // a no-op, with another one an error).
 ffi::Error ListenLink(const LinkPeer& self);
 
+// This process as the others reach it (an empty name before ListenLink).
+LinkPeer LinkSelf();
+
 // Sends `bytes` (and `fd` unless -1, which stays the caller's) under `key`
 // to `to`, which may be this process.
 ffi::Error SendLink(const LinkPeer& to, std::string_view key, std::string_view bytes,
@@ -49,6 +53,14 @@ ffi::Error SendLink(const LinkPeer& to, std::string_view key, std::string_view b
 ffi::Error ReceiveLink(const LinkPeer& from, std::string_view key, std::string_view abort_key,
                        std::string_view what, std::chrono::milliseconds timeout,
                        LinkMessage* out);
+
+// Handles a message as it arrives, on the link's reader thread, instead of
+// filing it: returns true if it took the message (and its descriptor).
+using LinkHandler = bool (*)(int sender, const std::string& key, LinkMessage* message);
+// Called on the link's reader thread when process `process` is gone.
+using LinkGoneHandler = void (*)(int process);
+// Sets the handlers (one each per process; null: none).
+void SetLinkHandlers(LinkHandler on_message, LinkGoneHandler on_gone);
 
 // Tells `to` that the work under `abort_key` failed here (`why`): its
 // ReceiveLink calls with that abort key fail with the reason instead of

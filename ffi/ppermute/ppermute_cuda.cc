@@ -1,7 +1,7 @@
 // CUDA handler of "jax_tma_ppermute": decodes and re-validates the call,
 // plans which copy kernel moves the block (PlanPpermute) and runs this
-// device's part of it (LaunchPpermute: the meeting with the peers and the
-// peer copy on XLA's stream).
+// device's part of it on XLA's stream (LaunchPpermute: the device-side
+// transport, in this process or across the processes of one host).
 #include <string_view>
 
 #include "cuda/device_info.h"
@@ -11,7 +11,7 @@
 namespace jax_tma {
 namespace {
 
-ffi::Error PpermuteCudaImpl(cudaStream_t stream, int32_t device, ffi::RunId run,
+ffi::Error PpermuteCudaImpl(cudaStream_t stream, int32_t device, ffi::RunId /*run: the CPU handler's*/,
                             ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                             int64_t instance, ffi::Span<const int64_t> devices,
                             ffi::Span<const int64_t> sources, bool push,
@@ -21,24 +21,21 @@ ffi::Error PpermuteCudaImpl(cudaStream_t stream, int32_t device, ffi::RunId run,
   PpermuteCall call;
   JAX_TMA_RETURN_IF_FAILED(DecodePpermute(device, x, y, devices, sources, push, method,
                                           process, processes, links, site, timeout_ms, &call));
-  if (call.where.spans_processes()) {
-    // Lowering sends a mesh across processes on GPUs to lax.ppermute.
-    return InvalidArgument(kPpermuteOp, "the CUDA handler runs within one process; the devices "
-                                        "of this call live in several");
-  }
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   PpermutePlan plan;
   JAX_TMA_RETURN_IF_FAILED(PlanPpermute(call, info, &plan));
-  return LaunchPpermute(call, plan, instance, run.run_id, stream, device);
+  return LaunchPpermute(call, plan, instance, stream, device);
 }
 
 }  // namespace
 }  // namespace jax_tma
 
-// Not command-buffer compatible: host threads of the devices meet on every
-// call, which a captured graph would skip.
+// Command-buffer compatible: after the first call of a lowered ppermute on a
+// device, its calls meet only on the devices (peer_copy.h), so a captured
+// graph replays them.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxTmaPpermuteCuda, jax_tma::PpermuteCudaImpl,
     jax_tma::BindPpermuteCall(
-        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()));  // stream
+        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),  // stream
+    {xla::ffi::Traits::kCmdBufferCompatible});

@@ -1,44 +1,36 @@
 // This device's part of one jax_tma.ppermute on the GPU (see ppermute_launch.h).
 #include "ppermute/ppermute_launch.h"
 
+#include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
+#include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
-#include "copy/copy_launch.h"
 #include "cuda/cuda_status.h"
 #include "path_counts.h"
-#include "ppermute/ppermute_rendezvous.h"
+#include "ppermute/peer_copy.h"
+#include "ppermute/peer_memory.h"
 
 namespace jax_tma {
 namespace {
 
-struct PermuteEvents {
-  cudaEvent_t ready = nullptr;
-  cudaEvent_t done = nullptr;
+// A participant of a lowered ppermute on one device, once set up: its own
+// mailbox and, in this process's address space, those of its partner and of
+// the participant that copies its buffer; and how its kernels wait.
+struct PeerSite {
+  PeerMailbox* box = nullptr;
+  PeerMailbox* partner_box = nullptr;
+  PeerMailbox* by_box = nullptr;
+  PeerWait wait_partner;  // for the partner's buffer
+  PeerWait wait_by;       // for the copy of this participant's buffer
 };
 
-// One pair of events per lowered ppermute and device, made once by that
-// device's own handler thread (the current device is the handler's device)
-// and reused by every later call: a call records them only after the
-// previous call's waits on them were enqueued.
-ffi::Error GetEvents(int64_t instance, int device, PermuteEvents* out) {
-  static std::mutex mu;
-  static auto* events = new std::map<std::pair<int64_t, int>, PermuteEvents>();
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = events->find({instance, device});
-  if (it == events->end()) {
-    PermuteEvents e;
-    JAX_TMA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e.ready, cudaEventDisableTiming));
-    JAX_TMA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e.done, cudaEventDisableTiming));
-    it = events->emplace(std::make_pair(instance, device), e).first;
-  }
-  *out = it->second;
-  return ffi::Error::Success();
-}
-
-// Lets `device` (the current one) read `peer`'s memory, once per pair.
+// Lets `device` (the current one) read and write `peer`'s memory, once per pair.
 ffi::Error EnablePeerAccess(int device, int peer) {
   if (device == peer) return ffi::Error::Success();
   static std::mutex mu;
@@ -61,55 +53,119 @@ ffi::Error EnablePeerAccess(int device, int peer) {
   return ffi::Error::Success();
 }
 
+// The first call of a participant: its mailbox, the meeting that trades
+// mailboxes with its partner and the participant copying its buffer, and
+// its waits.
+ffi::Error SetUpSite(const PpermuteCall& call, int device, PeerSite* site) {
+  const PermuteRoute& route = call.route;
+  const ProcessPlan& where = call.where;
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  const int partner = route.partner(), by = route.partnered_by();
+  if (partner >= 0 && where.processes[partner] == where.process) {
+    JAX_TMA_RETURN_IF_FAILED(EnablePeerAccess(device, static_cast<int>(route.devices[partner])));
+  }
+  JAX_TMA_RETURN_IF_FAILED(NewPeerMailbox(device, &site->box));
+  std::vector<int> peers;  // partner and partnered_by, once each
+  for (int p : {partner, by}) {
+    if (p >= 0 && (peers.empty() || peers[0] != p)) peers.push_back(p);
+  }
+  std::vector<std::pair<int, std::string>> sends;
+  for (int p : peers) {
+    unsigned long long at = 0;
+    JAX_TMA_RETURN_IF_FAILED(AddressIn(where.peer(p), site->box, where.timeout, &at));
+    sends.emplace_back(p, std::string(reinterpret_cast<const char*>(&at), sizeof(at)));
+  }
+  std::vector<std::string> got;
+  JAX_TMA_RETURN_IF_FAILED(
+      ExchangeAtSite(route, where, call.bytes.bytes, sends, peers, "the mailbox", &got));
+  for (size_t i = 0; i < peers.size(); ++i) {
+    unsigned long long at = 0;
+    if (got[i].size() == sizeof(at)) std::memcpy(&at, got[i].data(), sizeof(at));
+    auto* box = reinterpret_cast<PeerMailbox*>(at);
+    if (peers[i] == partner) site->partner_box = box;
+    if (peers[i] == by) site->by_box = box;
+  }
+  PeerFault* fault = nullptr;
+  JAX_TMA_RETURN_IF_FAILED(ThePeerFault(&fault));
+  const unsigned long long id = RegisterPeerWaits(
+      where.site + " on " + Describe(route, where, route.self),
+      partner >= 0 ? Describe(route, where, partner) : "", by >= 0 ? Describe(route, where, by) : "",
+      where.timeout);
+  const auto timeout_ns = static_cast<unsigned long long>(where.timeout.count()) * 1000000ull;
+  for (auto [p, wait] : {std::make_pair(partner, &site->wait_partner),
+                         std::make_pair(by, &site->wait_by)}) {
+    if (p < 0) continue;
+    wait->timeout_ns = timeout_ns;
+    wait->fault = fault;
+    wait->site = id;
+    JAX_TMA_RETURN_IF_FAILED(PeerGoneWord(static_cast<int>(where.processes[p]), &wait->gone));
+  }
+  return ffi::Error::Success();
+}
+
+// The set-up participant of `instance` on `device`; the first call sets it
+// up, off this thread (XLA may be capturing a command buffer on it).
+ffi::Error GetSite(const PpermuteCall& call, int64_t instance, int device,
+                   const PeerSite** out) {
+  static std::mutex mu;
+  static auto* sites = new std::map<std::pair<int64_t, int>, std::unique_ptr<PeerSite>>();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = sites->find({instance, device});
+    if (it != sites->end()) {
+      *out = it->second.get();
+      return ffi::Error::Success();
+    }
+  }
+  auto site = std::make_unique<PeerSite>();
+  ffi::Error err = ffi::Error::Success();
+  std::thread([&] { err = SetUpSite(call, device, site.get()); }).join();
+  if (err.failure() && err.message().rfind(kPpermuteOp, 0) != 0) {
+    return ffi::Error(*err.errc(), std::string(kPpermuteOp) + " at " + call.where.site + " on " +
+                                       Describe(call.route, call.where, call.route.self) +
+                                       ": " + std::string(err.message()));
+  }
+  JAX_TMA_RETURN_IF_FAILED(err);
+  std::lock_guard<std::mutex> lock(mu);
+  *out = site.get();
+  (*sites)[{instance, device}] = std::move(site);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 ffi::Error LaunchPpermute(const PpermuteCall& call, const PpermutePlan& plan, int64_t instance,
-                          int64_t run_id, cudaStream_t stream, int device) {
+                          cudaStream_t stream, int device) {
   const ByteCopy& c = call.bytes;
   const PermuteRoute& route = call.route;
-  const bool push = route.push;
   // Every participant has the same block size, so all skip together.
   if (c.bytes == 0) return ffi::Error::Success();
-  const int partner = route.partner();
-  if (partner >= 0) {
-    JAX_TMA_RETURN_IF_FAILED(
-        EnablePeerAccess(device, static_cast<int>(route.devices[partner])));
-  }
+  JAX_TMA_RETURN_IF_FAILED(RecordedPeerFault());
+  const PeerSite* site = nullptr;
+  JAX_TMA_RETURN_IF_FAILED(GetSite(call, instance, device, &site));
   if (route.source < 0) {
     JAX_TMA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(c.dst, 0, c.bytes, stream));
   }
-  PermuteEvents events;
-  JAX_TMA_RETURN_IF_FAILED(GetEvents(instance, device, &events));
-  // Pull publishes the input, complete at this point of the stream; push
-  // publishes the output, whose memory is free at this point of the stream.
-  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.ready, stream));
-  void* published = push ? c.dst : const_cast<void*>(c.src);
-  return ExchangeBlocks(
-      instance, route, call.where.timeout,
-      PermuteBlock{run_id, published, events.ready, events.done},
-      [&](const PermuteBlock* other) -> ffi::Error {
-        if (other != nullptr) {
-          JAX_TMA_CUDA_RETURN_IF_ERROR(
-              cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(other->ready), 0));
-          const void* from = push ? c.src : other->data;
-          void* to = push ? other->data : c.dst;
-          const ByteCopy peer_copy{from, to, c.bytes};
-          CopyPlan copy;
-          JAX_TMA_RETURN_IF_FAILED(PlanCopy(kPpermuteOp, plan.method, peer_copy, plan.info, device,
-                                            kNoCounterSlot, nullptr, &copy));
-          JAX_TMA_RETURN_IF_FAILED(LaunchCopy(copy, peer_copy, stream, device));
-          CountPath(copy.kernel == CopyKernel::kTma ? Path::kPpermuteTma : Path::kPpermuteSimt);
-        }
-        JAX_TMA_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.done, stream));
-        return ffi::Error::Success();
-      },
-      [&](void* other_done) -> ffi::Error {
-        if (other_done != nullptr) {
-          JAX_TMA_CUDA_RETURN_IF_ERROR(
-              cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(other_done), 0));
-        }
-        return ffi::Error::Success();
-      });
+  const int partner = route.partner(), by = route.partnered_by();
+  unsigned long long published = 0;
+  if (by >= 0) {
+    // Push publishes the output, whose memory is free at this point of the
+    // stream; pull the input, complete at this point.
+    const void* buffer = route.push ? c.dst : c.src;
+    JAX_TMA_RETURN_IF_FAILED(AddressIn(call.where.peer(by), buffer, call.where.timeout, &published));
+  }
+  if (partner < 0 && by < 0) return ffi::Error::Success();
+  JAX_TMA_RETURN_IF_FAILED(LaunchPeerMeet(site->box, by >= 0 ? site->by_box : nullptr, published,
+                                          partner >= 0, site->wait_partner, stream));
+  if (partner >= 0) {
+    const bool tma = plan.method == Method::kTma;
+    void* local = route.push ? const_cast<void*>(c.src) : c.dst;
+    JAX_TMA_RETURN_IF_FAILED(LaunchPeerCopy(site->box, site->partner_box, local, c.bytes,
+                                            route.push, tma, stream, device));
+    CountPath(tma ? Path::kPpermuteTma : Path::kPpermuteSimt);
+  }
+  if (by >= 0) JAX_TMA_RETURN_IF_FAILED(LaunchPeerFinish(site->box, site->wait_by, stream));
+  return ffi::Error::Success();
 }
 
 }  // namespace jax_tma

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <utility>
 
 namespace jax_tma {
@@ -51,12 +52,12 @@ std::string BlockKey(const ProcessPlan& where, int64_t call, int from, int to) {
          std::to_string(to);
 }
 
+}  // namespace
+
 std::string Describe(const PermuteRoute& route, const ProcessPlan& where, int logical) {
   return "device " + std::to_string(route.devices[logical]) + " of process " +
          std::to_string(where.processes[logical]);
 }
-
-}  // namespace
 
 bool ProcessPlan::spans_processes() const {
   for (int64_t p : processes) {
@@ -67,7 +68,7 @@ bool ProcessPlan::spans_processes() const {
 
 LinkPeer ProcessPlan::peer(int logical) const {
   const int p = static_cast<int>(processes[logical]);
-  return LinkPeer{p, links[p]};
+  return p == process ? LinkPeer{p, {}} : LinkPeer{p, links[p]};
 }
 
 ffi::Error DecodeProcessPlan(int64_t process, ffi::Span<const int64_t> processes,
@@ -104,8 +105,10 @@ ffi::Error DecodeProcessPlan(int64_t process, ffi::Span<const int64_t> processes
   return ffi::Error::Success();
 }
 
-ffi::Error ExchangeAcrossProcesses(const PermuteRoute& route, const ProcessPlan& where,
-                                   const void* src, void* dst, size_t bytes) {
+ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, size_t bytes,
+                          const std::vector<std::pair<int, std::string>>& sends,
+                          const std::vector<int>& receives, std::string_view what,
+                          std::vector<std::string>* got) {
   int64_t call;
   {
     std::lock_guard<std::mutex> lock(sites_mu);
@@ -129,47 +132,64 @@ ffi::Error ExchangeAcrossProcesses(const PermuteRoute& route, const ProcessPlan&
       Sites()[where.site].broken = why;
     }
     // Every participant of this call stops waiting, with this reason.
-    std::vector<bool> told(where.links.size(), false);
-    for (int64_t p : where.processes) {
-      if (!told[p]) {
-        told[p] = true;
-        AbortLink(LinkPeer{static_cast<int>(p), where.links[p]}, abort_key,
-                  self + " failed: " + why);
+    std::set<int64_t> told;
+    for (int i = 0; i < route.size; ++i) {
+      if (told.insert(where.processes[i]).second) {
+        AbortLink(where.peer(i), abort_key, self + " failed: " + why);
       }
     }
     return ffi::Error(*err.errc(), std::string(kPpermuteOp) + " at " + where.site + ", call " +
                                        std::to_string(call) + " on " + self + ": " + why);
   };
-  if (route.destination >= 0) {
-    std::string block(sizeof(header) + bytes, '\0');
-    std::memcpy(block.data(), &header, sizeof(header));
-    std::memcpy(block.data() + sizeof(header), src, bytes);
-    ffi::Error err = SendLink(where.peer(route.destination),
-                              BlockKey(where, call, route.self, route.destination), block);
+  for (const auto& [to, payload] : sends) {
+    std::string message(sizeof(header) + payload.size(), '\0');
+    std::memcpy(message.data(), &header, sizeof(header));
+    std::memcpy(message.data() + sizeof(header), payload.data(), payload.size());
+    ffi::Error err = SendLink(where.peer(to), BlockKey(where, call, route.self, to), message);
     if (err.failure()) return fail(std::move(err));
   }
+  got->clear();
+  for (int from : receives) {
+    LinkMessage message;
+    const std::string theirs_is = std::string(what) + " of " + Describe(route, where, from);
+    ffi::Error err = ReceiveLink(where.peer(from), BlockKey(where, call, from, route.self),
+                                 abort_key, theirs_is, where.timeout, &message);
+    if (err.failure()) return fail(std::move(err));
+    BlockHeader theirs;
+    if (message.bytes.size() >= sizeof(theirs)) {
+      std::memcpy(&theirs, message.bytes.data(), sizeof(theirs));
+    }
+    if (message.bytes.size() < sizeof(header) || theirs.bytes != bytes ||
+        theirs.digest != header.digest) {
+      return fail(ffi::Error(
+          ffi::ErrorCode::kFailedPrecondition,
+          Describe(route, where, from) + " sent " + std::string(what) + " for a call of " +
+              std::to_string(theirs.bytes) + " bytes" +
+              (theirs.digest == header.digest ? "" : " with another permutation") +
+              " (this call moves " + std::to_string(bytes) +
+              " bytes): the processes make different calls here"));
+    }
+    got->push_back(message.bytes.substr(sizeof(header)));
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error ExchangeAcrossProcesses(const PermuteRoute& route, const ProcessPlan& where,
+                                   const void* src, void* dst, size_t bytes) {
+  std::vector<std::pair<int, std::string>> sends;
+  if (route.destination >= 0) {
+    sends.emplace_back(route.destination, std::string(static_cast<const char*>(src), bytes));
+  }
+  std::vector<int> receives;
+  if (route.source >= 0) receives.push_back(route.source);
+  std::vector<std::string> got;
+  JAX_TMA_RETURN_IF_FAILED(
+      ExchangeAtSite(route, where, bytes, sends, receives, "the block", &got));
   if (route.source < 0) {
     std::memset(dst, 0, bytes);
-    return ffi::Error::Success();
+  } else {
+    std::memcpy(dst, got[0].data(), bytes);
   }
-  LinkMessage got;
-  ffi::Error err =
-      ReceiveLink(where.peer(route.source), BlockKey(where, call, route.source, route.self),
-                  abort_key, "the block of " + Describe(route, where, route.source), where.timeout,
-                  &got);
-  if (err.failure()) return fail(std::move(err));
-  BlockHeader theirs;
-  if (got.bytes.size() >= sizeof(theirs)) std::memcpy(&theirs, got.bytes.data(), sizeof(theirs));
-  if (got.bytes.size() != sizeof(header) + bytes || theirs.digest != header.digest) {
-    return fail(ffi::Error(
-        ffi::ErrorCode::kFailedPrecondition,
-        Describe(route, where, route.source) + " sent a block of " +
-            std::to_string(got.bytes.size() - std::min(got.bytes.size(), sizeof(header))) +
-            " bytes for another permutation or shape (this call moves " + std::to_string(bytes) +
-            " bytes" + (theirs.digest == header.digest ? "" : " with another permutation") +
-            "): the processes make different calls here"));
-  }
-  std::memcpy(dst, got.bytes.data() + sizeof(header), bytes);
   return ffi::Error::Success();
 }
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -40,6 +41,20 @@ struct ProcessPlan {
 ffi::Error DecodeProcessPlan(int64_t process, ffi::Span<const int64_t> processes,
                              std::string_view links, std::string_view site, int64_t timeout_ms,
                              size_t participants, ProcessPlan* out);
+
+// "device D of process P" for the participant with logical id `logical`.
+std::string Describe(const PermuteRoute& route, const ProcessPlan& where, int logical);
+
+// One meeting of this participant with others at its call site, in or across
+// processes: sends each payload of `sends` (logical id, bytes) and receives
+// one from each logical id of `receives` into `got`, in order. Each message
+// carries a digest of the permutation and `bytes` (the call's block size),
+// so a participant that makes another call fails both sides. `what` names a
+// payload in errors ("the block").
+ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, size_t bytes,
+                          const std::vector<std::pair<int, std::string>>& sends,
+                          const std::vector<int>& receives, std::string_view what,
+                          std::vector<std::string>* got);
 
 // This participant's whole call: send `bytes` of `src` to the destination's
 // process (if any), then receive the source's block into `dst` (zeros where

@@ -1,0 +1,208 @@
+// The kernels of jax_tma.ppermute's device-side transport and their
+// launchers (see peer_copy.h): PeerMeet and PeerFinish, one thread each,
+// and PeerCopy, the copy between this participant's buffer and its
+// partner's through the TMA bulk pipeline of jax_tma.copy.
+#include "ppermute/peer_copy.h"
+
+#include <algorithm>
+#include <string>
+
+#include "copy/bulk_pipeline.cuh"
+#include "copy/copy_plan.h"
+#include "cuda/cuda_status.h"
+#include "cuda/device_info.h"
+#include "cuda/launch.h"
+
+namespace jax_tma {
+namespace {
+
+constexpr int kBulkThreads = 32;   // thread 0 drives the pipeline; the warp copies the edges
+constexpr int kSimtThreads = 256;  // method "simt", and buffers unequal modulo 16 B
+// How often a waiting thread looks at the clock and at the host's word for
+// the awaited process (a read across PCIe), in polls of its mailbox.
+constexpr unsigned int kChecksEvery = 256;
+
+__device__ __forceinline__ unsigned long long LoadAcquire(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void StoreRelease(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ unsigned long long GlobalNanoseconds() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Records why this wait gave up and ends the kernel with a trap, which fails
+// the step. The record is host memory: plain stores, `raised` last.
+__device__ __noinline__ void GiveUp(const PeerWait& w, PeerWaitFor what, PeerGaveUp why,
+                                    unsigned long long call, unsigned long long seen) {
+  volatile PeerFault* f = w.fault;
+  f->wait_for = static_cast<unsigned int>(what);
+  f->gave_up = static_cast<unsigned int>(why);
+  f->site = w.site;
+  f->call = call;
+  f->seen = seen;
+  __threadfence_system();
+  f->raised = 1;
+  __threadfence_system();
+  __trap();
+}
+
+// Waits until *field holds `call` (see peer_copy.h for why more is an error).
+__device__ void AwaitCall(const unsigned long long* field, unsigned long long call,
+                          const PeerWait& w, PeerWaitFor what) {
+  const unsigned long long start = GlobalNanoseconds();
+  for (unsigned int polls = 1;; ++polls) {
+    const unsigned long long v = LoadAcquire(field);
+    if (v == call) return;
+    if (v > call) GiveUp(w, what, PeerGaveUp::kOutOfStep, call, v);
+    if (polls % kChecksEvery == 0) {
+      if (*w.gone != 0) GiveUp(w, what, PeerGaveUp::kGone, call, v);
+      if (GlobalNanoseconds() - start > w.timeout_ns) {
+        GiveUp(w, what, PeerGaveUp::kTimeout, call, v);
+      }
+    }
+    __nanosleep(100);
+  }
+}
+
+__global__ void PeerMeetKernel(PeerMailbox* own, PeerMailbox* by_box,
+                               unsigned long long published, bool await_partner, PeerWait wait) {
+  const unsigned long long call = own->calls + 1;
+  own->calls = call;
+  if (by_box != nullptr) {
+    by_box->buffer = published;
+    StoreRelease(&by_box->ready, call);  // the buffer travels ahead of the number
+  }
+  if (await_partner) {
+    AwaitCall(&own->ready, call, wait, PeerWaitFor::kPublish);
+    own->peer = *static_cast<volatile unsigned long long*>(&own->buffer);
+  }
+}
+
+__global__ void PeerFinishKernel(PeerMailbox* own, PeerWait wait) {
+  AwaitCall(&own->done, own->calls, wait, PeerWaitFor::kDone);
+}
+
+// The bulk pipeline where `tma` and src, dst are equal modulo 16 B (`head`,
+// `body`, `chunk`... from PlanBulkCopy), else a vectorised grid-stride copy.
+// The last CTA to finish signals the partner.
+__global__ void __launch_bounds__(kSimtThreads)
+    PeerCopyKernel(PeerMailbox* own, PeerMailbox* partner_box, uint8_t* local, int64_t bytes,
+                   bool push, bool tma, int64_t head, int64_t body, uint32_t chunk, int stages,
+                   int64_t chunks_per_cta) {
+  auto* peer = reinterpret_cast<uint8_t*>(own->peer);  // PeerMeet's, earlier on this stream
+  const uint8_t* src = push ? local : peer;
+  uint8_t* dst = push ? peer : local;
+  const auto rel = reinterpret_cast<uintptr_t>(src) ^ reinterpret_cast<uintptr_t>(dst);
+#if JAX_TMA_HAS_BULK_COPY
+  extern __shared__ __align__(128) uint8_t stage_buf[];
+  __shared__ uint64_t full[kMaxBulkStages];
+  __shared__ int64_t chunk_of[kMaxBulkStages];
+  if (tma && (rel & 15) == 0) {
+    device::CopyBulkEdges(src, dst, bytes, head, body);
+    if (threadIdx.x == 0) {
+      device::StreamBulkChunks(src, dst, head, body, chunk, stages, chunks_per_cta, nullptr,
+                               stage_buf, full, chunk_of);
+      // The stores' writes complete, then ordered before the generic-proxy
+      // signal below.
+      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+      asm volatile("fence.proxy.async.global;" ::: "memory");
+    }
+    tma = false;
+    bytes = 0;  // copied
+  }
+#endif
+  if (bytes > 0) {
+    const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if ((rel & 15) == 0) {
+      const int64_t lead = std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(src) % 16) % 16);
+      const int64_t nvec = (bytes - lead) / 16;
+      const auto* sv = reinterpret_cast<const uint4*>(src + lead);
+      auto* dv = reinterpret_cast<uint4*>(dst + lead);
+      for (int64_t i = t; i < nvec; i += threads) dv[i] = sv[i];
+      if (t < lead) dst[t] = src[t];
+      for (int64_t i = lead + nvec * 16 + t; i < bytes; i += threads) dst[i] = src[i];
+    } else {
+      for (int64_t i = t; i < bytes; i += threads) dst[i] = src[i];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    if (atomicAdd(&own->ctas, 1u) == gridDim.x - 1) {
+      own->ctas = 0;
+      __threadfence_system();
+      StoreRelease(&partner_box->done, own->calls);
+    }
+  }
+}
+
+ffi::Error SetPeerCopySmemLimit(int device, int* limit) {
+  DeviceInfo info;
+  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
+  *limit = info.smem_per_block_optin - kStaticSmemAllowance;
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      PeerCopyKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, *limit));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error LaunchPeerMeet(PeerMailbox* own, PeerMailbox* by_box, unsigned long long published,
+                          bool await_partner, const PeerWait& wait, cudaStream_t stream) {
+  PeerMeetKernel<<<1, 1, 0, stream>>>(own, by_box, published, await_partner, wait);
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ffi::Error::Success();
+}
+
+ffi::Error LaunchPeerFinish(PeerMailbox* own, const PeerWait& wait, cudaStream_t stream) {
+  PeerFinishKernel<<<1, 1, 0, stream>>>(own, wait);
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ffi::Error::Success();
+}
+
+ffi::Error LaunchPeerCopy(PeerMailbox* own, PeerMailbox* partner_box, void* local,
+                          std::size_t bytes, bool push, bool tma, cudaStream_t stream,
+                          int device) {
+  constexpr std::string_view kOp = "jax_tma.ppermute";
+  DeviceInfo info;
+  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
+  BulkCopyPlan plan;
+  int threads = kSimtThreads;
+  if (tma) {
+    // Laid out from this side's address: the partner's must share it modulo
+    // 16 B (XLA aligns its buffers), else the kernel copies with SIMT.
+    std::string why;
+    if (!PlanBulkCopy(kDefaultBulkCopyConfig, kNoCounterSlot, bytes, local, info.sm_count, 0,
+                      &plan, &why)) {
+      return InvalidArgument(kOp, why);
+    }
+    static PerDevice<int> smem_limit;
+    int limit = 0;
+    JAX_TMA_RETURN_IF_FAILED(smem_limit.Get(device, SetPeerCopySmemLimit, &limit));
+    if (plan.smem > static_cast<std::size_t>(limit)) {
+      return InvalidArgument(kOp, "the bulk pipeline needs ", plan.smem,
+                             " B of shared memory; device ", device, " allows ", limit, " B");
+    }
+    threads = kBulkThreads;
+  } else {
+    const int64_t vectors = static_cast<int64_t>(bytes / 16) + 1;
+    plan.blocks = std::min<int64_t>((vectors + kSimtThreads - 1) / kSimtThreads,
+                                    int64_t{info.sm_count} * 8);
+  }
+  PeerCopyKernel<<<static_cast<int>(plan.blocks), threads, plan.smem, stream>>>(
+      own, partner_box, static_cast<uint8_t*>(local), static_cast<int64_t>(bytes), push, tma,
+      plan.head, plan.body, plan.chunk, kDefaultBulkCopyConfig.stages, plan.chunks_per_cta);
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ffi::Error::Success();
+}
+
+}  // namespace jax_tma

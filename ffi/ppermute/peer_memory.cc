@@ -1,0 +1,430 @@
+// The host side of jax_tma.ppermute's device transport (see the header).
+#include "ppermute/peer_memory.h"
+
+#include <cudaTypedefs.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "cuda/cuda_status.h"
+#include "cuda/driver_api.h"
+#include "ppermute/ppermute_common.h"
+
+namespace jax_tma {
+namespace {
+
+// Processes with a gone word of their own; any further ones share a word
+// that stays zero (their waits end by timeout only).
+constexpr int kMaxGoneWords = 4096;
+constexpr std::string_view kRegionKey = "jax_tma/region/";
+constexpr std::chrono::milliseconds kReportEvery{20};
+
+struct Driver {
+  PFN_cuMemCreate_v10020 create = nullptr;
+  PFN_cuMemRelease_v10020 release = nullptr;
+  PFN_cuMemAddressReserve_v10020 reserve = nullptr;
+  PFN_cuMemMap_v10020 map = nullptr;
+  PFN_cuMemSetAccess_v10020 set_access = nullptr;
+  PFN_cuMemGetAllocationGranularity_v10020 granularity = nullptr;
+  PFN_cuMemRetainAllocationHandle_v11000 retain = nullptr;
+  PFN_cuMemExportToShareableHandle_v10020 export_handle = nullptr;
+  PFN_cuMemImportFromShareableHandle_v10020 import_handle = nullptr;
+  PFN_cuMemGetAddressRange_v3020 address_range = nullptr;
+  PFN_cuGetErrorName_v6000 error_name = nullptr;
+  std::string error;  // why an entry point is missing
+};
+
+const Driver& TheDriver() {
+  static const Driver driver = [] {
+    Driver d;
+    auto get = [&d](auto& field, const char* name) {
+      auto entry = ResolveDriverEntry<std::remove_reference_t<decltype(field)>>(name, 12000);
+      field = entry.fn;
+      if (entry.fn == nullptr && d.error.empty()) d.error = entry.error;
+    };
+    get(d.create, "cuMemCreate");
+    get(d.release, "cuMemRelease");
+    get(d.reserve, "cuMemAddressReserve");
+    get(d.map, "cuMemMap");
+    get(d.set_access, "cuMemSetAccess");
+    get(d.granularity, "cuMemGetAllocationGranularity");
+    get(d.retain, "cuMemRetainAllocationHandle");
+    get(d.export_handle, "cuMemExportToShareableHandle");
+    get(d.import_handle, "cuMemImportFromShareableHandle");
+    get(d.address_range, "cuMemGetAddressRange");
+    get(d.error_name, "cuGetErrorName");
+    return d;
+  }();
+  return driver;
+}
+
+ffi::Error DriverFailed(const char* expr, CUresult r) {
+  const char* name = nullptr;
+  if (TheDriver().error_name == nullptr || TheDriver().error_name(r, &name) != CUDA_SUCCESS) {
+    name = "an unknown error";
+  }
+  return ffi::Error::Internal(std::string(kPpermuteOp) + ": " + expr + " failed: " + name +
+                              " (" + std::to_string(static_cast<int>(r)) + ")");
+}
+
+#define JAX_TMA_CU_RETURN_IF_ERROR(expr)                        \
+  do {                                                          \
+    const CUresult jax_tma_cu_ = (expr);                        \
+    if (jax_tma_cu_ != CUDA_SUCCESS) return DriverFailed(#expr, jax_tma_cu_); \
+  } while (0)
+
+ffi::Error DriverReady() {
+  if (!TheDriver().error.empty()) {
+    return ffi::Error::Internal(std::string(kPpermuteOp) + ": " + TheDriver().error);
+  }
+  return ffi::Error::Success();
+}
+
+// Lets every local device that can read and write [va, va + size); device
+// `required` (if >= 0) must be among them.
+ffi::Error GrantAccess(CUdeviceptr va, size_t size, int required) {
+  int count = 0;
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  bool any = false;
+  for (int d = 0; d < count; ++d) {
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = d;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    const CUresult r = TheDriver().set_access(va, size, &access, 1);
+    if (r == CUDA_SUCCESS) {
+      any = true;
+    } else if (d == required || (d == count - 1 && !any)) {
+      return DriverFailed("cuMemSetAccess", r);
+    }
+  }
+  return ffi::Error::Success();
+}
+
+// ---- mailboxes ----
+
+struct Slab {
+  char* next = nullptr;
+  char* end = nullptr;
+};
+
+ffi::Error NewSlab(int device, Slab* slab) {
+  JAX_TMA_RETURN_IF_FAILED(DriverReady());
+  const Driver& d = TheDriver();
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t size = 0;
+  JAX_TMA_CU_RETURN_IF_ERROR(
+      d.granularity(&size, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CUmemGenericAllocationHandle handle;
+  JAX_TMA_CU_RETURN_IF_ERROR(d.create(&handle, size, &prop, 0));
+  CUdeviceptr va = 0;
+  CUresult r = d.reserve(&va, size, 0, 0, 0);
+  if (r == CUDA_SUCCESS) r = d.map(va, size, 0, handle, 0);
+  d.release(handle);  // the mapping keeps the memory
+  if (r != CUDA_SUCCESS) return DriverFailed("mapping a mailbox slab", r);
+  JAX_TMA_RETURN_IF_FAILED(GrantAccess(va, size, device));
+  // Zeroed on a stream of its own: a legacy-stream memset would wait for
+  // XLA's streams, where a kernel may be waiting for this very setup.
+  cudaStream_t stream;
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaError_t err = cudaMemsetAsync(reinterpret_cast<void*>(va), 0, size, stream);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  JAX_TMA_CUDA_RETURN_IF_ERROR(err);
+  slab->next = reinterpret_cast<char*>(va);
+  slab->end = slab->next + size;
+  return ffi::Error::Success();
+}
+
+// ---- addresses across processes ----
+
+// An allocation of this process exported to others: where each mapped it.
+struct Region {
+  size_t size = 0;
+  unsigned long long id = 0;
+  std::map<int, unsigned long long> at;  // process -> its address of the base
+};
+
+std::mutex regions_mu;
+std::map<uintptr_t, Region>& Regions() {  // by base address
+  static auto* regions = new std::map<uintptr_t, Region>();
+  return *regions;
+}
+
+// Where `p` lies in the allocation `to` mapped, or false.
+bool Translate(uintptr_t p, int to, unsigned long long* out) {
+  std::lock_guard<std::mutex> lock(regions_mu);
+  auto it = Regions().upper_bound(p);
+  if (it == Regions().begin()) return false;
+  --it;
+  if (p >= it->first + it->second.size) return false;
+  auto at = it->second.at.find(to);
+  if (at == it->second.at.end()) return false;
+  *out = at->second + (p - it->first);
+  return true;
+}
+
+struct RegionOffer {
+  unsigned long long id;
+  unsigned long long size;
+};
+
+// Exports the allocation holding `p` to `to` and waits for its mapping there.
+ffi::Error ExportRegion(const LinkPeer& to, uintptr_t p, std::chrono::milliseconds timeout) {
+  JAX_TMA_RETURN_IF_FAILED(DriverReady());
+  const Driver& d = TheDriver();
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  JAX_TMA_CU_RETURN_IF_ERROR(d.address_range(&base, &size, static_cast<CUdeviceptr>(p)));
+  CUmemGenericAllocationHandle handle;
+  CUresult r = d.retain(&handle, reinterpret_cast<void*>(base));
+  if (r != CUDA_SUCCESS) {
+    return ffi::Error::InvalidArgument(
+        std::string(kPpermuteOp) + ": the buffer at " + std::to_string(p) +
+        " is not in a VMM allocation (cuMemRetainAllocationHandle failed), so no other "
+        "process can map it; across processes the op needs XLA's default GPU allocator");
+  }
+  int fd = -1;
+  r = d.export_handle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  d.release(handle);
+  if (r != CUDA_SUCCESS) {
+    return ffi::Error::InvalidArgument(
+        std::string(kPpermuteOp) + ": the allocation holding the buffer at " +
+        std::to_string(p) + " cannot be exported as a POSIX file descriptor (" +
+        std::to_string(static_cast<int>(r)) + "), so no other process can map it");
+  }
+  RegionOffer offer{0, size};
+  {
+    std::lock_guard<std::mutex> lock(regions_mu);
+    static unsigned long long next_id = 1;
+    Region& region = Regions()[base];
+    if (region.id == 0) region = Region{size, next_id++, {}};
+    offer.id = region.id;
+  }
+  const std::string key = std::string(kRegionKey) + std::to_string(offer.id);
+  std::string bytes(sizeof(offer), '\0');
+  std::memcpy(bytes.data(), &offer, sizeof(offer));
+  bytes += std::string(LinkSelf().name);
+  ffi::Error err = SendLink(to, key, bytes, fd);
+  close(fd);
+  JAX_TMA_RETURN_IF_FAILED(err);
+  LinkMessage reply;
+  JAX_TMA_RETURN_IF_FAILED(ReceiveLink(to, key + "/at", key + "/abort",
+                                       "the mapping of an allocation of this process",
+                                       timeout, &reply));
+  unsigned long long va = 0;
+  if (reply.bytes.size() >= sizeof(va)) std::memcpy(&va, reply.bytes.data(), sizeof(va));
+  if (va == 0) {
+    return ffi::Error::Internal(std::string(kPpermuteOp) + ": process " +
+                                std::to_string(to.process) +
+                                " could not map an allocation of this process: " +
+                                reply.bytes.substr(std::min(reply.bytes.size(), sizeof(va))));
+  }
+  std::lock_guard<std::mutex> lock(regions_mu);
+  Regions()[base].at[to.process] = va;
+  return ffi::Error::Success();
+}
+
+// Maps an allocation another process offered; its address here, or 0 and
+// why not.
+unsigned long long ImportRegion(int fd, size_t size, std::string* why) {
+  auto fail = [&](ffi::Error err) {
+    *why = std::string(err.message());
+    return 0ull;
+  };
+  if (ffi::Error err = DriverReady(); err.failure()) return fail(std::move(err));
+  const Driver& d = TheDriver();
+  // The driver calls below need a context: device 0's primary one.
+  if (cudaError_t err = cudaSetDevice(0); err != cudaSuccess) {
+    return fail(CudaError("cudaSetDevice(0)", err, __FILE__, __LINE__));
+  }
+  CUmemGenericAllocationHandle handle;
+  CUresult r = d.import_handle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  if (r != CUDA_SUCCESS) return fail(DriverFailed("cuMemImportFromShareableHandle", r));
+  CUdeviceptr va = 0;
+  r = d.reserve(&va, size, 0, 0, 0);
+  if (r == CUDA_SUCCESS) r = d.map(va, size, 0, handle, 0);
+  d.release(handle);
+  if (r != CUDA_SUCCESS) return fail(DriverFailed("mapping an allocation of another process", r));
+  if (ffi::Error err = GrantAccess(va, size, -1); err.failure()) return fail(std::move(err));
+  return static_cast<unsigned long long>(va);
+}
+
+// The link's reader thread: maps offered allocations and answers where.
+bool OnLinkMessage(int sender, const std::string& key, LinkMessage* message) {
+  if (key.rfind(kRegionKey, 0) != 0 || message->bytes.size() < sizeof(RegionOffer)) return false;
+  RegionOffer offer;
+  std::memcpy(&offer, message->bytes.data(), sizeof(offer));
+  const std::string sender_name = message->bytes.substr(sizeof(offer));
+  std::string why = "no descriptor came with the offer";
+  unsigned long long va = 0;
+  if (message->fd >= 0) {
+    va = ImportRegion(message->fd, offer.size, &why);
+    close(message->fd);
+  }
+  std::string reply(sizeof(va), '\0');
+  std::memcpy(reply.data(), &va, sizeof(va));
+  if (va == 0) reply += why;
+  // Best effort: a sender that is gone no longer waits for the answer.
+  (void)SendLink(LinkPeer{sender, sender_name}, key + "/at", reply);
+  return true;
+}
+
+// ---- gone words and faults ----
+
+unsigned int* gone_words = nullptr;  // kMaxGoneWords + 1, host-mapped
+PeerFault* fault_record = nullptr;
+
+void OnPeerGone(int process) {
+  if (gone_words != nullptr && process >= 0 && process < kMaxGoneWords) {
+    reinterpret_cast<volatile unsigned int*>(gone_words)[process] = 1;
+  }
+}
+
+struct Waits {
+  std::string site, publisher, copier;
+  std::chrono::milliseconds timeout{0};
+};
+std::mutex waits_mu;
+std::vector<Waits>& AllWaits() {
+  static auto* waits = new std::vector<Waits>();
+  return *waits;
+}
+
+// Host memory that every device reads and writes.
+template <typename T>
+ffi::Error HostMapped(size_t count, T** out) {
+  void* p = nullptr;
+  JAX_TMA_CUDA_RETURN_IF_ERROR(
+      cudaHostAlloc(&p, count * sizeof(T), cudaHostAllocMapped | cudaHostAllocPortable));
+  std::memset(p, 0, count * sizeof(T));
+  *out = static_cast<T*>(p);
+  return ffi::Error::Success();
+}
+
+// Allocates the gone words and the fault record, installs the link's
+// handlers and starts the reporting thread, once per process.
+ffi::Error StartHost() {
+  static const ffi::Error* started = [] {
+    ffi::Error err = HostMapped(kMaxGoneWords + 1, &gone_words);
+    if (err.success()) err = HostMapped(1, &fault_record);
+    if (err.success()) {
+      SetLinkHandlers(OnLinkMessage, OnPeerGone);
+      std::thread([] {
+        // Reports the first fault a kernel records, then ends.
+        const volatile PeerFault* f = fault_record;
+        while (f->raised == 0) std::this_thread::sleep_for(kReportEvery);
+        std::fprintf(stderr, "%s\n", std::string(RecordedPeerFault().message()).c_str());
+        std::fflush(stderr);
+      }).detach();
+    }
+    return new ffi::Error(std::move(err));
+  }();
+  return started->failure() ? ffi::Error(*started->errc(), std::string(started->message()))
+                            : ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error NewPeerMailbox(int device, PeerMailbox** box) {
+  JAX_TMA_RETURN_IF_FAILED(StartHost());
+  static std::mutex mu;
+  static auto* slabs = new std::map<int, Slab>();
+  std::lock_guard<std::mutex> lock(mu);
+  Slab& slab = (*slabs)[device];
+  if (slab.end - slab.next < static_cast<std::ptrdiff_t>(sizeof(PeerMailbox))) {
+    JAX_TMA_RETURN_IF_FAILED(NewSlab(device, &slab));
+  }
+  *box = reinterpret_cast<PeerMailbox*>(slab.next);
+  slab.next += sizeof(PeerMailbox);
+  return ffi::Error::Success();
+}
+
+ffi::Error AddressIn(const LinkPeer& to, const void* ptr, std::chrono::milliseconds timeout,
+                     unsigned long long* out) {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  if (to.name.empty()) {
+    *out = p;
+    return ffi::Error::Success();
+  }
+  if (Translate(p, to.process, out)) return ffi::Error::Success();
+  JAX_TMA_RETURN_IF_FAILED(StartHost());
+  // Off this thread: XLA may be capturing a command buffer on it.
+  ffi::Error err = ffi::Error::Success();
+  std::thread([&] { err = ExportRegion(to, p, timeout); }).join();
+  JAX_TMA_RETURN_IF_FAILED(err);
+  if (!Translate(p, to.process, out)) {
+    return ffi::Error::Internal(std::string(kPpermuteOp) +
+                                ": an exported allocation has no mapping");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error PeerGoneWord(int process, const volatile unsigned int** word) {
+  JAX_TMA_RETURN_IF_FAILED(StartHost());
+  *word = gone_words + (process >= 0 && process < kMaxGoneWords ? process : kMaxGoneWords);
+  return ffi::Error::Success();
+}
+
+ffi::Error ThePeerFault(PeerFault** fault) {
+  JAX_TMA_RETURN_IF_FAILED(StartHost());
+  *fault = fault_record;
+  return ffi::Error::Success();
+}
+
+unsigned long long RegisterPeerWaits(std::string site, std::string publisher,
+                                     std::string copier, std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(waits_mu);
+  AllWaits().push_back(Waits{std::move(site), std::move(publisher), std::move(copier), timeout});
+  return AllWaits().size();
+}
+
+ffi::Error RecordedPeerFault() {
+  const volatile PeerFault* f = fault_record;
+  if (f == nullptr || f->raised == 0) return ffi::Error::Success();
+  Waits w;
+  {
+    std::lock_guard<std::mutex> lock(waits_mu);
+    if (f->site >= 1 && f->site <= AllWaits().size()) w = AllWaits()[f->site - 1];
+  }
+  const bool publish = f->wait_for == static_cast<unsigned int>(PeerWaitFor::kPublish);
+  const std::string who = publish ? w.publisher : w.copier;
+  const std::string action = std::string(publish ? "publish its buffer for" : "finish its copy in") +
+                             " call " + std::to_string(f->call);
+  Message m;
+  m << kPpermuteOp << " at " << w.site << ": ";
+  ffi::ErrorCode code = ffi::ErrorCode::kInternal;
+  switch (static_cast<PeerGaveUp>(f->gave_up)) {
+    case PeerGaveUp::kTimeout:
+      code = ffi::ErrorCode::kDeadlineExceeded;
+      m << "timed out after " << w.timeout.count() / 1000.0 << " s waiting for " << who << " to "
+        << action << "; it never made this call, is stuck, or is making another one";
+      break;
+    case PeerGaveUp::kGone:
+      code = ffi::ErrorCode::kUnavailable;
+      m << "the process of " << who << " is gone (its connection closed) while this device "
+        << "waited for it to " << action;
+      break;
+    default:
+      m << who << " signalled call " << f->seen << " while this device waited for it to "
+        << action << ": the processes are out of step";
+  }
+  m << ". The waiting kernel trapped, so the step failed instead of returning a block that "
+       "never came, and this process's GPU context is lost: restart the processes";
+  return ffi::Error(code, m.str());
+}
+
+}  // namespace jax_tma

@@ -1,0 +1,57 @@
+// The host side of jax_tma.ppermute's device transport (peer_copy.h): the
+// memory that participants in other processes must reach, and what the
+// kernels' bounded waits read and write.
+//
+// - Mailboxes live in VMM allocations of this process made exportable
+//   (POSIX file descriptors), one slab per device, carved in PeerMailbox
+//   slots; every local device may access them.
+// - An address on this process's GPU is handed to another process as an
+//   address in that process's space: the VMM allocation holding it (XLA's
+//   buffers live in a few large ones) is exported once per process, its
+//   descriptor passed over the process link (peer_link.h, SCM_RIGHTS), and
+//   the other process's link thread maps it and answers with where. Later
+//   addresses in the same allocation are translated without a meeting.
+// - Per process index, a host-mapped word that the link's thread sets when
+//   that process is gone; a waiting kernel polls it.
+// - One host-mapped PeerFault per process and a thread that reports it on
+//   stderr, with the call site and peer that a kernel waited for.
+#ifndef JAX_TMA_FFI_PPERMUTE_PEER_MEMORY_H_
+#define JAX_TMA_FFI_PPERMUTE_PEER_MEMORY_H_
+
+#include <chrono>
+#include <string>
+
+#include "common.h"
+#include "ppermute/peer_copy.h"
+#include "ppermute/peer_link.h"
+
+namespace jax_tma {
+
+// A zeroed mailbox on `device`, for the life of the process.
+ffi::Error NewPeerMailbox(int device, PeerMailbox** box);
+
+// `ptr` (memory of this process) as an address in the space of process
+// `to`: `ptr` itself for this process (`to.name` empty); else its VMM
+// allocation is exported to `to` on first use, waiting up to `timeout` for
+// the mapping there.
+ffi::Error AddressIn(const LinkPeer& to, const void* ptr, std::chrono::milliseconds timeout,
+                     unsigned long long* out);
+
+// The word a waiting kernel polls to learn that process `process` is gone.
+ffi::Error PeerGoneWord(int process, const volatile unsigned int** word);
+
+// This process's fault record (its reporting thread starts with it), and an
+// id for a participant's waits: `site` describes the participant ("at
+// FILE:LINE, device 0 of process 1"), `publisher` and `copier` the
+// participants it waits for to publish and to finish copying, `timeout` its
+// bound.
+ffi::Error ThePeerFault(PeerFault** fault);
+unsigned long long RegisterPeerWaits(std::string site, std::string publisher,
+                                     std::string copier, std::chrono::milliseconds timeout);
+
+// The fault a kernel of this process recorded, as an error; success if none.
+ffi::Error RecordedPeerFault();
+
+}  // namespace jax_tma
+
+#endif  // JAX_TMA_FFI_PPERMUTE_PEER_MEMORY_H_
