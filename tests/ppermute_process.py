@@ -57,6 +57,7 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_tma  # noqa: E402
+from jax_tma import _ffi  # noqa: E402
 from jax_tma._ppermute import device_plan  # noqa: E402
 from reference import assert_bits_equal, random_array  # noqa: E402
 
@@ -160,7 +161,7 @@ def run_replay():
     f = jax.jit(jax.shard_map(loop, mesh=mesh_1d, in_specs=spec, out_specs=spec))
     _, sources = device_plan(mesh_1d, ("i",), tuple(ring))
     rng = np.random.default_rng([seed, steps])
-    before = jax_tma.path_counts()["ppermute.tma"]
+    before = _ffi.path_counts()["ppermute.tma"]
     for _ in range(3):
         x = random_array(rng, (n * 1000, 3), np.uint32)
         blocks = np.split(x, n)
@@ -169,7 +170,7 @@ def run_replay():
         got = f(global_array(mesh_1d, x))
         for shard in got.addressable_shards:
             assert_bits_equal(shard.data, blocks[shard.index[0].start // 1000])
-    calls = jax_tma.path_counts()["ppermute.tma"] - before
+    calls = _ffi.path_counts()["ppermute.tma"] - before
     print(f"process {pid}: {calls} handler calls for {3 * steps} ppermutes", flush=True)
     assert calls < steps, calls
 

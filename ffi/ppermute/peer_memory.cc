@@ -353,8 +353,8 @@ ffi::Error NewPeerMailbox(int device, PeerMailbox** box) {
   return ffi::Error::Success();
 }
 
-ffi::Error AddressIn(const LinkPeer& to, const void* ptr, std::chrono::milliseconds timeout,
-                     unsigned long long* out) {
+ffi::Error AddressIn(const LinkPeer& to, int device, const void* ptr,
+                     std::chrono::milliseconds timeout, unsigned long long* out) {
   const auto p = reinterpret_cast<uintptr_t>(ptr);
   if (to.name.empty()) {
     *out = p;
@@ -364,7 +364,11 @@ ffi::Error AddressIn(const LinkPeer& to, const void* ptr, std::chrono::milliseco
   JAX_TMA_RETURN_IF_FAILED(StartHost());
   // Off this thread: XLA may be capturing a command buffer on it.
   ffi::Error err = ffi::Error::Success();
-  std::thread([&] { err = ExportRegion(to, p, timeout); }).join();
+  std::thread([&] {
+    const cudaError_t set = cudaSetDevice(device);  // the driver calls need its context
+    err = set == cudaSuccess ? ExportRegion(to, p, timeout)
+                             : CudaError("cudaSetDevice(device)", set, __FILE__, __LINE__);
+  }).join();
   JAX_TMA_RETURN_IF_FAILED(err);
   if (!Translate(p, to.process, out)) {
     return ffi::Error::Internal(std::string(kPpermuteOp) +

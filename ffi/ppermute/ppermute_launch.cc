@@ -72,7 +72,7 @@ ffi::Error SetUpSite(const PpermuteCall& call, int device, PeerSite* site) {
   std::vector<std::pair<int, std::string>> sends;
   for (int p : peers) {
     unsigned long long at = 0;
-    JAX_TMA_RETURN_IF_FAILED(AddressIn(where.peer(p), site->box, where.timeout, &at));
+    JAX_TMA_RETURN_IF_FAILED(AddressIn(where.peer(p), device, site->box, where.timeout, &at));
     sends.emplace_back(p, std::string(reinterpret_cast<const char*>(&at), sizeof(at)));
   }
   std::vector<std::string> got;
@@ -152,7 +152,7 @@ ffi::Error LaunchPpermute(const PpermuteCall& call, const PpermutePlan& plan, in
     // Push publishes the output, whose memory is free at this point of the
     // stream; pull the input, complete at this point.
     const void* buffer = route.push ? c.dst : c.src;
-    JAX_TMA_RETURN_IF_FAILED(AddressIn(call.where.peer(by), buffer, call.where.timeout, &published));
+    JAX_TMA_RETURN_IF_FAILED(AddressIn(call.where.peer(by), device, buffer, call.where.timeout, &published));
   }
   if (partner < 0 && by < 0) return ffi::Error::Success();
   JAX_TMA_RETURN_IF_FAILED(LaunchPeerMeet(site->box, by >= 0 ? site->by_box : nullptr, published,
