@@ -225,13 +225,17 @@ def device_plan(mesh: jax.sharding.Mesh, axis_name: tuple[str, ...],
             sources[group[dst]] = group[src]
     # What each handler is told it runs on: a host device's id (process 1's
     # are 2048, ... under jax.distributed), a GPU's CUDA ordinal in its
-    # process (the global id where a remote device does not tell it).
-    ordinals = np.array(
-        [d.id if d.platform == "cpu" or d.local_hardware_id is None else d.local_hardware_id
-         for d in mesh.devices.flat],
-        np.int64,
-    )
+    # process (as that process published it, for another process's GPU).
+    ordinals = np.array([_ordinal(d) for d in mesh.devices.flat], np.int64)
     return ordinals, sources
+
+
+def _ordinal(device) -> int:
+    if device.platform == "cpu":
+        return device.id
+    if device.local_hardware_id is not None:
+        return device.local_hardware_id
+    return _published_ordinals.get(device.id, device.id)
 
 
 def peer_access(device: int, peer: int) -> bool:
@@ -294,6 +298,9 @@ TIMEOUT_ENV = "JAX_TMA_PPERMUTE_TIMEOUT_S"
 _DEFAULT_TIMEOUT_S = 30.0
 _link_lock = threading.Lock()
 _own_link: list[str] = []  # this process's link name, once it listens
+# Device id -> ordinal in its process, as the processes published them: JAX
+# does not tell another process's GPU ordinals.
+_published_ordinals: dict[int, int] = {}
 
 
 def _timeout_ms() -> int:
@@ -321,8 +328,9 @@ def _host() -> str:
 def _process_links(processes: list[int]) -> tuple[list[str] | None, str]:
     """The link name of every process by index (those not in `processes`
     empty), this process listening on its own; or None and why the
-    processes cannot be linked. The names travel through jax.distributed's
-    key-value store."""
+    processes cannot be linked. The names, and each process's device
+    ordinals (kept in `_published_ordinals`), travel through
+    jax.distributed's key-value store."""
     from jax._src import distributed
 
     client = distributed.global_state.client
@@ -333,7 +341,8 @@ def _process_links(processes: list[int]) -> tuple[list[str] | None, str]:
         if not _own_link:
             name = f"jax_tma.{uuid.uuid4().hex}"
             _ffi._ext.listen_link(name, me)
-            client.key_value_set(f"jax_tma/ppermute/link/{me}", f"{host}\n{name}")
+            ordinals = " ".join(f"{d.id}:{_ordinal(d)}" for d in jax.local_devices())
+            client.key_value_set(f"jax_tma/ppermute/link/{me}", f"{host}\n{name}\n{ordinals}")
             _own_link.append(name)
     names = [""] * (max(processes) + 1)
     for q in processes:
@@ -344,7 +353,10 @@ def _process_links(processes: list[int]) -> tuple[list[str] | None, str]:
                 f"{_OP}: process {q} did not publish its link within {timeout / 1000:g} s "
                 f"({TIMEOUT_ENV}): it does not run this program, or has not reached this "
                 f"ppermute yet") from e
-        their_host, names[q] = value.split("\n")
+        their_host, names[q], *ordinals = value.split("\n")
+        for pair in " ".join(ordinals).split():
+            device, ordinal = map(int, pair.split(":"))
+            _published_ordinals[device] = ordinal
         if their_host != host:
             return None, (f"process {q} runs on another host ({their_host.split('/')[0]}); "
                           f"the process link joins the processes of one host")

@@ -411,7 +411,7 @@ def _links_with(monkeypatch, values, timeout_s="0.5"):
     from jax_tma import _ppermute
 
     if _ppermute._own_link:  # this process published its link to an earlier store
-        values = {"jax_tma/ppermute/link/0": f"{_ppermute._host()}\n{_ppermute._own_link[0]}",
+        values = {"jax_tma/ppermute/link/0": f"{_ppermute._host()}\n{_ppermute._own_link[0]}\n",
                   **values}
     store = _FakeStore(values)
     monkeypatch.setattr(distributed.global_state, "client", store)
@@ -424,8 +424,9 @@ def test_process_links_of_one_host(monkeypatch):
 
     (names, why), store = _links_with(
         monkeypatch, {"jax_tma/ppermute/link/1": f"{_ppermute._host()}\nthe-peer"})
-    host, own = store.values["jax_tma/ppermute/link/0"].split("\n")
+    host, own, ordinals = store.values["jax_tma/ppermute/link/0"].split("\n")
     assert host == _ppermute._host() and own.startswith("jax_tma.")
+    assert ordinals == " ".join(f"{d.id}:{d.id}" for d in jax.local_devices())
     assert names == [own, "the-peer"] and why == ""
 
 

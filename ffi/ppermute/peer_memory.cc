@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -285,11 +286,20 @@ bool OnLinkMessage(int sender, const std::string& key, LinkMessage* message) {
 
 // ---- gone words and faults ----
 
-unsigned int* gone_words = nullptr;  // kMaxGoneWords + 1, host-mapped
+std::mutex gone_mu;
+unsigned int* gone_words = nullptr;  // kMaxGoneWords + 1, host-mapped, under gone_mu
+std::set<int>& GoneBeforeWords() {   // processes gone before the words existed
+  static auto* gone = new std::set<int>();
+  return *gone;
+}
 PeerFault* fault_record = nullptr;
 
 void OnPeerGone(int process) {
-  if (gone_words != nullptr && process >= 0 && process < kMaxGoneWords) {
+  if (process < 0 || process >= kMaxGoneWords) return;
+  std::lock_guard<std::mutex> lock(gone_mu);
+  if (gone_words == nullptr) {
+    GoneBeforeWords().insert(process);
+  } else {
     reinterpret_cast<volatile unsigned int*>(gone_words)[process] = 1;
   }
 }
@@ -315,14 +325,19 @@ ffi::Error HostMapped(size_t count, T** out) {
   return ffi::Error::Success();
 }
 
-// Allocates the gone words and the fault record, installs the link's
-// handlers and starts the reporting thread, once per process.
+// Allocates the gone words and the fault record and starts the reporting
+// thread, once per process.
 ffi::Error StartHost() {
   static const ffi::Error* started = [] {
-    ffi::Error err = HostMapped(kMaxGoneWords + 1, &gone_words);
+    unsigned int* words = nullptr;
+    ffi::Error err = HostMapped(kMaxGoneWords + 1, &words);
+    if (err.success()) {
+      std::lock_guard<std::mutex> lock(gone_mu);
+      for (int p : GoneBeforeWords()) words[p] = 1;
+      gone_words = words;
+    }
     if (err.success()) err = HostMapped(1, &fault_record);
     if (err.success()) {
-      SetLinkHandlers(OnLinkMessage, OnPeerGone);
       std::thread([] {
         // Reports the first fault a kernel records, then ends.
         const volatile PeerFault* f = fault_record;
@@ -338,6 +353,8 @@ ffi::Error StartHost() {
 }
 
 }  // namespace
+
+void InstallPeerLinkHandlers() { SetLinkHandlers(OnLinkMessage, OnPeerGone); }
 
 ffi::Error NewPeerMailbox(int device, PeerMailbox** box) {
   JAX_TMA_RETURN_IF_FAILED(StartHost());
@@ -379,6 +396,7 @@ ffi::Error AddressIn(const LinkPeer& to, int device, const void* ptr,
 
 ffi::Error PeerGoneWord(int process, const volatile unsigned int** word) {
   JAX_TMA_RETURN_IF_FAILED(StartHost());
+  std::lock_guard<std::mutex> lock(gone_mu);
   *word = gone_words + (process >= 0 && process < kMaxGoneWords ? process : kMaxGoneWords);
   return ffi::Error::Success();
 }

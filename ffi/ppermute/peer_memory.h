@@ -27,6 +27,11 @@
 
 namespace jax_tma {
 
+// Lets the process link map the allocations other processes offer and tell
+// the waits of a process that is gone; called as the link starts listening,
+// before any peer knows its name.
+void InstallPeerLinkHandlers();
+
 // A zeroed mailbox on `device`, for the life of the process.
 ffi::Error NewPeerMailbox(int device, PeerMailbox** box);
 

@@ -12,18 +12,24 @@
 
 #if JAX_TMA_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "ppermute/peer_memory.h"
 #endif
 
 namespace jax_tma {
 
 void PpermuteModule(nanobind::module_& m) {
-  // Starts this process's end of the process link (peer_link.h) before its
-  // name is published.
+  // Starts this process's end of the process link (peer_link.h), with the
+  // GPU transport's handlers where CUDA is built, before its name is
+  // published.
   m.def(
       "listen_link",
       [](const std::string& name, int process) {
         ffi::Error err = ListenLink(LinkPeer{process, name});
         if (err.failure()) throw std::runtime_error(std::string(err.message()));
+#if JAX_TMA_WITH_CUDA
+        InstallPeerLinkHandlers();
+#endif
       },
       nanobind::arg("name"), nanobind::arg("process"));
 #if JAX_TMA_WITH_CUDA
