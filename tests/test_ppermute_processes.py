@@ -35,8 +35,9 @@ def _run(mode: str, count: int, rng, timeout_s: float | None = None,
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")])))
     if timeout_s is not None:
         env["JAX_TMA_PPERMUTE_TIMEOUT_S"] = str(timeout_s)
-    if platform == "gpu":  # the processes share the GPU's memory
+    if platform == "gpu":  # the processes share one GPU and its memory
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.8 / count:.3f}"
+        env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     procs = [subprocess.Popen([sys.executable, "-P", os.path.join(HERE, "ppermute_process.py"),
                                mode, str(pid), str(count), str(port), str(seed), platform],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -183,7 +183,8 @@ struct RegionOffer {
 };
 
 // Exports the allocation holding `p` to `to` and waits for its mapping there.
-ffi::Error ExportRegion(const LinkPeer& to, uintptr_t p, std::chrono::milliseconds timeout) {
+ffi::Error ExportRegion(const LinkPeer& to, uintptr_t p, std::chrono::milliseconds timeout,
+                        const std::string& abort_key) {
   JAX_TMA_RETURN_IF_FAILED(DriverReady());
   const Driver& d = TheDriver();
   CUdeviceptr base = 0;
@@ -222,7 +223,7 @@ ffi::Error ExportRegion(const LinkPeer& to, uintptr_t p, std::chrono::millisecon
   close(fd);
   JAX_TMA_RETURN_IF_FAILED(err);
   LinkMessage reply;
-  JAX_TMA_RETURN_IF_FAILED(ReceiveLink(to, key + "/at", key + "/abort",
+  JAX_TMA_RETURN_IF_FAILED(ReceiveLink(to, key + "/at", abort_key,
                                        "the mapping of an allocation of this process",
                                        timeout, &reply));
   unsigned long long va = 0;
@@ -371,7 +372,8 @@ ffi::Error NewPeerMailbox(int device, PeerMailbox** box) {
 }
 
 ffi::Error AddressIn(const LinkPeer& to, int device, const void* ptr,
-                     std::chrono::milliseconds timeout, unsigned long long* out) {
+                     std::chrono::milliseconds timeout, const std::string& abort_key,
+                     unsigned long long* out) {
   const auto p = reinterpret_cast<uintptr_t>(ptr);
   if (to.name.empty()) {
     *out = p;
@@ -383,7 +385,7 @@ ffi::Error AddressIn(const LinkPeer& to, int device, const void* ptr,
   ffi::Error err = ffi::Error::Success();
   std::thread([&] {
     const cudaError_t set = cudaSetDevice(device);  // the driver calls need its context
-    err = set == cudaSuccess ? ExportRegion(to, p, timeout)
+    err = set == cudaSuccess ? ExportRegion(to, p, timeout, abort_key)
                              : CudaError("cudaSetDevice(device)", set, __FILE__, __LINE__);
   }).join();
   JAX_TMA_RETURN_IF_FAILED(err);

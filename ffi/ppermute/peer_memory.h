@@ -35,12 +35,13 @@ void InstallPeerLinkHandlers();
 // A zeroed mailbox on `device`, for the life of the process.
 ffi::Error NewPeerMailbox(int device, PeerMailbox** box);
 
-// `ptr` (memory of this process on `device`) as an address in the space of process
-// `to`: `ptr` itself for this process (`to.name` empty); else its VMM
-// allocation is exported to `to` on first use, waiting up to `timeout` for
-// the mapping there.
+// `ptr` (memory of this process on `device`) as an address in the space of
+// process `to`: `ptr` itself for this process (`to.name` empty); else its
+// VMM allocation is exported to `to` on first use, waiting up to `timeout`
+// for the mapping there (or for an abort under `abort_key`).
 ffi::Error AddressIn(const LinkPeer& to, int device, const void* ptr,
-                     std::chrono::milliseconds timeout, unsigned long long* out);
+                     std::chrono::milliseconds timeout, const std::string& abort_key,
+                     unsigned long long* out);
 
 // The word a waiting kernel polls to learn that process `process` is gone.
 ffi::Error PeerGoneWord(int process, const volatile unsigned int** word);

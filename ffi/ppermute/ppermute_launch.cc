@@ -69,15 +69,17 @@ ffi::Error SetUpSite(const PpermuteCall& call, int device, PeerSite* site) {
   for (int p : {partner, by}) {
     if (p >= 0 && (peers.empty() || peers[0] != p)) peers.push_back(p);
   }
-  std::vector<std::pair<int, std::string>> sends;
-  for (int p : peers) {
-    unsigned long long at = 0;
-    JAX_TMA_RETURN_IF_FAILED(AddressIn(where.peer(p), device, site->box, where.timeout, &at));
-    sends.emplace_back(p, std::string(reinterpret_cast<const char*>(&at), sizeof(at)));
-  }
   std::vector<std::string> got;
-  JAX_TMA_RETURN_IF_FAILED(
-      ExchangeAtSite(route, where, call.bytes.bytes, sends, peers, "the mailbox", &got));
+  JAX_TMA_RETURN_IF_FAILED(ExchangeAtSite(
+      route, where, call.bytes.bytes, peers,
+      [&](int p, const std::string& abort_key, std::string* payload) {
+        unsigned long long at = 0;
+        JAX_TMA_RETURN_IF_FAILED(
+            AddressIn(where.peer(p), device, site->box, where.timeout, abort_key, &at));
+        payload->assign(reinterpret_cast<const char*>(&at), sizeof(at));
+        return ffi::Error::Success();
+      },
+      peers, "the mailbox", &got));
   for (size_t i = 0; i < peers.size(); ++i) {
     unsigned long long at = 0;
     if (got[i].size() == sizeof(at)) std::memcpy(&at, got[i].data(), sizeof(at));
@@ -152,7 +154,8 @@ ffi::Error LaunchPpermute(const PpermuteCall& call, const PpermutePlan& plan, in
     // Push publishes the output, whose memory is free at this point of the
     // stream; pull the input, complete at this point.
     const void* buffer = route.push ? c.dst : c.src;
-    JAX_TMA_RETURN_IF_FAILED(AddressIn(call.where.peer(by), device, buffer, call.where.timeout, &published));
+    JAX_TMA_RETURN_IF_FAILED(AddressIn(call.where.peer(by), device, buffer, call.where.timeout,
+                                       call.where.site + "#buffers", &published));
   }
   if (partner < 0 && by < 0) return ffi::Error::Success();
   JAX_TMA_RETURN_IF_FAILED(LaunchPeerMeet(site->box, by >= 0 ? site->by_box : nullptr, published,

@@ -106,7 +106,7 @@ ffi::Error DecodeProcessPlan(int64_t process, ffi::Span<const int64_t> processes
 }
 
 ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, size_t bytes,
-                          const std::vector<std::pair<int, std::string>>& sends,
+                          const std::vector<int>& sends, const PayloadFor& payload_for,
                           const std::vector<int>& receives, std::string_view what,
                           std::vector<std::string>* got) {
   int64_t call;
@@ -141,7 +141,10 @@ ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, s
     return ffi::Error(*err.errc(), std::string(kPpermuteOp) + " at " + where.site + ", call " +
                                        std::to_string(call) + " on " + self + ": " + why);
   };
-  for (const auto& [to, payload] : sends) {
+  for (int to : sends) {
+    std::string payload;
+    ffi::Error made = payload_for(to, abort_key, &payload);
+    if (made.failure()) return fail(std::move(made));
     std::string message(sizeof(header) + payload.size(), '\0');
     std::memcpy(message.data(), &header, sizeof(header));
     std::memcpy(message.data() + sizeof(header), payload.data(), payload.size());
@@ -176,15 +179,17 @@ ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, s
 
 ffi::Error ExchangeAcrossProcesses(const PermuteRoute& route, const ProcessPlan& where,
                                    const void* src, void* dst, size_t bytes) {
-  std::vector<std::pair<int, std::string>> sends;
-  if (route.destination >= 0) {
-    sends.emplace_back(route.destination, std::string(static_cast<const char*>(src), bytes));
-  }
-  std::vector<int> receives;
+  std::vector<int> sends, receives;
+  if (route.destination >= 0) sends.push_back(route.destination);
   if (route.source >= 0) receives.push_back(route.source);
   std::vector<std::string> got;
-  JAX_TMA_RETURN_IF_FAILED(
-      ExchangeAtSite(route, where, bytes, sends, receives, "the block", &got));
+  JAX_TMA_RETURN_IF_FAILED(ExchangeAtSite(
+      route, where, bytes, sends,
+      [&](int, const std::string&, std::string* block) {
+        block->assign(static_cast<const char*>(src), bytes);
+        return ffi::Error::Success();
+      },
+      receives, "the block", &got));
   if (route.source < 0) {
     std::memset(dst, 0, bytes);
   } else {

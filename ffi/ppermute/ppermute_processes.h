@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -45,14 +46,20 @@ ffi::Error DecodeProcessPlan(int64_t process, ffi::Span<const int64_t> processes
 // "device D of process P" for the participant with logical id `logical`.
 std::string Describe(const PermuteRoute& route, const ProcessPlan& where, int logical);
 
+// Makes the payload for logical id `to`; `abort_key` is the meeting's, under
+// which its waits learn that a participant failed.
+using PayloadFor =
+    std::function<ffi::Error(int to, const std::string& abort_key, std::string* payload)>;
+
 // One meeting of this participant with others at its call site, in or across
-// processes: sends each payload of `sends` (logical id, bytes) and receives
-// one from each logical id of `receives` into `got`, in order. Each message
-// carries a digest of the permutation and `bytes` (the call's block size),
-// so a participant that makes another call fails both sides. `what` names a
-// payload in errors ("the block").
+// processes: sends a payload (`payload_for`) to each logical id of `sends`
+// and receives one from each logical id of `receives` into `got`, in order.
+// Each message carries a digest of the permutation and `bytes` (the call's
+// block size), so a participant that makes another call fails both sides.
+// `what` names a payload in errors ("the block"). A failure, making a
+// payload included, is told to every participant.
 ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, size_t bytes,
-                          const std::vector<std::pair<int, std::string>>& sends,
+                          const std::vector<int>& sends, const PayloadFor& payload_for,
                           const std::vector<int>& receives, std::string_view what,
                           std::vector<std::string>* got);
 
