@@ -59,17 +59,17 @@ __global__ void __launch_bounds__(kBulkThreads)
 #endif
 }
 
-ffi::Error SetBulkSmemLimit(int device, int* limit) {
+}  // namespace
+
+ffi::Error AllowBulkSmem(const void* kernel, int device, int* limit) {
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   // The opt-in limit covers static shared memory too: leave the mbarriers room.
   *limit = info.smem_per_block_optin - kStaticSmemAllowance;
-  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-      BulkCopyKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, *limit));
+  JAX_TMA_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, *limit));
   return ffi::Error::Success();
 }
-
-}  // namespace
 
 ffi::Error LaunchBulkCopy(const void* src, void* dst, std::size_t bytes,
                           cudaStream_t stream, int device,
@@ -84,7 +84,12 @@ ffi::Error LaunchBulkCopy(const void* src, void* dst, std::size_t bytes,
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   static PerDevice<int> smem_limit;
   int limit = 0;
-  JAX_TMA_RETURN_IF_FAILED(smem_limit.Get(device, SetBulkSmemLimit, &limit));
+  JAX_TMA_RETURN_IF_FAILED(smem_limit.Get(
+      device,
+      [](int d, int* l) {
+        return AllowBulkSmem(reinterpret_cast<const void*>(BulkCopyKernel), d, l);
+      },
+      &limit));
   int per_sm = 0;
   if (config.dynamic) {
     JAX_TMA_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(

@@ -20,6 +20,10 @@ ffi::Error LaunchBulkCopy(const void* src, void* dst, std::size_t bytes,
                           cudaStream_t stream, int device,
                           const BulkCopyConfig& config, int counter_slot);
 
+// Lets `kernel`, a kernel of the bulk pipeline (bulk_pipeline.cuh), use
+// `device`'s opt-in shared memory less room for its static part: *limit.
+ffi::Error AllowBulkSmem(const void* kernel, int device, int* limit);
+
 // Any size and alignment.
 ffi::Error LaunchSimtCopy(const void* src, void* dst, std::size_t bytes,
                           cudaStream_t stream, int device);

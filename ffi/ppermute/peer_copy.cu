@@ -8,6 +8,7 @@
 #include <string>
 
 #include "copy/bulk_pipeline.cuh"
+#include "copy/copy_launch.h"
 #include "copy/copy_plan.h"
 #include "cuda/cuda_status.h"
 #include "cuda/device_info.h"
@@ -123,7 +124,8 @@ __global__ void __launch_bounds__(kSimtThreads)
     const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
     const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if ((rel & 15) == 0) {
-      const int64_t lead = std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(src) % 16) % 16);
+      const int64_t lead =
+          std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(src) % 16) % 16);
       const int64_t nvec = (bytes - lead) / 16;
       const auto* sv = reinterpret_cast<const uint4*>(src + lead);
       auto* dv = reinterpret_cast<uint4*>(dst + lead);
@@ -143,15 +145,6 @@ __global__ void __launch_bounds__(kSimtThreads)
       StoreRelease(&partner_box->done, own->calls);
     }
   }
-}
-
-ffi::Error SetPeerCopySmemLimit(int device, int* limit) {
-  DeviceInfo info;
-  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  *limit = info.smem_per_block_optin - kStaticSmemAllowance;
-  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-      PeerCopyKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, *limit));
-  return ffi::Error::Success();
 }
 
 }  // namespace
@@ -187,7 +180,12 @@ ffi::Error LaunchPeerCopy(PeerMailbox* own, PeerMailbox* partner_box, void* loca
     }
     static PerDevice<int> smem_limit;
     int limit = 0;
-    JAX_TMA_RETURN_IF_FAILED(smem_limit.Get(device, SetPeerCopySmemLimit, &limit));
+    JAX_TMA_RETURN_IF_FAILED(smem_limit.Get(
+        device,
+        [](int d, int* l) {
+          return AllowBulkSmem(reinterpret_cast<const void*>(PeerCopyKernel), d, l);
+        },
+        &limit));
     if (plan.smem > static_cast<std::size_t>(limit)) {
       return InvalidArgument(kOp, "the bulk pipeline needs ", plan.smem,
                              " B of shared memory; device ", device, " allows ", limit, " B");

@@ -426,8 +426,9 @@ ffi::Error RecordedPeerFault() {
   }
   const bool publish = f->wait_for == static_cast<unsigned int>(PeerWaitFor::kPublish);
   const std::string who = publish ? w.publisher : w.copier;
-  const std::string action = std::string(publish ? "publish its buffer for" : "finish its copy in") +
-                             " call " + std::to_string(f->call);
+  const std::string action =
+      std::string(publish ? "publish its buffer for" : "finish its copy in") + " call " +
+      std::to_string(f->call);
   Message m;
   m << kPpermuteOp << " at " << w.site << ": ";
   ffi::ErrorCode code = ffi::ErrorCode::kInternal;

@@ -11,7 +11,7 @@
 namespace jax_tma {
 namespace {
 
-ffi::Error PpermuteCudaImpl(cudaStream_t stream, int32_t device, ffi::RunId /*run: the CPU handler's*/,
+ffi::Error PpermuteCudaImpl(cudaStream_t stream, int32_t device, ffi::RunId /*run*/,
                             ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                             int64_t instance, ffi::Span<const int64_t> devices,
                             ffi::Span<const int64_t> sources, bool push,

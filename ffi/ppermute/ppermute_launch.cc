@@ -91,8 +91,8 @@ ffi::Error SetUpSite(const PpermuteCall& call, int device, PeerSite* site) {
   JAX_TMA_RETURN_IF_FAILED(ThePeerFault(&fault));
   const unsigned long long id = RegisterPeerWaits(
       where.site + " on " + Describe(route, where, route.self),
-      partner >= 0 ? Describe(route, where, partner) : "", by >= 0 ? Describe(route, where, by) : "",
-      where.timeout);
+      partner >= 0 ? Describe(route, where, partner) : "",
+      by >= 0 ? Describe(route, where, by) : "", where.timeout);
   const auto timeout_ns = static_cast<unsigned long long>(where.timeout.count()) * 1000000ull;
   for (auto [p, wait] : {std::make_pair(partner, &site->wait_partner),
                          std::make_pair(by, &site->wait_by)}) {
