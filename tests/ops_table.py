@@ -85,8 +85,12 @@ def as_ints(a) -> list[int]:
     return [int(v) for v in np.asarray(a).reshape(-1)]
 
 
+# How many cotangent() terms a grad may sum into one element exactly.
+EXACT_TERMS = 4
+
+
 def cotangent(rng, shape, dtype) -> np.ndarray:
-    """A cotangent whose sums over a few (up to 4) terms are exact in
+    """A cotangent whose sums over a few (up to EXACT_TERMS) terms are exact in
     `dtype`, so that every order of adding gives the same bits: +-1 and
     +-2 where the format has a sign and 2+ mantissa bits, +-1 in float4,
     1 in float8_e8m0fnu (powers of two only); complex: each part so."""
@@ -514,7 +518,8 @@ def build_broadcast(rng, dtype, *, batch=8, even=True, method="auto") -> Case:
 def _indices(rng, n, shape, dtype, unique=False):
     """Indices along a dim of size n: in range, wrapped negatives and out of
     range; `unique`: no two name the same slab (for set, whose duplicates
-    jnp leaves unspecified)."""
+    jnp leaves unspecified); else at most EXACT_TERMS name one slab, so that
+    the sums a gather's grad makes of cotangent() terms are exact."""
     count = math.prod(shape)
     if unique:
         rows = rng.permutation(n)[: min(count, n)]
@@ -523,6 +528,10 @@ def _indices(rng, n, shape, dtype, unique=False):
         vals = rng.permutation(np.concatenate([rows, extra]))
     else:
         vals = rng.integers(-n - 2, n + 2, count)
+        inside = (vals >= -n) & (vals < n)
+        rows = np.where(inside, vals % n, -1)
+        seen = np.array([np.count_nonzero(rows[:i] == rows[i]) for i in range(count)], int)
+        vals = np.where(inside & (seen >= EXACT_TERMS), n, vals)  # past the end: filled
     return vals.reshape(shape).astype(dtype)
 
 
