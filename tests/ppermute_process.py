@@ -22,12 +22,18 @@ MODE:
   (GPU only; after a first call that every process makes:)
   replay a jitted loop of ppermutes replays from XLA's command buffers:
          bit-exact, with fewer handler calls than loop iterations.
+  cycles 1000 cycles of compiling, calling and freeing a new jitted
+         ppermute: bit-exact, and what the transport holds (participants,
+         mailboxes, VA reservations, mapped allocations) and the process's
+         open descriptors do not grow.
   stop   process 1 stops calling: the others' waiting kernel traps after
-         the timeout, failing the step, and the reason names it on stderr.
+         the timeout, failing the step, and the reason names it on stderr;
+         their next call fails too (the GPU context is lost), never hangs.
   die    process 1 is killed (SIGKILL): the others' waiting kernel traps at
          once, and the reason names it.
 """
 
+import gc
 import logging
 import os
 import signal
@@ -116,6 +122,8 @@ def main():
         run_checks()
     elif mode == "replay":
         run_replay()
+    elif mode == "cycles":
+        run_cycles()
     elif mode in ("stop", "die"):
         run_device_fault()
     else:
@@ -175,6 +183,37 @@ def run_replay():
     assert calls < steps, calls
 
 
+def run_cycles():
+    cycles, warm = 1000, 10
+    rng = np.random.default_rng([seed, cycles])
+    x = random_array(rng, (n * 1000, 3), np.uint32)
+    blocks = np.split(x, n)
+    _, sources = device_plan(mesh_1d, ("i",), tuple(ring))
+    x = global_array(mesh_1d, x)
+
+    def held():
+        gc.collect()
+        return dict(_ffi._ext.peer_resources(), fds=len(os.listdir("/proc/self/fd")))
+
+    for i in range(cycles):
+        # A new function each time: a new executable, freed below.
+        f = shard_mapped(lambda b, axis, perm: jax_tma.ppermute(b, axis, perm), mesh_1d, "i",
+                         ring)
+        got = f(x)
+        for shard in got.addressable_shards:
+            assert_bits_equal(shard.data, blocks[sources[shard.index[0].start // 1000]])
+        del f, got
+        jax.clear_caches()
+        if i == warm - 1:
+            before = held()
+    after = held()
+    print(f"process {pid}: held after {warm} cycles {before}, after {cycles} {after}",
+          flush=True)
+    assert before["sites"] == after["sites"] == 0, (before, after)
+    assert all(after[k] == before[k] for k in before if k != "fds"), (before, after)
+    assert after["fds"] - before["fds"] < 10, (before, after)
+
+
 def run_fault():
     perm = ring if mode != "perm" or pid != 1 else [(d, s) for s, d in ring]
     f = shard_mapped(jax_tma.ppermute, mesh_1d, "i", perm)
@@ -231,6 +270,9 @@ def run_device_fault():
         raise AssertionError(f"process {pid}: the call did not fail")
     print(f"process {pid}: failed after {time.monotonic() - start:.1f} s", flush=True)
     time.sleep(0.5)  # the reporting thread prints the reason
+    signal.alarm(30)  # a hang ends the process (SIGALRM), failing the test
+    expect_failure(lambda: f(x))  # refused: the context is lost
+    signal.alarm(0)
 
 
 try:

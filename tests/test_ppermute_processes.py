@@ -141,6 +141,15 @@ def test_a_loop_across_processes_replays_from_command_buffers(rng, shared_gpu):
         assert f"process {pid}: ok" in out, out[-4000:]
 
 
+def test_compile_and_free_cycles_release_what_the_transport_holds(rng, shared_gpu):
+    # 1000 new executables, each set up at its first call and freed: the
+    # participants, mailboxes, VA reservations, mappings and descriptors
+    # stay as they were after the first 10.
+    for pid, (status, out) in enumerate(_run("cycles", 2, rng, platform="gpu")):
+        assert status == 0, f"process {pid} exited {status}:\n{out[-4000:]}"
+        assert f"process {pid}: ok" in out, out[-4000:]
+
+
 def test_a_gpu_peer_that_never_calls_times_out_by_name(rng, shared_gpu):
     outputs = _run("never", 2, rng, timeout_s=3, platform="gpu")
     _survivors_failed(outputs, within_s=20)

@@ -117,6 +117,23 @@ struct Slab {
   char* end = nullptr;
 };
 
+// What this process holds for the transport (CountPeerResources), under
+// resources_mu.
+std::mutex resources_mu;
+PeerResources resources;
+
+// Zeroes device memory on a stream of its own: a legacy-stream memset would
+// wait for XLA's streams, where a kernel may be waiting for this very setup.
+ffi::Error ZeroOnOwnStream(void* p, size_t size) {
+  cudaStream_t stream;
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaError_t err = cudaMemsetAsync(p, 0, size, stream);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  JAX_TMA_CUDA_RETURN_IF_ERROR(err);
+  return ffi::Error::Success();
+}
+
 ffi::Error NewSlab(int device, Slab* slab) {
   JAX_TMA_RETURN_IF_FAILED(DriverReady());
   const Driver& d = TheDriver();
@@ -135,15 +152,12 @@ ffi::Error NewSlab(int device, Slab* slab) {
   if (r == CUDA_SUCCESS) r = d.map(va, size, 0, handle, 0);
   d.release(handle);  // the mapping keeps the memory
   if (r != CUDA_SUCCESS) return DriverFailed("mapping a mailbox slab", r);
+  {
+    std::lock_guard<std::mutex> lock(resources_mu);
+    ++resources.reservations;
+  }
   JAX_TMA_RETURN_IF_FAILED(GrantAccess(va, size, device));
-  // Zeroed on a stream of its own: a legacy-stream memset would wait for
-  // XLA's streams, where a kernel may be waiting for this very setup.
-  cudaStream_t stream;
-  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaError_t err = cudaMemsetAsync(reinterpret_cast<void*>(va), 0, size, stream);
-  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
-  cudaStreamDestroy(stream);
-  JAX_TMA_CUDA_RETURN_IF_ERROR(err);
+  JAX_TMA_RETURN_IF_FAILED(ZeroOnOwnStream(reinterpret_cast<void*>(va), size));
   slab->next = reinterpret_cast<char*>(va);
   slab->end = slab->next + size;
   return ffi::Error::Success();
@@ -234,6 +248,10 @@ ffi::Error ExportRegion(const LinkPeer& to, uintptr_t p, std::chrono::millisecon
                                 " could not map an allocation of this process: " +
                                 reply.bytes.substr(std::min(reply.bytes.size(), sizeof(va))));
   }
+  {
+    std::lock_guard<std::mutex> lock(resources_mu);
+    ++resources.exported;
+  }
   std::lock_guard<std::mutex> lock(regions_mu);
   Regions()[base].at[to.process] = va;
   return ffi::Error::Success();
@@ -261,6 +279,11 @@ unsigned long long ImportRegion(int fd, size_t size, std::string* why) {
   if (r == CUDA_SUCCESS) r = d.map(va, size, 0, handle, 0);
   d.release(handle);
   if (r != CUDA_SUCCESS) return fail(DriverFailed("mapping an allocation of another process", r));
+  {
+    std::lock_guard<std::mutex> lock(resources_mu);
+    ++resources.reservations;
+    ++resources.imported;
+  }
   if (ffi::Error err = GrantAccess(va, size, -1); err.failure()) return fail(std::move(err));
   return static_cast<unsigned long long>(va);
 }
@@ -310,8 +333,8 @@ struct Waits {
   std::chrono::milliseconds timeout{0};
 };
 std::mutex waits_mu;
-std::vector<Waits>& AllWaits() {
-  static auto* waits = new std::vector<Waits>();
+std::map<unsigned long long, Waits>& AllWaits() {  // by id, from 1
+  static auto* waits = new std::map<unsigned long long, Waits>();
   return *waits;
 }
 
@@ -357,18 +380,44 @@ ffi::Error StartHost() {
 
 void InstallPeerLinkHandlers() { SetLinkHandlers(OnLinkMessage, OnPeerGone); }
 
+namespace {
+std::mutex mailboxes_mu;
+std::map<int, Slab>& Slabs() {  // by device: where the next new mailbox goes
+  static auto* slabs = new std::map<int, Slab>();
+  return *slabs;
+}
+std::map<int, std::vector<PeerMailbox*>>& FreeMailboxes() {  // by device
+  static auto* free = new std::map<int, std::vector<PeerMailbox*>>();
+  return *free;
+}
+}  // namespace
+
 ffi::Error NewPeerMailbox(int device, PeerMailbox** box) {
   JAX_TMA_RETURN_IF_FAILED(StartHost());
-  static std::mutex mu;
-  static auto* slabs = new std::map<int, Slab>();
-  std::lock_guard<std::mutex> lock(mu);
-  Slab& slab = (*slabs)[device];
-  if (slab.end - slab.next < static_cast<std::ptrdiff_t>(sizeof(PeerMailbox))) {
-    JAX_TMA_RETURN_IF_FAILED(NewSlab(device, &slab));
+  std::lock_guard<std::mutex> lock(mailboxes_mu);
+  std::vector<PeerMailbox*>& free = FreeMailboxes()[device];
+  if (!free.empty()) {
+    JAX_TMA_RETURN_IF_FAILED(ZeroOnOwnStream(free.back(), sizeof(PeerMailbox)));
+    *box = free.back();
+    free.pop_back();
+  } else {
+    Slab& slab = Slabs()[device];
+    if (slab.end - slab.next < static_cast<std::ptrdiff_t>(sizeof(PeerMailbox))) {
+      JAX_TMA_RETURN_IF_FAILED(NewSlab(device, &slab));
+    }
+    *box = reinterpret_cast<PeerMailbox*>(slab.next);
+    slab.next += sizeof(PeerMailbox);
   }
-  *box = reinterpret_cast<PeerMailbox*>(slab.next);
-  slab.next += sizeof(PeerMailbox);
+  std::lock_guard<std::mutex> count(resources_mu);
+  ++resources.mailboxes;
   return ffi::Error::Success();
+}
+
+void ReleasePeerMailbox(int device, PeerMailbox* box) {
+  std::lock_guard<std::mutex> lock(mailboxes_mu);
+  FreeMailboxes()[device].push_back(box);
+  std::lock_guard<std::mutex> count(resources_mu);
+  --resources.mailboxes;
 }
 
 ffi::Error AddressIn(const LinkPeer& to, int device, const void* ptr,
@@ -412,8 +461,27 @@ ffi::Error ThePeerFault(PeerFault** fault) {
 unsigned long long RegisterPeerWaits(std::string site, std::string publisher,
                                      std::string copier, std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(waits_mu);
-  AllWaits().push_back(Waits{std::move(site), std::move(publisher), std::move(copier), timeout});
-  return AllWaits().size();
+  static unsigned long long next_id = 1;
+  AllWaits()[next_id] = Waits{std::move(site), std::move(publisher), std::move(copier), timeout};
+  return next_id++;
+}
+
+void UnregisterPeerWaits(unsigned long long id) {
+  const volatile PeerFault* f = fault_record;
+  std::lock_guard<std::mutex> lock(waits_mu);
+  // A recorded fault keeps naming its waits.
+  if (f == nullptr || f->raised == 0 || f->site != id) AllWaits().erase(id);
+}
+
+PeerResources CountPeerResources() {
+  PeerResources counts;
+  {
+    std::lock_guard<std::mutex> lock(resources_mu);
+    counts = resources;
+  }
+  std::lock_guard<std::mutex> lock(waits_mu);
+  counts.sites = static_cast<long long>(AllWaits().size());
+  return counts;
 }
 
 ffi::Error RecordedPeerFault() {
@@ -422,7 +490,8 @@ ffi::Error RecordedPeerFault() {
   Waits w;
   {
     std::lock_guard<std::mutex> lock(waits_mu);
-    if (f->site >= 1 && f->site <= AllWaits().size()) w = AllWaits()[f->site - 1];
+    auto it = AllWaits().find(static_cast<unsigned long long>(f->site));
+    if (it != AllWaits().end()) w = it->second;
   }
   const bool publish = f->wait_for == static_cast<unsigned int>(PeerWaitFor::kPublish);
   const std::string who = publish ? w.publisher : w.copier;

@@ -32,8 +32,12 @@ namespace jax_tma {
 // before any peer knows its name.
 void InstallPeerLinkHandlers();
 
-// A zeroed mailbox on `device`, for the life of the process.
+// A zeroed mailbox on `device`, until ReleasePeerMailbox: one the kernels of
+// its last user no longer touch (its executable is freed, which XLA does
+// once the last execution is done on the device) is reused, else a slot of
+// a mapped slab.
 ffi::Error NewPeerMailbox(int device, PeerMailbox** box);
+void ReleasePeerMailbox(int device, PeerMailbox* box);
 
 // `ptr` (memory of this process on `device`) as an address in the space of
 // process `to`: `ptr` itself for this process (`to.name` empty); else its
@@ -54,6 +58,21 @@ ffi::Error PeerGoneWord(int process, const volatile unsigned int** word);
 ffi::Error ThePeerFault(PeerFault** fault);
 unsigned long long RegisterPeerWaits(std::string site, std::string publisher,
                                      std::string copier, std::chrono::milliseconds timeout);
+void UnregisterPeerWaits(unsigned long long id);
+
+// What this process holds for the transport, for tests that look for
+// leaks: participants set up (registered waits), mailboxes in use, VA
+// reservations (mailbox slabs and mapped allocations of other processes),
+// allocations of other processes mapped here and of this one mapped by
+// others.
+struct PeerResources {
+  long long sites = 0;
+  long long mailboxes = 0;
+  long long reservations = 0;
+  long long imported = 0;
+  long long exported = 0;
+};
+PeerResources CountPeerResources();
 
 // The fault a kernel of this process recorded, as an error; success if none.
 ffi::Error RecordedPeerFault();

@@ -17,18 +17,33 @@
 #include "ppermute/peer_memory.h"
 
 namespace jax_tma {
-namespace {
 
 // A participant of a lowered ppermute on one device, once set up: its own
 // mailbox and, in this process's address space, those of its partner and of
-// the participant that copies its buffer; and how its kernels wait.
+// the participant that copies its buffer; and how its kernels wait. Its
+// mailbox and waits go back with it.
 struct PeerSite {
+  explicit PeerSite(int device) : device(device) {}
+  ~PeerSite() {
+    if (box != nullptr) ReleasePeerMailbox(device, box);
+    if (waits != 0) UnregisterPeerWaits(waits);
+  }
+  PeerSite(const PeerSite&) = delete;
+  PeerSite& operator=(const PeerSite&) = delete;
+  int device;
   PeerMailbox* box = nullptr;
   PeerMailbox* partner_box = nullptr;
   PeerMailbox* by_box = nullptr;
-  PeerWait wait_partner;  // for the partner's buffer
-  PeerWait wait_by;       // for the copy of this participant's buffer
+  unsigned long long waits = 0;  // RegisterPeerWaits's id
+  PeerWait wait_partner;         // for the partner's buffer
+  PeerWait wait_by;              // for the copy of this participant's buffer
 };
+
+ffi::TypeId PeerSites::id = {};
+PeerSites::PeerSites() = default;
+PeerSites::~PeerSites() = default;
+
+namespace {
 
 // Lets `device` (the current one) read and write `peer`'s memory, once per pair.
 ffi::Error EnablePeerAccess(int device, int peer) {
@@ -89,7 +104,7 @@ ffi::Error SetUpSite(const PpermuteCall& call, int device, PeerSite* site) {
   }
   PeerFault* fault = nullptr;
   JAX_TMA_RETURN_IF_FAILED(ThePeerFault(&fault));
-  const unsigned long long id = RegisterPeerWaits(
+  site->waits = RegisterPeerWaits(
       where.site + " on " + Describe(route, where, route.self),
       partner >= 0 ? Describe(route, where, partner) : "",
       by >= 0 ? Describe(route, where, by) : "", where.timeout);
@@ -99,27 +114,25 @@ ffi::Error SetUpSite(const PpermuteCall& call, int device, PeerSite* site) {
     if (p < 0) continue;
     wait->timeout_ns = timeout_ns;
     wait->fault = fault;
-    wait->site = id;
+    wait->site = site->waits;
     JAX_TMA_RETURN_IF_FAILED(PeerGoneWord(static_cast<int>(where.processes[p]), &wait->gone));
   }
   return ffi::Error::Success();
 }
 
-// The set-up participant of `instance` on `device`; the first call sets it
-// up, off this thread (XLA may be capturing a command buffer on it).
-ffi::Error GetSite(const PpermuteCall& call, int64_t instance, int device,
-                   const PeerSite** out) {
-  static std::mutex mu;
-  static auto* sites = new std::map<std::pair<int64_t, int>, std::unique_ptr<PeerSite>>();
+}  // namespace
+
+ffi::Error PeerSites::Get(const PpermuteCall& call, int device, const PeerSite** out) {
   {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = sites->find({instance, device});
-    if (it != sites->end()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sites_.find(device);
+    if (it != sites_.end()) {
       *out = it->second.get();
       return ffi::Error::Success();
     }
   }
-  auto site = std::make_unique<PeerSite>();
+  // Off this thread: XLA may be capturing a command buffer on it.
+  auto site = std::make_unique<PeerSite>(device);
   ffi::Error err = ffi::Error::Success();
   std::thread([&] { err = SetUpSite(call, device, site.get()); }).join();
   if (err.failure() && err.message().rfind(kPpermuteOp, 0) != 0) {
@@ -128,15 +141,13 @@ ffi::Error GetSite(const PpermuteCall& call, int64_t instance, int device,
                                        ": " + std::string(err.message()));
   }
   JAX_TMA_RETURN_IF_FAILED(err);
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(mu_);
   *out = site.get();
-  (*sites)[{instance, device}] = std::move(site);
+  sites_[device] = std::move(site);
   return ffi::Error::Success();
 }
 
-}  // namespace
-
-ffi::Error LaunchPpermute(const PpermuteCall& call, const PpermutePlan& plan, int64_t instance,
+ffi::Error LaunchPpermute(const PpermuteCall& call, const PpermutePlan& plan, PeerSites* sites,
                           cudaStream_t stream, int device) {
   const ByteCopy& c = call.bytes;
   const PermuteRoute& route = call.route;
@@ -144,7 +155,7 @@ ffi::Error LaunchPpermute(const PpermuteCall& call, const PpermutePlan& plan, in
   if (c.bytes == 0) return ffi::Error::Success();
   JAX_TMA_RETURN_IF_FAILED(RecordedPeerFault());
   const PeerSite* site = nullptr;
-  JAX_TMA_RETURN_IF_FAILED(GetSite(call, instance, device, &site));
+  JAX_TMA_RETURN_IF_FAILED(sites->Get(call, device, &site));
   if (route.source < 0) {
     JAX_TMA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(c.dst, 0, c.bytes, stream));
   }

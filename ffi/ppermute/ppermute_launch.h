@@ -9,16 +9,40 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "ppermute/ppermute_common.h"
 #include "ppermute/ppermute_plan.h"
 
 namespace jax_tma {
 
-// Runs this device's part of `call` as `plan` says on `stream`. `instance`
-// names the lowered ppermute.
-ffi::Error LaunchPpermute(const PpermuteCall& call, const PpermutePlan& plan, int64_t instance,
+struct PeerSite;
+
+// A lowered ppermute of one executable (its FFI instantiate state): the
+// participant set up on each device at its first call there. Freed with the
+// executable, which XLA keeps until its last execution is done on the
+// device (PjRt releases it on the compute stream), so no kernel of this
+// site still touches the mailboxes it returns.
+class PeerSites {
+ public:
+  static ffi::TypeId id;
+  PeerSites();
+  ~PeerSites();
+  PeerSites(const PeerSites&) = delete;
+  PeerSites& operator=(const PeerSites&) = delete;
+  // The participant on `device`, set up by its first call.
+  ffi::Error Get(const PpermuteCall& call, int device, const PeerSite** out);
+
+ private:
+  std::mutex mu_;
+  std::map<int, std::unique_ptr<PeerSite>> sites_;
+};
+
+// Runs this device's part of `call` as `plan` says on `stream`, with the
+// participants of `sites`.
+ffi::Error LaunchPpermute(const PpermuteCall& call, const PpermutePlan& plan, PeerSites* sites,
                           cudaStream_t stream, int device);
 
 }  // namespace jax_tma

@@ -1,10 +1,12 @@
 // What jax_tma.ppermute's Python side calls besides its handlers (see
-// module_defs.h): the start of this process's end of the process link, and
-// whether one GPU can map another's memory.
+// module_defs.h): the start of this process's end of the process link,
+// whether one GPU can map another's memory, and what the GPU transport
+// holds (for the tests that look for leaks).
 #include <stdexcept>
 #include <string>
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 
 #include "module_defs.h"
@@ -48,6 +50,15 @@ void PpermuteModule(nanobind::module_& m) {
         return can != 0;
       },
       nanobind::arg("device"), nanobind::arg("peer"));
+  // CountPeerResources (peer_memory.h) by name.
+  m.def("peer_resources", []() {
+    const PeerResources r = CountPeerResources();
+    return std::map<std::string, long long>{{"sites", r.sites},
+                                            {"mailboxes", r.mailboxes},
+                                            {"reservations", r.reservations},
+                                            {"imported", r.imported},
+                                            {"exported", r.exported}};
+  });
 #endif
 }
 
