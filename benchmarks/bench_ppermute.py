@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_tma
 import provenance
@@ -21,8 +23,18 @@ from harness import MIB, Benchmark, Session, rotate_all
 OP = "ppermute"
 BYTES = ("per direction: the block bytes each GPU sends per op (what crosses the link each "
          "way; the two GPUs swap blocks, both directions at once), not read + write")
-FULL = [1, 4, 16, 64, 256, 1024]  # MiB per GPU
+FULL = [1 / 16, 1, 4, 16, 64, 256, 1024]  # MiB per GPU
 SMOKE = [1 / 64, 1 / 16]
+PERM = [(0, 1), (1, 0)]  # the two devices swap blocks
+# The permutations timed, by case name: jax_tma's methods and directions, and
+# lax.ppermute (NCCL on GPUs).
+PPERMUTES: dict[str, Callable[..., jax.Array]] = {
+    "pull": functools.partial(jax_tma.ppermute, method="tma", direction="pull"),
+    "push": functools.partial(jax_tma.ppermute, method="tma", direction="push"),
+    "simt_pull": functools.partial(jax_tma.ppermute, method="simt", direction="pull"),
+    "auto": jax_tma.ppermute,
+    "nccl": jax.lax.ppermute,
+}
 
 
 def topology() -> dict[str, Any] | None:
@@ -39,6 +51,18 @@ def topology() -> dict[str, Any] | None:
     return {"nvidia_smi_topo_m": text, "gpu0_gpu1": link}
 
 
+def chained(pp: Callable[..., jax.Array], mesh: Mesh, perm: Sequence[tuple[int, int]],
+            chain: int) -> Callable[[jax.Array], jax.Array]:
+    """One jitted program over `mesh` (axis "i", blocks sharded along it)
+    that applies `pp(block, "i", perm)` `chain` times in a row, so that the
+    costs of a call (dispatch, launch) spread over `chain` permutations."""
+    def body(b):
+        for _ in range(chain):
+            b = pp(b, "i", perm)
+        return b
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+
+
 def bench_ppermute(s: Session, sizes_mib: Sequence[float] | None = None,
                    chain: int = 8) -> dict[str, Any]:
     """jax_tma.ppermute (TMA bulk pull and push, SIMT pull, auto) against
@@ -46,27 +70,8 @@ def bench_ppermute(s: Session, sizes_mib: Sequence[float] | None = None,
     directions at once), interleaved, each checked bit for bit against NCCL's
     first. Each jitted program chains `chain` permutations; the time per op
     is the program's span (or busy time) over both GPUs, over `chain`."""
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-
-    devices = jax.devices()[:2]
-    mesh = Mesh(np.array(devices), ("i",))
-    perm = [(0, 1), (1, 0)]
-
-    def chained(pp):
-        def body(b):
-            for _ in range(chain):
-                b = pp(b, "i", perm)
-            return b
-        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
-
-    impls = {
-        "pull": chained(functools.partial(jax_tma.ppermute, method="tma", direction="pull")),
-        "push": chained(functools.partial(jax_tma.ppermute, method="tma", direction="push")),
-        "simt_pull": chained(functools.partial(jax_tma.ppermute, method="simt", direction="pull")),
-        "auto": chained(jax_tma.ppermute),
-        "nccl": chained(jax.lax.ppermute),
-    }
+    mesh = Mesh(np.array(jax.devices()[:2]), ("i",))
+    impls = {name: chained(pp, mesh, PERM, chain) for name, pp in PPERMUTES.items()}
     rows = []
     for mib in sizes_mib or (SMOKE if s.smoke else FULL):
         block = int(mib * MIB)
@@ -91,7 +96,7 @@ def bench_ppermute(s: Session, sizes_mib: Sequence[float] | None = None,
         del inputs
         s.log(f"ppermute {mib:g} MiB per device, GB/s per direction: " + ", ".join(
             f"{name} {row[name + '_gbps']:.1f}" for name in impls))
-    return {"op": OP, "bytes_convention": BYTES, "rows": rows, "chain": chain, "perm": perm,
+    return {"op": OP, "bytes_convention": BYTES, "rows": rows, "chain": chain, "perm": PERM,
             "topology": topology()}
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tables import Headline
+from tables import MIB, Headline, size_text
 
 
 def render_ppermute(r: dict[str, Any]) -> str:
@@ -19,7 +19,7 @@ def render_ppermute(r: dict[str, Any]) -> str:
              "| block per GPU | push (TMA bulk) | pull (TMA bulk) | pull (SIMT) | auto | "
              "lax.ppermute (NCCL) | auto vs NCCL |", "|---|---|---|---|---|---|---|"]
     for row in r["rows"]:
-        lines.append(f"| {row['block_mib']:g} MiB | {row['push_gbps']:.1f} | "
+        lines.append(f"| {size_text(row['block_mib'] * MIB)} | {row['push_gbps']:.1f} | "
                      f"{row['pull_gbps']:.1f} | {row['simt_pull_gbps']:.1f} | "
                      f"{row['auto_gbps']:.1f} | {row['nccl_gbps']:.1f} | "
                      f"{row['auto_vs_nccl']:.2f}× |")
@@ -29,7 +29,7 @@ def render_ppermute(r: dict[str, Any]) -> str:
 def _ppermute_headline(r: dict[str, Any]) -> str:
     row = r["rows"][-1]
     return (f"{row['auto_gbps']:.1f} GB/s per direction, {row['auto_vs_nccl']:.2f}× "
-            f"`lax.ppermute` (NCCL), by span: {row['block_mib']:g} MiB blocks")
+            f"`lax.ppermute` (NCCL), by span: {size_text(row['block_mib'] * MIB)} blocks")
 
 
 RENDERERS = {"ppermute": render_ppermute}

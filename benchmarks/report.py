@@ -374,13 +374,15 @@ def _render_modules() -> list[ModuleType]:
     module writes that this script does not render itself) and, where it has
     them, DERIVED ({section: its text from all the results, None where what
     it draws from is missing}), HEADLINES (tables.Headline: its rows of the
-    README's table of ops) and PLOTS (tables.Plot)."""
+    README's table of ops), PLOTS (tables.Plot) and WRITTEN_BY ({op: the
+    command that writes its result, for a section without one, where not
+    `run.py all`})."""
     here = os.path.dirname(os.path.abspath(__file__))
     return [importlib.import_module(os.path.basename(path)[:-len(".py")])
             for path in sorted(glob.glob(os.path.join(here, "render_*.py")))]
 
 
-def _merged(name: str, own: dict[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+def _merged(name: str, own: dict[str, Any]) -> dict[str, Any]:
     """The render modules' dicts called `name`, and `own`: a key in two of
     them is an error."""
     out = dict(own)
@@ -404,10 +406,12 @@ HEADLINES: list[Headline] = sorted((row for module in _MODULES
                                     for row in getattr(module, "HEADLINES", ())),
                                    key=lambda row: row.rank)
 PLOTS: list[Plot] = [p for module in _MODULES for p in getattr(module, "PLOTS", ())]
-# What writes each op's result, for the sections that have none yet.
-_WRITTEN_BY = {"sanitizer": "`scripts/gpu_check.sh sanitize` (its `bench_sanitize.tgz`)",
-               "wheel": "`scripts/gpu_check.sh bench` (`benchmarks/run.py wheel` against the "
-                        "wheel)"}
+# What writes each op's result, for the sections that have none yet (where
+# not `run.py all`).
+_WRITTEN_BY: dict[str, str] = _merged(
+    "WRITTEN_BY", {"sanitizer": "`scripts/gpu_check.sh sanitize` (its `bench_sanitize.tgz`)",
+                   "wheel": "`scripts/gpu_check.sh bench` (`benchmarks/run.py wheel` against "
+                            "the wheel)"})
 
 
 def render(r: dict[str, Any], path: str | None = None) -> str:

@@ -75,7 +75,8 @@ def _smap(mesh, body):
 
 
 @pytest.mark.parametrize("direction", ["pull", "push"])
-@pytest.mark.parametrize("method", ["auto", "tma", "simt"])
+@pytest.mark.parametrize("method", ["auto", pytest.param("tma", marks=pytest.mark.memcheck),
+                                    "simt"])
 @pytest.mark.parametrize("block_bytes", [1, 1000, 4096 + 13, 1 << 20, (64 << 20) + 48])
 def test_ppermute_matches_reference(mesh, rng, method, block_bytes, direction):
     n = mesh.size
@@ -92,6 +93,7 @@ def test_ppermute_matches_reference(mesh, rng, method, block_bytes, direction):
     assert_bits_equal(run_on_path(path, ours, x), ppermute_reference(host, n, perm))
 
 
+@pytest.mark.memcheck
 @pytest.mark.parametrize("direction", ["pull", "push"])
 def test_ppermute_partial_perm_zero_fills(mesh, rng, direction):
     perm = [(0, 1)]

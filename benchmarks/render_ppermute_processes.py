@@ -1,0 +1,90 @@
+"""How the ppermute_processes benchmark's results read
+(bench_ppermute_processes.py writes them: two processes of one host under
+jax.distributed): the `ppermute_processes` section, a table per layout and
+the host time of one call. No headline row: the README's ppermute row is the
+two-GPU benchmark's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tables import MIB, size_text
+
+_LAYOUTS = {
+    "shared": "both processes on one GPU, without MPS (the GPU time-slices their contexts)",
+    "per_gpu": "one GPU each",
+    "shared_mps": "both processes on one GPU under an MPS daemon of the benchmark's own",
+}
+
+
+def _num(x: float | None, suffix: str = "", digits: int = 1) -> str:
+    """x to `digits` places, or a dash where it was not measured."""
+    return "—" if x is None else f"{x:.{digits}f}{suffix}"
+
+
+def _layout_table(name: str, layout: dict[str, Any]) -> list[str]:
+    """A layout's table of GB/s by block size, and what it must say beside."""
+    nccl = any("nccl_us" in row for row in layout["rows"])
+    head = ["block per device", "auto", "push (TMA bulk)", "pull (TMA bulk)", "cudaMemcpyAsync",
+            "auto vs cudaMemcpyAsync"] + (["lax.ppermute (NCCL)", "auto vs NCCL"] if nccl else [])
+    devices = ", ".join(dict.fromkeys(layout["devices"]))
+    lines = [f"`{name}`, {_LAYOUTS[name]} ({devices}):", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in layout["rows"]:
+        cells = [size_text(row["block_mib"] * MIB)]
+        cells += [_num(row[f"{case}_gbps"]) for case in ("auto", "push", "pull", "memcpy")]
+        cells.append(_num(row["auto_vs_memcpy"], "×", 2))
+        if nccl:
+            cells += [_num(row["nccl_gbps"]), _num(row["auto_vs_nccl"], "×", 2)]
+        lines.append("| " + " | ".join(cells) + " |")
+    fallbacks = [x.removeprefix("lax.ppermute, because ") for x in layout["lowerings"]
+                 if x.startswith("lax.ppermute")]
+    if fallbacks:
+        lines += ["", "`jax_tma.ppermute` lowered to `lax.ppermute` here, because "
+                  + "; ".join(fallbacks) + "."]
+    if layout["untraced"]:
+        lines += ["", "No profiler clocks in " + "; ".join(
+            f"process {pid}: {why}" for pid, why in layout["untraced"].items()) + "."]
+    return lines
+
+
+def _host_rows(r: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(where, host-time clocks) of every layout, and of one process."""
+    rows = [(f"two processes, `{name}`", layout["host_time"])
+            for name, layout in r["layouts"].items()]
+    if r.get("in_process_host_time"):
+        rows.append(("one process, two GPUs", r["in_process_host_time"]))
+    return rows
+
+
+def render_ppermute_processes(r: dict[str, Any]) -> str:
+    lines = [f"Two processes of one host under `jax.distributed` swap blocks (`perm={r['perm']}`), "
+             f"{r['chain']} permutations chained per program; GB/s per direction by span (worker "
+             f"0's span per program ÷ {r['chain']}). The ceiling is `cudaMemcpyAsync` of the "
+             f"same block bytes on worker 0's GPU while worker 1 waits (its GB/s counts the "
+             f"block once, though it reads and writes it); *auto vs cudaMemcpyAsync* is its time "
+             f"÷ `auto`'s, *auto vs NCCL* NCCL's ÷ `auto`'s. MPS: {r['mps']}."]
+    for name, layout in r["layouts"].items():
+        lines += ["", *_layout_table(name, layout)]
+    host = _host_rows(r)
+    block = size_text(host[0][1]["block_bytes"])
+    lines += ["", f"Host time of one un-chained call, {block} blocks (wall: calls dispatched "
+                  f"without waiting, one sync; span: first to last GPU activity of a call), "
+                  f"µs per call:", "",
+              "| where | `auto` span | `auto` wall | NCCL span | NCCL wall |",
+              "|---|---|---|---|---|"]
+    for where, t in host:
+        cells = [_num(t["cases"].get(case, {}).get(clock))
+                 for case in ("auto", "nccl") for clock in ("span_us", "wall_us")]
+        lines.append(f"| {where} | " + " | ".join(cells) + " |")
+    notes = [f"`{name}` not run: {why}" for name, why in r["not_run"].items()]
+    notes += [f"{size} blocks left out: {why}" for size, why in r["sizes_left_out"].items()]
+    if notes:
+        lines += ["", "; ".join(notes) + "."]
+    return "\n".join(lines)
+
+
+RENDERERS = {"ppermute_processes": render_ppermute_processes}
+# The command that writes the result (it is not in `run.py all`).
+WRITTEN_BY = {"ppermute_processes": "`python benchmarks/run.py ppermute_processes --out-dir "
+                                     "benchmarks/results` (one GPU or more; not in `all`)"}
