@@ -192,20 +192,27 @@ def run_cycles():
     x = global_array(mesh_1d, x)
 
     def held():
+        # Frees the executables: jax's caches hold them, and cycles of
+        # references their functions.
+        jax.clear_caches()
         gc.collect()
         return dict(_ffi._ext.peer_resources(), fds=len(os.listdir("/proc/self/fd")))
 
+    start = time.monotonic()
     for i in range(cycles):
-        # A new function each time: a new executable, freed below.
+        # A new function each time: a new executable (its lowering is a new
+        # instance), freed with the caches.
         f = shard_mapped(lambda b, axis, perm: jax_tma.ppermute(b, axis, perm), mesh_1d, "i",
                          ring)
         got = f(x)
         for shard in got.addressable_shards:
             assert_bits_equal(shard.data, blocks[sources[shard.index[0].start // 1000]])
         del f, got
-        jax.clear_caches()
         if i == warm - 1:
             before = held()
+        elif i % 100 == 99:
+            print(f"process {pid}: {i + 1} cycles, {time.monotonic() - start:.1f} s, "
+                  f"{held()}", flush=True)
     after = held()
     print(f"process {pid}: held after {warm} cycles {before}, after {cycles} {after}",
           flush=True)
