@@ -268,6 +268,9 @@ class Benchmark:
     devices: int = 1         # the devices it measures across (more: skipped in `all` without)
     not_in_smoke: str = ""   # why a smoke run (the CPU) cannot run it
     timing_method: str = ""  # how it is timed, where not by the session (e.g. "ncu")
+    # It runs its cases in processes of its own, which need the GPUs' memory:
+    # run alone, run.py's process takes none (XLA_PYTHON_CLIENT_PREALLOCATE).
+    own_processes: bool = False
     # `run.py <op>-once`: each variant run once, untimed, for a profiler to
     # watch (ncu); returns the variants' labels, in order.
     once: Callable[[], list[str]] | None = None

@@ -125,6 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(args.ops) == 1 and args.ops[0] in once:
         print(f"{args.ops[0]} variants: " + json.dumps(once[args.ops[0]]()), flush=True)
         return 0
+    if "all" not in args.ops and all(BENCHMARKS[op].own_processes for op in args.ops):
+        # Before the GPUs' first use: this process keeps no memory pool.
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     gpus = [d for d in jax.devices() if d.platform == "gpu"]
     if not gpus and not args.smoke:
         print("benchmarks/run.py: needs a CUDA GPU (--smoke runs the code paths on the CPU "

@@ -11,7 +11,9 @@ must name the transport. A peer that never calls, is killed, or calls with
 another permutation fails every process still alive with an error that names
 it, within the timeout (JAX_TMA_PPERMUTE_TIMEOUT_S), never a hang."""
 
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +29,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In a child: SIGKILL when this process ends, however it ends (a timeout
+    that kills pytest must not leave processes holding the GPU)."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _run(mode: str, count: int, rng, timeout_s: float | None = None,
          platform: str = "cpu") -> list[tuple[int, str]]:
     """(exit status, output) of each of `count` processes of
@@ -40,7 +49,8 @@ def _run(mode: str, count: int, rng, timeout_s: float | None = None,
         env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
     procs = [subprocess.Popen([sys.executable, "-P", os.path.join(HERE, "ppermute_process.py"),
                                mode, str(pid), str(count), str(port), str(seed), platform],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              preexec_fn=_die_with_parent)
              for pid in range(count)]
     outputs = []
     try:
