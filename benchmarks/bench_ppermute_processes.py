@@ -381,10 +381,13 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a / b
 
 
-def _row(ours: dict[str, Any], peer: dict[str, Any], chain: int) -> dict[str, Any]:
+def _row(ours: dict[str, Any], peer: dict[str, Any], chain: int,
+         copies_per_gpu: int) -> dict[str, Any]:
     """A block size's numbers per op: worker 0's clocks (its programs chain
     `chain` permutations; the ceiling is one copy a call), worker 1's busy
-    time beside them, GB/s by span, and the ratios by span."""
+    time beside them, GB/s by span, and the ratios by span. Against the
+    ceiling, an op moves `copies_per_gpu` blocks through one GPU's memory
+    (2 where both processes share it: each copies one block, at once)."""
     block = ours["block_bytes"]
     row: dict[str, Any] = {"block_mib": block / MIB, "protocol": ours["protocol"],
                            "memcpy_protocol": ours["memcpy_protocol"]}
@@ -396,7 +399,8 @@ def _row(ours: dict[str, Any], peer: dict[str, Any], chain: int) -> dict[str, An
         row[f"{name}_gbps"] = _ratio(block / 1e3, row[f"{name}_us"])
     for name, _, n in per_call:
         row[f"{name}_peer_busy_us"] = _over(peer["cases"][name]["busy_us"], n)
-    row["auto_vs_memcpy"] = _ratio(row["memcpy_us"], row["auto_us"])
+    row["copies_per_gpu"] = copies_per_gpu
+    row["auto_vs_memcpy"] = _ratio(_over(row["memcpy_us"], 1 / copies_per_gpu), row["auto_us"])
     if "nccl" in ours["cases"]:
         row["auto_vs_nccl"] = _ratio(row["nccl_us"], row["auto_us"])
     return row
@@ -411,7 +415,7 @@ def _layout(s: Session, name: str, gpus: Sequence[str | None], spec: dict[str, A
     for pid, w in enumerate(workers):
         s.checked.extend(f"{name} process {pid}: {label}" for label in w["checked"])
     return {"devices": workers[0]["devices"], "cuda_visible_devices": list(gpus),
-            "rows": [_row(ours, peer, spec["chain"])
+            "rows": [_row(ours, peer, spec["chain"], 2 if len(set(gpus)) == 1 else 1)
                      for ours, peer in zip(workers[0]["rows"], workers[-1]["rows"])],
             "host_time": workers[0]["host_time"], "lowerings": workers[0]["lowerings"],
             "untraced": {pid: w["untraced"] for pid, w in enumerate(workers) if w["untraced"]}}

@@ -63,7 +63,9 @@ def render_ppermute_processes(r: dict[str, Any]) -> str:
              f"0's span per program ÷ {r['chain']}). The ceiling is `cudaMemcpyAsync` of the "
              f"same block bytes on worker 0's GPU while worker 1 waits (its GB/s counts the "
              f"block once, though it reads and writes it); *auto vs cudaMemcpyAsync* is its time "
-             f"÷ `auto`'s, *auto vs NCCL* NCCL's ÷ `auto`'s. MPS: {r['mps']}."]
+             f"for the blocks an op moves through that GPU's memory (two where both processes "
+             f"share it, one each copying at once) ÷ `auto`'s time, *auto vs NCCL* NCCL's ÷ "
+             f"`auto`'s. MPS: {r['mps']}."]
     for name, layout in r["layouts"].items():
         lines += ["", *_layout_table(name, layout)]
     host = _host_rows(r)
