@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -47,25 +48,35 @@ def _run(mode: str, count: int, rng, timeout_s: float | None = None,
     if platform == "gpu":  # the processes share one GPU and its memory
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.8 / count:.3f}"
         env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    # Output to files, not pipes: a process that writes more than a pipe
+    # holds (the cycles mode logs 1000 lowerings) would block on its write
+    # while this one waits for it to end.
+    logs = [tempfile.TemporaryFile("w+") for _ in range(count)]
     procs = [subprocess.Popen([sys.executable, "-P", os.path.join(HERE, "ppermute_process.py"),
                                mode, str(pid), str(count), str(port), str(seed), platform],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
                               preexec_fn=_die_with_parent)
-             for pid in range(count)]
-    outputs = []
+             for pid, log in enumerate(logs)]
+    statuses = []
     try:
         for pid, p in enumerate(procs):
             # A process that stays alive on purpose (modes "never", "stop")
             # is ended once the others are done.
             wait = 5 if mode in ("never", "stop") and pid == 1 else 300
             try:
-                outputs.append((p.wait(timeout=wait), p.communicate()[0]))
+                statuses.append(p.wait(timeout=wait))
             except subprocess.TimeoutExpired:
                 p.kill()
-                outputs.append((None, p.communicate()[0]))
+                p.wait()
+                statuses.append(None)
     finally:
         for p in procs:
             p.kill()
+    outputs = []
+    for status, log in zip(statuses, logs):
+        log.seek(0)
+        outputs.append((status, log.read()))
+        log.close()
     return outputs
 
 
