@@ -195,5 +195,6 @@ BENCHMARKS = {
     "broadcast": Benchmark(lambda s, args: bench_broadcast(s), budget_s=30, once=run_once),
     # DRAM bytes from ncu
     "broadcast-ncu": Benchmark(lambda s, args: bench_broadcast_ncu(), budget_s=30,
-                               not_in_smoke="needs ncu and a GPU", timing_method="ncu"),
+                               not_in_smoke="needs ncu and a GPU", timing_method="ncu",
+                               group="ncu"),
 }

@@ -101,4 +101,4 @@ def bench_ppermute(s: Session, sizes_mib: Sequence[float] | None = None,
 
 
 BENCHMARKS = {"ppermute": Benchmark(lambda s, args: bench_ppermute(s, args.sizes_mib),
-                                    budget_s=120, devices=2)}
+                                    budget_s=120, devices=2, group="multi")}

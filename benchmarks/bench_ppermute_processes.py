@@ -6,11 +6,13 @@ against lax.ppermute over NCCL) — beside the copy ceiling and the host time
 of one call.
 
     python benchmarks/run.py ppermute_processes [--out-dir DIR] [--sizes-mib 1 16 ...]
+    python benchmarks/run.py multi [--out-dir DIR]   # with the two-GPU ppermute benchmark
 
 run.py's process only spawns the workers (this module run as a script, one
 process each) and never runs a jax op itself: the workers need the GPUs'
-memory. So it is not in `run.py all`, whose earlier ops leave their memory
-pool in run.py's process. Each worker times its own calls as
+memory, so run.py runs this op before any other and its own process
+preallocates none (harness.Benchmark.own_processes). It is not in `run.py
+all`, the one-GPU suite. Each worker times its own calls as
 harness.Session does (its own profiler trace); the two make the same calls
 in the same order, since every case is a collective that meets across them.
 """
@@ -292,7 +294,7 @@ def _check_free(gpu: str, workers: int) -> None:
         raise RuntimeError(
             f"{OP}: GPU {gpu} has {free:.0f} MiB free, and its {workers} worker(s) take "
             f"{need:.0f} MiB ({MEM_FRACTION:g} of {total:.0f} MiB each): another process holds "
-            f"the rest (in run.py, an op run before this one: run `run.py {OP}` on its own)")
+            f"the rest")
 
 
 def _free_port() -> int:
@@ -530,7 +532,8 @@ def bench_ppermute_processes(s: Session, sizes_mib: Sequence[float] | None = Non
 
 
 BENCHMARKS = {OP: Benchmark(lambda s, args: bench_ppermute_processes(s, args.sizes_mib),
-                            budget_s=300, in_all=False, own_processes=True)}
+                            budget_s=300, in_all=False, own_processes=True,
+                            group="multi")}
 
 
 if __name__ == "__main__":

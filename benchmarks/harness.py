@@ -269,8 +269,13 @@ class Benchmark:
     not_in_smoke: str = ""   # why a smoke run (the CPU) cannot run it
     timing_method: str = ""  # how it is timed, where not by the session (e.g. "ncu")
     # It runs its cases in processes of its own, which need the GPUs' memory:
-    # run alone, run.py's process takes none (XLA_PYTHON_CLIENT_PREALLOCATE).
+    # run.py runs it first and its own process preallocates none
+    # (XLA_PYTHON_CLIENT_PREALLOCATE=false).
     own_processes: bool = False
+    # The group whose name runs it with the group's other ops (`run.py NAME`):
+    # "multi" (what gpu_check.sh's multi stage measures on two GPUs), "ncu"
+    # (its ncu stage).
+    group: str = ""
     # `run.py <op>-once`: each variant run once, untimed, for a profiler to
     # watch (ncu); returns the variants' labels, in order.
     once: Callable[[], list[str]] | None = None

@@ -89,4 +89,5 @@ def render_ppermute_processes(r: dict[str, Any]) -> str:
 RENDERERS = {"ppermute_processes": render_ppermute_processes}
 # The command that writes the result (it is not in `run.py all`).
 WRITTEN_BY = {"ppermute_processes": "`python benchmarks/run.py ppermute_processes --out-dir "
-                                     "benchmarks/results` (one GPU or more; not in `all`)"}
+                                     "benchmarks/results` (one GPU or more; not in `all`; "
+                                     "`run.py multi` runs it)"}

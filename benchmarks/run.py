@@ -59,19 +59,24 @@ def _collect() -> dict[str, Benchmark]:
 
 
 BENCHMARKS = _collect()
-# What `all` runs (sanitizer is not timed and not among them).
+# What `all` runs (sanitizer is not timed and not among them), and the groups
+# (harness.Benchmark.group): a name for each, its ops.
 OPS = tuple(op for op, bench in BENCHMARKS.items() if bench.in_all)
+GROUPS = {"all": OPS}
+for _op, _bench in BENCHMARKS.items():
+    if _bench.group:
+        GROUPS[_bench.group] = GROUPS.get(_bench.group, ()) + (_op,)
 
 
 def _expand(ops: Sequence[str], devices: Sequence[jax.Device], smoke: bool) -> list[str]:
-    wanted = [op for name in ops for op in (OPS if name == "all" else (name,))]
+    wanted = [op for name in ops for op in GROUPS.get(name, (name,))]
     out = []
     for op in dict.fromkeys(wanted):
         bench = BENCHMARKS[op]
         if smoke and bench.not_in_smoke:
             print(f"run.py: {op} skipped in a smoke run ({bench.not_in_smoke})", file=sys.stderr)
         elif len(devices) < bench.devices:
-            if "all" not in ops:
+            if op in ops:  # asked for by name, not through a group
                 raise SystemExit(f"benchmarks/run.py {op}: needs {bench.devices} devices")
             print(f"run.py: {op} skipped (needs {bench.devices} devices)", file=sys.stderr)
         else:
@@ -104,8 +109,8 @@ def _sanitizer(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/run.py")
     once = {f"{op}-once": bench.once for op, bench in BENCHMARKS.items() if bench.once}
-    parser.add_argument("ops", nargs="+", choices=("all",) + tuple(BENCHMARKS) + tuple(once) + (
-        "stamp", "sanitizer"))
+    parser.add_argument("ops", nargs="+", choices=tuple(GROUPS) + tuple(BENCHMARKS) + tuple(once)
+                        + ("stamp", "sanitizer"))
     parser.add_argument("--out-dir", help="write one result JSON per op here, replacing the "
                                           "op's earlier results there")
     parser.add_argument("--smoke", action="store_true",
@@ -125,8 +130,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(args.ops) == 1 and args.ops[0] in once:
         print(f"{args.ops[0]} variants: " + json.dumps(once[args.ops[0]]()), flush=True)
         return 0
-    if "all" not in args.ops and all(BENCHMARKS[op].own_processes for op in args.ops):
-        # Before the GPUs' first use: this process keeps no memory pool.
+    if any(BENCHMARKS[op].own_processes for name in args.ops for op in GROUPS.get(name, (name,))
+           if op in BENCHMARKS):
+        # Before the GPUs' first use: this process takes memory as its ops need
+        # it, and the ops with processes of their own run first, while it
+        # holds none.
         os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     gpus = [d for d in jax.devices() if d.platform == "gpu"]
     if not gpus and not args.smoke:
@@ -134,7 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "with tiny sizes)", file=sys.stderr)
         return 2
     devices = gpus or jax.devices()
-    ops = _expand(args.ops, devices, args.smoke)
+    ops = sorted(_expand(args.ops, devices, args.smoke),
+                 key=lambda op: not BENCHMARKS[op].own_processes)
     try:
         if args.out_dir:  # before any time is spent
             provenance.collect(devices[:1], args.allow_dirty)

@@ -27,13 +27,14 @@
 #   INSTALLS=wheel bash scripts/gpu_check.sh tests; INSTALLS=source ... tests sanitize
 #   `tests` runs one pytest per test file: $OUT/tests_<install>.log has a
 #   line per file (and its failures), tests_<install>.tgz each file's output.
-#   TESTS, SELFTESTS and BENCH_OPS narrow a stage, e.g. TESTS=tests/test_im2col_gpu.py
-#   SELFTESTS=im2col BENCH_OPS=im2col (WHEEL_CASE=0 leaves out the wheel's case). CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90a-real
-#   builds the source install for the H100/H200 alone (about a third of the
-#   full build's time). bench runs `benchmarks/run.py all`
-#   (about 4 min on an H100 after the source build; ncu's DRAM bytes per
-#   broadcast method included) and `run.py wheel` on the wheel (under a
-#   minute), ncu that step alone. The results name the commit: where this tree came
+#   TESTS, SELFTESTS and BENCH_OPS narrow a stage, e.g. TESTS=tests/test_<family>.py
+#   SELFTESTS=<family> BENCH_OPS=<op> (WHEEL_CASE=0 leaves out the wheel's case).
+#   CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90a-real builds the source install
+#   for the H100/H200 alone (about a third of the full build's time). bench
+#   runs `benchmarks/run.py all` (about 4 min on an H100 after the source
+#   build) and `run.py wheel` on the wheel (under a minute); ncu and multi run
+#   the benchmarks of run.py's groups of those names (harness.Benchmark.group):
+#   ncu's profiles and those of two GPUs. The results name the commit: where this tree came
 #   without .git, run `python benchmarks/run.py stamp` in the checkout and
 #   bring benchmarks/tree_stamp.json along (git-ignored; the device tool's
 #   carry); a dirty or unstamped tree is refused.
@@ -119,8 +120,7 @@ for stage in "${stages[@]}"; do
       : > "$log"
       rc=0
       files=0
-      # A file may take 450 s (test_ppermute_processes.py: about 5 min on an
-      # H200, its 1000 compile/free cycles 40 s of it).
+      # A file may take 450 s (the longest took about 5 min on an H200).
       # shellcheck disable=SC2086
       for file in $(ls -d ${TESTS:-tests/test_*.py}); do
         name=$(basename "$file" .py)
@@ -220,41 +220,34 @@ for stage in "${stages[@]}"; do
     tar -czf "$OUT/bench_sanitize.tgz" -C "$sdir" results sanitizer.tsv sanitizer_result.log
     ;;
   multi)
-    # Two or more GPUs: the sharded-ops and ppermute tests, memcheck over the
-    # peer-read path, and the ppermute benchmark against NCCL (its result
-    # records nvidia-smi topo -m).
+    # Two or more GPUs: the multi-GPU tests, memcheck over those marked for
+    # it, and the benchmarks of run.py's group multi (their results record
+    # nvidia-smi topo -m).
     nvidia-smi topo -m
-    # The no-peer-access handler test needs a GPU pair without peer access;
-    # where every pair has it (NVLink hosts), it cannot run: say so, and
-    # deselect it rather than let JAX_TMA_REQUIRE_MULTI_GPU=1 fail it.
-    pairs=$(python3 -P -c 'import jax; from jax_tma._ppermute import peer_access
-ids = [d.local_hardware_id for d in jax.devices("cuda")]
-print(sum(not peer_access(a, b) for a in ids for b in ids if a != b))')
-    deselect=()
-    if [ "$pairs" = 0 ]; then
-      deselect=(-k "not handler_names_a_pair_without_peer_access")
-      summary+=("not run: test_ppermute_handler_names_a_pair_without_peer_access (every GPU pair here has peer access)")
-    fi
+    # A test that the topology rules out (one that needs a GPU pair without
+    # peer access, on a host where every pair has it) skips with its reason,
+    # which goes to the summary.
     JAX_TMA_REQUIRE_GPU=1 JAX_TMA_REQUIRE_MULTI_GPU=1 timeout 300 python3 -P -m pytest \
-      tests/test_multi_gpu.py -q -rfE "${deselect[@]}" -p no:cacheprovider \
-      > "$OUT/multi_tests.log" 2>&1
+      tests/test_multi_gpu.py -q -rfEs -p no:cacheprovider > "$OUT/multi_tests.log" 2>&1
     rc=$?
     tail -15 "$OUT/multi_tests.log"
     record $rc "multi-GPU tests: $(tail -1 "$OUT/multi_tests.log")"
+    while read -r line; do summary+=("not run: $line"); done \
+      < <(grep -E '^SKIPPED' "$OUT/multi_tests.log")
     JAX_TMA_REQUIRE_MULTI_GPU=1 timeout 300 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
       python3 -P -m pytest tests/test_multi_gpu.py -q -p no:cacheprovider -m memcheck \
       > /tmp/sanitizer.log 2>&1
     rc=$?
     cat /tmp/sanitizer.log >> "$OUT/sanitizer.log"
     record $rc "compute-sanitizer memcheck on the memcheck-marked multi-GPU tests: $(grep -E 'ERROR SUMMARY|passed|failed' /tmp/sanitizer.log | tr '\n' ' ')"
-    bench ppermute ppermute
+    bench multi multi
     ;;
   bench)
     # shellcheck disable=SC2086
     WHEEL_CASE=${WHEEL_CASE:-1} bench "${BENCH_OPS:-all}" ${BENCH_OPS:-all}
     ;;
   ncu)
-    bench broadcast-ncu broadcast-ncu
+    bench ncu ncu
     ;;
   esac
 done

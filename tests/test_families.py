@@ -75,12 +75,23 @@ def test_every_family_is_benchmarked(family, monkeypatch):
 
 
 def test_gpu_check_reads_the_list():
-    """scripts/gpu_check.sh builds the self-tests the manifests list, naming
-    no family itself."""
+    """scripts/gpu_check.sh builds the self-tests the manifests list and runs
+    the benchmarks of run.py's groups, naming no family itself."""
     script = _read("scripts", "gpu_check.sh")
     assert "ffi/families.inc" in script and "JAX_TMA_SOURCES(SELFTEST" in script
     for family in _FAMILIES:
-        assert not re.search(rf"\[{family}\]=", script), f"gpu_check.sh names {family}"
+        assert not re.search(rf"\b{family}\b", script, re.I), f"gpu_check.sh names {family}"
+
+
+def test_gpu_check_stages_run_groups_that_exist(monkeypatch):
+    """Each `bench NAME OPS` line of gpu_check.sh (but bench's own, which
+    takes BENCH_OPS) names a group of run.py's."""
+    monkeypatch.syspath_prepend(os.path.join(_ROOT, "benchmarks"))
+    run = importlib.import_module("run")
+    named = re.findall(r"^\s+bench (\w+) (\w+)$", _read("scripts", "gpu_check.sh"), re.M)
+    assert named, "no bench line found"
+    for name, group in named:
+        assert group in run.GROUPS and run.GROUPS[group], (name, group, run.GROUPS)
 
 
 @pytest.mark.parametrize("family", sorted(_FAMILIES))
