@@ -10,8 +10,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from tables import (MIB, UNRECORDED, WALL_MIN_US, WALL_NOTE, Headline, Plot, bare_case, mark,
-                    range_text, ratio_text, size_text, target_met, tbps_headline, us_text)
+from tables import (MIB, UNRECORDED, WALL_MIN_US, WALL_NOTE, Headline, Plot, bare_case,
+                    build_cells, mark, range_text, ratio_text, size_text, target_met,
+                    tbps_headline, us_text)
 
 
 # What L2 holds on an H100 (50 MiB): calls that rotate through less read
@@ -304,8 +305,41 @@ def _plot(ax: Any, r: dict[str, Any]) -> None:
     ax.legend(fontsize=7)
 
 
-RENDERERS = {"gather": render_gather}
-DERIVED = {"gather-limits": render_gather_limits}
+def render_wheel(r: dict[str, Any]) -> str:
+    row = r["rows"][0]
+    t = row["times"]
+    return (f"{bare_case(row)} ({row.get('dtype')}), {WALL_NOTE}: `auto` {us_text(t['auto'])}, "
+            f"XLA `jnp.take` {us_text(t['xla'])}, copy ceiling {us_text(t['memcpy'])}.")
+
+
+def render_wheel_build(results: dict[str, tuple[str, dict[str, Any]]]) -> str:
+    """The case `run.py wheel` timed on the wheel beside the same case of the
+    gather result (the measured build)."""
+    wheel = results.get("wheel")
+    if wheel is None:
+        return ("No wheel timing at this commit: `scripts/gpu_check.sh bench` times one case on "
+                "the `cp312-abi3` wheel too (`benchmarks/run.py wheel`).")
+    gather = results.get("gather")
+    wrow = wheel[1]["rows"][0]
+    same = next((row for row in (gather[1]["rows"] if gather else [])
+                 if row["case"] == wrow["case"]), None)
+    lines = [f"One case on the wheel as well, in a run of its own on the same GPU "
+             f"(`{wheel[0]}`), {WALL_NOTE}:", "",
+             "| install | CUDA architectures | FFI API | case | `auto` | XLA `jnp.take` | "
+             "copy ceiling | auto vs XLA: busy / span |", "|---|---|---|---|---|---|---|---|"]
+    for r, row in ((gather[1] if gather else None, same), (wheel[1], wrow)):
+        if r is None or row is None:
+            continue
+        t = row["times"]
+        lines.append("| " + " | ".join(build_cells(r)[:3]) + f" | {bare_case(row)} "
+                     f"({row.get('dtype')}) | {us_text(t['auto'])} | {us_text(t['xla'])} | "
+                     f"{us_text(t['memcpy'])} | {ratio_text(t, 'auto', 'xla', 'busy_us')} / "
+                     f"{ratio_text(t, 'auto', 'xla', 'span_us')} |")
+    return "\n".join(lines)
+
+
+RENDERERS = {"gather": render_gather, "wheel": render_wheel}
+DERIVED = {"gather-limits": render_gather_limits, "wheel": render_wheel_build}
 HEADLINES = (
     Headline(5, "gather", "whole slabs (rows, pages) picked by index", "gather",
              _slab_headline("pages", "`jnp.take`")),

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from tables import UNRECORDED, WALL_NOTE, Headline, Plot, bare_case, mark, ratio_text, us_text
+from tables import Headline, Plot, build_cells, mark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -250,37 +250,13 @@ def _provenance_line(path: str, r: dict[str, Any]) -> str:
             f"(`{path}`){_unmeasured_note(prov['commit'])}")
 
 
-def render_wheel(r: dict[str, Any]) -> str:
-    row = r["rows"][0]
-    t = row["times"]
-    return (f"{bare_case(row)} ({row.get('dtype')}), {WALL_NOTE}: `auto` {us_text(t['auto'])}, "
-            f"XLA `jnp.take` {us_text(t['xla'])}, copy ceiling {us_text(t['memcpy'])}.")
-
-
-def _install(r: dict[str, Any]) -> str:
-    prov = r.get("provenance") or {}
-    if prov.get("install"):
-        return prov["install"]
-    path = (prov.get("jax_tma") or {}).get("file", "")
-    return "source build (gpu_check.sh)" if "jax_tma_source" in path else UNRECORDED
-
-
-def _build_cells(r: dict[str, Any]) -> list[str]:
-    info = ((r.get("provenance") or {}).get("jax_tma") or {}).get("build_info") or {}
-    api = info.get("ffi_api_version")
-    runtime = info.get("cuda_runtime_version")
-    return [_install(r), f"`{info.get('cuda_archs') or '?'}`",
-            ".".join(map(str, api)) if api else "?",
-            f"{runtime // 1000}.{runtime % 1000 // 10}" if runtime else "?"]
-
-
 def render_build(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None:
-    """Which build of jax_tma the results measured, and the one case timed
-    on the wheel beside it; None without results."""
+    """Which build of jax_tma the results measured; None without results
+    (the `wheel` section sets a case timed on the wheel beside it)."""
     measured = [r for op, (_, r) in results.items() if op not in ("wheel", "sanitizer")]
     if not measured:
         return None
-    builds = {tuple(_build_cells(r)) for r in measured}
+    builds = {tuple(build_cells(r)) for r in measured}
     lines = ["The build these results measured (each result file records its own, "
              "`provenance.jax_tma.build_info`):", "",
              "| install | CUDA architectures | FFI API | CUDA runtime |", "|---|---|---|---|"]
@@ -288,27 +264,6 @@ def render_build(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None:
     lines += ["", "Blackwell: the wheels compile `sm_100a`, but no test, sanitizer run or "
                   "benchmark here has run on a Blackwell GPU; every published number is from "
                   "the GPU its provenance line names."]
-    wheel = results.get("wheel")
-    gather = results.get("gather")
-    if wheel is None:
-        lines += ["", "No wheel timing at this commit: `scripts/gpu_check.sh bench` times one "
-                      "case on the `cp312-abi3` wheel too (`benchmarks/run.py wheel`)."]
-        return "\n".join(lines)
-    wrow = wheel[1]["rows"][0]
-    same = next((row for row in (gather[1]["rows"] if gather else [])
-                 if row["case"] == wrow["case"]), None)
-    lines += ["", f"One case on the wheel as well, in a run of its own on the same GPU "
-                  f"(`{wheel[0]}`), {WALL_NOTE}:", "",
-              "| install | CUDA architectures | FFI API | case | `auto` | XLA `jnp.take` | "
-              "copy ceiling | auto vs XLA: busy / span |", "|---|---|---|---|---|---|---|---|"]
-    for r, row in ((gather[1] if gather else None, same), (wheel[1], wrow)):
-        if r is None or row is None:
-            continue
-        t = row["times"]
-        lines.append("| " + " | ".join(_build_cells(r)[:3]) + f" | {bare_case(row)} "
-                     f"({row.get('dtype')}) | {us_text(t['auto'])} | {us_text(t['xla'])} | "
-                     f"{us_text(t['memcpy'])} | {ratio_text(t, 'auto', 'xla', 'busy_us')} / "
-                     f"{ratio_text(t, 'auto', 'xla', 'span_us')} |")
     return "\n".join(lines)
 
 
@@ -398,7 +353,7 @@ _MODULES = _render_modules()
 # Each op's section: the render modules', the wheel's case (one case timed on
 # another install, on the pages inside the build section) and the sanitizer's.
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = _merged(
-    "RENDERERS", {"wheel": render_wheel, "sanitizer": render_sanitizer})
+    "RENDERERS", {"sanitizer": render_sanitizer})
 # Sections drawn from several results (None: nothing to draw from).
 DERIVED: dict[str, Callable[[dict[str, tuple[str, dict[str, Any]]]], str | None]] = _merged(
     "DERIVED", {"build": render_build, "headline": render_headline})
@@ -409,9 +364,7 @@ PLOTS: list[Plot] = [p for module in _MODULES for p in getattr(module, "PLOTS", 
 # What writes each op's result, for the sections that have none yet (where
 # not `run.py all`).
 _WRITTEN_BY: dict[str, str] = _merged(
-    "WRITTEN_BY", {"sanitizer": "`scripts/gpu_check.sh sanitize` (its `bench_sanitize.tgz`)",
-                   "wheel": "`scripts/gpu_check.sh bench` (`benchmarks/run.py wheel` against "
-                            "the wheel)"})
+    "WRITTEN_BY", {"sanitizer": "`scripts/gpu_check.sh sanitize` (its `bench_sanitize.tgz`)"})
 
 
 def render(r: dict[str, Any], path: str | None = None) -> str:

@@ -99,3 +99,23 @@ def bare_case(row: dict[str, Any]) -> str:
 def tbps_headline(tbps: float, versus: str, case: str) -> str:
     """A headline number: "1.23 TB/s, <versus>: <case>"."""
     return f"{tbps:.2f} TB/s, {versus}: {case}"
+
+
+def _install(r: dict[str, Any]) -> str:
+    """How the measured jax_tma was installed, as its result records it."""
+    prov = r.get("provenance") or {}
+    if prov.get("install"):
+        return prov["install"]
+    path = (prov.get("jax_tma") or {}).get("file", "")
+    return "source build (gpu_check.sh)" if "jax_tma_source" in path else UNRECORDED
+
+
+def build_cells(r: dict[str, Any]) -> list[str]:
+    """The build a result measured: its install, CUDA architectures, FFI API
+    and CUDA runtime, as table cells."""
+    info = ((r.get("provenance") or {}).get("jax_tma") or {}).get("build_info") or {}
+    api = info.get("ffi_api_version")
+    runtime = info.get("cuda_runtime_version")
+    return [_install(r), f"`{info.get('cuda_archs') or '?'}`",
+            ".".join(map(str, api)) if api else "?",
+            f"{runtime // 1000}.{runtime % 1000 // 10}" if runtime else "?"]

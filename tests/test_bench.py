@@ -362,8 +362,7 @@ def test_every_section_is_on_a_page():
     text = "".join(open(path).read() for path in report.pages(report.README,
                                                               os.path.join(_ROOT, "docs")))
     for op in [*report.RENDERERS, *report.DERIVED]:
-        if op != "wheel":  # rendered inside the build section
-            assert text.count(f"<!-- bench:{op} -->") == 1, op
+        assert text.count(f"<!-- bench:{op} -->") == 1, op
 
 
 def test_committed_results_match_the_code():
