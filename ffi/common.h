@@ -117,7 +117,7 @@ inline constexpr int64_t kTmaAlignBytes = 16;
 inline constexpr int kTmaMinComputeMajor = 9;
 
 // A string attribute outside its choices, spelled as Python's
-// _checks.check_choice spells it: "jax_tma.window: method must be one of
+// _checks.check_choice spells it: "jax_tma.<op>: method must be one of
 // 'auto', 'tma', 'simt', got 'fast'".
 inline ffi::Error BadChoice(std::string_view op, std::string_view name, std::string_view value,
                             std::initializer_list<std::string_view> choices) {
@@ -132,15 +132,15 @@ inline ffi::Error BadChoice(std::string_view op, std::string_view name, std::str
   return ffi::Error::InvalidArgument(m.str());
 }
 
-// The "method" attribute of copy, window, im2col, gather/scatter and
-// ppermute: the family's plan picks the kernel from the geometry and the
+// The "method" attribute of the families that choose between a TMA kernel and
+// a SIMT one: the family's plan picks the kernel from the geometry and the
 // device ("auto"), the TMA kernel or an error naming the broken rule ("tma"),
-// or the SIMT kernel ("simt"). Broadcast has methods of its own
-// (BroadcastMethod).
+// or the SIMT kernel ("simt"). A family with other kernels has methods of its
+// own.
 enum class Method { kAuto, kTma, kSimt };
 
-// Which spellings of Method::kTma a family accepts: copy and ppermute take
-// "bulk" too, the name their Python API has sent since they shipped.
+// Which spellings of Method::kTma a family accepts: kTmaOrBulk takes "bulk"
+// too, for the families whose Python API sent it before "tma".
 enum class TmaSpelling { kTma, kTmaOrBulk };
 
 // Parses a handler's "method" attribute; the error names `op` and the

@@ -17,9 +17,9 @@
 namespace jax_tma {
 
 struct Rules {
-  // Named integers, e.g. {"gather.max_tables", 8}.
+  // Named integers, e.g. {"<family>.max_tables", 8}.
   std::vector<std::pair<std::string, int64_t>> ints;
-  // Named tuples of integers, e.g. {"broadcast.cluster_sizes", {2, 4, 8, 16}}.
+  // Named tuples of integers, e.g. {"<family>.cluster_sizes", {2, 4, 8, 16}}.
   std::vector<std::pair<std::string, std::vector<int64_t>>> tuples;
   // Named sets of element types, by NumPy's names, e.g. {"summed_dtypes", {"int8", ...}}.
   std::vector<std::pair<std::string, std::vector<std::string>>> dtypes;

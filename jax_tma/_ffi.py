@@ -67,8 +67,8 @@ def register() -> None:
 
 def path_counts() -> dict[str, int]:
     """How many calls each op's handlers sent down each path since the
-    extension loaded, as {"op.path": n}: "copy.cpu", "copy.tma",
-    "copy.simt", "window.tiled", "window.simt", "im2col.tma",
-    "broadcast.store", "ppermute.tma", ... Which kernel a method really ran,
-    for tests. A CUDA graph that XLA replays counts once, when recorded."""
+    extension loaded, as {"<op>.<path>": n}, the paths the families'
+    manifests list (ffi/<family>/manifest.inc, JAX_TMA_PATH): which kernel a
+    method really ran, for tests. A CUDA graph that XLA replays counts once,
+    when recorded."""
     return dict(_ext.path_counts())
