@@ -30,11 +30,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the forked child
+
+
 def _die_with_parent() -> None:
     """In a child: SIGKILL when this process ends, however it ends (a timeout
-    that kills pytest must not leave processes holding the GPU)."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    that kills pytest must not leave processes holding the GPU). Between fork
+    and exec it only calls prctl: no lock another thread may have held."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _run(mode: str, count: int, rng, timeout_s: float | None = None,
