@@ -135,6 +135,9 @@ ffi::Error PeerSites::Get(const PpermuteCall& call, int device, const PeerSite**
   auto site = std::make_unique<PeerSite>(device);
   ffi::Error err = ffi::Error::Success();
   std::thread([&] { err = SetUpSite(call, device, site.get()); }).join();
+  // A peer whose side of a failed meeting finished may hold this mailbox's
+  // address and write to it: it is never reused.
+  if (err.failure()) site->box = nullptr;
   if (err.failure() && err.message().rfind(kPpermuteOp, 0) != 0) {
     return ffi::Error(*err.errc(), std::string(kPpermuteOp) + " at " + call.where.site + " on " +
                                        Describe(call.route, call.where, call.route.self) +

@@ -24,7 +24,9 @@ struct PeerSite;
 // participant set up on each device at its first call there. Freed with the
 // executable, which XLA keeps until its last execution is done on the
 // device (PjRt releases it on the compute stream), so no kernel of this
-// site still touches the mailboxes it returns.
+// site still touches the mailboxes it returns; nor do the peers' kernels,
+// whose processes free the same call site's executable in step (SPMD). A
+// participant whose setup failed keeps its mailbox.
 class PeerSites {
  public:
   static ffi::TypeId id;
