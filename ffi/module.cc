@@ -123,7 +123,7 @@ NB_MODULE(_jax_tma, m) {
     return d;
   });
 
-  // Calls per op and path ("window.tiled": ...) since the module loaded; a
+  // Calls per op and path ("<op>.<path>": ...) since the module loaded; a
   // CUDA graph that XLA replays counts once, when it is recorded.
   m.def("path_counts", []() {
     nb::dict d;
