@@ -225,8 +225,12 @@ def worker(spec: dict[str, Any]) -> None:
     spec["sizes_mib"] of spec["cases"], then the host time of
     spec["host_cases"]; what it measured as JSON in spec["out"]."""
     if spec["processes"] > 1:
+        # spec["own_gpu"]: every GPU visible, this process's the one of its
+        # index (as jax.distributed gives each process of a host its own).
+        own = [spec["pid"]] if spec.get("own_gpu") else None
         jax.distributed.initialize(f"localhost:{spec['port']}", num_processes=spec["processes"],
-                                   process_id=spec["pid"], initialization_timeout=60)
+                                   process_id=spec["pid"], initialization_timeout=60,
+                                   local_device_ids=own)
     lowerings = _Lowerings()
     logging.getLogger("jax_tma").addHandler(lowerings)
     logging.getLogger("jax_tma").setLevel(logging.DEBUG)
@@ -410,14 +414,16 @@ def _row(ours: dict[str, Any], peer: dict[str, Any], chain: int,
 
 def _layout(s: Session, name: str, gpus: Sequence[str | None], spec: dict[str, Any],
             extra_env: dict[str, str] | None = None) -> dict[str, Any]:
-    """One layout's workers run, their checks counted, their rows made."""
+    """One layout's workers run, their checks counted, their rows made: an
+    op moves two blocks through one GPU's memory unless each worker has a
+    GPU of its own (spec["own_gpu"])."""
     s.log(f"{OP}: layout {name}, " + ("on the CPU" if s.smoke else "CUDA_VISIBLE_DEVICES "
                                         + ", ".join(g or "unset" for g in gpus)))
     workers = _run_workers(s, name, gpus, spec, extra_env or {})
     for pid, w in enumerate(workers):
         s.checked.extend(f"{name} process {pid}: {label}" for label in w["checked"])
     return {"devices": workers[0]["devices"], "cuda_visible_devices": list(gpus),
-            "rows": [_row(ours, peer, spec["chain"], 2 if len(set(gpus)) == 1 else 1)
+            "rows": [_row(ours, peer, spec["chain"], 1 if spec.get("own_gpu") else 2)
                      for ours, peer in zip(workers[0]["rows"], workers[-1]["rows"])],
             "host_time": workers[0]["host_time"], "lowerings": workers[0]["lowerings"],
             "untraced": {pid: w["untraced"] for pid, w in enumerate(workers) if w["untraced"]}}
@@ -504,7 +510,8 @@ def bench_ppermute_processes(s: Session, sizes_mib: Sequence[float] | None = Non
         for gpu in gpus[:2]:
             _check_free(gpu, 1)
         both = {**spec, "cases": [*_SHARED_CASES, "nccl"], "host_cases": ["auto", "nccl"]}
-        result["layouts"]["per_gpu"] = _layout(s, "per_gpu", gpus[:2], both)
+        result["layouts"]["per_gpu"] = _layout(s, "per_gpu", [",".join(gpus[:2])] * 2,
+                                               {**both, "own_gpu": True})
         result["in_process_host_time"] = _layout(s, "in_process", [",".join(gpus[:2])],
                                                  {**both, "sizes_mib": []})["host_time"]
         result["topology"] = topology()

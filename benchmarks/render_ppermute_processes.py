@@ -12,7 +12,8 @@ from tables import MIB, size_text
 
 _LAYOUTS = {
     "shared": "both processes on one GPU, without MPS (the GPU time-slices their contexts)",
-    "per_gpu": "one GPU each",
+    "per_gpu": "one GPU each (`jax.distributed.initialize(local_device_ids=[i])`, both GPUs "
+               "visible to each)",
     "shared_mps": "both processes on one GPU under an MPS daemon of the benchmark's own",
 }
 
