@@ -287,8 +287,12 @@ def write_result(result: dict[str, Any], out_dir: str) -> str:
     os.makedirs(out_dir, exist_ok=True)
     prov = result["provenance"]
     name = f"{result['op']}_{prov['device_tag']}_{prov['date'][:10]}.json"
+    # The op's own files, by the op they record: a name's prefix would also
+    # take those of an op that extends it (ppermute_processes for ppermute).
     for old in glob.glob(os.path.join(out_dir, f"{result['op']}_*.json")):
-        if os.path.basename(old) != name:
+        with open(old) as f:
+            recorded = json.load(f).get("op")
+        if recorded == result["op"] and os.path.basename(old) != name:
             os.remove(old)
             print(f"removed the earlier result {old}", file=sys.stderr)
     path = os.path.join(out_dir, name)

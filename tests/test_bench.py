@@ -237,6 +237,26 @@ def smoke_results(tmp_path_factory):
     return out, report.load_results(str(out))
 
 
+def test_smoke_run_of_the_multi_group(tmp_path):
+    """`run.py multi`: ppermute_processes first (its two workers under
+    jax.distributed, swapping blocks over the process link on the CPU),
+    then ppermute; each result checked bit for bit."""
+    run = _run_py("multi", "--smoke", "--allow-dirty", "--out-dir", str(tmp_path),
+                  XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    elapsed = run.stdout.split("== elapsed ==")[1]
+    assert elapsed.index("ppermute_processes") < elapsed.index("ppermute ")
+    results = report.load_results(str(tmp_path))
+    assert sorted(results) == ["ppermute", "ppermute_processes"]
+    r = results["ppermute_processes"][1]
+    assert r["checked_bit_exact"] and list(r["layouts"]) == ["shared"]
+    assert r["mps"].startswith("not run") and "per_gpu" in r["not_run"]
+    shared = r["layouts"]["shared"]
+    assert any("blocks over the process link between 2 devices of 2 processes" in line
+               for line in shared["lowerings"]), shared["lowerings"]
+    assert [row["copies_per_gpu"] for row in shared["rows"]] == [2] * len(shared["rows"])
+
+
 def test_smoke_run_writes_one_checked_result_per_op(smoke_results):
     out, results = smoke_results
     assert sorted(results) == ["broadcast", "copy", "gather", "im2col", "ppermute", "tune-bulk",
@@ -530,9 +550,11 @@ def test_write_result_replaces_only_the_same_ops_results(tmp_path):
 
     harness.write_result(result("broadcast", "2026-01-01T00:00:00"), str(tmp_path))
     harness.write_result(result("broadcast-ncu", "2026-01-01T00:00:00"), str(tmp_path))
+    harness.write_result(result("broadcast_more", "2026-01-01T00:00:00"), str(tmp_path))
     harness.write_result(result("broadcast", "2026-01-02T00:00:00"), str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["broadcast-ncu_h100_2026-01-01.json",
-                                            "broadcast_h100_2026-01-02.json"]
+                                            "broadcast_h100_2026-01-02.json",
+                                            "broadcast_more_h100_2026-01-01.json"]
 
 
 def test_a_tree_stamp_names_the_files_changed_since(tmp_path, monkeypatch):
