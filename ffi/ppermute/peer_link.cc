@@ -394,4 +394,11 @@ void AbortLink(const LinkPeer& to, std::string_view abort_key, std::string_view 
   SendMessage(out->fd, Kind::kAbort, link.self, abort_key, why, -1);
 }
 
+std::string LinkAbortReason(std::string_view abort_key) {
+  Link& link = TheLink();
+  std::lock_guard<std::mutex> lock(link.mu);
+  auto it = link.aborted.find(std::string(abort_key));
+  return it == link.aborted.end() ? std::string() : it->second;
+}
+
 }  // namespace jax_tma

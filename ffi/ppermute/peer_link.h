@@ -67,6 +67,10 @@ void SetLinkHandlers(LinkHandler on_message, LinkGoneHandler on_gone);
 // waiting. Best effort: a peer that is gone is not waited for.
 void AbortLink(const LinkPeer& to, std::string_view abort_key, std::string_view why);
 
+// The reason a process sent under `abort_key` ("process <p>: <why>"), or an
+// empty string where none came (yet).
+std::string LinkAbortReason(std::string_view abort_key);
+
 }  // namespace jax_tma
 
 #endif  // JAX_TMA_FFI_PPERMUTE_PEER_LINK_H_

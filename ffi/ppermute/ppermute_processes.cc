@@ -127,6 +127,13 @@ ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, s
   const std::string abort_key = where.site + "#" + std::to_string(call);
   auto fail = [&](ffi::Error err) {
     std::string why(err.message());
+    // A peer that failed first and then exited shows here as gone: its own
+    // reason names the root cause.
+    if (err.errc() != ffi::ErrorCode::kAborted) {
+      if (std::string first = LinkAbortReason(abort_key); !first.empty()) {
+        why += "; before that, " + first;
+      }
+    }
     {
       std::lock_guard<std::mutex> lock(sites_mu);
       Sites()[where.site].broken = why;
