@@ -105,7 +105,7 @@ def check_choice(op: str, name: str, value: Any, choices: Sequence[str]) -> None
 
 def check_method(op: str, method: Any, choices: Sequence[str]) -> str:
     """`method` checked against `choices` (a ValueError naming them). "bulk",
-    the name copy and ppermute first gave their TMA method, is still read as
+    the first name of the whole-buffer ops' TMA method, is still read as
     "tma", after a DeprecationWarning at the user's line."""
     if isinstance(method, str) and method == "bulk":
         _, level = user_frame()

@@ -109,7 +109,7 @@ def tiled_copy(x: jax.Array) -> jax.Array:
     rows = src.reshape(-1, row)
     # Bound directly (not through window()): a 2-D box, no batch folding.
     y = window_p.bind(rows, jnp.zeros(2, jnp.int32), shape=rows.shape, strides=(1, 1),
-                      fill_bits=0, method="tma", inner_start=0)
+                      fill=_lowering.ZERO_BITS, method="tma", inner_start=0)
     return _checks.narrow(y.reshape(x.shape), x.dtype)
 
 

@@ -496,8 +496,8 @@ def _add_in_f32_jvp(axis, deterministic, method, primals, tangents):
 # scatter_p(indices, *xs, *updates): the tables' shapes; each table's
 # updates are shaped like its gathered slabs. Each lowers (per device, under
 # custom_partitioning) to the *_local_p FFI call on its shard:
-# gather_local_p(indices, *xs, *fills), scatter_local_p(indices, order, *xs,
-# *updates).
+# gather_local_p(indices, *xs) (the fills its "fill" attribute),
+# scatter_local_p(indices, order, *xs, *updates).
 gather_p = Primitive("jax_tma_gather")
 gather_local_p = Primitive("jax_tma_gather_local")
 scatter_p = Primitive("jax_tma_scatter")
@@ -600,8 +600,6 @@ def _gather_abstract(indices, *xs, axis, batch, **_):
         for x in xs]
 
 
-def _gather_local_abstract(indices, *operands, **params):
-    return _gather_abstract(indices, *_halves(operands)[0], **params)
 
 
 def _scatter_abstract(indices, *operands, axis, batch, **_):
@@ -623,9 +621,10 @@ def _scatter_local_abstract(indices, order, *operands, **params):
 
 # ---- lowering and partitioning ----------------------------------------------
 
-def _gather_local_lowering(ctx, indices, *operands, axis, batch, method):
+def _gather_local_lowering(ctx, indices, *xs, axis, batch, fills, method):
     return jax.ffi.ffi_lowering("jax_tma_gather")(
-        ctx, indices, *operands, axis=np.int64(axis), batch=np.int64(batch), method=method)
+        ctx, indices, *xs, axis=np.int64(axis), batch=np.int64(batch),
+        fill=_lowering.fill_attr(fills), method=method)
 
 
 def _scatter_local_lowering(ctx, indices, order, *operands, axis, batch, mode, deterministic,
@@ -750,8 +749,7 @@ def _rule(*operands, results) -> str:
 @functools.cache
 def _partitioned_gather(x_ndims, idx_ndim, axis, batch, fills, method):
     def local(indices, *xs):
-        fill_arrs = [jnp.asarray(np.frombuffer(f, x.dtype).reshape(())) for f, x in zip(fills, xs)]
-        return tuple(gather_local_p.bind(indices, *xs, *fill_arrs, axis=axis, batch=batch,
+        return tuple(gather_local_p.bind(indices, *xs, axis=axis, batch=batch, fills=fills,
                                          method=method))
 
     def infer(mesh, arg_shapes, result_shape):
@@ -1037,7 +1035,7 @@ _lowering.register(gather_p, _gather_abstract,
 _lowering.register(scatter_p, _scatter_abstract,
                    {"cpu": _scatter_lowering, "cuda": _cuda_scatter_lowering},
                    batcher=_scatter_batcher)
-_lowering.register(gather_local_p, _gather_local_abstract, _gather_local_lowering, jitted=False)
+_lowering.register(gather_local_p, _gather_abstract, _gather_local_lowering, jitted=False)
 _lowering.register(scatter_local_p, _scatter_local_abstract, _scatter_local_lowering,
                    jitted=False)
 _lowering.require_devices_during_lowering(gather_p)

@@ -1,7 +1,7 @@
 """Lowering helpers every op shares: an eager implementation through jit,
-result avals that keep an operand's sharding and varying mesh axes, and FFI
+result avals that keep an operand's sharding and varying mesh axes, FFI
 lowerings that XLA partitions without collectives (batch-partitionable
-calls with Shardy rules)."""
+calls with Shardy rules), and the fill attribute."""
 
 from __future__ import annotations
 
@@ -10,8 +10,20 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax.extend.mlir.dialects import stablehlo as hlo
 from jax.interpreters import batching, mlir
+
+
+# A fill of zero bytes, whatever the dtype (the transposes' and tangents').
+ZERO_BITS = b"\0"
+
+
+def fill_attr(fills: Sequence[bytes]) -> np.ndarray:
+    """The "fill" attribute of a call (ffi/fill.h): each output's fill
+    element (`fills`, its bytes) repeated to 16 bytes, as two little-endian
+    int64 words."""
+    return np.frombuffer(b"".join(f * (16 // len(f)) for f in fills), "<i8").astype(np.int64)
 
 
 @functools.cache

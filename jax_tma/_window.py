@@ -79,8 +79,7 @@ def window(
         NumPy number, or a 0-d array that is not traced) converted to ``x``'s
         dtype as ``jnp.asarray(fill, x.dtype)`` converts it (``-0.0`` stays
         negative); ``"nan"`` is NaN (NaN in both parts for complex), for
-        floating and complex dtypes. For ``complex128`` both parts must be
-        equal.
+        floating and complex dtypes.
       method: ``"auto"`` (the rule above), ``"tma"`` (the tensor-map path)
         or ``"simt"``. On the CPU every method gives the same host copy.
 
@@ -97,9 +96,8 @@ def window(
         ``start``, ``shape`` or ``strides`` has not one entry per dim; an
         extent or stride is below 1 or over 2^31 - 1; a static start needs
         int64 without ``jax_enable_x64``; ``fill`` is a string other than
-        ``"nan"``, a NaN for a non-floating dtype, or a ``complex128`` fill
-        with unequal parts. The message names the op, the rule and the
-        values.
+        ``"nan"`` or a NaN for a non-floating dtype. The message names the
+        op, the rule and the values.
       OverflowError: an integer ``fill`` outside the range of int64 and
         uint64 for an integer ``x``.
       jax.errors.JaxRuntimeError: on a GPU, ``method="tma"`` where a
@@ -130,7 +128,7 @@ def window(
     strides = (1,) * rank if strides is None else _checks.per_dim_ints(
         _OP, "strides", strides, rank, dims)
     start_arr, static = _start_array(start, x.shape, shape, strides)
-    fill_bits = _fill_bits(fill, x.dtype)
+    fill_element = _fill(fill, x.dtype)
     _ffi.register()
     src = _checks.widen(x)
     sharded = [axes is not None for axes in _lowering.spec_of(jax.typeof(x))]
@@ -150,7 +148,7 @@ def window(
     if lead:
         start_arr = jnp.broadcast_to(start_arr, x.shape[:lead] + start_arr.shape)
     src, start_arr = _checks.align_varying(src, start_arr)
-    y = window_p.bind(src, start_arr, shape=m_shape, strides=m_strides, fill_bits=fill_bits,
+    y = window_p.bind(src, start_arr, shape=m_shape, strides=m_strides, fill=fill_element,
                       method=method, inner_start=_inner_start(x.shape, static, groups[-1][0]))
     return _checks.narrow(y.reshape(x.shape[:lead] + shape[lead:]), x.dtype)
 
@@ -233,12 +231,9 @@ def _start_array(start: Any, x_shape, shape, strides) -> tuple[jax.Array, tuple]
     return jnp.stack(parts), tuple(static)
 
 
-def _fill_bits(fill: Any, dtype: np.dtype) -> int:
-    """The fill element's bits as a little-endian unsigned int (the
-    handlers' attribute). The string "nan" is NaN in both parts of a complex
-    dtype (a number converts as jnp.pad converts it: NaN + 0j); 16-byte
-    elements pass their first 8 bytes, which the handlers repeat, so both
-    halves must agree."""
+def _fill(fill: Any, dtype: np.dtype) -> bytes:
+    """The fill element's bytes. The string "nan" is NaN in both parts of a
+    complex dtype (a number converts as jnp.pad converts it: NaN + 0j)."""
     if isinstance(fill, str) and fill.lower() != "nan":
         raise ValueError(f"{_OP}: fill must be a number or 'nan', got {fill!r}")
     nan = isinstance(fill, str) or (isinstance(fill, (float, np.floating)) and math.isnan(fill))
@@ -248,13 +243,7 @@ def _fill_bits(fill: Any, dtype: np.dtype) -> int:
         if not jnp.issubdtype(dtype, jnp.inexact):
             raise ValueError(f"{_OP}: fill=NaN needs a floating dtype, x has dtype {dtype}")
         fill = complex(np.nan, np.nan) if jnp.issubdtype(dtype, jnp.complexfloating) else np.nan
-    raw = _checks.fill_bytes(_OP, fill, dtype)
-    if len(raw) > 8:
-        if raw[:8] != raw[8:]:
-            raise ValueError(f"{_OP}: a fill of {dtype} must have equal real and imaginary parts "
-                             f"(e.g. 0 or NaN), got {fill!r}")
-        raw = raw[:8]
-    return int.from_bytes(raw, "little")
+    return _checks.fill_bytes(_OP, fill, dtype)
 
 
 def _inner_start(x_shape, static, first) -> int | None:
@@ -363,7 +352,7 @@ def _spatial_abstract(x, start, out_shape, r):
     return _lowering.out_aval(x, out_shape, spec=list(batch) + spatial)
 
 
-def _window_abstract(x, start, *, shape, strides, fill_bits, method, inner_start):
+def _window_abstract(x, start, *, shape, strides, fill, method, inner_start):
     return _spatial_abstract(x, start, _batch_shape(x, start, len(shape)) + tuple(shape),
                              len(shape))
 
@@ -375,7 +364,7 @@ def _transpose_abstract(ct, start, *, x_shape, strides, method, inner_start):
 
 # ---- lowering and partitioning ----------------------------------------------
 
-def _ffi_rule(ctx, src, start, *, strides, fill_bits, transpose, method, inner_start):
+def _ffi_rule(ctx, src, start, *, strides, fill, transpose, method, inner_start):
     src_aval, start_aval = ctx.avals_in
     out_aval = ctx.avals_out[0]
     r = len(strides)
@@ -412,10 +401,7 @@ def _ffi_rule(ctx, src, start, *, strides, fill_bits, transpose, method, inner_s
         src,
         *starts,
         strides=np.asarray(strides, np.int64),
-        # A u64 attribute from its two's-complement int64: MLIR's Python
-        # binding takes no integer of 2^63 or more.
-        fill_bits=mlir.ir.IntegerAttr.get(mlir.ir.IntegerType.get_unsigned(64),
-                                          fill_bits - (fill_bits >> 63 << 64)),
+        fill=_lowering.fill_attr([fill]),
         transpose=bool(transpose),
         method=method,
         inner_start=np.int64(_ffi.rules()["window.unknown_start"] if inner_start is None
@@ -441,7 +427,7 @@ def _transpose_lowering(ctx, ct, start, *, x_shape, **params):
             return jax.lax.bitcast_convert_type(y ^ bits, ctx.avals_in[0].dtype)
 
         return mlir.lower_fun(flipped, multiple_results=False)(ctx, ct, start)
-    return _ffi_rule(ctx, ct, start, fill_bits=0, transpose=True, **params)
+    return _ffi_rule(ctx, ct, start, fill=_lowering.ZERO_BITS, transpose=True, **params)
 
 
 # ---- vmap: the batch becomes a leading batch dim of the call ---------------
@@ -491,18 +477,18 @@ def _transpose_batcher(args, dims, *, x_shape, **params):
 
 # ---- autodiff: linear in x, start is an integer (non-differentiable) input --
 
-def _window_jvp(primals, tangents, *, fill_bits, **params):
+def _window_jvp(primals, tangents, *, fill, **params):
     x, start = primals
     tx, _ = tangents
-    y = window_p.bind(x, start, fill_bits=fill_bits, **params)
+    y = window_p.bind(x, start, fill=fill, **params)
     if type(tx) is ad.Zero:
         return y, ad.Zero.from_primal_value(y)
     # Out-of-bounds elements are the constant fill: their tangent is 0.
-    ty = window_p.bind(tx, start, fill_bits=0, **params)
+    ty = window_p.bind(tx, start, fill=_lowering.ZERO_BITS, **params)
     return y, ty
 
 
-def _window_transpose_rule(ct, x, start, *, shape, fill_bits, **params):
+def _window_transpose_rule(ct, x, start, *, shape, fill, **params):
     assert ad.is_undefined_primal(x) and not ad.is_undefined_primal(start)
     x_aval = x.aval
     r = len(shape)
@@ -535,7 +521,7 @@ def _transpose_transpose_rule(ct, ct_in, start, *, x_shape, **params):
     shape = tuple(ct_in.aval.shape[ct_in.aval.ndim - len(x_shape):])
     if type(ct) is ad.Zero:
         return [ad.Zero(ct_in.aval), None]
-    return [window_p.bind(ct, start, shape=shape, fill_bits=0, **params), None]
+    return [window_p.bind(ct, start, shape=shape, fill=_lowering.ZERO_BITS, **params), None]
 
 
 # ---- registration -----------------------------------------------------------

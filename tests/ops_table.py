@@ -400,8 +400,8 @@ def build_window(rng, dtype, *, batch=8, even=True, method="auto",
     strides = (1, int(rng.integers(1, 3)), int(rng.integers(1, 3)), 1)
     floating = jnp.issubdtype(dtype, jnp.inexact)
     fills = ["nan", float("nan"), 0.0, 0, -0.0] if floating else [0]
-    if np.dtype(dtype) == np.complex128:  # both halves equal (window's docstring)
-        fills = ["nan", 0.0, 0]
+    if np.dtype(dtype).kind == "c":
+        fills.append(complex(1.5, -2))
     fill = fills[int(rng.integers(0, len(fills)))]
 
     def draw(rr):

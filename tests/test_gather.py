@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
 
 import jax_tma
-from jax_tma import _devices
+from jax_tma import _devices, _lowering
 from reference import (ALL_DTYPES, SUB_BYTE_BITS, assert_bits_equal, assert_no_collectives,
                        cpu_device, random_array)
 
@@ -658,13 +658,19 @@ def test_tma_on_a_gpu_without_tma_names_the_compute_capability(monkeypatch):
 
 # ---- bad input reaching the C++ handlers directly (e.g. exported HLO) --------------
 
-def raw_gather(x, idx, out_shape, fill=None, out_dtype=None, **attrs):
-    fill = np.zeros((), x.dtype) if fill is None else fill
+def fill_words(*fills) -> np.ndarray:
+    """The "fill" attribute of a raw call: each fill's bytes (a NumPy
+    scalar of its table's dtype) repeated to 16 bytes (ffi/fill.h)."""
+    return _lowering.fill_attr([np.asarray(f).tobytes() for f in fills])
+
+
+def raw_gather(x, idx, out_shape, out_dtype=None, **attrs):
     call = jax.ffi.ffi_call("jax_tma_gather", jax.ShapeDtypeStruct(out_shape, out_dtype or x.dtype),
                             has_side_effect=True)
-    base = dict(axis=np.int64(0), batch=np.int64(0), method="auto")
+    base = dict(axis=np.int64(0), batch=np.int64(0), fill=fill_words(np.zeros((), x.dtype)),
+                method="auto")
     base.update(attrs)
-    return jax.jit(lambda a, i, f: call(i, a, f, **base))(on_cpu(x), on_cpu(idx), on_cpu(fill))
+    return jax.jit(lambda a, i: call(i, a, **base))(on_cpu(x), on_cpu(idx))
 
 
 def raw_scatter(x, idx, upd, order=None, out_shape=None, out_dtype=None, **attrs):
@@ -690,8 +696,10 @@ IDX = np.array([1, -1, 7], np.int32)
     (dict(out_shape=(3, 3, 3)), r"output dim 2 is 3; expected 2 \(x\.shape\[:axis\] \+ "
                                 r"indices\.shape\[batch:\] \+ x\.shape\[axis\+1:\]\)"),
     (dict(out_dtype=np.int32), r"output element type s32 differs from input element type f32"),
-    (dict(fill=np.zeros(2, np.float32)), r"fill must be one element of x's type f32, got 2 of "
-                                         r"f32"),
+    (dict(fill=np.zeros(3, np.int64)), r"fill holds 3 int64 words; expected 2 per output, 2 in "
+                                       r"all"),
+    (dict(fill=np.array([1, 1], np.int64)), r"fill is not one 4-byte element repeated to 16 "
+                                            r"bytes \(words 1, 1\)"),
     (dict(idx=np.array([1.0], np.float32)), r"indices must be integers, got element type f32"),
 ])
 def test_gather_handler_rejects(kwargs, msg):
@@ -1027,22 +1035,27 @@ def raw_tables(target, operands, results, **attrs):
     base = dict(axis=np.int64(0), batch=np.int64(0), method="auto")
     if target == "jax_tma_scatter":
         base.update(mode="set", deterministic=False)
+    else:
+        base.update(fill=fill_words(*[np.float32(0)] * len(results)))
     base.update(attrs)
     return jax.jit(lambda *a: call(*a, **base))(*map(on_cpu, operands))
 
 
 def test_handlers_check_the_table_count_and_name_the_table():
-    f = np.float32(0)
-    with pytest.raises(Exception, match=r"jax_tma\.gather: takes indices, n tables and n fills "
-                                        r"for n outputs \(1 <= n <= 8\); got 4 operands and 2 "
+    with pytest.raises(Exception, match=r"jax_tma\.gather: takes indices, n tables for n "
+                                        r"outputs \(1 <= n <= 8\); got 4 operands and 2 "
                                         r"outputs"):
-        raw_tables("jax_tma_gather", [IDX, X, X, f], [((3, 3, 2), np.float32)] * 2)
-    with pytest.raises(Exception, match=r"got 19 operands and 9 outputs"):
-        raw_tables("jax_tma_gather", [IDX] + [X] * 9 + [f] * 9, [((3, 3, 2), np.float32)] * 9)
+        raw_tables("jax_tma_gather", [IDX, X, X, X], [((3, 3, 2), np.float32)] * 2)
+    with pytest.raises(Exception, match=r"got 10 operands and 9 outputs"):
+        raw_tables("jax_tma_gather", [IDX] + [X] * 9, [((3, 3, 2), np.float32)] * 9)
     with pytest.raises(Exception, match=r"jax_tma\.gather: table 1: output dim 1 is 4; "
                                         r"expected 3"):
-        raw_tables("jax_tma_gather", [IDX, X, X, f, f],
+        raw_tables("jax_tma_gather", [IDX, X, X],
                    [((3, 3, 2), np.float32), ((3, 4, 2), np.float32)])
+    with pytest.raises(Exception, match=r"jax_tma\.gather: table 1: fill is not one 4-byte "
+                                        r"element repeated to 16 bytes \(words 0, 1\)"):
+        raw_tables("jax_tma_gather", [IDX, X, X], [((3, 3, 2), np.float32)] * 2,
+                   fill=np.array([0, 0, 0, 1], np.int64))
     order = np.zeros((0,), np.int32)
     with pytest.raises(Exception, match=r"jax_tma\.scatter: takes indices, order, n tables and n "
                                         r"updates for n outputs \(1 <= n <= 8\); got 5 operands "
@@ -1051,8 +1064,9 @@ def test_handlers_check_the_table_count_and_name_the_table():
     with pytest.raises(Exception, match=r"jax_tma\.scatter: table 1: updates dim 0 is 2; "
                                         r"expected 3"):
         raw_tables("jax_tma_scatter", [IDX, order, X, X, U, U[:2]], [(X.shape, np.float32)] * 2)
-    ys = raw_tables("jax_tma_gather", [IDX, X, X[:, :, :1], f, np.float32(7)],
-                    [((3, 3, 2), np.float32), ((3, 3, 1), np.float32)])
+    ys = raw_tables("jax_tma_gather", [IDX, X, X[:, :, :1]],
+                    [((3, 3, 2), np.float32), ((3, 3, 1), np.float32)],
+                    fill=fill_words(np.float32(0), np.float32(7)))
     assert_bits_equal(ys[1], np.asarray(take_ref(X[:, :, :1], IDX, 0, 7)))
 
 

@@ -283,11 +283,11 @@ def test_over_4_gib_table(gpu, rng):
 
 def test_raw_handler_rejects_tma_for_odd_slabs(gpu):
     call = jax.ffi.ffi_call("jax_tma_gather", jax.ShapeDtypeStruct((2, 3), np.float32))
-    f = jax.jit(lambda a, i, z: call(i, a, z, axis=np.int64(0), batch=np.int64(0), method="tma"))
+    f = jax.jit(lambda a, i: call(i, a, axis=np.int64(0), batch=np.int64(0),
+                                  fill=np.zeros(2, np.int64), method="tma"))
     with pytest.raises(Exception, match=r"jax_tma\.gather: method='tma' cannot move this call: "
                                         r"slabs of 12 B are not a multiple of 16 B"):
-        jax.block_until_ready(f(on(gpu, np.ones((4, 3), np.float32)), on(gpu, np.array([0, 1])),
-                                on(gpu, np.float32(0))))
+        jax.block_until_ready(f(on(gpu, np.ones((4, 3), np.float32)), on(gpu, np.array([0, 1]))))
 
 
 # "auto" (kAutoSimtMaxSlabBytes in ffi/gather/gather_plan.h) takes the SIMT

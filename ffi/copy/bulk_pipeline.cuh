@@ -1,6 +1,6 @@
-// The TMA bulk copy pipeline that the whole-buffer copy kernels share
-// (copy/bulk_copy.cu, ppermute/peer_copy.cu): the edges of a copy and the
-// chunks of its 16-B aligned body, streamed global -> shared -> global with
+// The TMA bulk copy pipeline of the whole-buffer copy kernels (bulk_copy.cu
+// and those of other families that move whole buffers): the edges of a copy
+// and the chunks of its 16-B aligned body, streamed global -> shared -> global with
 // cp.async.bulk, several stages in flight. copy_plan.h lays out the chunks.
 #ifndef JAX_TMA_FFI_COPY_BULK_PIPELINE_CUH_
 #define JAX_TMA_FFI_COPY_BULK_PIPELINE_CUH_

@@ -1,6 +1,7 @@
 // Launchers of the whole-buffer copy kernels (TMA bulk pipeline, SIMT) and of
-// a planned copy (PlanCopy), shared by the FFI handlers (copy, ppermute) and
-// the raw launch hook of the benchmarks' module (benchmarks/ffi/bench_module.cc).
+// a planned copy (PlanCopy), shared by the FFI handlers that copy whole
+// buffers and the raw launch hook of the benchmarks' module
+// (benchmarks/ffi/bench_module.cc).
 #ifndef JAX_TMA_FFI_COPY_COPY_LAUNCH_H_
 #define JAX_TMA_FFI_COPY_COPY_LAUNCH_H_
 

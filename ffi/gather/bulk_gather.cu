@@ -104,12 +104,12 @@ __global__ void __launch_bounds__(kThreads) BulkGatherKernel(const __grid_consta
                     u.row_bytes, bar);
         }
       }
-      // The fill is read only where a row needs it (it would otherwise add
-      // a dependent read to every call's start).
+      // Rows of out-of-range indices get the fill (a kernel parameter) here;
+      // a unit without one skips the proxy fence.
       bool filled = false;
       for (int i = 0; i < kRowsPerLane; ++i) filled = filled || fill[i] != 0;  // warp-uniform
       if (filled) {
-        const uint4 pattern = FillVector<uint4>(slabs, g.elem_bytes, 0);
+        const uint4 pattern = g.fill.At<uint4>(0);
         for (int i = 0; i < kRowsPerLane; ++i) {
           for (unsigned m = fill[i]; m != 0; m &= m - 1) {
             uint8_t* row = buf + (__ffs(m) - 1 + i * kThreads) * s_bytes;

@@ -20,6 +20,7 @@
 
 #include "common.h"
 #include "element_sum.h"
+#include "fill.h"
 #include "shape_checks.h"
 
 namespace jax_tma {
@@ -87,7 +88,8 @@ struct GatherGeometry {
   const void* indices = nullptr;
   const void* x = nullptr;      // the table
   void* out = nullptr;          // gather: (B, P, M, S); scatter: x's shape
-  const void* slabs = nullptr;  // gather: the fill element; scatter: the updates
+  FillPattern fill;             // gather: the slab of an out-of-range index
+  const void* slabs = nullptr;  // scatter: the updates
   // scatter only
   ScatterMode mode = ScatterMode::kSet;
   bool deterministic = false;
@@ -122,26 +124,6 @@ JAX_TMA_HOST_DEVICE inline int64_t GatherGeometry::TableRow(int64_t r) const {
   return DividedTableRow(indices, index_kind, r, count, outer, table_rows);
 }
 
-#if defined(__CUDACC__)
-// The V at byte offset `o` of a slab of gather's fill element (element sizes
-// are powers of two), read a byte at a time where a row needs it: cheaper
-// than a 16-byte pattern loaded once per tile, which also spilled registers
-// as a vector (benchmarks/TUNING.md, FillVector).
-template <typename V>
-__device__ __forceinline__ V FillVector(const void* fill, int64_t elem_bytes, int64_t o) {
-  union {
-    V v;
-    uint8_t b[sizeof(V)];
-  } u;
-  const auto* bytes = static_cast<const uint8_t*>(fill);
-  const int mask = static_cast<int>(elem_bytes) - 1;
-  for (int i = 0; i < static_cast<int>(sizeof(V)); ++i) {
-    u.b[i] = bytes[(static_cast<int>(o) + i) & mask];
-  }
-  return u.v;
-}
-#endif  // __CUDACC__
-
 // One call moves up to kMaxGatherTables tables through the same indices
 // (jax_tma.gather((k_pool, v_pool), pages)). Each table is decoded into its
 // own geometry; tables whose geometry and plan agree (FusesWith) run as one
@@ -153,12 +135,14 @@ struct GatherTables {
   const void* x[kMaxGatherTables] = {};
   void* out[kMaxGatherTables] = {};
   const void* slabs[kMaxGatherTables] = {};
+  FillPattern fill[kMaxGatherTables] = {};
 
-  // `g` with the buffers of table i.
+  // `g` with the buffers (and fill) of table i.
   JAX_TMA_HOST_DEVICE GatherGeometry Of(GatherGeometry g, int i) const {
     g.x = x[i];
     g.out = out[i];
     g.slabs = slabs[i];
+    g.fill = fill[i];
     return g;
   }
   // Appends the buffers of `g`; false where the launch is full.
@@ -167,6 +151,7 @@ struct GatherTables {
     x[count] = g.x;
     out[count] = g.out;
     slabs[count] = g.slabs;
+    fill[count] = g.fill;
     ++count;
     return true;
   }
@@ -193,14 +178,16 @@ inline ffi::Error CheckTables(std::string_view op, const GatherTables& tables) {
 
 // The operands and attributes shared by both targets, appended to a binding
 // that starts with the platform's context (none on the CPU). Gather:
-// (indices, x_0..x_{n-1}, fill_0..fill_{n-1}) -> (out_0..out_{n-1}).
+// (indices, x_0..x_{n-1}) -> (out_0..out_{n-1}), each table's fill in the
+// attribute "fill" (fill.h).
 template <typename Binding>
 auto BindGatherCall(Binding binding) {
   return std::move(binding).template Arg<ffi::AnyBuffer>()     // indices
-      .RemainingArgs()                                         // the tables, then their fills
+      .RemainingArgs()                                         // the tables
       .RemainingRets()                                         // an output per table
       .template Attr<int64_t>("axis")                          // axis
       .template Attr<int64_t>("batch")                         // batch
+      .template Attr<ffi::Span<const int64_t>>("fill")         // fill
       .template Attr<std::string_view>("method");              // method
 }
 
@@ -291,25 +278,19 @@ inline ffi::Error DecodeSlabs(std::string_view op, const ffi::AnyBuffer& x,
 
 }  // namespace gather_detail
 
-// Re-validates a call of "jax_tma_gather" and fills in its geometry.
+// Re-validates table t of an n-table call of "jax_tma_gather" and fills in
+// its geometry.
 inline ffi::Error DecodeGather(const ffi::AnyBuffer& x, const ffi::AnyBuffer& indices,
-                               const ffi::AnyBuffer& fill, ffi::Result<ffi::AnyBuffer>& out,
-                               int64_t axis, int64_t batch, std::string_view method,
-                               GatherGeometry* g) {
+                               ffi::Result<ffi::AnyBuffer>& out, int64_t axis, int64_t batch,
+                               ffi::Span<const int64_t> fill, size_t t, size_t n,
+                               std::string_view method, GatherGeometry* g) {
   const auto op = kGatherOp;
   JAX_TMA_RETURN_IF_FAILED(gather_detail::DecodeSlabs(op, x, indices, out->element_type(),
                                                       out->dimensions(), "output", axis, batch,
                                                       method, g));
-  if (fill.element_type() != x.element_type() || fill.element_count() != 1) {
-    return InvalidArgument(op, "fill must be one element of x's type ",
-                           DataTypeName(x.element_type()), ", got ", fill.element_count(),
-                           " of ", DataTypeName(fill.element_type()));
-  }
-  g->slabs = fill.untyped_data();
+  JAX_TMA_RETURN_IF_FAILED(DecodeFill(op, fill, t, n, g->elem_bytes, &g->fill));
   g->out = out->untyped_data();
-  if (g->slabs == nullptr || (out->element_count() != 0 && g->out == nullptr)) {
-    return InvalidArgument(op, "null buffer");
-  }
+  if (out->element_count() != 0 && g->out == nullptr) return InvalidArgument(op, "null buffer");
   return ffi::Error::Success();
 }
 
@@ -387,15 +368,18 @@ ffi::Error Get(std::string_view op, const Remaining& all, size_t i, T* out) {
 }
 
 // The n tables of a call whose `leading` operands come first, then the
-// tables and a `per_table` operand each, for n outputs: decode(t, x,
-// second, out) checks table t and fills in gs[t].
+// tables and, unless `per_table` is empty, a `per_table` operand each, for n
+// outputs: decode(t, x, second (null without per_table), out) checks table t
+// and fills in gs[t].
 template <typename DecodeTable>
 ffi::Error DecodeTables(std::string_view op, std::string_view leading, size_t leading_count,
                         std::string_view per_table, const ffi::RemainingArgs& args,
                         const ffi::RemainingRets& rets, const DecodeTable& decode, size_t* n) {
+  const size_t per = per_table.empty() ? 1 : 2;
   *n = rets.size();
-  if (*n < 1 || *n > kMaxGatherTables || args.size() != 2 * *n) {
-    return InvalidArgument(op, "takes ", leading, ", n tables and n ", per_table,
+  if (*n < 1 || *n > kMaxGatherTables || args.size() != per * *n) {
+    return InvalidArgument(op, "takes ", leading, ", n tables",
+                           per_table.empty() ? "" : " and n ", per_table,
                            " for n outputs (1 <= n <= ", kMaxGatherTables, "); got ",
                            args.size() + leading_count, " operands and ", rets.size(),
                            " outputs");
@@ -404,9 +388,9 @@ ffi::Error DecodeTables(std::string_view op, std::string_view leading, size_t le
     std::optional<ffi::AnyBuffer> x, second;
     std::optional<ffi::Result<ffi::AnyBuffer>> out;
     ffi::Error e = Get(op, args, t, &x);
-    if (e.success()) e = Get(op, args, *n + t, &second);
+    if (e.success() && per == 2) e = Get(op, args, *n + t, &second);
     if (e.success()) e = Get(op, rets, t, &out);
-    if (e.success()) e = decode(t, *x, *second, *out);
+    if (e.success()) e = decode(t, *x, second ? &*second : nullptr, *out);
     if (e.failure()) return ForTable(std::move(e), op, t, *n);
   }
   return ffi::Error::Success();
@@ -414,16 +398,17 @@ ffi::Error DecodeTables(std::string_view op, std::string_view leading, size_t le
 
 }  // namespace gather_detail
 
-// Re-validates a call of "jax_tma_gather" (indices, n tables, n fills -> n
-// outputs) into the geometry of each table, gs[0..*n).
+// Re-validates a call of "jax_tma_gather" (indices, n tables -> n outputs,
+// n fills) into the geometry of each table, gs[0..*n).
 inline ffi::Error DecodeGatherCall(const ffi::AnyBuffer& indices, const ffi::RemainingArgs& args,
                                    const ffi::RemainingRets& rets, int64_t axis, int64_t batch,
-                                   std::string_view method, GatherGeometry* gs, size_t* n) {
+                                   ffi::Span<const int64_t> fill, std::string_view method,
+                                   GatherGeometry* gs, size_t* n) {
   return gather_detail::DecodeTables(
-      kGatherOp, "indices", 1, "fills", args, rets,
-      [&](size_t t, const ffi::AnyBuffer& x, const ffi::AnyBuffer& fill,
+      kGatherOp, "indices", 1, "", args, rets,
+      [&](size_t t, const ffi::AnyBuffer& x, const ffi::AnyBuffer*,
           ffi::Result<ffi::AnyBuffer>& out) {
-        return DecodeGather(x, indices, fill, out, axis, batch, method, &gs[t]);
+        return DecodeGather(x, indices, out, axis, batch, fill, t, rets.size(), method, &gs[t]);
       },
       n);
 }
@@ -437,9 +422,9 @@ inline ffi::Error DecodeScatterCall(const ffi::AnyBuffer& indices, const ffi::An
                                     std::string_view method, GatherGeometry* gs, size_t* n) {
   return gather_detail::DecodeTables(
       kScatterOp, "indices, order", 2, "updates", args, rets,
-      [&](size_t t, const ffi::AnyBuffer& x, const ffi::AnyBuffer& updates,
+      [&](size_t t, const ffi::AnyBuffer& x, const ffi::AnyBuffer* updates,
           ffi::Result<ffi::AnyBuffer>& out) {
-        return DecodeScatter(x, indices, updates, order, out, axis, batch, mode, deterministic,
+        return DecodeScatter(x, indices, *updates, order, out, axis, batch, mode, deterministic,
                              method, &gs[t]);
       },
       n);

@@ -17,27 +17,29 @@ namespace {
 
 void GatherTable(const GatherGeometry& g) {
   const auto* table = static_cast<const uint8_t*>(g.x);
-  const auto* fill_bytes = static_cast<const uint8_t*>(g.slabs);
   auto* dst = static_cast<uint8_t*>(g.out);
   const auto s = static_cast<size_t>(g.slab_bytes);
-  const auto eb = static_cast<size_t>(g.elem_bytes);
   if (s == 0) return;
+  uint8_t fill[16];
+  std::memcpy(fill, &g.fill.lo, 8);
+  std::memcpy(fill + 8, &g.fill.hi, 8);
   for (int64_t r = 0; r < g.rows(); ++r, dst += s) {
     const int64_t row = g.TableRow(r);
     if (row >= 0) {
       std::memcpy(dst, table + static_cast<size_t>(row) * s, s);
     } else {
-      for (size_t o = 0; o < s; o += eb) std::memcpy(dst + o, fill_bytes, eb);
+      for (size_t o = 0; o < s; o += 16) std::memcpy(dst + o, fill, s - o < 16 ? s - o : 16);
     }
   }
 }
 
 ffi::Error GatherCpuImpl(ffi::AnyBuffer indices, ffi::RemainingArgs args,
                          ffi::RemainingRets rets, int64_t axis, int64_t batch,
-                         std::string_view method) {
+                         ffi::Span<const int64_t> fill, std::string_view method) {
   GatherGeometry gs[kMaxGatherTables];
   size_t n = 0;
-  JAX_TMA_RETURN_IF_FAILED(DecodeGatherCall(indices, args, rets, axis, batch, method, gs, &n));
+  JAX_TMA_RETURN_IF_FAILED(
+      DecodeGatherCall(indices, args, rets, axis, batch, fill, method, gs, &n));
   CountPath(Path::kGatherCpu);
   for (size_t t = 0; t < n; ++t) GatherTable(gs[t]);
   return ffi::Error::Success();

@@ -13,10 +13,12 @@ namespace {
 
 ffi::Error GatherCudaImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer indices,
                           ffi::RemainingArgs args, ffi::RemainingRets rets, int64_t axis,
-                          int64_t batch, std::string_view method) {
+                          int64_t batch, ffi::Span<const int64_t> fill,
+                          std::string_view method) {
   GatherGeometry gs[kMaxGatherTables];
   size_t n = 0;
-  JAX_TMA_RETURN_IF_FAILED(DecodeGatherCall(indices, args, rets, axis, batch, method, gs, &n));
+  JAX_TMA_RETURN_IF_FAILED(
+      DecodeGatherCall(indices, args, rets, axis, batch, fill, method, gs, &n));
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   GatherCallPlan plan;

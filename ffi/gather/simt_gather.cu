@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kSimtGatherThreads, kSimtGatherBlocksPerSm)
           if (row >= 0) v[k] = updates[(r0 + q) * vpr + col];
         } else {
           v[k] = row >= 0 ? table[row * vpr + col]
-                          : FillVector<V>(g.slabs, g.elem_bytes, col * int64_t{sizeof(V)});
+                          : g.fill.At<V>(col * int64_t{sizeof(V)});
         }
       }
 #pragma unroll
@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(kSimtFlatWaveThreads)
   if constexpr (kScatter) {
     if (in_range) dst[at] = src[i];
   } else {
-    dst[i] = in_range ? src[at] : FillVector<V>(g.slabs, g.elem_bytes, col * int64_t{sizeof(V)});
+    dst[i] = in_range ? src[at] : g.fill.At<V>(col * int64_t{sizeof(V)});
   }
 }
 

@@ -159,13 +159,13 @@ ffi::Error LaunchSimtWindow(const WindowGeometry& g, const void* src, void* dst,
   if (g.batch * g.dst_spatial == 0) return ffi::Error::Success();
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  const uint64_t f = g.fill_bits;
+  const FillPattern& f = g.fill;
   switch (g.elem_bytes) {
-    case 1: return Launch<uint8_t>(g, src, dst, static_cast<uint8_t>(f), stream, info);
-    case 2: return Launch<uint16_t>(g, src, dst, static_cast<uint16_t>(f), stream, info);
-    case 4: return Launch<uint32_t>(g, src, dst, static_cast<uint32_t>(f), stream, info);
-    case 8: return Launch<uint64_t>(g, src, dst, f, stream, info);
-    case 16: return Launch<Bytes16>(g, src, dst, Bytes16{f, f}, stream, info);
+    case 1: return Launch<uint8_t>(g, src, dst, f.At<uint8_t>(0), stream, info);
+    case 2: return Launch<uint16_t>(g, src, dst, f.At<uint16_t>(0), stream, info);
+    case 4: return Launch<uint32_t>(g, src, dst, f.At<uint32_t>(0), stream, info);
+    case 8: return Launch<uint64_t>(g, src, dst, f.At<uint64_t>(0), stream, info);
+    case 16: return Launch<Bytes16>(g, src, dst, f.At<Bytes16>(0), stream, info);
     default:
       return InvalidArgument(kWindowOp, "element size ", g.elem_bytes, " B is not supported");
   }

@@ -117,14 +117,19 @@ JAX_TMA_HOST_DEVICE TileLoad PlanTileLoad(const TiledWindowArgs& a, const int64_
 }
 
 // For each o < outer: buf[o * block + first + [0, len)) = fill; thread `tid`
-// of `nthreads` writes its share.
+// of `nthreads` writes its share. buf is 16-B aligned, and a complex128
+// element is two E whose halves the pattern gives by the E's position.
 template <typename E>
 JAX_TMA_HOST_DEVICE void FillRuns(E* buf, uint32_t outer, uint32_t block, uint32_t first,
-                                  uint32_t len, E fill, uint32_t tid, uint32_t nthreads) {
+                                  uint32_t len, const FillPattern& fill, uint32_t tid,
+                                  uint32_t nthreads) {
+  const E even = fill.At<E>(0);
+  const E odd = fill.At<E>(sizeof(E));  // differs from `even` for complex128 alone
   const uint32_t n = outer * len;
   for (uint32_t x = tid; x < n; x += nthreads) {
     const uint32_t o = x / len;
-    buf[o * block + first + (x - o * len)] = fill;
+    const uint32_t k = o * block + first + (x - o * len);
+    buf[k] = (k & 1) != 0 ? odd : even;
   }
 }
 
@@ -132,7 +137,8 @@ JAX_TMA_HOST_DEVICE void FillRuns(E* buf, uint32_t outer, uint32_t block, uint32
 // the slabs below lo and at or above hi (slabs may overlap; same value).
 template <typename E, int R>
 JAX_TMA_HOST_DEVICE void PatchOutOfBounds(E* buf, const StageFix& f, const TiledWindowArgs& a,
-                                          E fill, uint32_t tid, uint32_t nthreads) {
+                                          const FillPattern& fill, uint32_t tid,
+                                          uint32_t nthreads) {
   uint32_t inner = 1;
   for (int d = R - 1; d >= 0; --d) {
     const uint32_t t = static_cast<uint32_t>(a.tile[d]);
@@ -181,17 +187,16 @@ __device__ void CompactRows(E* buf, uint32_t rows, uint32_t tile, uint32_t width
 template <typename E, int R>
 __device__ void FixTileAs(void* stage, const StageFix& f, const TiledWindowArgs& a) {
   E* buf = static_cast<E*>(stage);
-  const E fill = static_cast<E>(a.fill_bits);
   const uint32_t t = static_cast<uint32_t>(a.tile[R - 1]);
   if (f.flags & kFillAll) {
     const uint32_t n = a.rows * t;
-    FillRuns<E>(buf, 1, n, 0, n, fill, threadIdx.x, kThreads);
+    FillRuns<E>(buf, 1, n, 0, n, a.fill, threadIdx.x, kThreads);
   } else {
     if (f.flags & kCompact) {
       CompactRows<E>(buf, a.rows, t, t + a.align_elems, f.shift);
       __syncthreads();  // the patch may write where other threads compacted
     }
-    if (f.flags & kPatch) PatchOutOfBounds<E, R>(buf, f, a, fill, threadIdx.x, kThreads);
+    if (f.flags & kPatch) PatchOutOfBounds<E, R>(buf, f, a, a.fill, threadIdx.x, kThreads);
   }
   // The tensor store that follows reads this through the async proxy.
   device::fence_proxy_async_shared();

@@ -20,6 +20,7 @@
 #include <string_view>
 
 #include "common.h"
+#include "fill.h"
 #include "shape_checks.h"
 
 namespace jax_tma {
@@ -51,7 +52,7 @@ struct WindowGeometry {
   bool transpose = false;
   WindowStarts starts;
   int64_t elem_bytes = 0;       // 1, 2, 4, 8 or 16
-  uint64_t fill_bits = 0;       // fill pattern, one element (16-B: repeated)
+  FillPattern fill;             // of out-of-bounds elements
   int64_t src_dims[kMaxWindowRank] = {};
   int64_t dst_dims[kMaxWindowRank] = {};
   int64_t strides[kMaxWindowRank] = {};
@@ -82,7 +83,7 @@ auto BindWindowCall(Binding binding) {
       .RemainingArgs()                                         // start(s): WindowStarts
       .template Ret<ffi::AnyBuffer>()                          // y
       .template Attr<ffi::Span<const int64_t>>("strides")      // strides
-      .template Attr<uint64_t>("fill_bits")                    // fill_bits
+      .template Attr<ffi::Span<const int64_t>>("fill")         // fill (fill.h)
       .template Attr<bool>("transpose")                        // transpose
       .template Attr<std::string_view>("method")               // method
       .template Attr<int64_t>("inner_start");                  // inner_start
@@ -94,7 +95,7 @@ inline ffi::Error DecodeWindow(const ffi::AnyBuffer& src,
                                const ffi::RemainingArgs& starts,
                                ffi::Result<ffi::AnyBuffer>& dst,
                                ffi::Span<const int64_t> strides,
-                               uint64_t fill_bits, bool transpose,
+                               ffi::Span<const int64_t> fill, bool transpose,
                                std::string_view method,
                                WindowGeometry* g, Method* parsed) {
   const auto op = kWindowOp;
@@ -115,8 +116,8 @@ inline ffi::Error DecodeWindow(const ffi::AnyBuffer& src,
   JAX_TMA_RETURN_IF_FAILED(CheckElementTypes(op, src.element_type(), dst->element_type()));
   g->rank = static_cast<int>(r);
   g->transpose = transpose;
-  g->fill_bits = fill_bits;
   g->elem_bytes = static_cast<int64_t>(ffi::ByteWidth(src.element_type()));
+  JAX_TMA_RETURN_IF_FAILED(DecodeFill(op, fill, 0, 1, g->elem_bytes, &g->fill));
   g->src_batched = static_cast<int64_t>(sd.size()) == nb + r && nb > 0;
   g->batch = 1;
   for (int64_t i = 0; i < nb; ++i) {
@@ -139,7 +140,7 @@ inline ffi::Error DecodeWindow(const ffi::AnyBuffer& src,
       return InvalidArgument(op, "window dim ", i, " = ", g->dst_dims[i], " is over 2^31 - 1");
     }
   }
-  if (transpose && fill_bits != 0) {
+  if (transpose && !g->fill.zero()) {
     return InvalidArgument(op, "the transpose fills with zeros only");
   }
   if (transpose && !g->src_batched && nb > 0) {

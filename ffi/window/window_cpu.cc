@@ -12,24 +12,22 @@ namespace jax_tma {
 
 static ffi::Error WindowCpuImpl(ffi::AnyBuffer x, ffi::RemainingArgs starts,
                                 ffi::Result<ffi::AnyBuffer> y,
-                                ffi::Span<const int64_t> strides, uint64_t fill_bits,
+                                ffi::Span<const int64_t> strides, ffi::Span<const int64_t> fill,
                                 bool transpose, std::string_view method,
                                 int64_t /*inner_start: read by the CUDA planner alone*/) {
   WindowGeometry g;
   Method parsed;  // every method is the same loop on the host
   JAX_TMA_RETURN_IF_FAILED(
-      DecodeWindow(x, starts, y, strides, fill_bits, transpose, method, &g, &parsed));
+      DecodeWindow(x, starts, y, strides, fill, transpose, method, &g, &parsed));
   CountPath(Path::kWindowCpu);
   // Nothing to write; a zero-size window dim would also divide by zero below.
   if (g.batch == 0 || g.dst_spatial == 0) return ffi::Error::Success();
   const auto* src = static_cast<const uint8_t*>(x.untyped_data());
   auto* dst = static_cast<uint8_t*>(y->untyped_data());
   const int64_t eb = g.elem_bytes;
-  // One element of fill: the pattern repeats for 16-byte (complex128) types.
-  uint8_t fill[16];
-  for (int64_t k = 0; k < eb; k += 8) {
-    std::memcpy(fill + k, &fill_bits, static_cast<size_t>(eb < 8 ? eb : 8));
-  }
+  uint8_t fill_element[16];  // its first eb bytes
+  std::memcpy(fill_element, &g.fill.lo, 8);
+  std::memcpy(fill_element + 8, &g.fill.hi, 8);
   int64_t s[kMaxWindowRank];
   for (int64_t b = 0; b < g.batch; ++b) {
     for (int d = 0; d < g.rank; ++d) s[d] = ReadStart(g.starts, g.rank, b, d);
@@ -46,14 +44,15 @@ static ffi::Error WindowCpuImpl(ffi::AnyBuffer x, ffi::RemainingArgs starts,
       if (base < 0 || InnerSpan(g, s[g.rank - 1], 0, inner, &lo, &hi, &c_lo, &step)) {
         for (int64_t i = 0; i < inner; ++i) {
           const bool reads = base >= 0 && i >= lo && i < hi;
-          std::memcpy(drow + i * eb, reads ? sb + (base + c_lo + (i - lo) * step) * eb : fill,
+          std::memcpy(drow + i * eb,
+                      reads ? sb + (base + c_lo + (i - lo) * step) * eb : fill_element,
                       static_cast<size_t>(eb));
         }
         continue;
       }
       for (int64_t i = 0; i < inner; ++i) {
         const int64_t c = base < 0 ? -1 : MapCoord(g, g.rank - 1, i, s[g.rank - 1]);
-        std::memcpy(drow + i * eb, c >= 0 ? sb + (base + c) * eb : fill,
+        std::memcpy(drow + i * eb, c >= 0 ? sb + (base + c) * eb : fill_element,
                     static_cast<size_t>(eb));
       }
     }

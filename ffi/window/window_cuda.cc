@@ -13,13 +13,13 @@ namespace jax_tma {
 
 static ffi::Error WindowCudaImpl(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                                  ffi::RemainingArgs starts, ffi::Result<ffi::AnyBuffer> y,
-                                 ffi::Span<const int64_t> strides, uint64_t fill_bits,
+                                 ffi::Span<const int64_t> strides, ffi::Span<const int64_t> fill,
                                  bool transpose, std::string_view method,
                                  int64_t inner_start) {
   WindowGeometry g;
   Method parsed;
   JAX_TMA_RETURN_IF_FAILED(
-      DecodeWindow(x, starts, y, strides, fill_bits, transpose, method, &g, &parsed));
+      DecodeWindow(x, starts, y, strides, fill, transpose, method, &g, &parsed));
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   WindowPlan plan;

@@ -162,8 +162,8 @@ bool PlanTiledWindow(const WindowGeometry& g, const void* src, const void* dst,
     tiles *= a.ntiles[d];
   }
   a.starts = g.starts;
-  a.fill_bits = g.fill_bits;
-  a.patch_fill = g.fill_bits != 0;
+  a.fill = g.fill;
+  a.patch_fill = !g.fill.zero();
   a.total_tiles = tiles;
   a.scale = static_cast<int32_t>(k);
   a.align_elems = static_cast<int32_t>(q);

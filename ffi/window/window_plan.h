@@ -35,7 +35,7 @@ inline constexpr int64_t kMaxDstMapDim = (int64_t{1} << 31) - 1;  // store coord
 // The tiled kernel's parameters (by value).
 struct TiledWindowArgs {
   WindowStarts starts;
-  uint64_t fill_bits;
+  FillPattern fill;
   int64_t total_tiles;             // batch x tiles per batch entry
   int64_t tiles_per_cta;
   // Per spatial dim, outermost first. Inner dim in tensor-map elements
@@ -52,7 +52,7 @@ struct TiledWindowArgs {
   uint32_t tile_bytes;             // dense tile in shared memory
   uint32_t wide_bytes;             // tile loaded through the wide map
   uint32_t stage_bytes;            // >= wide_bytes, multiple of kSmemTileAlign
-  bool patch_fill;                 // fill_bits != 0: hardware zero fill is patched
+  bool patch_fill;                 // a fill other than zero: the hardware's zero fill is patched
 };
 
 struct TiledWindowPlan {
@@ -72,7 +72,7 @@ struct TiledWindowPlan {
 // "x row stride 18 B is not a multiple of 16". `src` / `dst` are the input and
 // output device addresses (only their alignment is looked at). A window with
 // no elements fits (plan->empty). Any fill value fits: out-of-bounds elements
-// get g.fill_bits exactly (NaN payloads included).
+// get g.fill exactly (NaN payloads included).
 bool PlanTiledWindow(const WindowGeometry& g, const void* src, const void* dst,
                      TiledWindowPlan* plan, std::string* why);
 

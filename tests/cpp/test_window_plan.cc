@@ -118,7 +118,7 @@ void TestTiling() {
   CHECK_EQ(b2.args.total_tiles, 3);
   // A non-zero fill is patched in shared memory.
   WindowGeometry nan = Window({64, 64}, {32, 32}, {1, 1}, 4);
-  nan.fill_bits = 0x7fc00000;
+  nan.fill.lo = nan.fill.hi = 0x7fc000007fc00000;
   TiledWindowPlan f;
   CHECK(PlanTiledWindow(nan, kAligned, kAlignedOut, &f, nullptr));
   CHECK(f.args.patch_fill);

@@ -205,7 +205,7 @@ bool RunCase(std::mt19937_64& gen, int trial, Counts* counts) {
     wants.push_back(std::move(want));
 
     uint8_t* d_table = ToDevice(table, 0, &ok);
-    uint8_t* d_slabs = ToDevice(slabs, 0, &ok);
+    uint8_t* d_slabs = op == GatherOp::kGather ? nullptr : ToDevice(slabs, 0, &ok);
     uint8_t* d_out = op == GatherOp::kGather
                          ? ToDevice(std::vector<uint8_t>(), rows_bytes + kTail, &ok)
                          : ToDevice(table, kTail, &ok);  // in place
@@ -213,7 +213,14 @@ bool RunCase(std::mt19937_64& gen, int trial, Counts* counts) {
     GatherGeometry gt = g;
     gt.x = op == GatherOp::kGather ? d_table : d_out;
     gt.out = d_out;
-    gt.slabs = d_slabs;
+    if (op == GatherOp::kGather) {  // the fill element, repeated to 16 bytes (ffi/fill.h)
+      uint8_t pattern[16];
+      for (int k = 0; k < 16; ++k) pattern[k] = slabs[k % g.elem_bytes];
+      std::memcpy(&gt.fill.lo, pattern, 8);
+      std::memcpy(&gt.fill.hi, pattern + 8, 8);
+    } else {
+      gt.slabs = d_slabs;
+    }
     tables.Add(gt);
   }
   g.indices = d_idx;

@@ -23,7 +23,8 @@ std::vector<uint8_t> HostWindow(const WindowGeometry& g, const std::vector<uint8
   const int64_t eb = g.elem_bytes;
   std::vector<uint8_t> out(g.batch * g.dst_spatial * eb);
   uint8_t fill[16];
-  for (int64_t k = 0; k < eb; k += 8) std::memcpy(fill + k, &g.fill_bits, eb < 8 ? eb : 8);
+  std::memcpy(fill, &g.fill.lo, 8);
+  std::memcpy(fill + 8, &g.fill.hi, 8);
   const int64_t inner = g.dst_dims[g.rank - 1];
   for (int64_t b = 0; b < g.batch; ++b) {
     jax_tma::WindowStarts host;  // the same values, one array on the host
@@ -130,7 +131,14 @@ int main() {
     const int layout = static_cast<int>(gen() % 3);  // array, batched array, split
     g.starts.batched = layout == 1;
     g.starts.split = layout == 2;
-    g.fill_bits = g.transpose || gen() % 2 ? 0 : 0x7ff8000000000001ull;
+    if (!g.transpose && gen() % 2) {  // a random element, repeated to 16 bytes (ffi/fill.h)
+      uint8_t pattern[16];
+      for (int k = 0; k < 16; ++k) {
+        pattern[k] = k < g.elem_bytes ? static_cast<uint8_t>(gen()) : pattern[k - g.elem_bytes];
+      }
+      std::memcpy(&g.fill.lo, pattern, 8);
+      std::memcpy(&g.fill.hi, pattern + 8, 8);
+    }
     for (int d = 0; d < g.rank; ++d) {
       const bool inner = d == g.rank - 1;
       g.strides[d] = inner && friendly ? 1 : 1 + static_cast<int64_t>(gen() % 4);

@@ -11,7 +11,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from reference import ALL_DTYPES, SUB_BYTE_BITS
+from jax_tma import _lowering
+from reference import ALL_DTYPES, SUB_BYTE_BITS, random_array
 
 S = jax.ShapeDtypeStruct
 
@@ -54,6 +55,20 @@ class Spec:
     # Whether an accepted call's results are defined bit for bit on the
     # platform (else only: no crash, inputs unchanged, the right shapes).
     exact: Callable[[str, Call], bool] = lambda platform, call: True
+
+
+def random_fill(rng, dtypes) -> np.ndarray:
+    """A "fill" attribute (ffi/fill.h) for outputs of `dtypes`: random bits
+    or zero for each."""
+    return _lowering.fill_attr([random_array(rng, (), d).tobytes() if rng.integers(2)
+                                else bytes(1) for d in dtypes])
+
+
+def fill_patterns(call: Call) -> list[np.ndarray]:
+    """Each output's fill element repeated to 16 bytes, from the call's
+    "fill" attribute."""
+    words = np.asarray(call.attrs["fill"], "<i8")
+    return [words[2 * t:2 * t + 2].view(np.uint8) for t in range(len(words) // 2)]
 
 
 def some_dtype(rng, pool=BYTE_DTYPES) -> np.dtype:

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from fuzz_specs.common import (BYTE_DTYPES, PORTABLE, S, SHAPE_RULES, SUMMABLE, Call, Spec, pick,
-                               some_dtype, with_)
+from fuzz_specs.common import (BYTE_DTYPES, PORTABLE, S, SHAPE_RULES, SUMMABLE, Call, Spec,
+                               fill_patterns, pick, random_fill, some_dtype, with_)
 from reference import random_array
 
 
@@ -16,9 +16,9 @@ _INDEX_DTYPES = tuple(np.dtype(d) for d in (np.int8, np.int16, np.int32, np.int6
 
 
 def _tables_of(call: Call, lead: int) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
-    """The indices, the tables and their fills / updates of a gather (lead=1:
-    indices, x_0..x_{n-1}, fill_0..) or scatter call (lead=2: indices, order,
-    x_0.., updates_0..), n = the results."""
+    """The indices, the tables and their updates (none for a gather) of a
+    gather (lead=1: indices, x_0..x_{n-1}) or scatter call (lead=2: indices,
+    order, x_0.., updates_0..), n = the results."""
     n = len(call.results)
     rest = call.operands[lead:]
     return call.operands[0], rest[:n], rest[n:2 * n]
@@ -72,20 +72,19 @@ def _table_count(rng) -> int:
 def _gather_call(rng) -> Call:
     dtypes = [some_dtype(rng) for _ in range(_table_count(rng))]
     idx, xs, attrs, out_shapes = _slab_call(rng, dtypes)
-    return Call([idx, *xs, *(random_array(rng, (), d) for d in dtypes)],
-                [S(o, d) for o, d in zip(out_shapes, dtypes)], attrs)
+    return Call([idx, *xs], [S(o, d) for o, d in zip(out_shapes, dtypes)],
+                {**attrs, "fill": random_fill(rng, dtypes)})
 
 
 def _gather_reference(call: Call) -> list[np.ndarray]:
-    idx, xs, fills = _tables_of(call, 1)
+    idx, xs, _ = _tables_of(call, 1)
     outs = []
-    for x, fill, y in zip(xs, fills, call.results):
+    for x, fill, y in zip(xs, fill_patterns(call), call.results):
         b, p, n, m, s = _slab_geometry(call, x)
-        eb = x.dtype.itemsize
         table = np.ascontiguousarray(x).view(np.uint8).reshape(b, p, n, s)
         rows = _table_rows(idx, n, int(call.attrs["batch"]))
         out = np.empty((b, p, m, s), np.uint8)
-        out[...] = np.tile(np.ascontiguousarray(fill).reshape(1).view(np.uint8), s // eb)
+        out[...] = np.resize(fill, s)
         for i, j in zip(*np.nonzero(rows >= 0)):
             out[i, :, j] = table[i, :, rows[i, j]]
         outs.append(out.view(y.dtype).reshape(y.shape))
@@ -189,8 +188,8 @@ def _scatter_exact(platform: str, call: Call) -> bool:
 
 def _one_table(c: Call) -> Call:
     """Gather call c with its first table alone."""
-    idx, xs, fills = _tables_of(c, 1)
-    return with_(c, [idx, xs[0], fills[0]], c.results[:1])
+    idx, xs, _ = _tables_of(c, 1)
+    return with_(c, [idx, xs[0]], c.results[:1], fill=c.attrs["fill"][:2])
 
 
 def _gathered(x: np.ndarray, axis: int, count: int) -> S:
@@ -207,12 +206,14 @@ _GATHER_NASTY = (
                                 batch=np.int64(0)))(_one_table(c)), r"indices|output"),
     (lambda c: with_(c, batch=np.int64(int(c.attrs["axis"]) + 1)), r"batch"),
     (lambda c: with_(c, axis=np.int64(-1)), r"axis"),
-    (lambda c: with_(c, c.operands[:-1] + [np.zeros(2, c.operands[-1].dtype)]), r"fill"),
-    (lambda c: with_(c, [np.zeros(3, np.int32), np.zeros((2**40, 0), np.float32),
-                         np.zeros((), np.float32)], [S((3, 0), np.float32)], axis=np.int64(0),
-                     batch=np.int64(0)), SHAPE_RULES),
+    (lambda c: with_(c, fill=c.attrs["fill"][:-1]), r"fill"),
+    # a valid pattern for 16-byte elements alone
+    (lambda c: with_(c, fill=np.array([1, 0] * len(c.results), np.int64)), r"fill"),
+    (lambda c: with_(c, [np.zeros(3, np.int32), np.zeros((2**40, 0), np.float32)],
+                     [S((3, 0), np.float32)], axis=np.int64(0), batch=np.int64(0),
+                     fill=np.zeros(2, np.int64)), SHAPE_RULES),
     (lambda c: with_(c, method="tma"), r"method"),
-    (lambda c: with_(c, c.operands[:-1]), _TAKES),                    # a fill short
+    (lambda c: with_(c, c.operands[:-1]), _TAKES),                    # a table short
     (lambda c: with_(c, results=c.results + c.results[:1]), _TAKES),  # an output too many
     (lambda c: with_(c, c.operands[:1] + c.operands[1:] * 9,  # more than 8 tables
                      results=c.results * 9), _TAKES),
@@ -240,7 +241,8 @@ _SLAB_DIMS = r"axis|batch|rank|\bdims?\b|shape|indices|updates|\belements?\b"
 SPECS: dict[str, Spec] = {
     "jax_tma_gather": Spec(
         ("jax_tma.gather",), _gather_call, _gather_reference, _GATHER_NASTY,
-        rules={"shape": r"fill|axis", "dtype": r"indices must be integers|fill must be",
+        # A table of another dtype may no longer match its fill pattern.
+        rules={"shape": r"axis", "dtype": r"indices must be integers|fill is not one",
                "operands": _TAKES, "results": _TAKES},
         attr_rules={"axis": _SLAB_DIMS, "batch": _SLAB_DIMS}),
     "jax_tma_scatter": Spec(

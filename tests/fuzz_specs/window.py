@@ -7,7 +7,8 @@ import math
 
 import numpy as np
 
-from fuzz_specs.common import PORTABLE, S, SHAPE_RULES, Call, Spec, pick, some_dtype, with_
+from fuzz_specs.common import (PORTABLE, S, SHAPE_RULES, Call, Spec, fill_patterns, pick,
+                               random_fill, some_dtype, with_)
 from reference import random_array
 
 
@@ -29,9 +30,9 @@ def _window_call(rng) -> Call:
     shape = (batch if layout == 2 else ()) + (r,)
     start = rng.integers(-3, max(x_shape) + 3, shape).astype(start_dtype)
     starts = list(start.reshape(r, 1)) if layout == 0 else [start]
-    fill = 0 if transpose else pick(rng, (0, int(rng.integers(2**63))))
+    fill = np.zeros(2, np.int64) if transpose else random_fill(rng, [dtype])
     return Call([src] + starts, [S(batch + dst_shape, dtype)],
-                dict(strides=rng.integers(1, 4, r), fill_bits=np.uint64(fill),
+                dict(strides=rng.integers(1, 4, r), fill=fill,
                      transpose=transpose, method=pick(rng, PORTABLE),
                      # any value is valid: it only steers auto's kernel choice
                      inner_start=np.int64(pick(rng, (-2**63, int(rng.integers(-40, 40)))))))
@@ -49,7 +50,7 @@ def _window_reference(call: Call) -> list[np.ndarray]:
     start = start.clip(-2**62, 2**62)
     src = x.view(np.uint8).reshape((math.prod(x.shape[:x.ndim - r]),) + x.shape[x.ndim - r:]
                                    + (eb,))
-    fill = np.frombuffer(int(call.attrs["fill_bits"]).to_bytes(8, "little") * 2, np.uint8)[:eb]
+    fill = fill_patterns(call)[0][:eb]
     box = y.shape[len(y.shape) - r:]
     out = np.empty((math.prod(y.shape[:len(y.shape) - r]),) + box + (eb,), np.uint8)
     for b in range(len(out)):
@@ -86,7 +87,7 @@ _WINDOW_NASTY = (
     (_zero_box, SHAPE_RULES + r"|box"),
     (lambda c: with_(c, strides=np.full(len(c.attrs["strides"]), 2**31 - 1)), r"strides"),
     (lambda c: with_(c, strides=np.full(17, 1)), r"strides|spatial rank"),
-    (lambda c: with_(c, fill_bits=np.uint64(2**63)), r"fill"),  # or JAX's bad_cast
+    (lambda c: with_(c, fill=np.array([2**63 - 1, 0], np.int64)), r"fill"),  # 16-byte: valid
     (_extreme_starts, r"start"),
     (lambda c: with_(c, c.operands + c.operands[1:]), r"start"),
 )
@@ -95,13 +96,14 @@ _WINDOW_NASTY = (
 SPECS: dict[str, Spec] = {
     "jax_tma_window": Spec(
         ("jax_tma.window",), _window_call, _window_reference, _WINDOW_NASTY,
-        rules={"shape": r"start|cotangent", "dtype": r"start must be|start operands mix",
+        rules={"shape": r"start|cotangent",
+               "dtype": r"start must be|start operands mix|fill is not one",
                # A start operand more or fewer shifts the others: the handler
                # meets the first operand out of place (a transpose whose
                # cotangent went missing takes a start array for an unbatched one).
                "operands": r"start|input rank|element type|cotangent"},
         # strides has an entry per spatial dim: its length sets the rank that
         # the arrays and starts are checked against.
-        attr_rules={"fill_bits": r"fill", "strides": r"rank|batch dim|start|entries",
+        attr_rules={"fill": r"fills", "strides": r"rank|batch dim|start|entries",
                     "transpose": r"fill|cotangent|start|rank|batch|\bdims?\b|entries"}),
 }
