@@ -22,9 +22,10 @@
 #   usage: bash scripts/gpu_check.sh [tests|sanitize|bench|ncu|multi]...
 #   (default: tests sanitize bench; `multi` needs two GPUs)
 #   INSTALLS (default "wheel source") picks the installs `tests` runs against;
-#   the full suite takes about 5 min an install on an H100 (2026-11-23), so
-#   within the device tool's 10-min call use one install a call:
-#   INSTALLS=wheel bash scripts/gpu_check.sh tests; INSTALLS=source ... tests sanitize
+#   the full suite took about 11 min for one install on an H100 (2026-11-26),
+#   so within the device tool's 10-min call run one install and half the test
+#   files a call: TESTS_PART=1/2 INSTALLS=source bash scripts/gpu_check.sh tests,
+#   then TESTS_PART=2/2 (part k of n: every n-th file, from the k-th).
 #   `tests` runs one pytest per test file: $OUT/tests_<install>.log has a
 #   line per file (and its failures), tests_<install>.tgz each file's output.
 #   TESTS, SELFTESTS and BENCH_OPS narrow a stage, e.g. TESTS=tests/test_<family>.py
@@ -121,8 +122,10 @@ for stage in "${stages[@]}"; do
       rc=0
       files=0
       # A file may take 450 s (the longest took about 5 min on an H200).
+      part=${TESTS_PART:-1/1}
       # shellcheck disable=SC2086
-      for file in $(ls -d ${TESTS:-tests/test_*.py}); do
+      for file in $(ls -d ${TESTS:-tests/test_*.py} | awk -v k="${part%/*}" -v n="${part#*/}" \
+          'NR % n == k % n'); do
         name=$(basename "$file" .py)
         files=$((files + 1))
         PYTHONPATH=${site[$install]}:$bench_site JAX_TMA_REQUIRE_GPU=1 timeout 450 python3 -P -m pytest \
