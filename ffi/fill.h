@@ -44,7 +44,8 @@ struct FillPattern {
 };
 
 // The pattern of output `i` of `n` from the "fill" attribute, checked to be
-// one element of `elem_bytes` repeated (an n-table op names the table).
+// one element of `elem_bytes` repeated (the caller of an n-table op names
+// the table in the error).
 inline ffi::Error DecodeFill(std::string_view op, ffi::Span<const int64_t> fill, size_t i,
                              size_t n, int64_t elem_bytes, FillPattern* out) {
   if (fill.size() != 2 * n) {
