@@ -128,6 +128,18 @@ def test_simt_rows_at_every_alignment(gpu, rng, dtype):
             assert_bits_equal(got, window_reference(x, (1, col), (3, width)))
 
 
+@pytest.mark.parametrize("dtype", VECTOR_DTYPES, ids=str)
+def test_simt_rows_of_several_runs(gpu, rng, dtype):
+    """Rows longer than the 4 KiB a warp of the SIMT kernel copies per item,
+    so that each row is several items and the last one a part: at vector-
+    aligned and unaligned starts, and hanging over the input's end."""
+    width = 3 * 4096 // dtype.itemsize + 37
+    x = random_array(rng, (4, width + 50), dtype)
+    for col in (0, 1, 16 // dtype.itemsize, 60):
+        got = window_poisoned(x, (1, col), (3, width), (1, 1), 0, "simt", gpu)
+        assert_bits_equal(got, window_reference(x, (1, col), (3, width)))
+
+
 # (x shape, dtype, start, window shape, strides, fill): static starts whose
 # innermost offset is a multiple of 16 B, where the tiled kernel's rules hold.
 STATIC_TILED = [
