@@ -23,21 +23,19 @@ struct Bytes16 {
 // of the run that reads the input (InnerSpan) is copied with no per-element
 // checks: lane-strided loads, kPer per lane in flight, then the stores
 // (coalesced when the innermost stride is 1); the rest is fill. Strided
-// transposes map each element (MapCoord), kSlowPer in flight. Loads in flight
-// and runs are sized in bytes, not elements: 32 B per lane and runs of 4 KiB
-// (256 16-B vectors: one whole round of CopyStrided) for elements up to 8 B,
-// so that narrow types keep as many bytes in flight as 4-byte ones
-// (benchmarks/TUNING.md, "SIMT window: bytes in flight"). Registers are capped
-// for two 256-thread blocks per SM.
+// transposes map each element (MapCoord), kSlowPer in flight. 8 elements (or
+// 16-B vectors) per lane, runs of 1024 and registers capped for two
+// 256-thread blocks per SM were chosen over other shapes with
+// benchmarks/bench_window.py.
 template <typename T>
-constexpr int kWindowPer = sizeof(T) <= 4 ? 32 / sizeof(T) : 4;
+constexpr int kWindowPer = sizeof(T) <= 4 ? 8 : 4;
 template <typename T>
 constexpr int64_t kWindowRun = int64_t{32} * kWindowPer<T> * 4;
 constexpr int kSlowPer = 4;
 constexpr int kWindowMinBlocks = 2;
 
 // dst[i] = src[i * step] for i in [0, n): lane `lane` of a warp, kPer
-// loads per lane in flight, the last partial round too (predicated).
+// loads per lane in flight.
 template <typename V, int kPer>
 __device__ __forceinline__ void CopyStrided(const V* __restrict__ src, int64_t step,
                                             V* __restrict__ dst, int64_t n, int lane) {
@@ -54,16 +52,7 @@ __device__ __forceinline__ void CopyStrided(const V* __restrict__ src, int64_t s
     p += kStep * step;
     q += kStep;
   }
-  const int64_t left = n - whole - lane;  // this lane's elements: u * 32 < left
-  V v[kPer];
-#pragma unroll
-  for (int u = 0; u < kPer; ++u) {
-    if (u * 32 < left) v[u] = p[u * 32 * step];
-  }
-#pragma unroll
-  for (int u = 0; u < kPer; ++u) {
-    if (u * 32 < left) q[u * 32] = v[u];
-  }
+  for (int64_t i = whole + lane; i < n; i += 32) dst[i] = src[i * step];
 }
 
 // The same for a span of the window. A contiguous span whose source and
