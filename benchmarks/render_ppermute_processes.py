@@ -16,6 +16,9 @@ _LAYOUTS = {
                "visible to each)",
     "shared_mps": "both processes on one GPU under an MPS daemon of the benchmark's own",
 }
+# Layouts whose blocks cross from one GPU to another: the link between them
+# bounds the copy, so a copy within one GPU's memory is no ceiling for it.
+_ACROSS_GPUS = {"per_gpu"}
 
 
 def _num(x: float | None, suffix: str = "", digits: int = 1) -> str:
@@ -26,18 +29,25 @@ def _num(x: float | None, suffix: str = "", digits: int = 1) -> str:
 def _layout_table(name: str, layout: dict[str, Any]) -> list[str]:
     """A layout's table of GB/s by block size, and what it must say beside."""
     nccl = any("nccl_us" in row for row in layout["rows"])
-    head = ["block per device", "auto", "push (TMA bulk)", "pull (TMA bulk)", "cudaMemcpyAsync",
-            "auto vs cudaMemcpyAsync"] + (["lax.ppermute (NCCL)", "auto vs NCCL"] if nccl else [])
+    ceiling = name not in _ACROSS_GPUS
+    head = (["block per device", "auto", "push (TMA bulk)", "pull (TMA bulk)"]
+            + (["cudaMemcpyAsync", "auto vs cudaMemcpyAsync"] if ceiling else [])
+            + (["lax.ppermute (NCCL)", "auto vs NCCL"] if nccl else []))
     devices = ", ".join(dict.fromkeys(layout["devices"]))
     lines = [f"`{name}`, {_LAYOUTS[name]} ({devices}):", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in layout["rows"]:
         cells = [size_text(row["block_mib"] * MIB)]
-        cells += [_num(row[f"{case}_gbps"]) for case in ("auto", "push", "pull", "memcpy")]
-        cells.append(_num(row["auto_vs_memcpy"], "×", 2))
+        cells += [_num(row[f"{case}_gbps"]) for case in ("auto", "push", "pull")]
+        if ceiling:
+            cells += [_num(row["memcpy_gbps"]), _num(row["auto_vs_memcpy"], "×", 2)]
         if nccl:
             cells += [_num(row["nccl_gbps"]), _num(row["auto_vs_nccl"], "×", 2)]
         lines.append("| " + " | ".join(cells) + " |")
+    if not ceiling:
+        lines += ["", "Each block crosses the link between the GPUs here, which bounds the copy: "
+                  "`cudaMemcpyAsync` within one GPU's memory is no ceiling for it, and NCCL is "
+                  "the comparator."]
     fallbacks = [x.removeprefix("lax.ppermute, because ") for x in layout["lowerings"]
                  if x.startswith("lax.ppermute")]
     if fallbacks:
@@ -61,7 +71,7 @@ def _host_rows(r: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 def render_ppermute_processes(r: dict[str, Any]) -> str:
     lines = [f"Two processes of one host under `jax.distributed` swap blocks (`perm={r['perm']}`), "
              f"{r['chain']} permutations chained per program; GB/s per direction by span (worker "
-             f"0's span per program ÷ {r['chain']}). The ceiling is `cudaMemcpyAsync` of the "
+             f"0's span per program ÷ {r['chain']}). On one GPU, the ceiling is `cudaMemcpyAsync` of the "
              f"same block bytes on worker 0's GPU while worker 1 waits (its GB/s counts the "
              f"block once, though it reads and writes it); *auto vs cudaMemcpyAsync* is its time "
              f"for the blocks an op moves through that GPU's memory (two where both processes "

@@ -257,6 +257,28 @@ def test_smoke_run_of_the_multi_group(tmp_path):
     assert [row["copies_per_gpu"] for row in shared["rows"]] == [2] * len(shared["rows"])
 
 
+def test_ppermute_processes_sets_no_one_gpu_ceiling_beside_blocks_across_gpus():
+    """A layout on one GPU has cudaMemcpyAsync as its ceiling; per_gpu's blocks
+    cross the link between two GPUs, so its table has NCCL alone beside it."""
+    import render_ppermute_processes
+
+    row = {"block_mib": 1.0, "auto_gbps": 88.6, "push_gbps": 89.5, "pull_gbps": 87.8,
+           "memcpy_gbps": 963.8, "auto_vs_memcpy": 0.09}
+    host = {"block_bytes": 65536, "cases": {"auto": {"span_us": 40.0, "wall_us": 50.0}}}
+    layout = {"devices": ["NVIDIA H200"], "lowerings": [], "untraced": {}, "host_time": host}
+    r = {"perm": [[0, 1], [1, 0]], "chain": 8, "mps": "ran", "not_run": {},
+         "sizes_left_out": {}, "in_process_host_time": None,
+         "layouts": {"shared_mps": {**layout, "rows": [row]},
+                     "per_gpu": {**layout, "rows": [{**row, "nccl_us": 25.6, "nccl_gbps": 40.9,
+                                                     "auto_vs_nccl": 2.17}]}}}
+    text = render_ppermute_processes.render_ppermute_processes(r)
+    shared, per_gpu = text.split("`per_gpu`, one GPU each")
+    assert "| 1 MiB | 88.6 | 89.5 | 87.8 | 963.8 | 0.09× |" in shared
+    assert "| 1 MiB | 88.6 | 89.5 | 87.8 | 40.9 | 2.17× |" in per_gpu
+    assert "`cudaMemcpyAsync` within one GPU's memory is no ceiling" in per_gpu
+    assert "963.8" not in per_gpu.split("Host time")[0]
+
+
 def test_smoke_run_writes_one_checked_result_per_op(smoke_results):
     out, results = smoke_results
     assert sorted(results) == ["broadcast", "copy", "gather", "im2col", "ppermute", "tune-bulk",
