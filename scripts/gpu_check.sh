@@ -8,37 +8,47 @@
 #            (JAX_TMA_BENCH=ON), which is then moved to a folder of its own
 #            and put on PYTHONPATH next to either install: the raw-hook and
 #            reference tests and the benchmarks need it, the wheel lacks it.
-# Then the test suite against each install with GPU skips turned into
-# failures, compute-sanitizer (memcheck, racecheck, synccheck) on the kernels'
-# self-tests, and the benchmarks (benchmarks/run.py, against the source
-# install: built from this very tree, so the results are this commit's; then
-# one case, `run.py wheel`, against the wheel, which must be built from the
-# same commit). Logs under $OUT, the benchmarks' result JSON and log in
+# The build comes first (both installs, and the kernels' standalone
+# self-tests where quick or sanitize asks for them, compiled side by side),
+# then the stages asked for, each timed; a stage with a budget fails when it
+# runs over it (the build is outside every budget):
+#  tests     the whole suite against each install, GPU skips turned into
+#            failures (JAX_TMA_REQUIRE_GPU=1; JAX_TMA_REQUIRE_MULTI_GPU=1
+#            too where two or more GPUs are visible), in parallel workers
+#            (pytest-xdist) sharing the GPU: budget 180 s an install
+#            (TESTS_BUDGET_S).
+#  quick     after any kernel change: each family's self-test and the tests
+#            marked quick (one GPU call per kernel path, one call across
+#            processes sharing the GPU, both fuzz files under a shared
+#            --fuzz-budget of 30 s): budget 120 s (QUICK_BUDGET_S).
+#  sanitize  compute-sanitizer (memcheck, racecheck, synccheck) on the
+#            self-tests, into a result file.
+#  bench     benchmarks/run.py against the source install (built from this
+#            very tree, so the results are this commit's), then one case,
+#            `run.py wheel`, against the wheel, which must be built from the
+#            same commit; ncu and multi run the benchmarks of run.py's groups
+#            of those names (harness.Benchmark.group): ncu's profiles and
+#            those of two GPUs (multi also runs test_multi_gpu.py and
+#            memcheck over its memcheck-marked tests).
+# Logs under $OUT, the benchmarks' result JSON and log in
 # $OUT/bench_<ops>.tgz and the sanitizers' result JSON in
 # $OUT/bench_sanitize.tgz (`tar -xzf bench_all.tgz -C benchmarks results` and
 # `tar -xzf bench_sanitize.tgz -C benchmarks results` put them in
-# benchmarks/results/; then run benchmarks/report.py), a short summary last;
-# the exit status is non-zero if any step failed.
-#   usage: bash scripts/gpu_check.sh [tests|sanitize|bench|ncu|multi]...
+# benchmarks/results/; then run benchmarks/report.py), a summary with each
+# stage's wall time last; the exit status is non-zero if any step failed.
+#   usage: bash scripts/gpu_check.sh [tests|quick|sanitize|bench|ncu|multi]...
 #   (default: tests sanitize bench; `multi` needs two GPUs)
-#   INSTALLS (default "wheel source") picks the installs `tests` runs against;
-#   the full suite took about 11 min for one install on an H100 (2026-11-26),
-#   so within the device tool's 10-min call run one install and half the test
-#   files a call: TESTS_PART=1/2 INSTALLS=source bash scripts/gpu_check.sh tests,
-#   then TESTS_PART=2/2 (part k of n: every n-th file, from the k-th).
-#   `tests` runs one pytest per test file: $OUT/tests_<install>.log has a
-#   line per file (and its failures), tests_<install>.tgz each file's output.
-#   TESTS, SELFTESTS and BENCH_OPS narrow a stage, e.g. TESTS=tests/test_<family>.py
-#   SELFTESTS=<family> BENCH_OPS=<op> (WHEEL_CASE=0 leaves out the wheel's case).
-#   CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90a-real builds the source install
-#   for the H100/H200 alone (about a third of the full build's time). bench
-#   runs `benchmarks/run.py all` (about 4 min on an H100 after the source
-#   build) and `run.py wheel` on the wheel (under a minute); ncu and multi run
-#   the benchmarks of run.py's groups of those names (harness.Benchmark.group):
-#   ncu's profiles and those of two GPUs. The results name the commit: where this tree came
-#   without .git, run `python benchmarks/run.py stamp` in the checkout and
-#   bring benchmarks/tree_stamp.json along (git-ignored; the device tool's
-#   carry); a dirty or unstamped tree is refused.
+#   INSTALLS (default "wheel source") picks the installs `tests` runs against,
+#   TEST_WORKERS its workers (default: the CPU count less 2). TESTS,
+#   SELFTESTS and BENCH_OPS narrow a stage, e.g. TESTS=tests/test_<family>.py
+#   SELFTESTS=<family> BENCH_OPS=<op> (WHEEL_CASE=0 leaves out the wheel's
+#   case). CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90a-real builds the source
+#   install for the H100/H200 alone (about a third of the full build's time).
+#   docs/development.md says which tier to run when and what each costs. The
+#   results name the commit: where this tree came without .git, run
+#   `python benchmarks/run.py stamp` in the checkout and bring
+#   benchmarks/tree_stamp.json along (git-ignored; the device tool's carry);
+#   a dirty or unstamped tree is refused.
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_tma_out}
 mkdir -p "$OUT"
@@ -46,12 +56,29 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONUNBUFFERED=1
 stages=("$@"); [ ${#stages[@]} -eq 0 ] && stages=(tests sanitize bench)
 summary=()
+times=()
 failed=0
 # record RC TEXT: one summary line; a non-zero RC fails the whole check.
 record() {
   summary+=("$([ "$1" -eq 0 ] && echo ok || echo FAIL) rc=$1: $2")
   [ "$1" -eq 0 ] || failed=1
 }
+# within_budget NAME START BUDGET_S: the wall time since START (a $SECONDS),
+# recorded as a failure when over BUDGET_S.
+within_budget() {
+  local took=$((SECONDS - $2))
+  times+=("$1: ${took} s (budget $3 s)")
+  [ "$took" -le "$3" ]
+  record $? "$1 took ${took} s of its ${3} s budget"
+}
+wants() { [[ " ${stages[*]} " == *" $1 "* ]]; }
+for stage in "${stages[@]}"; do
+  case $stage in
+  tests | quick | sanitize | bench | ncu | multi) ;;
+  *) echo "gpu_check.sh: unknown stage '$stage' (tests, quick, sanitize, bench, ncu, multi)" >&2; exit 2 ;;
+  esac
+done
+build_start=$SECONDS
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 env | grep -E '^(CC|CXX|CUDAHOSTCXX)=' || true
@@ -66,6 +93,47 @@ if [ -n "$wheel" ]; then
 else
   record 1 "no dist/jax_tma-*cp312-abi3*.whl carried (scripts/build_dist.sh makes it)"
 fi
+
+# Each family's standalone kernel self-test (tests/cuda/<family>_selftest.cu),
+# linked with the sources its manifest lists (JAX_TMA_SOURCES(SELFTEST, ...)
+# in ffi/<family>/manifest.inc; the families come from ffi/families.inc), into
+# $selftest_dir: the quick and sanitize stages run them.
+selftest_dir=/tmp/jax_tma_selftests
+inc=$(python3 -c 'import jaxlib, os; print(os.path.join(os.path.dirname(jaxlib.__file__), "include"))')
+nvcc_args=(-std=c++17 -O2 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Iffi -isystem "$inc")
+families=$(sed -n 's|^#include "\([a-z0-9_]*\)/manifest.inc"$|\1|p' ffi/families.inc)
+selftests=()
+selftest_pids=()
+# start_selftest_builds: each build in the background (the source build
+# runs meanwhile); finish_selftest_builds waits for them and lists in
+# $selftests the programs that built.
+start_selftest_builds() {
+  local family line sources
+  rm -rf "$selftest_dir" && mkdir -p "$selftest_dir"
+  nvcc "${nvcc_args[@]}" tests/cuda/synccheck_cluster_probe.cu -o "$selftest_dir/synccheck_cluster_probe" \
+    > "$selftest_dir/synccheck_cluster_probe.log" 2>&1 &
+  selftest_pids+=("$!:synccheck_cluster_probe")
+  for family in ${SELFTESTS:-$families}; do
+    line=$(sed -n 's/^JAX_TMA_SOURCES(SELFTEST, "\(.*\)")$/\1/p' "ffi/$family/manifest.inc")
+    [ -n "$line" ] || continue  # its manifest says why it has none (JAX_TMA_NO_SELFTEST)
+    sources=$(for f in $line; do realpath -m --relative-to=. "ffi/$family/$f"; done | tr '\n' ' ')
+    # shellcheck disable=SC2086
+    nvcc "${nvcc_args[@]}" "tests/cuda/${family}_selftest.cu" $sources ffi/cuda/device_info.cc \
+      -o "$selftest_dir/${family}_selftest" > "$selftest_dir/${family}_selftest.log" 2>&1 &
+    selftest_pids+=("$!:${family}_selftest")
+  done
+}
+finish_selftest_builds() {
+  local job rc
+  for job in "${selftest_pids[@]}"; do
+    wait "${job%%:*}"
+    rc=$?
+    cat "$selftest_dir/${job#*:}.log" >> "$OUT/selftest_build.log"
+    record $rc "build ${job#*:}"
+    [ $rc -ne 0 ] || [ "${job#*:}" = synccheck_cluster_probe ] || selftests+=("${job#*:}")
+  done
+}
+if wants quick || wants sanitize; then start_selftest_builds; fi
 JAX_TMA_CUDA=ON JAX_TMA_BENCH=ON SKBUILD_BUILD_DIR=/tmp/jax_tma_source_build python3 -m pip install -v \
   --no-build-isolation --no-deps --target "${site[source]}" . > "$OUT/source_build.log" 2>&1
 record $? "source build: $(grep -E -- '-- jax_tma: (GNU|Clang)' "$OUT/source_build.log" | sed 's/.*-- //')"
@@ -83,6 +151,8 @@ for install in wheel source; do
     'import jax_tma, json, _jax_tma_bench; print(json.dumps(jax_tma.build_info())); print(jax_tma.__file__, _jax_tma_bench.__file__)'
 done
 export PYTHONPATH=${site[wheel]}:$bench_site
+finish_selftest_builds
+times+=("build: $((SECONDS - build_start)) s (no budget)")
 
 # bench NAME OPS...: benchmarks/run.py OPS against the source install, one
 # result JSON per op (and, with WHEEL_CASE=1, `run.py wheel` against the
@@ -109,55 +179,53 @@ bench() {
 }
 
 for stage in "${stages[@]}"; do
+  stage_start=$SECONDS
   case $stage in
   tests)
-    # One pytest process per test file: a file whose process aborts (XLA
-    # ends the process on some compiler failures, and pytest's report with
-    # it) is named, and the other files still run and report. Each file's
-    # summary line goes to the log, its output to tests_<install>/<file>.log.
+    # The whole suite against each install in one pytest of parallel workers
+    # sharing the GPU (memory taken as needed, not preallocated). A worker
+    # that aborts (XLA ends the process on some compiler failures) is named
+    # with its test by pytest-xdist and replaced; the others go on.
+    workers=${TEST_WORKERS:-$(( $(nproc) > 4 ? $(nproc) - 2 : 2 ))}
+    multi=()
+    [ "$(nvidia-smi -L | grep -c '^GPU ')" -ge 2 ] && multi=(JAX_TMA_REQUIRE_MULTI_GPU=1)
     for install in ${INSTALLS:-wheel source}; do
       log=$OUT/tests_$install.log
-      mkdir -p "$OUT/tests_$install"
-      : > "$log"
-      rc=0
-      files=0
-      # A file may take 450 s (the longest took about 5 min on an H200).
-      part=${TESTS_PART:-1/1}
+      start=$SECONDS
       # shellcheck disable=SC2086
-      for file in $(ls -d ${TESTS:-tests/test_*.py} | awk -v k="${part%/*}" -v n="${part#*/}" \
-          'NR % n == k % n'); do
-        name=$(basename "$file" .py)
-        files=$((files + 1))
-        PYTHONPATH=${site[$install]}:$bench_site JAX_TMA_REQUIRE_GPU=1 timeout 450 python3 -P -m pytest \
-          "$file" -q -rfE --durations=5 -p no:cacheprovider > "$OUT/tests_$install/$name.log" 2>&1
-        file_rc=$?
-        [ $file_rc -eq 0 ] || [ $file_rc -eq 5 ] || rc=$file_rc  # 5: nothing collected
-        # The last line pytest wrote: JAX may print after it at exit.
-        printf '%s rc=%s: %s\n' "$name" "$file_rc" "$(grep -E '^[0-9]+ (passed|failed|skipped|errors?)|^=+ .*(passed|failed|error|skipped)' \
-          "$OUT/tests_$install/$name.log" | tail -1)" >> "$log"
-        [ $file_rc -eq 0 ] || grep -E '^(FAILED|ERROR) |Fatal Python error' "$OUT/tests_$install/$name.log" \
-          | head -20 >> "$log"
-      done
-      tar -czf "$OUT/tests_$install.tgz" -C "$OUT" "tests_$install" && rm -rf "$OUT/tests_$install"
-      grep -v ' rc=0: ' "$log" | tail -30
-      totals=$(grep -E '^test_[a-z0-9_]+ rc=[0-9]+: ' "$log" | grep -oE '[0-9]+ (passed|failed|skipped|errors?)' \
-        | awk '{n[$2] += $1} END {for (k in n) printf "%d %s, ", n[k], k}')
-      record $rc "tests ($install install): ${totals}$files files"
+      env PYTHONPATH="${site[$install]}:$bench_site" JAX_TMA_REQUIRE_GPU=1 "${multi[@]}" \
+        XLA_PYTHON_CLIENT_PREALLOCATE=false timeout $((2 * ${TESTS_BUDGET_S:-180})) \
+        python3 -P -m pytest ${TESTS:-tests} -n "$workers" -q -rfE --durations=15 -p no:cacheprovider \
+        > "$log" 2>&1
+      rc=$?
+      grep -E '^(FAILED|ERROR) |crashed|Fatal Python error' "$log" | head -30
+      # The last line pytest wrote: JAX may print after it at exit.
+      record $rc "tests ($install install, ${workers} workers${multi:+, multi-GPU required}): $(grep -E '^=* ?[0-9]+ (passed|failed|skipped|errors?)' "$log" | tail -1)"
+      within_budget "tests ($install install)" "$start" "${TESTS_BUDGET_S:-180}"
     done
     ;;
-  sanitize)
-    inc=$(python3 -c 'import jaxlib, os; print(os.path.join(os.path.dirname(jaxlib.__file__), "include"))')
-    nvcc_args=(-std=c++17 -O2 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Iffi -isystem "$inc")
-    # Each family's self-test links the sources its manifest lists
-    # (JAX_TMA_SOURCES(SELFTEST, ...) in ffi/<family>/manifest.inc); the
-    # families come from ffi/families.inc.
-    families=$(sed -n 's|^#include "\([a-z0-9_]*\)/manifest.inc"$|\1|p' ffi/families.inc)
-    declare -A sources=()
-    for family in $families; do
-      line=$(sed -n 's/^JAX_TMA_SOURCES(SELFTEST, "\(.*\)")$/\1/p' "ffi/$family/manifest.inc")
-      [ -n "$line" ] || continue  # its manifest says why it has none (JAX_TMA_NO_SELFTEST)
-      sources[$family]=$(for f in $line; do realpath -m --relative-to=. "ffi/$family/$f"; done | tr '\n' ' ')
+  quick)
+    # After any kernel change: every self-test, then the tests marked quick
+    # (one GPU call per kernel path in tests/test_paths.py, one call across
+    # processes sharing the GPU, and both fuzz files sharing 30 s); the whole
+    # suite (tests) before an issue that changed kernels is resolved.
+    start=$SECONDS
+    for prog in "${selftests[@]}"; do
+      "$selftest_dir/$prog" > /tmp/selftest.log 2>&1
+      rc=$?
+      cat /tmp/selftest.log >> "$OUT/selftests.log"
+      record $rc "$prog: $(tail -1 /tmp/selftest.log)"
     done
+    log=$OUT/quick_tests.log
+    env PYTHONPATH="${site[source]}:$bench_site" JAX_TMA_REQUIRE_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false \
+      timeout $((2 * ${QUICK_BUDGET_S:-120})) python3 -P -m pytest -n "${TEST_WORKERS:-$(( $(nproc) > 4 ? $(nproc) - 2 : 2 ))}" \
+      -q -rfE -p no:cacheprovider -m quick --fuzz-budget 30 tests > "$log" 2>&1
+    rc=$?
+    grep -E '^(FAILED|ERROR) |crashed|Fatal Python error' "$log" | head -30
+    record $rc "quick tests (source install): $(grep -E '^=* ?[0-9]+ (passed|failed|skipped|errors?)' "$log" | tail -1)"
+    within_budget quick "$start" "${QUICK_BUDGET_S:-120}"
+    ;;
+  sanitize)
     # synccheck tracks a fixed number of mbarriers per block (CUDA 13.0);
     # below 64 it reported "Detected overflow of tracked cuda::barrier
     # structures" on 16-CTA clusters.
@@ -168,11 +236,8 @@ for stage in "${stages[@]}"; do
     : > "$tsv"
     printf 'nvcc\t%s\n' "$(nvcc --version | tail -1)" >> "$tsv"
     printf 'compute-sanitizer\t%s\n' "$(compute-sanitizer --version | grep -i version | head -1)" >> "$tsv"
-    nvcc "${nvcc_args[@]}" tests/cuda/synccheck_cluster_probe.cu -o /tmp/synccheck_cluster_probe \
-      >> "$OUT/selftest_build.log" 2>&1
-    record $? "build synccheck_cluster_probe"
     timeout 60 compute-sanitizer --tool synccheck "${sync_opts[@]}" \
-      /tmp/synccheck_cluster_probe 16 > /tmp/probe.log 2>&1
+      "$selftest_dir/synccheck_cluster_probe" 16 > /tmp/probe.log 2>&1
     rc=$?
     printf 'probe\tsynccheck\t%s\t16\t%s\n' "$rc" \
       "$(grep -E 'probe:|ERROR SUMMARY' /tmp/probe.log | tr '\t\n' '  ')" >> "$tsv"
@@ -182,14 +247,8 @@ for stage in "${stages[@]}"; do
     fi
     printf 'largest_synccheck_cluster\t%s\n' "$largest_synccheck_cluster" >> "$tsv"
     cat /tmp/probe.log >> "$OUT/sanitizer.log"
-    for op in ${SELFTESTS:-$families}; do
-      [ -n "${sources[$op]:-}" ] || continue
-      prog=${op}_selftest
-      # shellcheck disable=SC2086
-      nvcc "${nvcc_args[@]}" tests/cuda/$prog.cu ${sources[$op]} ffi/cuda/device_info.cc \
-        -o /tmp/$prog >> "$OUT/selftest_build.log" 2>&1 \
-        || { record 1 "$prog build"; continue; }
-      /tmp/$prog > /tmp/selftest.log 2>&1
+    for prog in "${selftests[@]}"; do
+      "$selftest_dir/$prog" > /tmp/selftest.log 2>&1
       rc=$?
       cat /tmp/selftest.log >> "$OUT/selftests.log"
       record $rc "$prog: $(tail -1 /tmp/selftest.log)"
@@ -202,7 +261,7 @@ for stage in "${stages[@]}"; do
         [ "$tool" = synccheck ] && opts=("${sync_opts[@]}") \
           && limit=(env "JAX_TMA_SELFTEST_MAX_CLUSTER=$largest_synccheck_cluster")
         timeout 200 "${limit[@]}" compute-sanitizer --tool "$tool" "${opts[@]}" --error-exitcode 9 \
-          /tmp/$prog > /tmp/sanitizer.log 2>&1
+          "$selftest_dir/$prog" > /tmp/sanitizer.log 2>&1
         rc=$?
         cat /tmp/sanitizer.log >> "$OUT/sanitizer.log"
         line=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|_selftest:|overflow' /tmp/sanitizer.log | tr '\t\n' '  ')
@@ -253,8 +312,11 @@ for stage in "${stages[@]}"; do
     bench ncu ncu
     ;;
   esac
+  [[ "$stage" == tests || "$stage" == quick ]] || times+=("$stage: $((SECONDS - stage_start)) s (no budget)")
 done
 
 echo; echo "== summary =="
 printf '%s\n' "${summary[@]}"
+echo; echo "== wall time =="
+printf '%s\n' "${times[@]}"
 exit $failed

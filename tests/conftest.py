@@ -2,11 +2,14 @@
 host devices for the sharding tests, 64-bit types on, the `gpu` marker
 (skipped without a GPU unless JAX_TMA_REQUIRE_GPU=1, which turns the skip
 into a failure), and the `rng` fixture: a fresh seed per test, named in
-every failure report of a test that uses it; JAX_TMA_SEED=<seed> replays it."""
+every failure report of a test that uses it; JAX_TMA_SEED=<seed> replays it;
+and --fuzz-budget, the wall time the fuzz tests share (the quick tier's)."""
 
+import argparse
 import glob
 import os
 import sys
+import time
 
 # `python -m pytest` puts the working directory first on sys.path. From the
 # checkout root that is the source tree, whose jax_tma/ has no compiled
@@ -28,6 +31,38 @@ import pytest  # noqa: E402
 import reference  # noqa: E402  (tests/, on sys.path as the rootdir conftest's folder)
 
 jax.config.update("jax_enable_x64", True)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--fuzz-budget", type=_seconds, default=None, metavar="SECONDS",
+        help="wall time that the fuzz tests of this run share (pytest-xdist's workers "
+             "included): each runs at least one case and draws more while its share lasts; "
+             "default: each runs its full count of cases")
+
+
+@pytest.fixture
+def fuzz_deadline(request) -> float | None:
+    """time.monotonic() at which this fuzz test should stop drawing cases (it
+    runs one in any case), or None without --fuzz-budget. The budget is
+    shared evenly among the tests of the run that use this fixture, which
+    pytest-xdist's workers run side by side."""
+    budget = request.config.getoption("fuzz_budget")
+    if budget is None:
+        return None
+    tests = sum("fuzz_deadline" in item.fixturenames for item in request.session.items)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return time.monotonic() + budget * workers / max(tests, 1)
 
 
 def _has_gpu() -> bool:

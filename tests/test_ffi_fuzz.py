@@ -9,7 +9,8 @@ mutation has the rules it may break: _rule); XLA's binding layer rejects some
 calls before the handler runs, with messages of its own for each kind (_XLA).
 Inputs must come back bit for bit. Calls run in-process, so a crash fails the
 run and an ASan build catches out-of-bounds access. Rerun a failure with
-JAX_TMA_FUZZ_SEED=<seed from its message>."""
+JAX_TMA_FUZZ_SEED=<seed from its message>. Under --fuzz-budget (tests/conftest.py)
+a target runs fewer than CASES cases, at least one."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import importlib
 import math
 import os
 import re
+import time
 
 import jax
 import numpy as np
@@ -304,8 +306,9 @@ FUZZ_CASES = [pytest.param(p.values[0], t, marks=p.marks, id=f"{p.values[0]}-{t}
               if p.values[0] == "cuda" or not t.startswith("jax_tma_bench_")]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("platform,target", FUZZ_CASES)
-def test_fuzz(platform, target, seed):
+def test_fuzz(platform, target, seed, fuzz_deadline):
     if target not in _registered(platform):
         # A GPU run (JAX_TMA_REQUIRE_GPU=1) must fuzz every target: there the
         # missing module is a failure.
@@ -315,6 +318,8 @@ def test_fuzz(platform, target, seed):
     rng = np.random.default_rng(seed)
     where = f"{platform} {target}, seed {seed}"
     for case in range(CASES):
+        if case and fuzz_deadline is not None and time.monotonic() > fuzz_deadline:
+            break
         base = spec.baseline(rng)
         _check(platform, target, spec, base, f"{where}, case {case}: baseline")
         kind, what, call = _mutate(base, spec, rng)

@@ -1,7 +1,14 @@
 """Fuzz: every op against its NumPy result (bit for bit) and its jnp/lax
 equivalent on random dtypes, shapes, methods and modes (eager, jit, vmap,
 disable_jit, vjp, shard_map), fresh each run: the `rng` fixture's seed is
-in every failure report (JAX_TMA_SEED=<seed> replays it)."""
+in every failure report (JAX_TMA_SEED=<seed> replays it). One case a test;
+under --fuzz-budget (tests/conftest.py), as many as its share of the budget
+allows, at least one."""
+
+import os
+import subprocess
+import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -62,15 +69,29 @@ def _run(case, mode, rng):
     return ours(*case.args), ref(*case.args), case.want()
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("trial", range(TRIALS))
 @pytest.mark.parametrize("name", T.OP_NAMES)
-def test_fuzz(rng, name, trial):
-    case, mode = _draw_case(rng, name)
-    note = f"{name} of {case.dtype} {[a.shape for a in case.args]} in mode {mode}"
-    try:
-        y, ref, want = _run(case, mode, rng)
-        assert_bits_equal(y, want)
-        if ref is not None:
-            T.assert_like_jnp(y, ref, case.exact)
-    except Exception as e:
-        raise AssertionError(f"{note}: {type(e).__name__}: {e}") from e
+def test_fuzz(rng, name, trial, fuzz_deadline):
+    while True:
+        case, mode = _draw_case(rng, name)
+        note = f"{name} of {case.dtype} {[a.shape for a in case.args]} in mode {mode}"
+        try:
+            y, ref, want = _run(case, mode, rng)
+            assert_bits_equal(y, want)
+            if ref is not None:
+                T.assert_like_jnp(y, ref, case.exact)
+        except Exception as e:
+            raise AssertionError(f"{note}: {type(e).__name__}: {e}") from e
+        if fuzz_deadline is None or time.monotonic() > fuzz_deadline:
+            break
+
+
+@pytest.mark.parametrize("budget", ["0", "inf", "soon"])
+def test_fuzz_budget_must_be_positive_seconds(budget):
+    done = subprocess.run([sys.executable, "-P", "-m", "pytest", f"--fuzz-budget={budget}",
+                           "--collect-only", "-q", __file__], capture_output=True, text=True,
+                          cwd=os.path.dirname(__file__))
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert f"--fuzz-budget: {budget!r} is not a positive number of seconds" in done.stderr, \
+        done.stderr

@@ -1,7 +1,9 @@
 """The per-op, per-path handler counters (jax_tma._ffi.path_counts) that the
 GPU tests use to check which kernel ran: every path the family manifests
 declare is counted, and each op's CPU handler counts its calls, and only its
-own path."""
+own path. On a GPU, one call per CUDA path runs on that path alone and gives
+the CPU handler's result bit for bit: the kernels' smoke test, which
+scripts/gpu_check.sh's quick tier runs after any kernel change."""
 
 import jax
 import jax.numpy as jnp
@@ -11,8 +13,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_tma
 from jax_tma import _ffi, _jax_tma
-from paths import assert_path, paths_ran
-from reference import cpu_device
+from paths import assert_path, paths_ran, run_on_path
+from reference import assert_bits_equal, cpu_device, random_array
 
 
 _PAIR = jax.sharding.Mesh(np.array(jax.devices("cpu")[:2]), ("i",))
@@ -31,6 +33,55 @@ CPU_CALLS = {
     "scatter": (lambda x: jax_tma.scatter(x, jnp.array([3, -1, 9]), x[:3], mode="add"), None, 1),
     "ppermute": (_ppermute, NamedSharding(_PAIR, P("i")), 2),
 }
+
+
+_ONE = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("i",))
+
+
+def _self_permute(method):
+    return jax.shard_map(lambda b: jax_tma.ppermute(b, "i", [(0, 0)], method=method), mesh=_ONE,
+                         in_specs=P("i"), out_specs=P("i"))
+
+
+# One call per CUDA path of every family (each forcing its path where `auto`
+# would not take it) on random float32 arrays of shape (8, 16).
+GPU_CALLS = {
+    "copy.tma": lambda x: jax_tma.copy(x, method="tma"),
+    "copy.simt": lambda x: jax_tma.copy(x, method="simt"),
+    "window.tiled": lambda x: jax_tma.window(x, (1, -2), (4, 8), method="tma"),
+    "window.simt": lambda x: jax_tma.window(x, (1, -2), (4, 8), method="simt"),
+    "im2col.tma": lambda x: jax_tma.im2col(x.reshape(2, 4, 4, 4), 3, method="tma"),
+    "im2col.simt": lambda x: jax_tma.im2col(x.reshape(2, 4, 4, 4), 3, method="simt"),
+    "broadcast.store": lambda x: jax_tma.broadcast(x, 3, method="store"),
+    "broadcast.multicast": lambda x: jax_tma.broadcast(x, 3, method="multicast"),
+    "broadcast.dsmem": lambda x: jax_tma.broadcast(x, 3, method="dsmem"),
+    "broadcast.simt": lambda x: jax_tma.broadcast(x, 3, method="simt"),
+    "gather.tma": lambda x: jax_tma.gather(x, jnp.array([3, -1, 9, 7]), method="tma"),
+    "gather.simt": lambda x: jax_tma.gather(x, jnp.array([3, -1, 9, 7]), method="simt"),
+    "scatter.tma": lambda x: jax_tma.scatter(x, jnp.array([3, -1, 7]), x[:3], method="tma"),
+    "scatter.simt": lambda x: jax_tma.scatter(x, jnp.array([3, -1, 7]), x[:3], method="simt"),
+    "scatter.ordered": lambda x: jax_tma.scatter(x, jnp.array([3, 3, 7]), x[:3], mode="add",
+                                                 deterministic=True),
+    "ppermute.tma": _self_permute("tma"),
+    "ppermute.simt": _self_permute("simt"),
+}
+
+
+def test_every_cuda_path_has_a_gpu_call():
+    declared = {p for family in _jax_tma.families().values() for p in family["paths"]
+                if not p.endswith(".cpu")}
+    assert sorted(GPU_CALLS) == sorted(declared), \
+        "tests/test_paths.py's GPU_CALLS needs one call per CUDA path of the manifests"
+
+
+@pytest.mark.gpu
+@pytest.mark.quick
+@pytest.mark.parametrize("path", sorted(GPU_CALLS))
+def test_each_cuda_path_runs_alone_and_matches_the_cpu(gpu, rng, path):
+    x = random_array(rng, (8, 16), np.float32)
+    want = jax.jit(GPU_CALLS[path])(jax.device_put(x, cpu_device()))
+    got = run_on_path(path, jax.jit(GPU_CALLS[path]), jax.device_put(x, gpu))
+    assert_bits_equal(got, want)
 
 
 def test_every_path_is_counted():

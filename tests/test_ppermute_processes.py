@@ -150,7 +150,7 @@ def shared_gpu():
         pytest.skip("needs a CUDA GPU (set JAX_TMA_REQUIRE_GPU=1 to fail instead)")
 
 
-@pytest.mark.parametrize("count", [2, 3, 4])
+@pytest.mark.parametrize("count", [pytest.param(2, marks=pytest.mark.quick), 3, 4])
 def test_processes_sharing_a_gpu_move_blocks_gpu_to_gpu(rng, shared_gpu, count):
     for pid, (status, out) in enumerate(_run("check", count, rng, platform="gpu")):
         assert status == 0, f"process {pid} exited {status}:\n{out[-4000:]}"
