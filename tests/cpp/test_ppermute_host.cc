@@ -7,8 +7,10 @@
 // by hand: connections from unknown pids, other uids and false claims are
 // refused, a peer that breaks the wire format is cut off, each is recorded
 // once (with its pid and uid) and changes nothing else, and an impostor at a
-// peer's name is sent nothing. Last, the checks of a GPU region offer
-// (ffi/ppermute/region_offer.h) that need no GPU.
+// peer's name is sent nothing. Last, a meeting of the two processes
+// (ffi/ppermute/ppermute_processes.h) refuses a payload of the wrong size,
+// and the checks of a GPU region offer (ffi/ppermute/region_offer.h) that
+// need no GPU.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -26,6 +28,8 @@
 
 #include "check.h"
 #include "ppermute/peer_link.h"
+#include "ppermute/ppermute_common.h"
+#include "ppermute/ppermute_processes.h"
 #include "ppermute/region_offer.h"
 
 namespace jax_tma {
@@ -79,7 +83,35 @@ bool TakePage(int sender, const std::string& key, LinkMessage* message) {
   return true;
 }
 
-// Process 1: takes the page (TakePage), aborts a call, then exits.
+// Process `process`'s part in a swap of 8-byte blocks between device 0 of
+// process 0 and device 0 of process 1, whose payload is `payload`.
+ffi::Error Swap(int process, const std::string& payload) {
+  PermuteRoute route;
+  route.size = 2;
+  route.self = process;
+  route.source = route.destination = 1 - process;
+  route.devices = {0, 0};
+  route.sources = {1, 0};
+  ProcessPlan where;
+  where.process = process;
+  where.processes = {0, 1};
+  where.links.resize(2);
+  where.links[process] = std::string(LinkSelf().name);
+  where.links[1 - process] = std::string(KnownLinkPeer(1 - process).name);
+  where.site = "test_ppermute_host.cc";
+  where.timeout = milliseconds(10000);
+  std::vector<std::string> got;
+  return ExchangeAtSite(
+      route, where, 8, {1 - process},
+      [&](int, const std::string&, std::string* out) {
+        *out = payload;
+        return ffi::Error::Success();
+      },
+      {1 - process}, 8, "the block", &got);
+}
+
+// Process 1: takes the page (TakePage), aborts a call, sends a block of the
+// wrong size, then exits.
 int Child(const std::string& parent_name, const std::string& own_name) {
   CHECK(KnowLinkPeer(LinkPeer{0, parent_name}, getppid()).success());
   SetLinkHandlers(TakePage, nullptr);
@@ -95,6 +127,7 @@ int Child(const std::string& parent_name, const std::string& own_name) {
   }
   CHECK(err.success());
   AbortLink(parent, "abort:call 7", "its block was lost");
+  (void)Swap(1, "abc");
   // Wait until the parent is done with this process, then exit: the
   // parent's next wait finds it gone.
   std::string got;
@@ -481,6 +514,11 @@ void Parent(pid_t child, const std::string& own_name, const std::string& child_n
                    "s waiting for a message that never comes from process 1; it never made this "
                    "call"));
   CHECK(took >= milliseconds(200));
+
+  // A payload of another size than the call takes fails the meeting.
+  CHECK(FailedWith(Swap(0, "8 bytes."), ffi::ErrorCode::kFailedPrecondition,
+                   "jax_tma.ppermute at test_ppermute_host.cc, call 0 on device 0 of process 0: "
+                   "device 0 of process 1 sent the block of 3 bytes where this call takes 8"));
 
   RefusesIntruders(own_name, child);
   ChecksWhomItReaches(own_name, child);
