@@ -70,6 +70,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import jax_tma  # noqa: E402
 from jax_tma import _ffi, _ppermute  # noqa: E402
 from jax_tma._ppermute import device_plan  # noqa: E402
+import file_meeting  # noqa: E402
 from reference import assert_bits_equal, random_array  # noqa: E402
 
 logging.basicConfig(stream=sys.stdout, format="%(levelname)s %(name)s: %(message)s")
@@ -231,15 +232,6 @@ def run_cycles():
 def run_intruded():
     folder = os.environ["JAX_TMA_TEST_INTRUSION_DIR"]
 
-    def wait_for(name):
-        path = os.path.join(folder, name)
-        deadline = time.monotonic() + 120
-        while not os.path.exists(path):
-            assert time.monotonic() < deadline, f"no {path}"
-            time.sleep(0.01)
-        with open(path) as f:
-            return f.read()
-
     def descriptors():
         fds = {}
         for fd in os.listdir("/proc/self/fd"):
@@ -255,12 +247,10 @@ def run_intruded():
     logging.getLogger("jax_tma").addHandler(handler)
     check(mesh_1d, "i", ring, np.uint32, (n * 1000, 3), iterations=1)  # the link is up
     sockets = sum(t.startswith("socket:") for t in descriptors().values())
-    with open(os.path.join(folder, f"victim{pid}.tmp"), "w") as f:
-        f.write(f"{_ppermute._own_link[0]} {os.getpid()}\n")
-    os.rename(os.path.join(folder, f"victim{pid}.tmp"), os.path.join(folder, f"victim{pid}"))
-    wait_for("intruding")
+    file_meeting.write(folder, f"victim{pid}", f"{_ppermute._own_link[0]} {os.getpid()}\n")
+    file_meeting.wait_for(folder, "intruding")
     check(mesh_1d, "i", ring, np.uint32, (n * 1000, 3), iterations=40)
-    _, _, forged, pipe_inode = wait_for("intruded").split()
+    _, _, forged, pipe_inode = file_meeting.wait_for(folder, "intruded").split()
     deadline = time.monotonic() + 30
     while len(warnings) < int(forged) and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -28,6 +28,8 @@ import traceback
 
 import pytest
 
+import file_meeting
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -229,33 +231,20 @@ class _Intruder:
             os.waitpid(self.pid, 0)
         shutil.rmtree(self.folder, ignore_errors=True)
 
-    def _wait_for(self, name: str) -> str:
-        path = os.path.join(self.folder, name)
-        deadline = time.monotonic() + 120
-        while not os.path.exists(path):
-            assert time.monotonic() < deadline, f"no {path}"
-            time.sleep(0.01)
-        with open(path) as f:
-            return f.read()
-
-    def _write(self, name: str, text: str) -> None:
-        with open(os.path.join(self.folder, name + ".tmp"), "w") as f:
-            f.write(text)
-        os.rename(os.path.join(self.folder, name + ".tmp"), os.path.join(self.folder, name))
-
     def _intrude(self, count: int) -> None:
         if self.uid != os.geteuid():
             os.setgroups([])
             os.setgid(self.uid)
             os.setuid(self.uid)
-        names = [self._wait_for(f"victim{i}").split()[0] for i in range(count)]
+        names = [file_meeting.wait_for(self.folder, f"victim{i}").split()[0]
+                 for i in range(count)]
         with open("/proc/net/unix") as f:
             listed = f.read()
         assert all(f"@{name}" in listed for name in names), "the link names are not listed"
         memfd = os.memfd_create("jax_tma_intruder")
         os.write(memfd, b"memory a victim must never map")
         pipe, _ = os.pipe()
-        self._write("intruding", "")
+        file_meeting.write(self.folder, "intruding", "")
         for victim, name in enumerate(names):
             for first, rest, fds in _forgeries((victim + 1) % count, memfd, pipe):
                 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -267,7 +256,7 @@ class _Intruder:
                     except (BrokenPipeError, ConnectionResetError):
                         pass
                 time.sleep(0.01)
-        self._write("intruded", f"{os.getpid()} {os.geteuid()} {_FORGED_PER_PROCESS} "
+        file_meeting.write(self.folder, "intruded", f"{os.getpid()} {os.geteuid()} {_FORGED_PER_PROCESS} "
                                 f"{os.fstat(pipe).st_ino}\n")
 
 

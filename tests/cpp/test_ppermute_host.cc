@@ -146,26 +146,17 @@ struct WireHeader {  // peer_link.cc's Header, as it travels
 };
 constexpr uint32_t kHello = 1, kData = 2, kAbort = 3;
 
-std::string Wire(uint32_t kind, int process, const std::string& key = "",
-                 const std::string& bytes = "") {
-  WireHeader h;
-  h.kind = kind;
-  h.process = process;
-  h.key_size = static_cast<uint32_t>(key.size());
-  h.size = bytes.size();
-  return std::string(reinterpret_cast<const char*>(&h), sizeof(h)) + key + bytes;
-}
-
 // A header alone, with sizes that need not match what follows.
 std::string Header(uint32_t kind, int process, uint32_t key_size, uint64_t size,
                    uint32_t magic = WireHeader().magic) {
-  WireHeader h;
-  h.magic = magic;
-  h.kind = kind;
-  h.process = process;
-  h.key_size = key_size;
-  h.size = size;
+  const WireHeader h{magic, kind, process, key_size, size};
   return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
+// A whole message.
+std::string Wire(uint32_t kind, int process, const std::string& key = "",
+                 const std::string& bytes = "") {
+  return Header(kind, process, static_cast<uint32_t>(key.size()), bytes.size()) + key + bytes;
 }
 
 constexpr uid_t kSameUid = static_cast<uid_t>(-1);
