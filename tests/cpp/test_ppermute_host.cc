@@ -527,7 +527,8 @@ void Parent(pid_t child, const std::string& own_name, const std::string& child_n
   CHECK(took < std::chrono::seconds(5));
 
   // A name nothing listens on.
-  const LinkPeer nobody{2, own_name + ".nobody"};
+  const std::string nobody_name = own_name + ".nobody";
+  const LinkPeer nobody{2, nobody_name};
   CHECK(FailedWith(SendLink(nobody, "x", ""), ffi::ErrorCode::kFailedPrecondition,
                    "the link does not know process 2's pid"));
   CHECK(KnowLinkPeer(nobody, child).success());
