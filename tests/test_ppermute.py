@@ -433,7 +433,8 @@ def test_process_links_of_one_host(monkeypatch):
     # gives each process one entry, so another one is refused.
     with pytest.raises(RuntimeError, match=r"process 1 is known as pid 4242 on @the-peer, not as "
                                            r"pid 4343 on @the-peer"):
-        _links_with(monkeypatch, {"jax_tma/ppermute/link/1": f"{_ppermute._host()}\nthe-peer\n4343\n"})
+        _links_with(monkeypatch,
+                    {"jax_tma/ppermute/link/1": f"{_ppermute._host()}\nthe-peer\n4343\n"})
 
 
 def test_a_peer_with_an_impossible_pid_is_refused(monkeypatch):

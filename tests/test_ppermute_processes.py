@@ -160,8 +160,8 @@ _NOBODY = 65534
 _MAGIC, _HELLO, _DATA, _ABORT = 0x6A746D61, 1, 2, 3
 
 
-def _header(kind: int, process: int, key_size: int = 0, size: int = 0, magic: int = _MAGIC) -> bytes:
-    return struct.pack("=IIiIQ", magic, kind, process, key_size, size)
+def _header(kind: int, process: int, key_size: int = 0, size: int = 0) -> bytes:
+    return struct.pack("=IIiIQ", _MAGIC, kind, process, key_size, size)
 
 
 def _message(kind: int, process: int, key: bytes, data: bytes) -> bytes:
@@ -256,8 +256,9 @@ class _Intruder:
                     except (BrokenPipeError, ConnectionResetError):
                         pass
                 time.sleep(0.01)
-        file_meeting.write(self.folder, "intruded", f"{os.getpid()} {os.geteuid()} {_FORGED_PER_PROCESS} "
-                                f"{os.fstat(pipe).st_ino}\n")
+        file_meeting.write(self.folder, "intruded",
+                           f"{os.getpid()} {os.geteuid()} {_FORGED_PER_PROCESS} "
+                           f"{os.fstat(pipe).st_ino}\n")
 
 
 def _refused_every_forgery(outputs, intruder: _Intruder, why: str) -> None:

@@ -16,8 +16,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <fcntl.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
