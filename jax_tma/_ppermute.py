@@ -328,9 +328,10 @@ def _host() -> str:
 def _process_links(processes: list[int]) -> tuple[list[str] | None, str]:
     """The link name of every process by index (those not in `processes`
     empty), this process listening on its own; or None and why the
-    processes cannot be linked. The names, and each process's device
-    ordinals (kept in `_published_ordinals`), travel through
-    jax.distributed's key-value store."""
+    processes cannot be linked. The names, each process's pid (which the
+    link checks every connection against) and device ordinals (kept in
+    `_published_ordinals`) travel through jax.distributed's key-value
+    store."""
     from jax._src import distributed
 
     client = distributed.global_state.client
@@ -340,9 +341,12 @@ def _process_links(processes: list[int]) -> tuple[list[str] | None, str]:
     with _link_lock:
         if not _own_link:
             name = f"jax_tma.{uuid.uuid4().hex}"
-            _ffi._ext.listen_link(name, me)
+            _ffi._ext.listen_link(name, me, timeout)
+            threading.Thread(target=_log_link_refusals, name="jax_tma link refusals",
+                             daemon=True).start()
             ordinals = " ".join(f"{d.id}:{_ordinal(d)}" for d in jax.local_devices())
-            client.key_value_set(f"jax_tma/ppermute/link/{me}", f"{host}\n{name}\n{ordinals}")
+            client.key_value_set(f"jax_tma/ppermute/link/{me}",
+                                 f"{host}\n{name}\n{os.getpid()}\n{ordinals}")
             _own_link.append(name)
     names = [""] * (max(processes) + 1)
     for q in processes:
@@ -353,14 +357,33 @@ def _process_links(processes: list[int]) -> tuple[list[str] | None, str]:
                 f"{_OP}: process {q} did not publish its link within {timeout / 1000:g} s "
                 f"({TIMEOUT_ENV}): it does not run this program, or has not reached this "
                 f"ppermute yet") from e
-        their_host, names[q], *ordinals = value.split("\n")
-        for pair in " ".join(ordinals).split():
+        their_host, names[q], pid, ordinals = value.split("\n")
+        for pair in ordinals.split():
             device, ordinal = map(int, pair.split(":"))
             _published_ordinals[device] = ordinal
         if their_host != host:
             return None, (f"process {q} runs on another host ({their_host.split('/')[0]}); "
                           f"the process link joins the processes of one host")
+        if q != me:
+            _ffi._ext.know_link_peer(q, names[q], int(pid))
     return names, ""
+
+
+def _log_link_refusals() -> None:
+    """Logs each connection that the process link refused (or closed for
+    breaking its wire format) once, at WARNING on the "jax_tma" logger, with
+    the other side's pid and uid. The link's C++ threads only queue them and
+    signal an eventfd, on which this daemon thread waits in os.read: no C++
+    thread takes the GIL, and nothing holds up the interpreter's exit."""
+    signal = _ffi._ext.link_refusal_signal()
+    if signal < 0:
+        _log.warning("%s: the process link has no eventfd to signal refusals with; "
+                     "connections it refuses are not logged", _OP)
+        return
+    while True:
+        os.read(signal, 8)
+        for line in _ffi._ext.link_refusals():
+            _log.warning("%s", line)
 
 
 def _ppermute_lowering(ctx, x, *, axis_name, perm, method, direction, site, platform):

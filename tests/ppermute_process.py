@@ -19,6 +19,11 @@ MODE:
          fails the next).
   perm   process 1 calls with another permutation: every process fails
          instead of taking a block meant for another call.
+  intruded  40 calls around the ring, bit for bit, while a process of the
+         test (no part of the job) forges connections to this one's link
+         (the folder JAX_TMA_TEST_INTRUSION_DIR is where they meet): each is
+         logged once at WARNING, and no descriptor it passed, nor any
+         connection, stays open here.
   (GPU only; after a first call that every process makes:)
   replay a jitted loop of ppermutes replays from XLA's command buffers:
          bit-exact, with fewer handler calls than loop iterations.
@@ -63,11 +68,12 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_tma  # noqa: E402
-from jax_tma import _ffi  # noqa: E402
+from jax_tma import _ffi, _ppermute  # noqa: E402
 from jax_tma._ppermute import device_plan  # noqa: E402
+import file_meeting  # noqa: E402
 from reference import assert_bits_equal, random_array  # noqa: E402
 
-logging.basicConfig(stream=sys.stdout, format="%(name)s: %(message)s")
+logging.basicConfig(stream=sys.stdout, format="%(levelname)s %(name)s: %(message)s")
 logging.getLogger("jax_tma").setLevel(logging.DEBUG)
 n = per * count
 assert jax.process_count() == count and len(jax.devices()) == n, jax.devices()
@@ -126,6 +132,8 @@ def main():
         run_cycles()
     elif mode in ("stop", "die"):
         run_device_fault()
+    elif mode == "intruded":
+        run_intruded()
     else:
         run_fault()
     print(f"process {pid}: ok", flush=True)
@@ -219,6 +227,39 @@ def run_cycles():
     assert before["sites"] == after["sites"] == 0, (before, after)
     assert all(after[k] == before[k] for k in before if k != "fds"), (before, after)
     assert after["fds"] - before["fds"] < 10, (before, after)
+
+
+def run_intruded():
+    folder = os.environ["JAX_TMA_TEST_INTRUSION_DIR"]
+
+    def descriptors():
+        fds = {}
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:  # the listing's own descriptor, closed by now
+                pass
+        return fds
+
+    warnings = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("jax_tma").addHandler(handler)
+    check(mesh_1d, "i", ring, np.uint32, (n * 1000, 3), iterations=1)  # the link is up
+    sockets = sum(t.startswith("socket:") for t in descriptors().values())
+    file_meeting.write(folder, f"victim{pid}", f"{_ppermute._own_link[0]} {os.getpid()}\n")
+    file_meeting.wait_for(folder, "intruding")
+    check(mesh_1d, "i", ring, np.uint32, (n * 1000, 3), iterations=40)
+    _, _, forged, pipe_inode = file_meeting.wait_for(folder, "intruded").split()
+    deadline = time.monotonic() + 30
+    while len(warnings) < int(forged) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(warnings) == int(forged), warnings
+    held = descriptors().values()
+    passed = [t for t in held if "jax_tma_intruder" in t or t == f"pipe:[{pipe_inode}]"]
+    assert not passed, f"descriptors the intruder passed are open here: {passed}"
+    now = sum(t.startswith("socket:") for t in held)
+    assert now == sockets, f"{now} sockets open, {sockets} before the intrusion"
 
 
 def run_fault():

@@ -8,6 +8,7 @@ without peer access: tests/test_multi_gpu.py)."""
 import concurrent.futures
 import functools
 import logging
+import os
 import re
 
 import jax
@@ -411,8 +412,8 @@ def _links_with(monkeypatch, values, timeout_s="0.5"):
     from jax_tma import _ppermute
 
     if _ppermute._own_link:  # this process published its link to an earlier store
-        values = {"jax_tma/ppermute/link/0": f"{_ppermute._host()}\n{_ppermute._own_link[0]}\n",
-                  **values}
+        values = {"jax_tma/ppermute/link/0":
+                  f"{_ppermute._host()}\n{_ppermute._own_link[0]}\n{os.getpid()}\n", **values}
     store = _FakeStore(values)
     monkeypatch.setattr(distributed.global_state, "client", store)
     monkeypatch.setenv(_ppermute.TIMEOUT_ENV, timeout_s)
@@ -423,15 +424,28 @@ def test_process_links_of_one_host(monkeypatch):
     from jax_tma import _ppermute
 
     (names, why), store = _links_with(
-        monkeypatch, {"jax_tma/ppermute/link/1": f"{_ppermute._host()}\nthe-peer"})
-    host, own, ordinals = store.values["jax_tma/ppermute/link/0"].split("\n")
-    assert host == _ppermute._host() and own.startswith("jax_tma.")
+        monkeypatch, {"jax_tma/ppermute/link/1": f"{_ppermute._host()}\nthe-peer\n4242\n"})
+    host, own, pid, ordinals = store.values["jax_tma/ppermute/link/0"].split("\n")
+    assert host == _ppermute._host() and own.startswith("jax_tma.") and pid == str(os.getpid())
     assert ordinals == " ".join(f"{d.id}:{d.id}" for d in jax.local_devices())
     assert names == [own, "the-peer"] and why == ""
+    # The link holds process 1 to that name and pid: the key-value store
+    # gives each process one entry, so another one is refused.
+    with pytest.raises(RuntimeError, match=r"process 1 is known as pid 4242 on @the-peer, not as "
+                                           r"pid 4343 on @the-peer"):
+        _links_with(monkeypatch,
+                    {"jax_tma/ppermute/link/1": f"{_ppermute._host()}\nthe-peer\n4343\n"})
+
+
+def test_a_peer_with_an_impossible_pid_is_refused(monkeypatch):
+    from jax_tma import _ppermute
+
+    with pytest.raises(RuntimeError, match=r"process 1 published pid 0, which no process can have"):
+        _links_with(monkeypatch, {"jax_tma/ppermute/link/1": f"{_ppermute._host()}\nthe-peer\n0\n"})
 
 
 def test_processes_of_another_host_keep_lax_ppermute(monkeypatch):
-    (names, why), _ = _links_with(monkeypatch, {"jax_tma/ppermute/link/1": "elsewhere/1\np"})
+    (names, why), _ = _links_with(monkeypatch, {"jax_tma/ppermute/link/1": "elsewhere/1\np\n1\n"})
     assert names is None
     assert why == ("process 1 runs on another host (elsewhere); the process link joins the "
                    "processes of one host")

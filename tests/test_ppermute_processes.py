@@ -9,17 +9,26 @@ every process cuts from the same global array (NCCL refuses two ranks on one
 GPU, so lax.ppermute cannot be the reference), and the "jax_tma" debug log
 must name the transport. A peer that never calls, is killed, or calls with
 another permutation fails every process still alive with an error that names
-it, within the timeout (JAX_TMA_PPERMUTE_TIMEOUT_S), never a hang."""
+it, within the timeout (JAX_TMA_PPERMUTE_TIMEOUT_S), never a hang. A process
+that is no part of the job (of this uid or another) and forges connections
+to the processes' links changes nothing: every call stays bit-exact, each
+forged connection is logged once, and no descriptor it passed stays open."""
 
 import ctypes
 import os
+import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import time
+import traceback
 
 import pytest
+
+import file_meeting
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -42,13 +51,16 @@ def _die_with_parent() -> None:
 
 
 def _run(mode: str, count: int, rng, timeout_s: float | None = None,
-         platform: str = "cpu") -> list[tuple[int, str]]:
+         platform: str = "cpu", intruder: "_Intruder | None" = None) -> list[tuple[int, str]]:
     """(exit status, output) of each of `count` processes of
-    tests/ppermute_process.py in `mode` on `platform`."""
+    tests/ppermute_process.py in `mode` on `platform`, with `intruder`
+    forging connections to them while they run."""
     port, seed = _free_port(), int(rng.integers(2**62))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")])))
     if timeout_s is not None:
         env["JAX_TMA_PPERMUTE_TIMEOUT_S"] = str(timeout_s)
+    if intruder is not None:
+        env[_INTRUSION_ENV] = intruder.folder
     if platform == "gpu":  # the processes share one GPU and its memory
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.8 / count:.3f}"
         env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
@@ -61,6 +73,8 @@ def _run(mode: str, count: int, rng, timeout_s: float | None = None,
                               env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
                               preexec_fn=_die_with_parent)
              for pid, log in enumerate(logs)]
+    if intruder is not None:
+        intruder.start(count)
     statuses = []
     try:
         for pid, p in enumerate(procs):
@@ -76,6 +90,8 @@ def _run(mode: str, count: int, rng, timeout_s: float | None = None,
     finally:
         for p in procs:
             p.kill()
+        if intruder is not None:
+            intruder.finish()
     outputs = []
     for status, log in zip(statuses, logs):
         log.seek(0)
@@ -133,6 +149,147 @@ def test_a_killed_peer_fails_the_others_at_once(rng):
 def test_a_peer_with_another_permutation_fails_every_process(rng):
     outputs = _run("perm", 2, rng, timeout_s=5)
     _survivors_failed(outputs, within_s=30, skip=())
+
+
+# ---- intruders ----
+
+_INTRUSION_ENV = "JAX_TMA_TEST_INTRUSION_DIR"  # read by ppermute_process.py
+_NOBODY = 65534
+# peer_link.cc's wire format: a header (magic, kind, process, key size,
+# size), then the key and the bytes.
+_MAGIC, _HELLO, _DATA, _ABORT = 0x6A746D61, 1, 2, 3
+
+
+def _header(kind: int, process: int, key_size: int = 0, size: int = 0) -> bytes:
+    return struct.pack("=IIiIQ", _MAGIC, kind, process, key_size, size)
+
+
+def _message(kind: int, process: int, key: bytes, data: bytes) -> bytes:
+    return _header(kind, process, len(key), len(data)) + key + data
+
+
+def _forgeries(other: int, memfd: int, pipe: int) -> list[tuple[bytes, bytes, list[int]]]:
+    """The connections forged to a process of the job whose peer is process
+    `other`: (bytes sent first, bytes sent with the descriptors, descriptors).
+    Were any let in, the victim would take `other` for gone, fail its call,
+    or map what the descriptors hold."""
+    hello = _header(_HELLO, other)
+    key = b"ppermute_process.py:1#3:1>0"
+    return [
+        (hello, b"", []),  # the issue's repro: a hello, then gone
+        (hello, _message(_ABORT, other, key, b"forged abort"), []),
+        (hello, _message(_DATA, other, key, b"\0" * 16), [memfd]),
+        (hello, _message(_DATA, other, key, b"\0" * 16), [pipe]),
+        (os.urandom(64), b"", []),
+        (_header(_HELLO, other, size=2**63), b"", []),
+        (hello, _header(_DATA, other, 8, 2**63) + key[:8], []),
+        (_header(7, other), b"", []),
+    ]
+
+
+_FORGED_PER_PROCESS = len(_forgeries(0, -1, -1))
+
+
+class _Intruder:
+    """A process of `uid`, no part of the job, that forges connections to
+    the link of every process of a `_run` in the "intruded" mode while they
+    make their calls: it reads their link names (which they write into
+    `folder`), finds them in /proc/net/unix, as anyone can, and sends each
+    process `_forgeries`, one connection each. It is a forked child of this
+    process, which drops to `uid` (root can) and needs no interpreter of its
+    own: another uid may not reach this one's."""
+
+    def __init__(self, uid: int):
+        self.uid = uid
+        self.folder = tempfile.mkdtemp(prefix="jax_tma_intrusion.")
+        os.chmod(self.folder, 0o777)  # the intruder may be of another uid
+        self.pid = None
+        self.status = None
+
+    def start(self, count: int) -> None:
+        self.pid = os.fork()
+        if self.pid == 0:
+            status = 1
+            try:
+                self._intrude(count)
+                status = 0
+            except BaseException:  # noqa: BLE001 (the child reports it and exits)
+                traceback.print_exc()
+            finally:
+                os._exit(status)
+
+    def finish(self) -> None:
+        deadline = time.monotonic() + 30
+        while self.status is None and time.monotonic() < deadline:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.status = os.waitstatus_to_exitcode(status)
+            else:
+                time.sleep(0.05)
+        if self.status is None:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _intrude(self, count: int) -> None:
+        if self.uid != os.geteuid():
+            os.setgroups([])
+            os.setgid(self.uid)
+            os.setuid(self.uid)
+        names = [file_meeting.wait_for(self.folder, f"victim{i}").split()[0]
+                 for i in range(count)]
+        with open("/proc/net/unix") as f:
+            listed = f.read()
+        assert all(f"@{name}" in listed for name in names), "the link names are not listed"
+        memfd = os.memfd_create("jax_tma_intruder")
+        os.write(memfd, b"memory a victim must never map")
+        pipe, _ = os.pipe()
+        file_meeting.write(self.folder, "intruding", "")
+        for victim, name in enumerate(names):
+            for first, rest, fds in _forgeries((victim + 1) % count, memfd, pipe):
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.connect("\0" + name)
+                    try:  # the victim may close first
+                        s.sendall(first)
+                        if rest:
+                            socket.send_fds(s, [rest], fds)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+                time.sleep(0.01)
+        file_meeting.write(self.folder, "intruded",
+                           f"{os.getpid()} {os.geteuid()} {_FORGED_PER_PROCESS} "
+                           f"{os.fstat(pipe).st_ino}\n")
+
+
+def _refused_every_forgery(outputs, intruder: _Intruder, why: str) -> None:
+    """Every process made its calls bit-exact, logged each forged connection
+    once at WARNING with the intruder's pid and uid, and holds no descriptor
+    it passed (ppermute_process.py checks that)."""
+    assert intruder.status == 0, f"the intruder exited {intruder.status}"
+    for pid, (status, out) in enumerate(outputs):
+        assert status == 0, f"process {pid} exited {status}:\n{out[-4000:]}"
+        assert f"process {pid}: ok" in out, out[-4000:]
+        logged = [line for line in out.splitlines() if line.startswith("WARNING jax_tma: ")]
+        refused = (f"WARNING jax_tma: the jax_tma process link refused a connection "
+                   f"(pid {intruder.pid}, uid {intruder.uid}): {why}")
+        assert len(logged) == _FORGED_PER_PROCESS, out[-4000:]
+        assert all(line.startswith(refused) for line in logged), out[-4000:]
+        assert "is gone" not in out and f"process {pid}: failed" not in out, out[-4000:]
+
+
+def test_an_intruder_of_this_uid_changes_nothing(rng):
+    intruder = _Intruder(os.geteuid())
+    outputs = _run("intruded", 2, rng, intruder=intruder)
+    _refused_every_forgery(outputs, intruder, f"pid {intruder.pid} is not a process of this job")
+
+
+def test_an_intruder_of_another_uid_changes_nothing(rng):
+    if os.geteuid() != 0:
+        pytest.skip("only root can start a process of another uid (CI runs as root)")
+    intruder = _Intruder(_NOBODY)
+    outputs = _run("intruded", 2, rng, intruder=intruder)
+    _refused_every_forgery(outputs, intruder,
+                           f"uid {_NOBODY} is not this process's uid {os.geteuid()}")
 
 
 # ---- processes sharing the GPU ----
@@ -205,6 +362,12 @@ def test_a_gpu_peer_that_stops_calling_fails_the_step_by_name(rng, shared_gpu):
     out = outputs[0][1]
     assert ("timed out after 3 s waiting for device 0 of process 1 to publish its buffer for "
             "call 2" in out), out
+
+
+def test_an_intruder_changes_nothing_on_a_shared_gpu(rng, shared_gpu):
+    intruder = _Intruder(os.geteuid())
+    outputs = _run("intruded", 2, rng, platform="gpu", intruder=intruder)
+    _refused_every_forgery(outputs, intruder, f"pid {intruder.pid} is not a process of this job")
 
 
 def test_a_killed_gpu_peer_fails_the_step_at_once(rng, shared_gpu):

@@ -4,6 +4,7 @@
 #include <cudaTypedefs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -18,6 +19,7 @@
 #include "cuda/cuda_status.h"
 #include "cuda/driver_api.h"
 #include "ppermute/ppermute_common.h"
+#include "ppermute/region_offer.h"
 
 namespace jax_tma {
 namespace {
@@ -25,19 +27,20 @@ namespace {
 // Processes with a gone word of their own; any further ones share a word
 // that stays zero (their waits end by timeout only).
 constexpr int kMaxGoneWords = 4096;
-constexpr std::string_view kRegionKey = "jax_tma/region/";
 constexpr std::chrono::milliseconds kReportEvery{20};
 
 struct Driver {
   PFN_cuMemCreate_v10020 create = nullptr;
   PFN_cuMemRelease_v10020 release = nullptr;
   PFN_cuMemAddressReserve_v10020 reserve = nullptr;
+  PFN_cuMemAddressFree_v10020 free_address = nullptr;
   PFN_cuMemMap_v10020 map = nullptr;
   PFN_cuMemSetAccess_v10020 set_access = nullptr;
   PFN_cuMemGetAllocationGranularity_v10020 granularity = nullptr;
   PFN_cuMemRetainAllocationHandle_v11000 retain = nullptr;
   PFN_cuMemExportToShareableHandle_v10020 export_handle = nullptr;
   PFN_cuMemImportFromShareableHandle_v10020 import_handle = nullptr;
+  PFN_cuMemGetAllocationPropertiesFromHandle_v10020 properties = nullptr;
   PFN_cuMemGetAddressRange_v3020 address_range = nullptr;
   PFN_cuGetErrorName_v6000 error_name = nullptr;
   std::string error;  // why an entry point is missing
@@ -54,12 +57,14 @@ const Driver& TheDriver() {
     get(d.create, "cuMemCreate");
     get(d.release, "cuMemRelease");
     get(d.reserve, "cuMemAddressReserve");
+    get(d.free_address, "cuMemAddressFree");
     get(d.map, "cuMemMap");
     get(d.set_access, "cuMemSetAccess");
     get(d.granularity, "cuMemGetAllocationGranularity");
     get(d.retain, "cuMemRetainAllocationHandle");
     get(d.export_handle, "cuMemExportToShareableHandle");
     get(d.import_handle, "cuMemImportFromShareableHandle");
+    get(d.properties, "cuMemGetAllocationPropertiesFromHandle");
     get(d.address_range, "cuMemGetAddressRange");
     get(d.error_name, "cuGetErrorName");
     return d;
@@ -191,11 +196,6 @@ bool Translate(uintptr_t p, int to, unsigned long long* out) {
   return true;
 }
 
-struct RegionOffer {
-  unsigned long long id;
-  unsigned long long size;
-};
-
 // Exports the allocation holding `p` to `to` and waits for its mapping there.
 ffi::Error ExportRegion(const LinkPeer& to, uintptr_t p, std::chrono::milliseconds timeout,
                         const std::string& abort_key) {
@@ -229,24 +229,23 @@ ffi::Error ExportRegion(const LinkPeer& to, uintptr_t p, std::chrono::millisecon
     if (region.id == 0) region = Region{size, next_id++, {}};
     offer.id = region.id;
   }
-  const std::string key = std::string(kRegionKey) + std::to_string(offer.id);
-  std::string bytes(sizeof(offer), '\0');
-  std::memcpy(bytes.data(), &offer, sizeof(offer));
-  bytes += std::string(LinkSelf().name);
-  ffi::Error err = SendLink(to, key, bytes, fd);
+  const std::string key = RegionOfferKey(offer.id);
+  ffi::Error err = SendLink(to, key, std::string_view(reinterpret_cast<const char*>(&offer),
+                                                      sizeof(offer)),
+                            fd);
   close(fd);
   JAX_TMA_RETURN_IF_FAILED(err);
-  LinkMessage reply;
+  std::string reply;
   JAX_TMA_RETURN_IF_FAILED(ReceiveLink(to, key + "/at", abort_key,
                                        "the mapping of an allocation of this process",
                                        timeout, &reply));
   unsigned long long va = 0;
-  if (reply.bytes.size() >= sizeof(va)) std::memcpy(&va, reply.bytes.data(), sizeof(va));
+  if (reply.size() >= sizeof(va)) std::memcpy(&va, reply.data(), sizeof(va));
   if (va == 0) {
     return ffi::Error::Internal(std::string(kPpermuteOp) + ": process " +
                                 std::to_string(to.process) +
                                 " could not map an allocation of this process: " +
-                                reply.bytes.substr(std::min(reply.bytes.size(), sizeof(va))));
+                                reply.substr(std::min(reply.size(), sizeof(va))));
   }
   {
     std::lock_guard<std::mutex> lock(resources_mu);
@@ -257,8 +256,28 @@ ffi::Error ExportRegion(const LinkPeer& to, uintptr_t p, std::chrono::millisecon
   return ffi::Error::Success();
 }
 
-// Maps an allocation another process offered; its address here, or 0 and
-// why not.
+// The most memory of any GPU this process sees: no allocation of a peer's
+// GPU is larger (the GPUs of one host are of one kind).
+size_t LargestGpuMemory() {
+  static const size_t largest = [] {
+    int count = 0;
+    size_t most = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) return most;
+    for (int d = 0; d < count; ++d) {
+      cudaDeviceProp prop;
+      if (cudaGetDeviceProperties(&prop, d) == cudaSuccess) {
+        most = std::max(most, prop.totalGlobalMem);
+      }
+    }
+    return most;
+  }();
+  return largest;
+}
+
+// Maps an allocation another process offered (its descriptor passed
+// CheckRegionOffer); its address here, or 0 and why not. The allocation
+// must be GPU memory, and `size` a whole number of its granules within one
+// GPU's memory, before any address space is reserved for it.
 unsigned long long ImportRegion(int fd, size_t size, std::string* why) {
   auto fail = [&](ffi::Error err) {
     *why = std::string(err.message());
@@ -274,9 +293,38 @@ unsigned long long ImportRegion(int fd, size_t size, std::string* why) {
   CUresult r = d.import_handle(&handle, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   if (r != CUDA_SUCCESS) return fail(DriverFailed("cuMemImportFromShareableHandle", r));
+  CUmemAllocationProp prop{};
+  size_t granularity = 0;
+  r = d.properties(&prop, handle);
+  if (r == CUDA_SUCCESS) r = d.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (r != CUDA_SUCCESS) {
+    d.release(handle);
+    return fail(DriverFailed("reading the offered allocation's properties", r));
+  }
+  if (prop.type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+    d.release(handle);
+    *why = (Message() << kPpermuteOp << ": the offered allocation is not GPU memory (type "
+                      << static_cast<int>(prop.type) << ", location type "
+                      << static_cast<int>(prop.location.type) << ")")
+               .str();
+    return 0;
+  }
+  if (granularity == 0 || size % granularity != 0 || size > LargestGpuMemory()) {
+    d.release(handle);
+    *why = (Message() << kPpermuteOp << ": an offer of " << size << " bytes is no whole number "
+                      << "of " << granularity << "-byte granules within one GPU's memory ("
+                      << LargestGpuMemory() << " bytes)")
+               .str();
+    return 0;
+  }
   CUdeviceptr va = 0;
   r = d.reserve(&va, size, 0, 0, 0);
-  if (r == CUDA_SUCCESS) r = d.map(va, size, 0, handle, 0);
+  if (r == CUDA_SUCCESS) {
+    // Fails where the allocation is smaller than the offer says.
+    r = d.map(va, size, 0, handle, 0);
+    if (r != CUDA_SUCCESS) d.free_address(va, size);
+  }
   d.release(handle);
   if (r != CUDA_SUCCESS) return fail(DriverFailed("mapping an allocation of another process", r));
   {
@@ -288,23 +336,21 @@ unsigned long long ImportRegion(int fd, size_t size, std::string* why) {
   return static_cast<unsigned long long>(va);
 }
 
-// The link's reader thread: maps offered allocations and answers where.
+// The link's reader thread: maps offered allocations and answers where (or
+// why not) to the sender's published name.
 bool OnLinkMessage(int sender, const std::string& key, LinkMessage* message) {
-  if (key.rfind(kRegionKey, 0) != 0 || message->bytes.size() < sizeof(RegionOffer)) return false;
+  unsigned long long id;
+  if (!IsRegionOfferKey(key, &id)) return false;
   RegionOffer offer;
-  std::memcpy(&offer, message->bytes.data(), sizeof(offer));
-  const std::string sender_name = message->bytes.substr(sizeof(offer));
-  std::string why = "no descriptor came with the offer";
+  std::string why = CheckRegionOffer(id, message->bytes, message->fd, &offer);
   unsigned long long va = 0;
-  if (message->fd >= 0) {
-    va = ImportRegion(message->fd, offer.size, &why);
-    close(message->fd);
-  }
+  if (why.empty()) va = ImportRegion(message->fd, offer.size, &why);
+  if (message->fd >= 0) close(message->fd);
   std::string reply(sizeof(va), '\0');
   std::memcpy(reply.data(), &va, sizeof(va));
   if (va == 0) reply += why;
   // Best effort: a sender that is gone no longer waits for the answer.
-  (void)SendLink(LinkPeer{sender, sender_name}, key + "/at", reply);
+  (void)SendLink(KnownLinkPeer(sender), key + "/at", reply);
   return true;
 }
 

@@ -94,10 +94,10 @@ ffi::Error SetUpSite(const PpermuteCall& call, int device, PeerSite* site) {
         payload->assign(reinterpret_cast<const char*>(&at), sizeof(at));
         return ffi::Error::Success();
       },
-      peers, "the mailbox", &got));
+      peers, sizeof(unsigned long long), "the mailbox", &got));
   for (size_t i = 0; i < peers.size(); ++i) {
     unsigned long long at = 0;
-    if (got[i].size() == sizeof(at)) std::memcpy(&at, got[i].data(), sizeof(at));
+    std::memcpy(&at, got[i].data(), sizeof(at));
     auto* box = reinterpret_cast<PeerMailbox*>(at);
     if (peers[i] == partner) site->partner_box = box;
     if (peers[i] == by) site->by_box = box;

@@ -1,13 +1,16 @@
 // What jax_tma.ppermute's Python side calls besides its handlers (see
-// module_defs.h): the start of this process's end of the process link,
-// whether one GPU can map another's memory, and what the GPU transport
-// holds (for the tests that look for leaks).
+// module_defs.h): the start of this process's end of the process link, who
+// its peers are and what it refused, whether one GPU can map another's
+// memory, and what the GPU transport holds (for the tests that look for
+// leaks).
+#include <chrono>
 #include <stdexcept>
 #include <string>
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "module_defs.h"
 #include "ppermute/peer_link.h"
@@ -26,14 +29,28 @@ void PpermuteModule(nanobind::module_& m) {
   // published.
   m.def(
       "listen_link",
-      [](const std::string& name, int process) {
-        ffi::Error err = ListenLink(LinkPeer{process, name});
+      [](const std::string& name, int process, long long timeout_ms) {
+        ffi::Error err =
+            ListenLink(LinkPeer{process, name}, std::chrono::milliseconds(timeout_ms));
         if (err.failure()) throw std::runtime_error(std::string(err.message()));
 #if JAX_TMA_WITH_CUDA
         InstallPeerLinkHandlers();
 #endif
       },
-      nanobind::arg("name"), nanobind::arg("process"));
+      nanobind::arg("name"), nanobind::arg("process"), nanobind::arg("timeout_ms"));
+  // Who process `process` is, as it published itself in the key-value
+  // store: connections claiming to be it must come from `pid`.
+  m.def(
+      "know_link_peer",
+      [](int process, const std::string& name, long long pid) {
+        ffi::Error err = KnowLinkPeer(LinkPeer{process, name}, pid);
+        if (err.failure()) throw std::runtime_error(std::string(err.message()));
+      },
+      nanobind::arg("process"), nanobind::arg("name"), nanobind::arg("pid"));
+  // An eventfd that becomes readable when the link refused something, and
+  // the refusals since the last call (peer_link.h).
+  m.def("link_refusal_signal", &LinkRefusalSignal);
+  m.def("link_refusals", &TakeLinkRefusals);
 #if JAX_TMA_WITH_CUDA
   // Whether `device` can map `peer`'s memory (what ppermute reads through);
   // lowering falls back to lax.ppermute where it cannot.

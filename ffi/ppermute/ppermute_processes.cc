@@ -98,7 +98,7 @@ ffi::Error DecodeProcessPlan(int64_t process, ffi::Span<const int64_t> processes
                              " given)");
     }
   }
-  ffi::Error err = ListenLink(LinkPeer{out->process, out->links[out->process]});
+  ffi::Error err = ListenLink(LinkPeer{out->process, out->links[out->process]}, out->timeout);
   if (err.failure()) {
     return ffi::Error(*err.errc(), std::string(kPpermuteOp) + ": " + std::string(err.message()));
   }
@@ -107,8 +107,8 @@ ffi::Error DecodeProcessPlan(int64_t process, ffi::Span<const int64_t> processes
 
 ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, size_t bytes,
                           const std::vector<int>& sends, const PayloadFor& payload_for,
-                          const std::vector<int>& receives, std::string_view what,
-                          std::vector<std::string>* got) {
+                          const std::vector<int>& receives, size_t payload_bytes,
+                          std::string_view what, std::vector<std::string>* got) {
   int64_t call;
   {
     std::lock_guard<std::mutex> lock(sites_mu);
@@ -160,16 +160,16 @@ ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, s
   }
   got->clear();
   for (int from : receives) {
-    LinkMessage message;
+    std::string message;
     const std::string theirs_is = std::string(what) + " of " + Describe(route, where, from);
     ffi::Error err = ReceiveLink(where.peer(from), BlockKey(where, call, from, route.self),
                                  abort_key, theirs_is, where.timeout, &message);
     if (err.failure()) return fail(std::move(err));
     BlockHeader theirs;
-    if (message.bytes.size() >= sizeof(theirs)) {
-      std::memcpy(&theirs, message.bytes.data(), sizeof(theirs));
+    if (message.size() >= sizeof(theirs)) {
+      std::memcpy(&theirs, message.data(), sizeof(theirs));
     }
-    if (message.bytes.size() < sizeof(header) || theirs.bytes != bytes ||
+    if (message.size() < sizeof(header) || theirs.bytes != bytes ||
         theirs.digest != header.digest) {
       return fail(ffi::Error(
           ffi::ErrorCode::kFailedPrecondition,
@@ -179,7 +179,14 @@ ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, s
               " (this call moves " + std::to_string(bytes) +
               " bytes): the processes make different calls here"));
     }
-    got->push_back(message.bytes.substr(sizeof(header)));
+    if (message.size() != sizeof(header) + payload_bytes) {
+      return fail(ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                             Describe(route, where, from) + " sent " + std::string(what) +
+                                 " of " + std::to_string(message.size() - sizeof(header)) +
+                                 " bytes where this call takes " +
+                                 std::to_string(payload_bytes)));
+    }
+    got->push_back(message.substr(sizeof(header)));
   }
   return ffi::Error::Success();
 }
@@ -196,7 +203,7 @@ ffi::Error ExchangeAcrossProcesses(const PermuteRoute& route, const ProcessPlan&
         block->assign(static_cast<const char*>(src), bytes);
         return ffi::Error::Success();
       },
-      receives, "the block", &got));
+      receives, bytes, "the block", &got));
   if (route.source < 0) {
     std::memset(dst, 0, bytes);
   } else {

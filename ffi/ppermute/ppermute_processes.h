@@ -53,15 +53,15 @@ using PayloadFor =
 
 // One meeting of this participant with others at its call site, in or across
 // processes: sends a payload (`payload_for`) to each logical id of `sends`
-// and receives one from each logical id of `receives` into `got`, in order.
-// Each message carries a digest of the permutation and `bytes` (the call's
-// block size), so a participant that makes another call fails both sides.
-// `what` names a payload in errors ("the block"). A failure, making a
-// payload included, is told to every participant.
+// and receives one of `payload_bytes` from each logical id of `receives`
+// into `got`, in order. Each message carries a digest of the permutation and
+// `bytes` (the call's block size), so a participant that makes another call
+// fails both sides. `what` names a payload in errors ("the block"). A
+// failure, making a payload included, is told to every participant.
 ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, size_t bytes,
                           const std::vector<int>& sends, const PayloadFor& payload_for,
-                          const std::vector<int>& receives, std::string_view what,
-                          std::vector<std::string>* got);
+                          const std::vector<int>& receives, size_t payload_bytes,
+                          std::string_view what, std::vector<std::string>* got);
 
 // This participant's whole call: send `bytes` of `src` to the destination's
 // process (if any), then receive the source's block into `dst` (zeros where
