@@ -35,33 +35,36 @@ CPU_CALLS = {
 }
 
 
-_ONE = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("i",))
-
-
 def _self_permute(method):
-    return jax.shard_map(lambda b: jax_tma.ppermute(b, "i", [(0, 0)], method=method), mesh=_ONE,
-                         in_specs=P("i"), out_specs=P("i"))
+    """ppermute onto itself over a one-device mesh of `device`."""
+    def call(x, device):
+        mesh = jax.sharding.Mesh(np.array([device]), ("i",))
+        return jax.shard_map(lambda b: jax_tma.ppermute(b, "i", [(0, 0)], method=method),
+                             mesh=mesh, in_specs=P("i"), out_specs=P("i"))(x)
+    return call
 
 
 # One call per CUDA path of every family (each forcing its path where `auto`
-# would not take it) on random float32 arrays of shape (8, 16).
+# would not take it) of a random float32 array of shape (64, 16) on `device`.
 GPU_CALLS = {
-    "copy.tma": lambda x: jax_tma.copy(x, method="tma"),
-    "copy.simt": lambda x: jax_tma.copy(x, method="simt"),
-    "window.tiled": lambda x: jax_tma.window(x, (1, -2), (4, 8), method="tma"),
-    "window.simt": lambda x: jax_tma.window(x, (1, -2), (4, 8), method="simt"),
-    "im2col.tma": lambda x: jax_tma.im2col(x.reshape(2, 4, 4, 4), 3, method="tma"),
-    "im2col.simt": lambda x: jax_tma.im2col(x.reshape(2, 4, 4, 4), 3, method="simt"),
-    "broadcast.store": lambda x: jax_tma.broadcast(x, 3, method="store"),
-    "broadcast.multicast": lambda x: jax_tma.broadcast(x, 3, method="multicast"),
-    "broadcast.dsmem": lambda x: jax_tma.broadcast(x, 3, method="dsmem"),
-    "broadcast.simt": lambda x: jax_tma.broadcast(x, 3, method="simt"),
-    "gather.tma": lambda x: jax_tma.gather(x, jnp.array([3, -1, 9, 7]), method="tma"),
-    "gather.simt": lambda x: jax_tma.gather(x, jnp.array([3, -1, 9, 7]), method="simt"),
-    "scatter.tma": lambda x: jax_tma.scatter(x, jnp.array([3, -1, 7]), x[:3], method="tma"),
-    "scatter.simt": lambda x: jax_tma.scatter(x, jnp.array([3, -1, 7]), x[:3], method="simt"),
-    "scatter.ordered": lambda x: jax_tma.scatter(x, jnp.array([3, 3, 7]), x[:3], mode="add",
-                                                 deterministic=True),
+    "copy.tma": lambda x, device: jax_tma.copy(x, method="tma"),
+    "copy.simt": lambda x, device: jax_tma.copy(x, method="simt"),
+    "window.tiled": lambda x, device: jax_tma.window(x, (1, -2), (4, 8), method="tma"),
+    "window.simt": lambda x, device: jax_tma.window(x, (1, -2), (4, 8), method="simt"),
+    "im2col.tma": lambda x, device: jax_tma.im2col(x.reshape(4, 8, 8, 4), 3, method="tma"),
+    "im2col.simt": lambda x, device: jax_tma.im2col(x.reshape(4, 8, 8, 4), 3, method="simt"),
+    "broadcast.store": lambda x, device: jax_tma.broadcast(x, 3, method="store"),
+    "broadcast.multicast": lambda x, device: jax_tma.broadcast(x, 3, method="multicast"),
+    "broadcast.dsmem": lambda x, device: jax_tma.broadcast(x, 3, method="dsmem"),
+    "broadcast.simt": lambda x, device: jax_tma.broadcast(x, 3, method="simt"),
+    "gather.tma": lambda x, device: jax_tma.gather(x, jnp.array([3, -1, 9, 70]), method="tma"),
+    "gather.simt": lambda x, device: jax_tma.gather(x, jnp.array([3, -1, 9, 70]), method="simt"),
+    "scatter.tma": lambda x, device: jax_tma.scatter(x, jnp.array([3, -1, 70]), x[:3],
+                                                     method="tma"),
+    "scatter.simt": lambda x, device: jax_tma.scatter(x, jnp.array([3, -1, 70]), x[:3],
+                                                      method="simt"),
+    "scatter.ordered": lambda x, device: jax_tma.scatter(x, jnp.array([3, 3, 7]), x[:3],
+                                                         mode="add", deterministic=True),
     "ppermute.tma": _self_permute("tma"),
     "ppermute.simt": _self_permute("simt"),
 }
@@ -78,10 +81,10 @@ def test_every_cuda_path_has_a_gpu_call():
 @pytest.mark.quick
 @pytest.mark.parametrize("path", sorted(GPU_CALLS))
 def test_each_cuda_path_runs_alone_and_matches_the_cpu(gpu, rng, path):
-    x = random_array(rng, (8, 16), np.float32)
-    want = jax.jit(GPU_CALLS[path])(jax.device_put(x, cpu_device()))
-    got = run_on_path(path, jax.jit(GPU_CALLS[path]), jax.device_put(x, gpu))
-    assert_bits_equal(got, want)
+    x = random_array(rng, (64, 16), np.float32)
+    call = jax.jit(GPU_CALLS[path], static_argnums=1)
+    want = call(jax.device_put(x, cpu_device()), cpu_device())
+    assert_bits_equal(run_on_path(path, call, jax.device_put(x, gpu), gpu), want)
 
 
 def test_every_path_is_counted():

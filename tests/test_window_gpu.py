@@ -5,6 +5,7 @@ take SIMT under auto; static 16-B aligned ones the TMA tiled kernel where its
 rules hold); grad; the forced-TMA errors."""
 
 import functools
+import math
 import re
 
 import jax
@@ -68,7 +69,21 @@ def window_static_poisoned(x, start, shape, strides, fill, device, path):
     return _into_poison(f, x, (), shape, device, path)
 
 
+# The most elements a random input or window may have: the NumPy reference
+# of a rank-6 draw of full size took over a minute, the GPU a millisecond.
+_MAX_ELEMENTS = 1 << 21
+
+
 def _geometry(rng, rank, tma_friendly):
+    """A random (x_shape, start, shape, strides) of `rank` dims, redrawn
+    until x and the window hold at most _MAX_ELEMENTS elements each."""
+    while True:
+        x_shape, start, shape, strides = _draw_geometry(rng, rank, tma_friendly)
+        if max(math.prod(x_shape), math.prod(shape)) <= _MAX_ELEMENTS:
+            return x_shape, start, shape, strides
+
+
+def _draw_geometry(rng, rank, tma_friendly):
     if tma_friendly:
         # inner dims a multiple of 16 bytes for every dtype; strides <= 8,
         # innermost stride 1: the tensor-map rules hold.
