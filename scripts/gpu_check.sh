@@ -39,7 +39,8 @@
 #   usage: bash scripts/gpu_check.sh [tests|quick|sanitize|bench|ncu|multi]...
 #   (default: tests sanitize bench; `multi` needs two GPUs)
 #   INSTALLS (default "wheel source") picks the installs `tests` runs against,
-#   TEST_WORKERS its workers (default: the CPU count less 2). TESTS,
+#   TEST_WORKERS the workers of tests and quick (default: the CPU count less
+#   2, at most 14). TESTS,
 #   SELFTESTS and BENCH_OPS narrow a stage, e.g. TESTS=tests/test_<family>.py
 #   SELFTESTS=<family> BENCH_OPS=<op> (WHEEL_CASE=0 leaves out the wheel's
 #   case). CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90a-real builds the source
@@ -178,6 +179,34 @@ bench() {
   record $rc "bench $name: $(grep -A12 '^== elapsed ==' "$dir/bench.log" | tail -n +2 | tr -s ' ' | tr '\n' ';')"
 }
 
+# parallel_pytest SITE WORKERS LOG PYTEST_ARGS... -- PREFIX...: pytest of
+# WORKERS pytest-xdist workers sharing the GPU against the install at SITE,
+# GPU skips turned into failures, under PREFIX (env settings, a timeout),
+# into LOG; prints the failures, the crashes with the seed that replays each
+# (a worker that aborts loses its report: JAX_TMA_SEED_DIR keeps it), and
+# returns pytest's status. The GPU's memory is taken as needed, not
+# preallocated; the tests that take several GiB share one worker
+# (reference.BIG_MEMORY, --dist loadgroup), since a worker's allocator keeps
+# the memory it grew to.
+# Workers: the CPU count less 2, at most 14 (they share GPU 0's memory).
+workers=${TEST_WORKERS:-$(( $(nproc) > 16 ? 14 : $(nproc) > 4 ? $(nproc) - 2 : 2 ))}
+parallel_pytest() {
+  local site_dir=$1 n=$2 log=$3 args=() rc worker seeds=/tmp/jax_tma_seeds
+  shift 3
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
+  shift
+  rm -rf "$seeds" && mkdir -p "$seeds"
+  env PYTHONPATH="$site_dir:$bench_site" JAX_TMA_REQUIRE_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    JAX_TMA_SEED_DIR="$seeds" "$@" python3 -P -m pytest -n "$n" --dist loadgroup -q -rfE \
+    -p no:cacheprovider "${args[@]}" > "$log" 2>&1
+  rc=$?
+  grep -E '^(FAILED|ERROR) |Fatal Python error' "$log" | head -30
+  for worker in $(sed -n "s/^worker '\(gw[0-9]*\)' crashed.*/\1/p" "$log"); do
+    echo "  $worker crashed in $(cat "$seeds/$worker" 2>/dev/null || echo 'a test without the rng fixture')"
+  done
+  return $rc
+}
+
 for stage in "${stages[@]}"; do
   stage_start=$SECONDS
   case $stage in
@@ -186,21 +215,17 @@ for stage in "${stages[@]}"; do
     # sharing the GPU (memory taken as needed, not preallocated). A worker
     # that aborts (XLA ends the process on some compiler failures) is named
     # with its test by pytest-xdist and replaced; the others go on.
-    workers=${TEST_WORKERS:-$(( $(nproc) > 4 ? $(nproc) - 2 : 2 ))}
     multi=()
     [ "$(nvidia-smi -L | grep -c '^GPU ')" -ge 2 ] && multi=(JAX_TMA_REQUIRE_MULTI_GPU=1)
     for install in ${INSTALLS:-wheel source}; do
       log=$OUT/tests_$install.log
       start=$SECONDS
       # shellcheck disable=SC2086
-      env PYTHONPATH="${site[$install]}:$bench_site" JAX_TMA_REQUIRE_GPU=1 "${multi[@]}" \
-        XLA_PYTHON_CLIENT_PREALLOCATE=false timeout $((2 * ${TESTS_BUDGET_S:-180})) \
-        python3 -P -m pytest ${TESTS:-tests} -n "$workers" -q -rfE --durations=15 -p no:cacheprovider \
-        > "$log" 2>&1
+      parallel_pytest "${site[$install]}" "$workers" "$log" ${TESTS:-tests} --durations=15 \
+        -- "${multi[@]}" timeout $((2 * ${TESTS_BUDGET_S:-180}))
       rc=$?
-      grep -E '^(FAILED|ERROR) |crashed|Fatal Python error' "$log" | head -30
       # The last line pytest wrote: JAX may print after it at exit.
-      record $rc "tests ($install install, ${workers} workers${multi:+, multi-GPU required}): $(grep -E '^=* ?[0-9]+ (passed|failed|skipped|errors?)' "$log" | tail -1)"
+      record $rc "tests ($install install, ${workers} workers${multi[0]:+, multi-GPU required}): $(grep -E '^=* ?[0-9]+ (passed|failed|skipped|errors?)' "$log" | tail -1)"
       within_budget "tests ($install install)" "$start" "${TESTS_BUDGET_S:-180}"
     done
     ;;
@@ -217,11 +242,9 @@ for stage in "${stages[@]}"; do
       record $rc "$prog: $(tail -1 /tmp/selftest.log)"
     done
     log=$OUT/quick_tests.log
-    env PYTHONPATH="${site[source]}:$bench_site" JAX_TMA_REQUIRE_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false \
-      timeout $((2 * ${QUICK_BUDGET_S:-120})) python3 -P -m pytest -n "${TEST_WORKERS:-$(( $(nproc) > 4 ? $(nproc) - 2 : 2 ))}" \
-      -q -rfE -p no:cacheprovider -m quick --fuzz-budget 30 tests > "$log" 2>&1
+    parallel_pytest "${site[source]}" "$workers" "$log" -m quick --fuzz-budget 30 tests \
+      -- timeout $((2 * ${QUICK_BUDGET_S:-120}))
     rc=$?
-    grep -E '^(FAILED|ERROR) |crashed|Fatal Python error' "$log" | head -30
     record $rc "quick tests (source install): $(grep -E '^=* ?[0-9]+ (passed|failed|skipped|errors?)' "$log" | tail -1)"
     within_budget quick "$start" "${QUICK_BUDGET_S:-120}"
     ;;

@@ -80,14 +80,21 @@ def pytest_runtest_setup(item):
 
 
 @pytest.fixture
-def rng(record_property):
+def rng(request, record_property):
     """Fresh random inputs on every run (JAX_TMA_SEED=<seed> repeats one):
     a Generator that carries its seed (`rng.seed`). The seed is kept in the
     test report, named by reference.assert_bits_equal's failures and added to
-    the report of any failing test that uses this fixture."""
+    the report of any failing test that uses this fixture. With
+    JAX_TMA_SEED_DIR set, it is also the one line of a file there named after
+    the process (pytest-xdist's worker): what replays a test that ended its
+    process, whose report is lost with it."""
     fixed = os.environ.get("JAX_TMA_SEED")
     seed = int(fixed) if fixed else np.random.SeedSequence().entropy
     record_property("seed", seed)
+    if seed_dir := os.environ.get("JAX_TMA_SEED_DIR"):
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(os.path.join(seed_dir, worker), "w") as f:
+            f.write(f"{request.node.nodeid}: JAX_TMA_SEED={seed}\n")
     reference.set_active_seed(seed)
     yield reference.SeededGenerator(seed)
     reference.set_active_seed(None)

@@ -57,6 +57,12 @@ def seed_note() -> str:
     return f" [rng seed {_active_seed}: rerun with JAX_TMA_SEED={_active_seed}]"
 
 
+# The tests that take several GiB of GPU memory: one pytest-xdist worker runs
+# them all (scripts/gpu_check.sh runs `--dist loadgroup`), since each worker's
+# allocator keeps the memory it grew to, and the workers share one GPU.
+BIG_MEMORY = pytest.mark.xdist_group("big_gpu_memory")
+
+
 def skip_unless_required(reason: str) -> None:
     """pytest.skip, except on a GPU run (JAX_TMA_REQUIRE_GPU=1), which must run
     every GPU test: there the missing feature is a failure."""

@@ -16,8 +16,8 @@ import pytest
 import jax_tma
 from jax_tma import _ffi
 from paths import run_on_path
-from reference import (ALL_DTYPES, POISON, assert_bits_equal, into_poison, random_array,
-                       seed_note, skip_unless_required)
+from reference import (ALL_DTYPES, BIG_MEMORY, POISON, assert_bits_equal, into_poison,
+                       random_array, seed_note, skip_unless_required)
 
 _BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "benchmarks")
@@ -154,6 +154,7 @@ def test_raw_hook_rejects_bad_config(gpu, bench_ext):
         _raw(bench_ext, "tma", p, p, 32, stages=1)
 
 
+@BIG_MEMORY
 @pytest.mark.parametrize("method", ["tma", "simt"])
 def test_over_4_gib_and_2_pow_31_elements(gpu, rng, method):
     # 2^31 + 7 uint16 elements: more than 2^31 elements and more than 4 GiB.

@@ -14,8 +14,8 @@ import pytest
 
 import jax_tma
 from paths import paths_ran, run_on_path
-from reference import (ALL_DTYPES, SUB_BYTE_BITS, assert_bits_equal, cpu_device, random_array,
-                       skip_unless_required)
+from reference import (ALL_DTYPES, BIG_MEMORY, SUB_BYTE_BITS, assert_bits_equal, cpu_device,
+                       random_array, skip_unless_required)
 
 pytestmark = pytest.mark.gpu
 METHODS = ["auto", "tma", "simt"]
@@ -258,6 +258,7 @@ def test_grad_on_gpu_matches_cpu(gpu, rng):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@BIG_MEMORY
 def test_over_4_gib_table(gpu, rng):
     # 4.5 GiB of 32 KiB pages: row offsets past 2^32 bytes and 2^31 elements.
     page = 32 * 1024
