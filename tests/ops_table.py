@@ -574,6 +574,18 @@ def build_gather(rng, dtype, *, batch=8, even=True, method="auto",
     )
 
 
+# Sub-byte dtypes in two of XLA's kernels: its CPU collective-permute overruns
+# their buffers (AddressSanitizer: heap-buffer-overflow in
+# InProcessCommunicator::CollectivePermute, reading and writing 2-6 bytes of
+# 1-2 byte blocks, jaxlib 0.10.2; glibc's heap checks aborted jax 0.11.2 on
+# the GPU machine), and its GPU scatter with unique indices loses updates of
+# elements that share a byte (uint2 x.at[i].set on an H100, jax 0.11.2: 6 of
+# 18 elements left as x had them, where NumPy and jax_tma wrote them). The
+# references run those two as these wider types, which hold the values exactly.
+_SUB_BYTE_WIDE = {"int2": np.int8, "int4": np.int8, "uint2": np.uint8, "uint4": np.uint8,
+                  "float4_e2m1fn": np.float32}
+
+
 def build_scatter(rng, dtype, *, batch=8, even=True, method="auto", mode=None,
                   index_dtype=np.int32) -> Case:
     """x (B, R, *slab) updated along dim 1; set with distinct slabs (jnp
@@ -599,11 +611,15 @@ def build_scatter(rng, dtype, *, batch=8, even=True, method="auto", mode=None,
                 _spec(len(shape), {d: a for d, a in dims.items() if d != 1}))
 
     def ref(x, i, u):
-        at = jnp.asarray(x).at[_at(axis % x.ndim, i)]
         # set: distinct slabs, as the hint says (jax's grad of a plain set
-        # cannot resolve the sharding of its internal ids on Explicit meshes)
-        return at.set(u, mode="drop", unique_indices=True) if mode == "set" else \
-            at.add(u, mode="drop")
+        # cannot resolve the sharding of its internal ids on Explicit meshes),
+        # sub-byte dtypes through _SUB_BYTE_WIDE
+        if mode == "add":
+            return jnp.asarray(x).at[_at(axis % x.ndim, i)].add(u, mode="drop")
+        x = jnp.asarray(x)
+        wide = _SUB_BYTE_WIDE.get(x.dtype.name, x.dtype)
+        at = x.astype(wide).at[_at(axis % x.ndim, i)]
+        return at.set(jnp.asarray(u).astype(wide), mode="drop", unique_indices=True).astype(x.dtype)
 
     return Case(
         op=f"scatter-{mode}", dtype=np.dtype(dtype), args=draw(rng),
@@ -626,18 +642,9 @@ def _on_mesh(local, spec):
     return run
 
 
-# XLA's CPU collective-permute overruns the buffers of sub-byte dtypes
-# (AddressSanitizer: heap-buffer-overflow in InProcessCommunicator::
-# CollectivePermute, reading and writing 2-6 bytes of 1-2 byte blocks, jaxlib
-# 0.10.2; glibc's heap checks aborted jax 0.11.2 on the GPU machine): the
-# reference moves them as these wider types, which hold their values exactly.
-_PPERMUTE_REF_WIDE = {"int2": np.int8, "int4": np.int8, "uint2": np.uint8, "uint4": np.uint8,
-                      "float4_e2m1fn": np.float32}
-
-
 def _lax_ppermute(b, perm):
-    """lax.ppermute over MESH_AXES, sub-byte dtypes through _PPERMUTE_REF_WIDE."""
-    wide = _PPERMUTE_REF_WIDE.get(b.dtype.name)
+    """lax.ppermute over MESH_AXES, sub-byte dtypes through _SUB_BYTE_WIDE."""
+    wide = _SUB_BYTE_WIDE.get(b.dtype.name)
     if wide is None:
         return lax.ppermute(b, MESH_AXES, perm)
     return lax.ppermute(b.astype(wide), MESH_AXES, perm).astype(b.dtype)

@@ -100,10 +100,18 @@ def _run(mode: str, count: int, rng, timeout_s: float | None = None,
     return outputs
 
 
+def _exits(outputs) -> str:
+    """Each process's exit status and the end of its output: where one fails,
+    the first to fail is often another, whose output says why."""
+    return "\n".join(f"process {pid} exited {status}:\n{out[-3000:]}"
+                     for pid, (status, out) in enumerate(outputs))
+
+
 @pytest.mark.parametrize("count", [2, 3, 4])
 def test_processes_match_lax_ppermute(rng, count):
-    for pid, (status, out) in enumerate(_run("check", count, rng)):
-        assert status == 0, f"process {pid} exited {status}:\n{out[-4000:]}"
+    outputs = _run("check", count, rng)
+    for pid, (status, out) in enumerate(outputs):
+        assert status == 0, _exits(outputs)
         assert f"process {pid}: ok" in out, out[-4000:]
         assert ("jax_tma: jax_tma.ppermute over ('i',) at " in out
                 and f"jax_tma_ppermute (cpu blocks over the process link between {2 * count} "
@@ -115,7 +123,7 @@ def _survivors_failed(outputs, *, within_s: float, skip=(1,)):
     for pid, (status, out) in enumerate(outputs):
         if pid in skip:
             continue
-        assert status == 0, f"process {pid} exited {status}:\n{out[-4000:]}"
+        assert status == 0, _exits(outputs)
         assert f"process {pid}: ok" in out, out[-4000:]
         took = float(out.split(f"process {pid}: failed after ")[1].split(" s")[0])
         assert took < within_s, out[-4000:]
@@ -267,7 +275,7 @@ def _refused_every_forgery(outputs, intruder: _Intruder, why: str) -> None:
     it passed (ppermute_process.py checks that)."""
     assert intruder.status == 0, f"the intruder exited {intruder.status}"
     for pid, (status, out) in enumerate(outputs):
-        assert status == 0, f"process {pid} exited {status}:\n{out[-4000:]}"
+        assert status == 0, _exits(outputs)
         assert f"process {pid}: ok" in out, out[-4000:]
         logged = [line for line in out.splitlines() if line.startswith("WARNING jax_tma: ")]
         refused = (f"WARNING jax_tma: the jax_tma process link refused a connection "
@@ -309,8 +317,9 @@ def shared_gpu():
 
 @pytest.mark.parametrize("count", [pytest.param(2, marks=pytest.mark.quick), 3, 4])
 def test_processes_sharing_a_gpu_move_blocks_gpu_to_gpu(rng, shared_gpu, count):
-    for pid, (status, out) in enumerate(_run("check", count, rng, platform="gpu")):
-        assert status == 0, f"process {pid} exited {status}:\n{out[-4000:]}"
+    outputs = _run("check", count, rng, platform="gpu")
+    for pid, (status, out) in enumerate(outputs):
+        assert status == 0, _exits(outputs)
         assert f"process {pid}: ok" in out, out[-4000:]
         assert (f"jax_tma_ppermute (cuda peer copies between {count} devices of {count} "
                 f"processes {list(range(count))}" in out), out[-4000:]
@@ -318,8 +327,9 @@ def test_processes_sharing_a_gpu_move_blocks_gpu_to_gpu(rng, shared_gpu, count):
 
 
 def test_a_loop_across_processes_replays_from_command_buffers(rng, shared_gpu):
-    for pid, (status, out) in enumerate(_run("replay", 2, rng, platform="gpu")):
-        assert status == 0, f"process {pid} exited {status}:\n{out[-4000:]}"
+    outputs = _run("replay", 2, rng, platform="gpu")
+    for pid, (status, out) in enumerate(outputs):
+        assert status == 0, _exits(outputs)
         assert f"process {pid}: ok" in out, out[-4000:]
 
 
@@ -327,8 +337,9 @@ def test_compile_and_free_cycles_release_what_the_transport_holds(rng, shared_gp
     # 1000 new executables, each set up at its first call and freed: the
     # participants, mailboxes, VA reservations, mappings and descriptors
     # stay as they were after the first 10.
-    for pid, (status, out) in enumerate(_run("cycles", 2, rng, platform="gpu")):
-        assert status == 0, f"process {pid} exited {status}:\n{out[-4000:]}"
+    outputs = _run("cycles", 2, rng, platform="gpu")
+    for pid, (status, out) in enumerate(outputs):
+        assert status == 0, _exits(outputs)
         assert f"process {pid}: ok" in out, out[-4000:]
 
 
