@@ -165,6 +165,16 @@ def test_report_collects_a_render_module_per_benchmark_module():
     assert len(set(ranks)) == len(ranks), ranks
 
 
+def test_every_result_is_of_a_family():
+    # report.py tells a result's staleness by its family: the FAMILY of its
+    # render module, or the module's name (render_<family>.py).
+    for module in report._MODULES:
+        for op in module.RENDERERS:
+            assert report.family_of(op) in report.families(), (
+                f"benchmarks/{module.__name__}.py renders {op}, whose family "
+                f"{report.family_of(op)!r} is not in ffi/families.inc: set FAMILY")
+
+
 def test_report_needs_neither_jax_nor_jax_tma():
     # report.py, tables.py and the render modules render on any machine.
     code = ("import sys, report; "
@@ -531,6 +541,79 @@ def test_an_unmeasured_change_is_named_and_bounded(tmp_path, monkeypatch):
         {"commit": "c0ffee", "changes": [{"path": "jax_tma/_copy.py"}]}))
     with pytest.raises(report.StaleResults, match=r"changes after c0ffee, but the results are"):
         report.check_fresh(results)
+
+
+_FAMILY_CODE = {
+    "ffi/families.inc": '#ifndef JAX_TMA_FAMILY\n#endif\n#include "copy/manifest.inc"\n'
+                        '#include "im2col/manifest.inc"\n',
+    "ffi/common.h": "int Shared();\n",
+    "ffi/copy/bulk_copy.cu": '#include "common.h"\nint Size() { return 16; }\n',
+    "ffi/im2col/im2col_cpu.cc": '#include "common.h"\nint Taps() { return 9; }\n',
+    "jax_tma/_copy.py": "def copy(x):\n    return x\n",
+    "jax_tma/_im2col.py": "def im2col(x):\n    return x\n",
+    "jax_tma/__init__.py": "from jax_tma._copy import copy\nfrom jax_tma._im2col import im2col\n"
+                           '__all__ = ["copy", "im2col"]\n',
+    "tests/families/copy.py": 'MODULES = ("jax_tma._copy",)\n',
+    "tests/families/im2col.py": 'MODULES = ("jax_tma._im2col",)\n',
+}
+
+
+def test_a_change_stales_the_results_of_the_families_that_run_through_it(tmp_path,
+                                                                         monkeypatch):
+    """Results of two families (tune-bulk: copy's, im2col): a change to one
+    family's sources or modules, or a new family, leaves the other's fresh;
+    the shared core stales both, and so does a family that starts to run
+    through another (an import of its module, an include of its header)."""
+    repo = tmp_path / "repo"
+    for path, text in _FAMILY_CODE.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "code")
+    measured = _git(repo, "rev-parse", "HEAD")
+    results = repo / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    for op in ("tune-bulk", "im2col"):
+        (results / f"{op}_h100_2026-11-25.json").write_text(json.dumps(
+            {"op": op, "smoke": False,
+             "provenance": {"commit": measured, "dirty": False, "devices": ["H100"],
+                            "versions": {"jax": "0"}, "date": "2026-11-25T00:00:00"}}))
+    monkeypatch.setattr(report, "ROOT", str(repo))
+
+    def commit(changes, what):
+        for path, text in changes.items():
+            (repo / path).parent.mkdir(parents=True, exist_ok=True)
+            (repo / path).write_text(text)
+        _git(repo, "add", ".")
+        _git(repo, "commit", "-qm", what)
+        return {f: report.changed_since(measured, f) for f in ("copy", "im2col")}
+
+    assert report.family_of("tune-bulk") == "copy"
+    assert commit({"ffi/im2col/im2col_cpu.cc": '#include "common.h"\nint Taps() { return 4; }\n',
+                   "jax_tma/_im2col.py": "def im2col(x):\n    return -x\n"}, "im2col only") == {
+        "copy": [], "im2col": ["ffi/im2col/im2col_cpu.cc", "jax_tma/_im2col.py"]}
+    with pytest.raises(report.StaleResults, match=r"\(benchmarks/results/im2col_h100_2026-11-25"
+                                                  r"\.json\) are stale: ffi/im2col/im2col_cpu.cc"):
+        report.check_fresh(report.load_results(str(results)))
+    # A new family: its folder, module and descriptor, and its lines in the lists.
+    new = commit({"ffi/fill/fill_cpu.cc": "int Fill();\n", "jax_tma/_fill.py": "def fill(x):\n"
+                  "    return x\n", "tests/families/fill.py": 'MODULES = ("jax_tma._fill",)\n',
+                  "ffi/families.inc": _FAMILY_CODE["ffi/families.inc"]
+                  + '#include "fill/manifest.inc"\n',
+                  "jax_tma/__init__.py": "from jax_tma._copy import copy\nfrom jax_tma._fill "
+                  "import fill\nfrom jax_tma._im2col import im2col\n"
+                  '__all__ = ["copy", "fill", "im2col"]\n'}, "a new family")
+    assert new["copy"] == []
+    assert "ffi/families.inc" in report.changed_since(measured)  # all families: the sanitizer's
+    # copy starts to run through im2col's module, then the shared core changes.
+    assert commit({"jax_tma/_copy.py": "from jax_tma._im2col import im2col\n\n\ndef copy(x):\n"
+                   "    return x\n"}, "copy imports im2col")["copy"] == [
+        "ffi/im2col/im2col_cpu.cc", "jax_tma/_copy.py", "jax_tma/_im2col.py"]
+    assert commit({"ffi/common.h": "int Shared(int);\n"}, "core")["im2col"][0] == "ffi/common.h"
+    assert report.runs_through("im2col") == {"im2col"}
+    (repo / "ffi" / "im2col" / "im2col_cpu.cc").write_text('#include "copy/copy_launch.h"\n')
+    assert report.runs_through("im2col") == {"im2col", "copy"}
 
 
 def test_code_of_keeps_strings_and_drops_comments():

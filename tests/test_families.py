@@ -104,6 +104,16 @@ def test_every_op_is_in_the_modules_its_descriptor_names(family):
         assert where in modules, f"{family}: jax_tma.{op} is in {where}, not in MODULES {modules}"
 
 
+def test_a_module_is_one_familys():
+    """benchmarks/report.py gives a module's changes to the family that names
+    it (and to those that import it)."""
+    named: dict[str, str] = {}
+    for family, d in families.DESCRIPTORS.items():
+        for module in getattr(d, "MODULES", ()):
+            assert module not in named, f"{module} is in the MODULES of {named[module]} and {family}"
+            named[module] = family
+
+
 @pytest.mark.parametrize("family", sorted(_FAMILIES))
 def test_every_family_has_mode_test_ops(family):
     assert _descriptor(family).OPS, f"{family}: tests/families/{family}.py's OPS is empty"

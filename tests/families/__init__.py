@@ -3,9 +3,10 @@ that the extension reports (_jax_tma.families(), the order of
 ffi/families.inc). The shared tests iterate over them and name no family;
 each descriptor defines
 
-  MODULES    the jax_tma modules its ops run through ("jax_tma._window"):
-             benchmarks/report.py reads this line as text (no import) to
-             tell which results a change of code makes stale
+  MODULES    the jax_tma modules of its ops ("jax_tma._window"), each the
+             module of one family: benchmarks/report.py reads this line as
+             text (no import) to tell which results a change of code makes
+             stale
   SPECS      {target: fuzz.Spec}: the FFI fuzz of each of its targets
              (test_ffi_fuzz.py)
   CPU_CALLS  {op: paths.CpuCall}: one call of each op of its targets

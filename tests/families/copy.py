@@ -16,7 +16,7 @@ from ops_table import Case, Op, dim_size, dims_spec, extra_rank
 from paths import CpuCall
 from reference import ALL_DTYPES, random_array
 
-MODULES = ("jax_tma._copy", "jax_tma._window")
+MODULES = ("jax_tma._copy",)
 
 
 # ---- the FFI fuzz -----------------------------------------------------------------
