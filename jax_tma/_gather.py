@@ -20,7 +20,7 @@ from jax_tma._gather_common import (GatherMethod, METHODS, adds_natively, as_ind
                                     bind_gather, bind_scatter, by_group, check_tma_slab, distinct,
                                     factors, gather_local_p, gather_p, gathered_shape, lead_spec,
                                     like, partitioned, resharded, sharding_rule, shardings,
-                                    zero_fill, zero_tangent, zeros_of)
+                                    with_tma_check, zero_fill, zero_tangent, zeros_of)
 
 _OP = "jax_tma.gather"
 
@@ -179,12 +179,6 @@ def _lowering_rule(ctx, indices, *xs, axis, batch, fills, method):
     return mlir.lower_fun(fn, multiple_results=True)(ctx, indices, *xs)
 
 
-def _cuda_lowering(ctx, *args, method, **params):
-    if method == "tma":
-        _checks.require_tma(_OP, method)
-    return _lowering_rule(ctx, *args, method=method, **params)
-
-
 # ---- vmap: the vmapped dim becomes a batch dim or an outer dim ---------------
 
 def _batcher(args, dims, *, axis, batch, fills, method):
@@ -256,7 +250,8 @@ def _transpose(cts, indices, *xs, axis, batch, fills, method):
 
 # ---- registration -----------------------------------------------------------
 
-_lowering.register(gather_p, _abstract, {"cpu": _lowering_rule, "cuda": _cuda_lowering},
+_lowering.register(gather_p, _abstract,
+                   {"cpu": _lowering_rule, "cuda": with_tma_check(_OP, _lowering_rule)},
                    batcher=_batcher)
 _lowering.register(gather_local_p, _abstract, _local_lowering, jitted=False)
 _lowering.require_devices_during_lowering(gather_p)

@@ -235,6 +235,16 @@ def sharding_rule(*operands, results) -> str:
     return f"{join(operands)} -> {join(results)}"
 
 
+def with_tma_check(op: str, rule):
+    """The CUDA lowering of `rule`: a forced method='tma' first needs a GPU
+    with TMA (an error naming `op` otherwise)."""
+    def cuda(ctx, *args, method, **params):
+        if method == "tma":
+            _checks.require_tma(op, method)
+        return rule(ctx, *args, method=method, **params)
+    return cuda
+
+
 def partitioned(ctx) -> bool:
     """Whether the call is lowered through custom_partitioning: a program on
     several devices, with static shapes (symbolic dims of a

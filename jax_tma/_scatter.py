@@ -24,7 +24,7 @@ from jax_tma._gather_common import (GatherMethod, METHODS, adds_natively, as_ind
                                     bind_gather, bind_scatter, by_group, check_tma_slab, distinct,
                                     factors, gathered_shape, halves, lead_spec, like, partitioned,
                                     resharded, scatter_local_p, scatter_p, sharding_rule,
-                                    shardings, zero_fill, zero_tangent, zeros_of)
+                                    shardings, with_tma_check, zero_fill, zero_tangent, zeros_of)
 
 ScatterMode = Literal["set", "add"]
 _MODES = ("set", "add")
@@ -415,12 +415,6 @@ def _lowering_rule(ctx, indices, *operands, axis, batch, mode, deterministic, me
     return mlir.lower_fun(fn, multiple_results=True)(ctx, indices, *operands)
 
 
-def _cuda_lowering(ctx, *args, method, **params):
-    if method == "tma":
-        _checks.require_tma(_OP, method)
-    return _lowering_rule(ctx, *args, method=method, **params)
-
-
 # ---- vmap: the vmapped dim becomes a batch dim or an outer dim ---------------
 
 def _front(a, d, size, to):
@@ -508,7 +502,8 @@ def _transpose(cts, indices, *operands, axis, batch, mode, deterministic, method
 
 # ---- registration -----------------------------------------------------------
 
-_lowering.register(scatter_p, _abstract, {"cpu": _lowering_rule, "cuda": _cuda_lowering},
+_lowering.register(scatter_p, _abstract,
+                   {"cpu": _lowering_rule, "cuda": with_tma_check(_OP, _lowering_rule)},
                    batcher=_batcher)
 _lowering.register(scatter_local_p, _local_abstract, _local_lowering, jitted=False)
 _lowering.require_devices_during_lowering(scatter_p)

@@ -53,7 +53,7 @@ def explicit_mesh() -> Mesh:
     return cpu_mesh(axis_type=AxisType.Explicit)
 
 
-# The 2 x 4 mesh that ppermute's cases permute over, and the spec that splits
+# The 2 x 4 mesh that a collective's cases permute over, and the spec that splits
 # a batch dim over all 8 of its devices.
 MESH_AXES = ("a", "b")
 BATCH = P(MESH_AXES)

@@ -439,26 +439,38 @@ def _git(repo, *args):
                                            "GIT_COMMITTER_EMAIL": "t@t"}).stdout.strip()
 
 
-def _measured_checkout(tmp_path, monkeypatch, code):
-    """A checkout of its own: `code`, results of its first commit, a README
-    rendered from them -> (repo, the results' commit, report.py's --check
-    arguments)."""
+def _committed_repo(tmp_path, files: dict[str, str]):
+    """A git repo of `files` ({path: text}) in one commit, and results of
+    that commit's code in its benchmarks/results/ (write_measured) ->
+    (repo, the commit)."""
     repo = tmp_path / "repo"
-    rendering = {"benchmarks/report.py": "X = 1\n", "benchmarks/tables.py": "X = 1\n",
-                 "benchmarks/render_copy.py": "X = 1\n"}
-    for path, text in {**code, "docs/index.md": "one", **rendering}.items():
+    for path, text in files.items():
         (repo / path).parent.mkdir(parents=True, exist_ok=True)
         (repo / path).write_text(text)
     _git(repo, "init", "-q")
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "code")
-    measured = _git(repo, "rev-parse", "HEAD")
-    result = {"op": "tune-bulk", "summary": [], "smoke": False,
-              "provenance": {"commit": measured, "dirty": False, "devices": ["H100"],
+    (repo / "benchmarks" / "results").mkdir(parents=True)
+    return repo, _git(repo, "rev-parse", "HEAD")
+
+
+def _write_measured(repo, op: str, commit: str) -> None:
+    """A result of `op` measured at `commit`, in repo's benchmarks/results/."""
+    result = {"op": op, "summary": [], "smoke": False,
+              "provenance": {"commit": commit, "dirty": False, "devices": ["H100"],
                              "versions": {"jax": "0"}, "date": "2026-11-25T00:00:00"}}
-    (repo / "benchmarks" / "results").mkdir()
-    (repo / "benchmarks" / "results" / "tune-bulk_h100_2026-11-25.json").write_text(
+    (repo / "benchmarks" / "results" / f"{op}_h100_2026-11-25.json").write_text(
         json.dumps(result))
+
+
+def _measured_checkout(tmp_path, monkeypatch, code):
+    """A checkout of its own: `code`, results of its first commit, a README
+    rendered from them -> (repo, the results' commit, report.py's --check
+    arguments)."""
+    rendering = {"benchmarks/report.py": "X = 1\n", "benchmarks/tables.py": "X = 1\n",
+                 "benchmarks/render_copy.py": "X = 1\n"}
+    repo, measured = _committed_repo(tmp_path, {**code, "docs/index.md": "one", **rendering})
+    _write_measured(repo, "tune-bulk", measured)
     monkeypatch.setattr(report, "ROOT", str(repo))
     args = ["--check", "--results", str(repo / "benchmarks" / "results"),
             "--readme", str(repo / "README.md")]
@@ -564,21 +576,10 @@ def test_a_change_stales_the_results_of_the_families_that_run_through_it(tmp_pat
     family's sources or modules, or a new family, leaves the other's fresh;
     the shared core stales both, and so does a family that starts to run
     through another (an import of its module, an include of its header)."""
-    repo = tmp_path / "repo"
-    for path, text in _FAMILY_CODE.items():
-        (repo / path).parent.mkdir(parents=True, exist_ok=True)
-        (repo / path).write_text(text)
-    _git(repo, "init", "-q")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-qm", "code")
-    measured = _git(repo, "rev-parse", "HEAD")
+    repo, measured = _committed_repo(tmp_path, _FAMILY_CODE)
     results = repo / "benchmarks" / "results"
-    results.mkdir(parents=True)
     for op in ("tune-bulk", "im2col"):
-        (results / f"{op}_h100_2026-11-25.json").write_text(json.dumps(
-            {"op": op, "smoke": False,
-             "provenance": {"commit": measured, "dirty": False, "devices": ["H100"],
-                            "versions": {"jax": "0"}, "date": "2026-11-25T00:00:00"}}))
+        _write_measured(repo, op, measured)
     monkeypatch.setattr(report, "ROOT", str(repo))
 
     def commit(changes, what):

@@ -35,7 +35,7 @@ def _forward_and_vjp(case):
 
 
 def _placed(case, args):
-    """Arguments as the call takes them: ppermute's on the 2 x 4 mesh, its
+    """Arguments as the call takes them: a collective's on the 2 x 4 mesh, its
     blocks split along dim 0 (the exported shard_map's devices)."""
     if not case.collective:
         return args
@@ -89,7 +89,7 @@ def test_serialized_export_round_trip(rng, name, shapes):
     f = _forward_and_vjp(case)
     targets = ffi_targets(f, *_placed(case, (ct,) + case.args))
     assert targets or case.collective, "no jax_tma FFI call in the program"
-    # ppermute's program runs on the host devices' mesh, also on a GPU machine
+    # A collective's program runs on the host devices' mesh, also on a GPU machine
     platforms = ("cpu",) if case.collective else None
     exp = jax.export.export(jax.jit(f), platforms=platforms,
                             disabled_checks=disabled_checks(targets))(*_specs(case, ct, shapes))

@@ -58,24 +58,6 @@ IM2COL_EMPTY_CASES = [
 IM2COL_EMPTY_IDS = [f"{len(c[0]) - 2}d-{'x'.join(map(str, c[5]))}" for c in IM2COL_EMPTY_CASES]
 
 
-# (x shape, kernel, strides, dilation, padding, lax's patch shape): some
-# spatial output dim is 0 where the dilated kernel spans more pixels than the
-# padded input has; lax.conv_general_dilated_patches returns an empty array.
-IM2COL_EMPTY_CASES = [
-    ((2, 3, 4, 5, 5), 3, 1, 2, "VALID", (2, 0, 0, 1, 135)),            # the issue's case
-    ((2, 4, 3), 5, 1, 1, "VALID", (2, 0, 15)),                        # 1D
-    ((1, 2, 3), 3, 3, 2, ((1, 0),), (1, 0, 9)),                       # 1D, padded, strided
-    ((3, 2, 4), 7, 2, 3, "VALID", (3, 0, 28)),                        # 1D, kernel 19 > 2
-    ((2, 5, 3, 2), (2, 3), 1, (1, 2), ((0, 0), (1, 0)), (2, 4, 0, 12)),  # 2D, last dim empty
-    ((1, 2, 6, 3), (3, 2), (2, 1), 1, ((0, 0), (1, 1)), (1, 0, 7, 18)),  # 2D, first dim empty
-    ((2, 5, 4, 5, 2), (2, 3, 2), 1, (1, 2, 1), ((1, 0), (0, 0), (0, 1)),
-     (2, 5, 0, 5, 24)),                                               # 3D, middle dim empty
-    ((1, 1, 1, 1, 4), 2, 1, 1, "VALID", (1, 0, 0, 0, 32)),             # 3D, every dim empty
-    ((2, 0, 3), 3, 1, 1, "SAME", (2, 0, 9)),                           # empty input, SAME
-]
-IM2COL_EMPTY_IDS = [f"{len(c[0]) - 2}d-{'x'.join(map(str, c[5]))}" for c in IM2COL_EMPTY_CASES]
-
-
 def im2col_reference(x, kernel, strides, pads, dilation, order="tap_major",
                      fill=None) -> np.ndarray:
     """NumPy jax_tma.im2col: (N, *S, C) -> (N, *O, K * C). Padded pixels hold
