@@ -10,12 +10,13 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import ops_table as T
-from families import OP_NAMES, build
+from families import BY_NAME, OP_NAMES, build
 from reference import assert_bits_equal
 
 REPLICATION_ERROR = "out_specs which require replication"
 # ops with an index operand (starts, indices), which may vary while x does not
-INDEXED = tuple(n for n in OP_NAMES if build(n, np.random.default_rng(0)).index is not None)
+INDEXED = tuple(n for n in OP_NAMES
+                if BY_NAME[n].build(np.random.default_rng(0), np.dtype(np.float32)).index is not None)
 
 
 @pytest.fixture(scope="module")
