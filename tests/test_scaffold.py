@@ -2,10 +2,11 @@
 CPU-only family `fill` (jax_tma.fill: jnp.full_like, bit for bit): its own
 files, and its lines in the shared files the guide names and no others;
 then the extension built without CUDA and the tests that the shared test
-files and the family's descriptor generate for it, run against that build;
-and no benchmark result of another family goes stale. A step of the guide
-that no longer holds (a file it must touch beyond those, a descriptor name
-it does not give) fails here.
+files and the family's descriptor generate for it (each shared file must
+make some), run against that build; and no benchmark result of another
+family goes stale. A step of the guide that no longer holds (a file it must
+touch beyond those, a descriptor name it does not give, a shared test that
+keeps its own list of families) fails here.
 
 It builds the extension (the CPU handlers: under a minute on 2 cores) and
 runs a pytest of its own, so it runs only where JAX_TMA_SCAFFOLD=1, with
@@ -331,12 +332,16 @@ SHARED = {
                                      "One page per op family — [fill](docs/ops/fill.md), ", 1),
 }
 
-# What the family's tests are, of the shared test files and its own: those
-# whose id names it, and the files that check every family as a whole.
-TESTS = ["tests/test_families.py", "tests/test_paths.py", "tests/test_ffi_fuzz.py",
-         *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("tests/test_mode_*.py")),
-         "tests/test_sharding.py", "tests/test_fill.py", "tests/test_docs.py",
-         "tests/test_docs_site.py", "tests/test_readme.py"]
+# The shared test files that make tests of every family (each must make some
+# of fill's: one that keeps a list of its own would not), and what of them,
+# its own file's and the README's runs: the tests whose id names the family,
+# and the files that check every family as a whole.
+GENERATING = ["tests/test_families.py", "tests/test_paths.py", "tests/test_ffi_fuzz.py",
+              *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("tests/test_mode_*.py")
+                      if p.name != "test_mode_int_dtypes.py"),
+              "tests/test_sharding.py", "tests/test_multi_gpu.py", "tests/test_docs.py",
+              "tests/test_docs_site.py"]
+TESTS = [*GENERATING, "tests/test_fill.py", "tests/test_readme.py"]
 SELECTED = "fill or test_families or test_paths or test_docs_site or registered or links"
 
 
@@ -405,9 +410,13 @@ def test_a_cpu_only_family_made_as_the_guide_says(tmp_path, monkeypatch):
     shutil.copy2(modules[0], tree / "jax_tma")
 
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_TMA_SCAFFOLD", "PYTHONPATH")}
-    ran = _run([sys.executable, "-P", "-m", "pytest", *TESTS, "-k", SELECTED, "-n", "2", "-q",
-                "-p", "no:cacheprovider"], tree, env={**env, "PYTHONPATH": str(tree),
-                                                      "JAX_PLATFORMS": "cpu"}, timeout=600)
+    env.update(PYTHONPATH=str(tree), JAX_PLATFORMS="cpu")
+    pytest_args = [sys.executable, "-P", "-m", "pytest", "-p", "no:cacheprovider", "-q"]
+    found = _run([*pytest_args, "--collect-only", *GENERATING, "-k", "fill"], tree, env=env,
+                 timeout=300).stdout
+    for path in GENERATING:
+        assert f"{path}::" in found, f"{path} makes no test of a new family"
+    ran = _run([*pytest_args, *TESTS, "-k", SELECTED, "-n", "2"], tree, env=env, timeout=600)
     summary = ran.stdout.strip().splitlines()[-1]
     assert " passed" in summary and "failed" not in summary, ran.stdout[-4000:]
 
