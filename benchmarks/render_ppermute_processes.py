@@ -10,6 +10,9 @@ from typing import Any
 
 from tables import MIB, size_text
 
+# The family whose code these results measure (report.py's staleness).
+FAMILY = "ppermute"
+
 _LAYOUTS = {
     "shared": "both processes on one GPU, without MPS (the GPU time-slices their contexts)",
     "per_gpu": "one GPU each (`jax.distributed.initialize(local_device_ids=[i])`, both GPUs "

@@ -7,6 +7,10 @@ from typing import Any
 
 from tables import size_text
 
+# The family whose code these results measure (report.py's staleness): the
+# sweep times copy's bulk kernel.
+FAMILY = "copy"
+
 
 def render_tune_bulk(r: dict[str, Any]) -> str:
     lines = ["| size | shapes swept | best shape | best TB/s | shipped shape (schedule) | "

@@ -12,9 +12,10 @@ between `<!-- bench:OP -->` and `<!-- /bench:OP -->`: one op's tables (the
 op pages of docs/ops/), or a section drawn from several results (DERIVED:
 the README's headline table, docs/benchmarks.md's build);
 everything between them is this script's output. The results must be one
-file per op, from one commit, clean and not smoke runs, and that commit's
-measured code (WATCHED, comments and docstrings aside) must be HEAD's; a file written before results
-recorded their provenance is rendered as such.
+file per op, from one commit, clean and not smoke runs, and the code that
+a result measures (comments and docstrings aside) must be HEAD's: its op
+family's (runs_through), the shared core's, and its benchmark module's; a
+file written before results recorded their provenance is rendered as such.
 
 What an op's section, headline row and plot say comes from the
 render_<name>.py module of the bench_<name>.py that writes the op's result
@@ -47,11 +48,12 @@ README = os.path.join(ROOT, "README.md")
 # Code changes after the results' commit that leave every measured program as
 # it was, each with why (see check_fresh), relative to the checkout's root.
 UNMEASURED = "benchmarks/unmeasured_changes.json"
-# The code a result measures: a change to its code (comments, docstrings and
-# layout aside) after the results' commit makes them stale (git pathspecs,
-# from the checkout's root). This script and the modules it renders with
-# (tables.py, render_*.py) only render results, and --check compares their
-# rendering with the committed README, so they are not watched.
+# The code the results measure: a change to its code (comments, docstrings
+# and layout aside) after the results' commit makes stale the results that
+# run through it (changed_since), (git pathspecs, from the checkout's root).
+# This script and the modules it renders with (tables.py, render_*.py) only
+# render results, and --check compares their rendering with the committed
+# README, so they are not watched.
 WATCHED = ("ffi", "jax_tma", "benchmarks/*.py", "benchmarks/ffi", "CMakeLists.txt",
            ":(exclude)benchmarks/report.py", ":(exclude)benchmarks/tables.py",
            ":(exclude)benchmarks/render_*.py")
@@ -135,16 +137,149 @@ def code_of(path: str, text: str) -> str:
     return " ".join(text.split())
 
 
-def changed_since(commit: str) -> list[str] | None:
+# ---- whose code a result measures: its family's and the shared core's ---------
+
+# The family list, each family's manifest line, and where a family's
+# sources include another family's header.
+_FAMILY_LINE = re.compile(r'^#include "([a-z0-9_]+)/manifest\.inc"\n', re.M)
+_FAMILY_INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z0-9_]+)/', re.M)
+FAMILY_LIST = "ffi/families.inc"
+PACKAGE_INIT = "jax_tma/__init__.py"
+
+
+def _read(path: str) -> str | None:
+    full = os.path.join(ROOT, path)
+    if not os.path.exists(full):
+        return None
+    with open(full, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def families() -> list[str]:
+    """The op families of the checkout's ffi/families.inc (none without it)."""
+    return _FAMILY_LINE.findall(_read(FAMILY_LIST) or "")
+
+
+def family_modules(family: str) -> tuple[str, ...]:
+    """The files of the jax_tma modules that the family's test descriptor
+    (tests/families/<family>.py) names in MODULES, read from its text (this
+    script runs without jax)."""
+    text = _read(f"tests/families/{family}.py")
+    for node in ast.parse(text or "").body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "MODULES"
+                                                for t in node.targets):
+            return tuple(m.replace(".", "/") + ".py" for m in ast.literal_eval(node.value))
+    return ()
+
+
+def family_of(op: str) -> str | None:
+    """The family whose code an op's result measures: the FAMILY of the
+    render module that renders it, else the module's name (render_<family>);
+    None for the sections this script renders (the sanitizer's: every
+    family's kernels)."""
+    for module in _MODULES:
+        if op in module.RENDERERS:
+            return getattr(module, "FAMILY", module.__name__.removeprefix("render_"))
+    return None
+
+
+def _imported_modules(path: str) -> set[str]:
+    """The files of the jax_tma modules that the module at `path` imports."""
+    out = set()
+    for node in ast.walk(ast.parse(_read(path) or "")):
+        if isinstance(node, ast.ImportFrom) and node.module == "jax_tma":
+            out |= {f"jax_tma/{a.name}.py" for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jax_tma."):
+            out.add(node.module.replace(".", "/") + ".py")
+    return out
+
+
+def runs_through(family: str) -> set[str]:
+    """The family and those it runs through, transitively: the families
+    whose headers its sources include (ppermute's copies are copy's
+    kernels) and those whose modules its modules import (copy's tiled
+    method is window's primitive)."""
+    known = families()
+    owner = {m: f for f in known for m in family_modules(f)}
+    out, todo = set(), [family]
+    while todo:
+        f = todo.pop()
+        if f in out:
+            continue
+        out.add(f)
+        for dirpath, _, files in os.walk(os.path.join(ROOT, "ffi", f)):
+            for name in files:
+                with open(os.path.join(dirpath, name), encoding="utf-8", errors="replace") as src:
+                    todo += [g for g in _FAMILY_INCLUDE.findall(src.read()) if g in known]
+        todo += [owner[m] for mine in family_modules(f) for m in _imported_modules(mine)
+                 if m in owner]
+    return out
+
+
+def _owners(path: str) -> set[str]:
+    """The families whose code `path` is (none: the shared core): ffi/<family>/,
+    the modules a family's descriptor names, the bench_<name>.py of a
+    family's results."""
+    known = families()
+    parts = path.split("/")
+    if parts[0] == "ffi" and len(parts) > 2 and parts[1] in known:
+        return {parts[1]}
+    owners = {f for f in known if path in family_modules(f)}
+    bench = re.fullmatch(r"benchmarks/bench_(\w+)\.py", path)
+    if bench:
+        owners |= {family_of(op) for m in _MODULES if m.__name__ == f"render_{bench[1]}"
+                   for op in m.RENDERERS}
+    return owners
+
+
+def _family_view(path: str, text: str, kept: set[str] | None) -> str:
+    """The lists that name every family (the manifest lines of
+    ffi/families.inc, the imports and __all__ of jax_tma/__init__.py) as
+    far as the families `kept` go: another family's line changes none of
+    their programs. Other files, and every family (kept None), as they are."""
+    if kept is None:
+        return text
+    if path == FAMILY_LIST:
+        return _FAMILY_LINE.sub(lambda m: m[0] if m[1] in kept else "", text)
+    if path != PACKAGE_INIT:
+        return text
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text
+    others = {m for f in families() if f not in kept for m in family_modules(f)} - {
+        m for f in kept for m in family_modules(f)}
+    dropped: set[str] = set()
+    body = []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and \
+                f"{(node.module or '').replace('.', '/')}.py" in others:
+            dropped |= {a.asname or a.name for a in node.names}
+            continue
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.List, ast.Tuple)) and \
+                any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            node.value.elts = [e for e in node.value.elts
+                               if not (isinstance(e, ast.Constant) and e.value in dropped)]
+        body.append(node)
+    tree.body = body
+    return ast.unparse(tree)
+
+
+def changed_since(commit: str, family: str | None = None) -> list[str] | None:
     """The WATCHED paths whose code (code_of) differs between `commit` and
-    HEAD of the checkout at ROOT; None where git or that commit is not
-    there."""
+    HEAD of the checkout at ROOT, as far as the results of `family` run
+    through them (the shared core and runs_through(family); None: every
+    family's); None where git or that commit is not there."""
     names = _git_out("diff", "--name-only", commit, "HEAD", "--", *WATCHED)
     if names is None:
         return None
+    kept = None if family is None else runs_through(family)
     changed = []
     for path in names.split():
-        if not same_code(path, commit):
+        owners = _owners(path)
+        if kept is not None and owners and not owners & kept:
+            continue
+        if not same_code(path, commit, kept):
             changed.append(path)
     return changed
 
@@ -162,10 +297,12 @@ def load_unmeasured() -> dict[str, Any]:
         return json.load(f)
 
 
-def same_code(path: str, commit: str) -> bool:
-    """Whether `path` has the same code (code_of) at `commit` as at HEAD."""
+def same_code(path: str, commit: str, kept: set[str] | None = None) -> bool:
+    """Whether `path` has the same code (code_of) at `commit` as at HEAD, as
+    far as the families `kept` go (_family_view; None: all)."""
     old, new = _git_out("show", f"{commit}:{path}"), _git_out("show", f"HEAD:{path}")
-    return old is not None and new is not None and code_of(path, old) == code_of(path, new)
+    return old is not None and new is not None and \
+        code_of(path, _family_view(path, old, kept)) == code_of(path, _family_view(path, new, kept))
 
 
 def record_unmeasured(results: dict[str, tuple[str, dict[str, Any]]], path: str,
@@ -185,11 +322,12 @@ def record_unmeasured(results: dict[str, tuple[str, dict[str, Any]]], path: str,
 
 
 def check_fresh(results: dict[str, tuple[str, dict[str, Any]]]) -> None:
-    """Raises StaleResults unless the measured code (WATCHED) is the same at
-    every result's commit as at HEAD, but for the changes that UNMEASURED
-    lists with their code as it is at HEAD (any later change to such a file
-    makes the results stale again; an entry for other results, or for a
-    file whose code did not change, is an error too)."""
+    """Raises StaleResults unless the code each result measures (its
+    family's, the shared core's: changed_since) is the same at the result's
+    commit as at HEAD, but for the changes that UNMEASURED lists with their
+    code as it is at HEAD (any later change to such a file makes the
+    results stale again; an entry for other results, or for a file whose
+    code did not change, is an error too)."""
     listed = load_unmeasured()
     for commit, paths in _commits(results).items():
         changed = changed_since(commit)
@@ -205,11 +343,18 @@ def check_fresh(results: dict[str, tuple[str, dict[str, Any]]]) -> None:
             raise StaleResults(f"{UNMEASURED} lists {', '.join(leftover)}, whose code is that of "
                                f"{commit[:10]}: take the entries out")
         excused = {c["path"] for c in entries if same_code(c["path"], c["code_at"])}
-        changed = [p for p in changed if p not in excused]
-        if changed:
+        stale, why = [], []
+        for path, r in results.values():
+            if (r.get("provenance") or {}).get("commit") != commit:
+                continue
+            own = [p for p in changed_since(commit, family_of(r["op"])) if p not in excused]
+            if own:
+                stale.append(path)
+                why += [p for p in own if p not in why]
+        if stale:
             raise StaleResults(
-                f"the results of {commit[:10]} ({', '.join(paths)}) are stale: "
-                f"{', '.join(changed[:12])}{' ...' if len(changed) > 12 else ''} changed since; "
+                f"the results of {commit[:10]} ({', '.join(stale)}) are stale: "
+                f"{', '.join(why[:12])}{' ...' if len(why) > 12 else ''} changed since; "
                 f"run the benchmarks again (scripts/gpu_check.sh bench) and benchmarks/report.py")
 
 

@@ -45,8 +45,9 @@ struct FillPattern {
 
 // The pattern of output `i` of `n` from the "fill" attribute, checked to be
 // one element of `elem_bytes` repeated (the caller of an n-table op names
-// the table in the error).
-inline ffi::Error DecodeFill(std::string_view op, ffi::Span<const int64_t> fill, size_t i,
+// the table in the error). Parse*, as ParseMethod: Decode<Op> is each
+// family's own name (an op called fill has DecodeFill).
+inline ffi::Error ParseFill(std::string_view op, ffi::Span<const int64_t> fill, size_t i,
                              size_t n, int64_t elem_bytes, FillPattern* out) {
   if (fill.size() != 2 * n) {
     return InvalidArgument(op, "fill holds ", fill.size(), " int64 words; expected 2 per output, ",

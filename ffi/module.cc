@@ -37,7 +37,7 @@ NB_MODULE(_jax_tma, m) {
   // Every target, state type and path of the family list (families.inc).
   m.def("cpu_registrations", []() {
     nb::dict d;
-#define JAX_TMA_TARGET(Name, target) d[target] = Capsule(JaxTma##Name##Cpu);
+#define JAX_TMA_CPU_TARGET(Name, target) d[target] = Capsule(JaxTma##Name##Cpu);
 #include "families.inc"
     return d;
   });
@@ -45,7 +45,7 @@ NB_MODULE(_jax_tma, m) {
   m.def("cuda_registrations", []() {
     nb::dict d;
 #if JAX_TMA_WITH_CUDA
-#define JAX_TMA_TARGET(Name, target) d[target] = Capsule(JaxTma##Name##Cuda);
+#define JAX_TMA_CUDA_TARGET(Name, target) d[target] = Capsule(JaxTma##Name##Cuda);
 #include "families.inc"
     // A target with an instantiate stage registers both stages.
 #define JAX_TMA_CUDA_INSTANTIATE(Name, target)                          \
@@ -77,26 +77,32 @@ NB_MODULE(_jax_tma, m) {
     return d;
   });
 
-  // Each family of the list with its FFI targets, its batch-partitionable
-  // targets and its path counters, in the list's order: what registration
-  // (jax_tma/_ffi.py) and tests/test_families.py read.
+  // Each family of the list with its FFI targets (all have a CPU handler),
+  // those of them with a CUDA handler in the manifest (built or not), its
+  // batch-partitionable targets and its path counters, in the list's order:
+  // what registration (jax_tma/_ffi.py) and the tests' family descriptors
+  // (tests/families/) read.
   m.def("families", []() {
     nb::dict d;
     nb::list targets;
+    nb::list cuda_targets;
     nb::list batch_partitionable;
     nb::list paths;
 #define JAX_TMA_FAMILY(name)                                            \
   targets = nb::list();                                                 \
+  cuda_targets = nb::list();                                            \
   batch_partitionable = nb::list();                                     \
   paths = nb::list();                                                   \
   {                                                                     \
     nb::dict family;                                                    \
     family["targets"] = targets;                                        \
+    family["cuda_targets"] = cuda_targets;                              \
     family["batch_partitionable"] = batch_partitionable;                \
     family["paths"] = paths;                                            \
     d[#name] = family;                                                  \
   }
-#define JAX_TMA_TARGET(Name, target) targets.append(target);
+#define JAX_TMA_CPU_TARGET(Name, target) targets.append(target);
+#define JAX_TMA_CUDA_TARGET(Name, target) cuda_targets.append(target);
 #define JAX_TMA_BATCH_PARTITIONABLE(target) batch_partitionable.append(target);
 #define JAX_TMA_PATH(Name, path) paths.append(path);
 #include "families.inc"

@@ -11,9 +11,10 @@ from jax_tma import _ffi
 from jax_tma._broadcast import broadcast
 from jax_tma._build_info import build_info
 from jax_tma._copy import copy
-from jax_tma._gather import gather, scatter
+from jax_tma._gather import gather
 from jax_tma._im2col import col2im, im2col
 from jax_tma._ppermute import ppermute
+from jax_tma._scatter import scatter
 from jax_tma._window import window
 
 __version__ = "0.1.0"

@@ -20,16 +20,18 @@ def build_info() -> dict[str, Any]:
       ``nvcc``, whose ops run on CPU devices only), ``cuda_archs`` (e.g.
       ``"90a-real,100a-real,90-virtual"``), ``cuda_runtime_version`` (the
       statically linked cudart, or None), ``ffi_api_version`` ((major, minor)
-      of the XLA FFI headers built against), ``jax_version`` and ``gpus``: per
-      visible CUDA device its id, name, compute capability and whether TMA is
-      usable (compute capability >= 9.0; on older GPUs ``method="auto"``
-      takes the SIMT kernels, with the same results).
+      of the XLA FFI headers built against), ``ffi_targets`` (the names of
+      jax_tma's FFI targets, which ``jax.export`` must be told are safe),
+      ``jax_version`` and ``gpus``: per visible CUDA device its id, name,
+      compute capability and whether TMA is usable (compute capability >= 9.0;
+      on older GPUs ``method="auto"`` takes the SIMT kernels, with the same
+      results).
 
     Examples:
       >>> import jax_tma
       >>> info = jax_tma.build_info()
       >>> sorted(info)
-      ['cuda_archs', 'cuda_compiled', 'cuda_runtime_version', 'ffi_api_version', 'gpus', 'jax_version']
+      ['cuda_archs', 'cuda_compiled', 'cuda_runtime_version', 'ffi_api_version', 'ffi_targets', 'gpus', 'jax_version']
       >>> all(isinstance(gpu["tma"], bool) for gpu in info["gpus"])
       True
     """
@@ -49,6 +51,7 @@ def build_info() -> dict[str, Any]:
         "cuda_compiled": bool(ext.cuda_compiled),
         "cuda_runtime_version": getattr(ext, "cuda_runtime_version", None),
         "ffi_api_version": tuple(ext.ffi_api_version),
+        "ffi_targets": [t for family in ext.families().values() for t in family["targets"]],
         "gpus": gpus,
         "jax_version": jax.__version__,
     }

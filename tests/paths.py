@@ -7,10 +7,24 @@ again."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from collections.abc import Callable
 
 import jax
 
 from jax_tma import _ffi
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuCall:
+    """One call of an op that its CPU handler counts (a descriptor's
+    CPU_CALLS): `call` of a random float32 array of shape (8, 16) put
+    `where` (None: the first CPU device), which makes `handler_calls`
+    handler calls (one per device)."""
+
+    call: Callable
+    where: jax.sharding.Sharding | None = None
+    handler_calls: int = 1
 
 
 @contextlib.contextmanager

@@ -132,16 +132,14 @@ def test_session_check_is_bit_exact():
     assert s.differs == {"xla": "1 of 3 elements differ, the first at flat index 2"}
 
 
-@pytest.mark.parametrize("name", ["bench_copy", "bench_window", "bench_im2col", "bench_broadcast",
-                                  "bench_ppermute", "bench_tune_bulk", "bench_gather",
-                                  "run"])
+_BENCH_NAMES = sorted(os.path.basename(path)[len("bench_"):-len(".py")]
+                      for path in glob.glob(os.path.join(_BENCHMARKS, "bench_*.py")))
+
+
+@pytest.mark.parametrize("name", [f"bench_{n}" for n in _BENCH_NAMES] + ["run"])
 def test_every_benchmark_module_imports(name):
     # Without the benchmarks' extension too: it is loaded when a benchmark runs.
     importlib.import_module(name)
-
-
-_BENCH_NAMES = sorted(os.path.basename(path)[len("bench_"):-len(".py")]
-                      for path in glob.glob(os.path.join(_BENCHMARKS, "bench_*.py")))
 
 
 @pytest.mark.parametrize("name", _BENCH_NAMES)
@@ -165,6 +163,16 @@ def test_report_collects_a_render_module_per_benchmark_module():
     assert [m.__name__.removeprefix("render_") for m in report._MODULES] == _BENCH_NAMES
     ranks = [row.rank for row in report.HEADLINES]
     assert len(set(ranks)) == len(ranks), ranks
+
+
+def test_every_result_is_of_a_family():
+    # report.py tells a result's staleness by its family: the FAMILY of its
+    # render module, or the module's name (render_<family>.py).
+    for module in report._MODULES:
+        for op in module.RENDERERS:
+            assert report.family_of(op) in report.families(), (
+                f"benchmarks/{module.__name__}.py renders {op}, whose family "
+                f"{report.family_of(op)!r} is not in ffi/families.inc: set FAMILY")
 
 
 def test_report_needs_neither_jax_nor_jax_tma():
@@ -280,16 +288,21 @@ def test_ppermute_processes_sets_no_one_gpu_ceiling_beside_blocks_across_gpus():
 
 
 def test_smoke_run_writes_one_checked_result_per_op(smoke_results):
+    # What the smoke run asked for ("all" and "wheel") that the CPU and its
+    # 2 host devices can run.
+    run = importlib.import_module("run")
+    asked = [op for op, bench in run.BENCHMARKS.items()
+             if (op in run.GROUPS["all"] or op == "wheel") and not bench.not_in_smoke
+             and bench.devices <= 2]
     out, results = smoke_results
-    assert sorted(results) == ["broadcast", "copy", "gather", "im2col", "ppermute", "tune-bulk",
-                               "wheel", "window"]
+    assert sorted(results) == sorted(asked)
     for op, (path, r) in results.items():
         assert os.path.basename(path).startswith(f"{op}_"), path
         assert r["smoke"] and r["timing_method"].startswith("smoke:")
         assert r["bytes_convention"] and r["checked_bit_exact"], op
         prov = r["provenance"]
         assert prov["date"][:10] in path and prov["versions"]["jax"] == jax.__version__
-        assert prov["device_tag"] == ("2x-cpu" if op == "ppermute" else "cpu")
+        assert prov["device_tag"] == ("2x-cpu" if run.BENCHMARKS[op].devices == 2 else "cpu")
         assert prov["jax_tma"]["build_info"]["ffi_api_version"]
         assert prov["install"] == "the smoke test's install"
     window = results["window"][1]["rows"]
@@ -426,26 +439,38 @@ def _git(repo, *args):
                                            "GIT_COMMITTER_EMAIL": "t@t"}).stdout.strip()
 
 
-def _measured_checkout(tmp_path, monkeypatch, code):
-    """A checkout of its own: `code`, results of its first commit, a README
-    rendered from them -> (repo, the results' commit, report.py's --check
-    arguments)."""
+def _committed_repo(tmp_path, files: dict[str, str]):
+    """A git repo of `files` ({path: text}) in one commit, and results of
+    that commit's code in its benchmarks/results/ (write_measured) ->
+    (repo, the commit)."""
     repo = tmp_path / "repo"
-    rendering = {"benchmarks/report.py": "X = 1\n", "benchmarks/tables.py": "X = 1\n",
-                 "benchmarks/render_copy.py": "X = 1\n"}
-    for path, text in {**code, "docs/index.md": "one", **rendering}.items():
+    for path, text in files.items():
         (repo / path).parent.mkdir(parents=True, exist_ok=True)
         (repo / path).write_text(text)
     _git(repo, "init", "-q")
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "code")
-    measured = _git(repo, "rev-parse", "HEAD")
-    result = {"op": "tune-bulk", "summary": [], "smoke": False,
-              "provenance": {"commit": measured, "dirty": False, "devices": ["H100"],
+    (repo / "benchmarks" / "results").mkdir(parents=True)
+    return repo, _git(repo, "rev-parse", "HEAD")
+
+
+def _write_measured(repo, op: str, commit: str) -> None:
+    """A result of `op` measured at `commit`, in repo's benchmarks/results/."""
+    result = {"op": op, "summary": [], "smoke": False,
+              "provenance": {"commit": commit, "dirty": False, "devices": ["H100"],
                              "versions": {"jax": "0"}, "date": "2026-11-25T00:00:00"}}
-    (repo / "benchmarks" / "results").mkdir()
-    (repo / "benchmarks" / "results" / "tune-bulk_h100_2026-11-25.json").write_text(
+    (repo / "benchmarks" / "results" / f"{op}_h100_2026-11-25.json").write_text(
         json.dumps(result))
+
+
+def _measured_checkout(tmp_path, monkeypatch, code):
+    """A checkout of its own: `code`, results of its first commit, a README
+    rendered from them -> (repo, the results' commit, report.py's --check
+    arguments)."""
+    rendering = {"benchmarks/report.py": "X = 1\n", "benchmarks/tables.py": "X = 1\n",
+                 "benchmarks/render_copy.py": "X = 1\n"}
+    repo, measured = _committed_repo(tmp_path, {**code, "docs/index.md": "one", **rendering})
+    _write_measured(repo, "tune-bulk", measured)
     monkeypatch.setattr(report, "ROOT", str(repo))
     args = ["--check", "--results", str(repo / "benchmarks" / "results"),
             "--readme", str(repo / "README.md")]
@@ -528,6 +553,68 @@ def test_an_unmeasured_change_is_named_and_bounded(tmp_path, monkeypatch):
         {"commit": "c0ffee", "changes": [{"path": "jax_tma/_copy.py"}]}))
     with pytest.raises(report.StaleResults, match=r"changes after c0ffee, but the results are"):
         report.check_fresh(results)
+
+
+_FAMILY_CODE = {
+    "ffi/families.inc": '#ifndef JAX_TMA_FAMILY\n#endif\n#include "copy/manifest.inc"\n'
+                        '#include "im2col/manifest.inc"\n',
+    "ffi/common.h": "int Shared();\n",
+    "ffi/copy/bulk_copy.cu": '#include "common.h"\nint Size() { return 16; }\n',
+    "ffi/im2col/im2col_cpu.cc": '#include "common.h"\nint Taps() { return 9; }\n',
+    "jax_tma/_copy.py": "def copy(x):\n    return x\n",
+    "jax_tma/_im2col.py": "def im2col(x):\n    return x\n",
+    "jax_tma/__init__.py": "from jax_tma._copy import copy\nfrom jax_tma._im2col import im2col\n"
+                           '__all__ = ["copy", "im2col"]\n',
+    "tests/families/copy.py": 'MODULES = ("jax_tma._copy",)\n',
+    "tests/families/im2col.py": 'MODULES = ("jax_tma._im2col",)\n',
+}
+
+
+def test_a_change_stales_the_results_of_the_families_that_run_through_it(tmp_path,
+                                                                         monkeypatch):
+    """Results of two families (tune-bulk: copy's, im2col): a change to one
+    family's sources or modules, or a new family, leaves the other's fresh;
+    the shared core stales both, and so does a family that starts to run
+    through another (an import of its module, an include of its header)."""
+    repo, measured = _committed_repo(tmp_path, _FAMILY_CODE)
+    results = repo / "benchmarks" / "results"
+    for op in ("tune-bulk", "im2col"):
+        _write_measured(repo, op, measured)
+    monkeypatch.setattr(report, "ROOT", str(repo))
+
+    def commit(changes, what):
+        for path, text in changes.items():
+            (repo / path).parent.mkdir(parents=True, exist_ok=True)
+            (repo / path).write_text(text)
+        _git(repo, "add", ".")
+        _git(repo, "commit", "-qm", what)
+        return {f: report.changed_since(measured, f) for f in ("copy", "im2col")}
+
+    assert report.family_of("tune-bulk") == "copy"
+    assert commit({"ffi/im2col/im2col_cpu.cc": '#include "common.h"\nint Taps() { return 4; }\n',
+                   "jax_tma/_im2col.py": "def im2col(x):\n    return -x\n"}, "im2col only") == {
+        "copy": [], "im2col": ["ffi/im2col/im2col_cpu.cc", "jax_tma/_im2col.py"]}
+    with pytest.raises(report.StaleResults, match=r"\(benchmarks/results/im2col_h100_2026-11-25"
+                                                  r"\.json\) are stale: ffi/im2col/im2col_cpu.cc"):
+        report.check_fresh(report.load_results(str(results)))
+    # A new family: its folder, module and descriptor, and its lines in the lists.
+    new = commit({"ffi/fill/fill_cpu.cc": "int Fill();\n", "jax_tma/_fill.py": "def fill(x):\n"
+                  "    return x\n", "tests/families/fill.py": 'MODULES = ("jax_tma._fill",)\n',
+                  "ffi/families.inc": _FAMILY_CODE["ffi/families.inc"]
+                  + '#include "fill/manifest.inc"\n',
+                  "jax_tma/__init__.py": "from jax_tma._copy import copy\nfrom jax_tma._fill "
+                  "import fill\nfrom jax_tma._im2col import im2col\n"
+                  '__all__ = ["copy", "fill", "im2col"]\n'}, "a new family")
+    assert new["copy"] == []
+    assert "ffi/families.inc" in report.changed_since(measured)  # all families: the sanitizer's
+    # copy starts to run through im2col's module, then the shared core changes.
+    assert commit({"jax_tma/_copy.py": "from jax_tma._im2col import im2col\n\n\ndef copy(x):\n"
+                   "    return x\n"}, "copy imports im2col")["copy"] == [
+        "ffi/im2col/im2col_cpu.cc", "jax_tma/_copy.py", "jax_tma/_im2col.py"]
+    assert commit({"ffi/common.h": "int Shared(int);\n"}, "core")["im2col"][0] == "ffi/common.h"
+    assert report.runs_through("im2col") == {"im2col"}
+    (repo / "ffi" / "im2col" / "im2col_cpu.cc").write_text('#include "copy/copy_launch.h"\n')
+    assert report.runs_through("im2col") == {"im2col", "copy"}
 
 
 def test_code_of_keeps_strings_and_drops_comments():

@@ -13,8 +13,9 @@ from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
 
 import jax_tma
-from reference import (ALL_DTYPES, assert_bits_equal, broadcast_reference, cpu_device,
-                       cpu_mesh, random_array)
+from families.broadcast import broadcast_reference
+from reference import (ALL_DTYPES, assert_bits_equal, assert_no_collectives, cpu_device, cpu_mesh,
+                       random_array)
 
 METHODS = ("auto", "multicast", "dsmem", "store", "simt")
 
@@ -117,10 +118,12 @@ def test_python_scalars_and_disable_jit(rng):
     """Python and NumPy scalars as jnp.asarray takes them (dtype and weak
     type as jnp.broadcast_to gives), and eager calls under
     jax.disable_jit() (the op and its grad) as the jitted ones."""
-    for s in (1.5, 7, True, np.int8(-3), 2 - 1j):
-        got, want = jax_tma.broadcast(s, 3), jnp.broadcast_to(s, (3,))
-        assert jax.typeof(got) == jax.typeof(want)
-        assert_bits_equal(got, want)
+    for s in (1.5, -0.0, float("nan"), 7, True, np.int8(-3), 2 - 1j, 1j):
+        for wrap in (lambda f: f, jax.jit):
+            got = wrap(lambda v: jax_tma.broadcast(v, 3))(s)
+            want = wrap(lambda v: jnp.broadcast_to(v, (3,)))(s)
+            assert jax.typeof(got) == jax.typeof(want), (s, jax.typeof(got), jax.typeof(want))
+            assert_bits_equal(got, want)
     x = on_cpu(random_array(rng, (4, 5), np.float32))
     w = on_cpu(jnp.asarray(rng.standard_normal((4, 3, 5)), jnp.float32))
     loss = lambda a: (jax_tma.broadcast(a, 3, axis=1) * w).sum()  # noqa: E731
@@ -276,3 +279,46 @@ def test_handler_revalidates():
                        r"from input element type f32"):
         jax.jit(lambda a: call(a, axis=np.int64(0), method="auto",
                                cluster_size=np.int64(0)))(on_cpu(x))
+
+
+# ---- sharded over 8 host devices: no collectives for the dims the op splits ----
+
+BROADCAST_CASES = [
+    ((2, 4), ("a", "b"), (16, 32), P("a", "b"), 0),
+    ((2, 4), ("a", "b"), (16, 32), P("a", "b"), 1),
+    ((2, 4), ("a", "b"), (16, 32), P("a", "b"), 2),
+    ((8,), ("x",), (4, 16, 8), P(None, "x", None), 1),
+    ((2, 2, 2), ("a", "b", "c"), (4, 6, 2, 10), P("b", None, "c", "a"), 3),
+]
+
+
+@pytest.mark.parametrize("mesh_shape,names,shape,spec,axis", BROADCAST_CASES, ids=str)
+def test_sharding_splits_every_dim_of_x_without_collectives(rng, mesh_shape, names, shape,
+                                                            spec, axis):
+    mesh = cpu_mesh(mesh_shape, names)
+    host = random_array(rng, shape, jnp.bfloat16)
+    x = jax.device_put(host, NamedSharding(mesh, spec))
+    f = jax.jit(lambda a: jax_tma.broadcast(a, 3, axis=axis))
+    assert_no_collectives(f.lower(x).compile().as_text())
+    y = f(x)
+    padded = tuple(spec) + (None,) * (len(shape) - len(spec))
+    assert y.sharding.is_equivalent_to(
+        NamedSharding(mesh, P(*padded[:axis], None, *padded[axis:])), len(shape) + 1)
+    assert_bits_equal(y, broadcast_reference(host, 3, axis))
+
+
+def test_broadcast_grad_vmap_and_shard_map_without_collectives(rng):
+    mesh = cpu_mesh((2, 4), ("a", "b"))
+    sharding = NamedSharding(mesh, P("a", "b"))
+    host = rng.standard_normal((8, 16)).astype(np.float32)
+    x = jax.device_put(host, sharding)
+    g = jax.jit(jax.grad(lambda a: (jax_tma.broadcast(a, 4, axis=1) ** 2).sum()))
+    assert_no_collectives(g.lower(x).compile().as_text())
+    np.testing.assert_allclose(g(x), 8 * host, rtol=1e-6)
+    v = jax.jit(jax.vmap(lambda a: jax_tma.broadcast(a, 3), in_axes=1, out_axes=1))
+    assert_no_collectives(v.lower(x).compile().as_text())
+    assert_bits_equal(v(x), np.moveaxis(broadcast_reference(host.T, 3, 1), 0, 1))
+    s = jax.jit(jax.shard_map(lambda a: jax_tma.broadcast(a, 2, axis=2), mesh=mesh,
+                              in_specs=P("a", "b"), out_specs=P("a", "b", None)))
+    assert_no_collectives(s.lower(x).compile().as_text())
+    assert_bits_equal(s(x), broadcast_reference(host, 2, 2))

@@ -13,7 +13,8 @@ import pytest
 
 import jax_tma
 from paths import run_on_path
-from reference import ALL_DTYPES, assert_bits_equal, broadcast_reference, random_array
+from families.broadcast import broadcast_reference
+from reference import ALL_DTYPES, assert_bits_equal, random_array
 
 pytestmark = pytest.mark.gpu
 POISON = 0xA5

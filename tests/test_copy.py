@@ -10,11 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
 
 import jax_tma
 from jax_tma import _devices
-from reference import ALL_DTYPES, assert_bits_equal, cpu_device, random_array
+from reference import (ALL_DTYPES, assert_bits_equal, assert_no_collectives, cpu_device, cpu_mesh,
+                       random_array)
 
 SHAPES = [(), (0,), (3, 0, 2), (1,), (7,), (3, 5, 7), (1000003,), (2,) * 8]
 METHODS = ["auto", "tma", "simt", "tiled"]
@@ -118,12 +121,13 @@ def test_sub_byte_grad_free_types_roundtrip(rng):
 
 # ---- bad input: Python-side validation (trace time) ----
 
-@pytest.mark.parametrize("scalar", [3.0, 7, True, 1 - 2j])
+@pytest.mark.parametrize("scalar", [3.0, -0.0, float("nan"), 7, True, 1 - 2j, 1j], ids=repr)
 def test_python_scalars_copy_as_jnp_copy(scalar):
-    y = jax_tma.copy(scalar)
-    want = jnp.copy(scalar)
-    assert (y.dtype, y.shape, y.weak_type) == (want.dtype, want.shape, want.weak_type)
-    assert_bits_equal(y, want)
+    """The dtype (weakly typed where jnp's is) and the bits, eager and jitted."""
+    for wrap in (lambda f: f, jax.jit):
+        y, want = wrap(jax_tma.copy)(scalar), wrap(jnp.copy)(scalar)
+        assert jax.typeof(y) == jax.typeof(want), f"{jax.typeof(y)}, jnp: {jax.typeof(want)}"
+        assert_bits_equal(y, want)
 
 
 @pytest.mark.parametrize("bad", [[1, 2, 3], None, "abc"])
@@ -226,3 +230,69 @@ def test_export_with_symbolic_dims(rng, method):
                                          r"static length, but x\.shape=\(n, 3\) has symbolic dims"):
         export.export(jax.jit(lambda a: jax_tma.copy(a, method="tiled")), disabled_checks=checks)(
             jax.ShapeDtypeStruct(export.symbolic_shape("n, 3"), jnp.bfloat16))
+
+
+# ---- sharded over 8 host devices: no collectives for the dims the op splits ----
+
+SHARDING_CASES = [
+    ((2, 4), ("a", "b"), (64, 32), P("a", "b")),
+    ((8,), ("x",), (16, 8, 6), P(None, "x", None)),
+    ((8,), ("x",), (16, 8, 24), P(None, None, "x")),
+    ((2, 4), ("a", "b"), (8, 4, 12), P(("a", "b"), None, None)),
+    ((2, 2, 2), ("a", "b", "c"), (4, 6, 2, 10), P("b", None, "c", "a")),
+    ((8,), ("x",), (8 * 1024,), P("x")),
+]
+
+
+@pytest.mark.parametrize("mesh_shape,names,shape,spec", SHARDING_CASES, ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8, jnp.bfloat16, np.complex64], ids=str)
+def test_jit_over_named_sharding_splits_every_dim(rng, mesh_shape, names, shape, spec, dtype):
+    mesh = cpu_mesh(mesh_shape, names)
+    host = random_array(rng, shape, dtype)
+    x = jax.device_put(host, NamedSharding(mesh, spec))
+    f = jax.jit(jax_tma.copy)
+    assert_no_collectives(f.lower(x).compile().as_text())
+    y = f(x)
+    assert y.sharding.is_equivalent_to(x.sharding, len(shape))
+    assert_bits_equal(y, host)
+
+
+@pytest.mark.parametrize("mesh_shape,names,shape,spec", SHARDING_CASES, ids=str)
+def test_shard_map_of_every_sharding_case(rng, mesh_shape, names, shape, spec):
+    mesh = cpu_mesh(mesh_shape, names)
+    host = random_array(rng, shape, np.float32)
+    x = jax.device_put(host, NamedSharding(mesh, spec))
+    f = jax.jit(jax.shard_map(jax_tma.copy, mesh=mesh, in_specs=spec, out_specs=spec))
+    assert_no_collectives(f.lower(x).compile().as_text())
+    assert_bits_equal(f(x), host)
+
+
+def test_vjp_and_vmap_keep_the_sharding(rng):
+    mesh = cpu_mesh((2, 4), ("a", "b"))
+    sharding = NamedSharding(mesh, P("a", "b"))
+    host = random_array(rng, (8, 16), np.float32)
+    x = jax.device_put(host, sharding)
+    ct = jax.device_put(random_array(rng, (8, 16), np.float32), sharding)
+
+    def pullback(a, c):
+        return jax.vjp(jax_tma.copy, a)[1](c)[0]
+
+    f = jax.jit(pullback)
+    assert_no_collectives(f.lower(x, ct).compile().as_text())
+    assert_bits_equal(f(x, ct), np.asarray(ct))
+    g = jax.jit(jax.vmap(jax_tma.copy, in_axes=1, out_axes=1))
+    assert_no_collectives(g.lower(x).compile().as_text())
+    assert_bits_equal(g(x), host)
+
+
+def test_explicit_mesh_axes_keep_the_sharding(rng):
+    mesh = cpu_mesh((2, 4), ("a", "b"), AxisType.Explicit)
+    host = rng.standard_normal((8, 16)).astype(np.float32)  # arithmetic below: no subnormals
+    with jax.set_mesh(mesh):
+        x = jax.device_put(host, NamedSharding(mesh, P("a", "b")))
+        f = jax.jit(jax_tma.copy)
+        assert jax.typeof(f(x)).sharding.spec == P("a", "b")
+        assert_no_collectives(f.lower(x).compile().as_text())
+        assert_bits_equal(f(x), host)
+        g = jax.jit(jax.grad(lambda a: (jax_tma.copy(a) * a).sum()))
+        np.testing.assert_array_equal(g(x), 2 * host)

@@ -1,9 +1,11 @@
-"""The family list (ffi/families.inc) and what every family on it has: each of
-its FFI targets fuzzed (test_ffi_fuzz.SPECS) and path-tested
-(test_paths.CPU_CALLS), a kernel self-test (tests/cuda/<family>_selftest.cu,
-built by scripts/gpu_check.sh from the sources its manifest lists) or the
-manifest's reason for none, and a benchmark (benchmarks/run.py). A family
-added to the list without them fails here."""
+"""The family list (ffi/families.inc) and what every family on it has: a
+descriptor (tests/families/<family>.py) whose fuzz specs cover its targets,
+whose CPU calls cover its ops and whose GPU calls cover its CUDA paths, and
+that names its ops' modules; a kernel self-test
+(tests/cuda/<family>_selftest.cu, built by scripts/gpu_check.sh from the
+sources its manifest lists) or the manifest's reason for none; and, once it
+has CUDA targets, a benchmark (benchmarks/run.py). A family added to the list
+without them fails here, naming what to add."""
 
 import importlib
 import os
@@ -11,8 +13,8 @@ import re
 
 import pytest
 
-import test_ffi_fuzz
-import test_paths
+import families
+import jax_tma
 from jax_tma import _jax_tma
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,6 +31,14 @@ def _ops(family: str) -> set[str]:
     return {t.removeprefix("jax_tma_") for t in _FAMILIES[family]["targets"]}
 
 
+def _descriptor(family: str):
+    """The family's descriptor; the test fails where it lacks anything
+    (test_every_family_has_a_descriptor says what)."""
+    if families.missing(family):
+        pytest.fail(f"{family}: its descriptor is incomplete: {families.missing(family)}")
+    return families.DESCRIPTORS[family]
+
+
 def test_the_extension_registers_the_listed_families():
     listed = re.findall(r'^#include "([a-z0-9_]+)/manifest\.inc"$', _read("ffi", "families.inc"),
                         re.M)
@@ -38,19 +48,75 @@ def test_the_extension_registers_the_listed_families():
 
 
 @pytest.mark.parametrize("family", sorted(_FAMILIES))
+def test_every_family_has_a_descriptor(family):
+    lacking = families.missing(family)
+    assert not lacking, (
+        f"{family}: add {', '.join(lacking)} (what each is for: tests/families/__init__.py; "
+        f"an example: tests/families/copy.py)" if lacking[0].endswith(".py") else
+        f"{family}: tests/families/{family}.py lacks {', '.join(lacking)} (what each is "
+        "for: tests/families/__init__.py)")
+
+
+@pytest.mark.parametrize("family", sorted(_FAMILIES))
 def test_every_target_is_fuzzed(family):
-    missing = set(_FAMILIES[family]["targets"]) - set(test_ffi_fuzz.SPECS)
-    assert not missing, f"{family}: targets without a fuzz spec in test_ffi_fuzz.SPECS: {missing}"
+    specs = set(_descriptor(family).SPECS)
+    assert specs == set(_FAMILIES[family]["targets"]), (
+        f"{family}: tests/families/{family}.py's SPECS has {sorted(specs)}, one per target: "
+        f"{_FAMILIES[family]['targets']}")
 
 
 @pytest.mark.parametrize("family", sorted(_FAMILIES))
 def test_every_target_is_path_tested(family):
-    missing = _ops(family) - set(test_paths.CPU_CALLS)
-    assert not missing, f"{family}: ops without a call in test_paths.CPU_CALLS: {missing}"
+    calls = set(_descriptor(family).CPU_CALLS)
+    assert calls == _ops(family), (
+        f"{family}: tests/families/{family}.py's CPU_CALLS has {sorted(calls)}, one per op of "
+        f"its targets: {sorted(_ops(family))}")
     for path in _FAMILIES[family]["paths"]:
         assert path.split(".")[0] in _ops(family), f"{family}: path {path} names no op of it"
     for op in _ops(family):
         assert f"{op}.cpu" in _FAMILIES[family]["paths"], f"{family}: no path {op}.cpu"
+    cuda = {p for p in _FAMILIES[family]["paths"] if not p.endswith(".cpu")}
+    assert set(_descriptor(family).GPU_CALLS) == cuda, (
+        f"{family}: tests/families/{family}.py's GPU_CALLS has "
+        f"{sorted(_descriptor(family).GPU_CALLS)}, one per CUDA path: {sorted(cuda)}")
+
+
+@pytest.mark.parametrize("family", sorted(_FAMILIES))
+def test_cuda_targets_are_targets_and_have_cuda_paths(family):
+    targets, cuda = _FAMILIES[family]["targets"], _FAMILIES[family]["cuda_targets"]
+    assert set(cuda) <= set(targets), f"{family}: CUDA targets without a CPU one: {cuda}"
+    paths = {p.split(".")[0] for p in _FAMILIES[family]["paths"] if not p.endswith(".cpu")}
+    assert paths == {t.removeprefix("jax_tma_") for t in cuda}, (
+        f"{family}: the ops with CUDA paths, {sorted(paths)}, are not those of its CUDA "
+        f"targets, {cuda}")
+
+
+@pytest.mark.parametrize("family", sorted(_FAMILIES))
+def test_every_op_is_in_the_modules_its_descriptor_names(family):
+    """benchmarks/report.py reads MODULES to tell whose results a change of
+    Python makes stale."""
+    modules = _descriptor(family).MODULES
+    for module in modules:
+        assert os.path.exists(os.path.join(_ROOT, *module.split(".")) + ".py"), module
+    for op in _ops(family):
+        assert op in jax_tma.__all__, f"{family}: no public jax_tma.{op} for target jax_tma_{op}"
+        where = getattr(jax_tma, op).__module__
+        assert where in modules, f"{family}: jax_tma.{op} is in {where}, not in MODULES {modules}"
+
+
+def test_a_module_is_one_familys():
+    """benchmarks/report.py gives a module's changes to the family that names
+    it (and to those that import it)."""
+    named: dict[str, str] = {}
+    for family, d in families.DESCRIPTORS.items():
+        for module in getattr(d, "MODULES", ()):
+            assert module not in named, f"{module} is in the MODULES of {named[module]} and {family}"
+            named[module] = family
+
+
+@pytest.mark.parametrize("family", sorted(_FAMILIES))
+def test_every_family_has_mode_test_ops(family):
+    assert _descriptor(family).OPS, f"{family}: tests/families/{family}.py's OPS is empty"
 
 
 @pytest.mark.parametrize("family", sorted(_FAMILIES))
@@ -69,6 +135,10 @@ def test_every_family_is_self_tested(family):
 
 @pytest.mark.parametrize("family", sorted(_FAMILIES))
 def test_every_family_is_benchmarked(family, monkeypatch):
+    """Benchmarks time the CUDA path: a family without CUDA targets yet has
+    nothing to time."""
+    if not _FAMILIES[family]["cuda_targets"]:
+        return
     monkeypatch.syspath_prepend(os.path.join(_ROOT, "benchmarks"))
     run = importlib.import_module("run")
     assert family in run.OPS, f"{family}: not in benchmarks/run.py's registry {run.OPS}"
@@ -118,6 +188,6 @@ def test_the_guide_names_every_manifest_macro():
     guide = _read("docs", "design.md").split("## Adding an op family", 1)[1]
     missing = {m for m in macros if m not in guide}
     assert not missing, f"docs/design.md's guide does not name {sorted(missing)}"
-    for checked in ("ffi/families.inc", "tests/test_families.py", "test_ffi_fuzz.py",
-                    "test_paths.py", "benchmarks/run.py", "_selftest.cu"):
+    for checked in ("ffi/families.inc", "tests/test_families.py", "tests/families/",
+                    "benchmarks/run.py", "_selftest.cu"):
         assert checked in guide, f"the guide does not name {checked}"

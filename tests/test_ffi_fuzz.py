@@ -14,7 +14,6 @@ a target runs fewer than CASES cases, at least one."""
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import re
@@ -24,8 +23,9 @@ import jax
 import numpy as np
 import pytest
 
-from fuzz_specs.common import DTYPE_RULES, S, SHAPE_RULES, Call, Spec, i64, pick, some_dtype, with_
-from fuzz_specs.copy import COPY_NASTY, copy_call, copy_reference
+import families
+from families.copy import COPY_NASTY, copy_call, copy_reference
+from fuzz import DTYPE_RULES, S, SHAPE_RULES, Call, Spec, i64, pick, some_dtype, with_
 from jax_tma import _ffi, _jax_tma
 from reference import ALL_DTYPES, as_bits, assert_bits_equal, random_array, skip_unless_required
 
@@ -52,8 +52,8 @@ _NASTY_STRS = ("", "AUTO", "auto ", "auto\0", "tma", "simt", "bulk", "multicast"
                "store", "x" * 300)
 
 
-# ---- the specs: each family's (tests/fuzz_specs/<family>.py), and the CUDA-only
-# ---- benchmark references shaped like copy -----------------------------------
+# ---- the specs: each family's (SPECS of tests/families/<family>.py), and the
+# ---- CUDA-only benchmark references shaped like copy ---------------------------
 
 def _write_reference(call: Call) -> list[np.ndarray]:
     y = call.results[0]
@@ -71,17 +71,8 @@ def _read_reference(call: Call) -> list[np.ndarray]:
 _BENCH_16B = r"multiples of 16"
 
 
-def _family_specs() -> dict[str, Spec]:
-    """The spec of every family of ffi/families.inc, from its module
-    tests/fuzz_specs/<family>.py (one missing fails here)."""
-    specs: dict[str, Spec] = {}
-    for family in _jax_tma.families():
-        specs.update(importlib.import_module(f"fuzz_specs.{family}").SPECS)
-    return specs
-
-
 SPECS: dict[str, Spec] = {
-    **_family_specs(),
+    **families.SPECS,
     # CUDA only, from the benchmarks' module: their references, errors named by target.
     "jax_tma_bench_memcpy": Spec(("jax_tma_bench_memcpy",), lambda rng: copy_call(rng, ()),
                                  copy_reference, COPY_NASTY),
@@ -300,10 +291,19 @@ def test_every_registered_target_has_a_spec(platform):
     assert not missing, f"registered {platform} targets without a fuzz spec in SPECS: {missing}"
 
 
-# The benchmarks' reference targets exist on CUDA only.
+# The targets each platform has: on the CPU every family's; on CUDA those its
+# manifest gives a CUDA handler (a family may have none yet) and the
+# benchmarks' reference targets.
+_CUDA_TARGETS = {t for family in _jax_tma.families().values() for t in family["cuda_targets"]}
+
+
+def _on(platform: str, target: str) -> bool:
+    bench = target.startswith("jax_tma_bench_")
+    return not bench if platform == "cpu" else bench or target in _CUDA_TARGETS
+
+
 FUZZ_CASES = [pytest.param(p.values[0], t, marks=p.marks, id=f"{p.values[0]}-{t}")
-              for p in PLATFORMS for t in sorted(SPECS)
-              if p.values[0] == "cuda" or not t.startswith("jax_tma_bench_")]
+              for p in PLATFORMS for t in sorted(SPECS) if _on(p.values[0], t)]
 
 
 @pytest.mark.quick

@@ -13,13 +13,16 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
 
 import jax_tma
 from jax_tma import _devices, _lowering
+from families.gather import gather_reference
+from ops_table import COMPLEX_FILLS, FLOAT_DTYPES, check_fills, take_fill
 from reference import (ALL_DTYPES, SUB_BYTE_BITS, assert_bits_equal, assert_no_collectives,
-                       cpu_device, random_array)
+                       cpu_device, cpu_mesh, random_array)
 
 BYTE_DTYPES = [d for d in ALL_DTYPES if d.name not in SUB_BYTE_BITS]
 SUMMABLE = [np.dtype(d) for d in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
@@ -174,6 +177,26 @@ def test_fill_converts_as_jnp_take(rng, fill, dtype):
         want = np.asarray(take_ref(x, idx, 0, fill=fill))
     assert_bits_equal(y[1], x[1])
     assert_bits_equal(y[[0, 2]], want[[0, 2]])
+
+
+GATHER_FILLS = [0, 0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1.5, -3.25, 2**70,
+                1e300, -1e-300, np.float16(2.5), np.float32(-0.0), ml_dtypes.bfloat16(7.0)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_every_fill_of_every_float_dtype_as_jnp_take_writes_it(rng, dtype):
+    """On the default device, every fill in one program."""
+    x = random_array(rng, (4, 3), dtype)
+    idx = np.array([1, 9, -1, -5], np.int32)
+    fills = []
+    for fill in GATHER_FILLS + (COMPLEX_FILLS if np.dtype(dtype).kind == "c" else []):
+        try:
+            take_fill(fill, dtype)
+            fills.append(fill)
+        except TypeError:  # jnp.take takes no 2**70 for ml_dtypes' types: nothing to match
+            pass
+    check_fills(lambda a, f: jax_tma.gather(a, idx, fill=f), x, fills,
+                lambda f: gather_reference(x, idx, 0, take_fill(f, dtype)))
 
 
 @pytest.mark.parametrize("fill,dtype", [(jnp.array(0.5), np.float16),
@@ -1268,11 +1291,6 @@ def test_sub_byte_integer_add_wraps_as_at(rng):
 
 # ---- shard_map, with its checks of varying mesh axes -------------------------------
 
-def cpu_mesh(shape, names, axis_type):
-    devices = np.array(jax.devices("cpu")[:math.prod(shape)]).reshape(shape)
-    return jax.sharding.Mesh(devices, names, axis_types=(axis_type,) * len(names))
-
-
 def sharded(f, mesh, in_specs, out_specs):
     return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
 
@@ -1521,3 +1539,103 @@ def test_shape_polymorphic_export(rng):
         idx = indices_for(rng, rows, (count,))
         for got, want in zip(exp.call(x, idx), jax.jit(f)(x, idx)):
             assert_bits_equal(got, want)
+
+
+# ---- sharded over 8 host devices: no collectives for the dims the op splits ----
+
+SHARDING_CASES = [
+    ((2, 4), ("a", "b"), (16, 8, 12), 0, P(None, "a", "b")),
+    ((8,), ("x",), (8, 16, 4), 1, P("x", None, None)),
+    ((2, 4), ("a", "b"), (8, 6, 16), 1, P("a", None, "b")),
+    ((8,), ("x",), (6, 32), 0, P(None, "x")),
+]
+
+
+@pytest.mark.parametrize("mesh_shape,names,shape,axis,spec", SHARDING_CASES, ids=str)
+def test_sharding_of_gather_splits_every_dim_but_axis(rng, mesh_shape, names, shape, axis,
+                                                       spec):
+    mesh = cpu_mesh(mesh_shape, names)
+    host = random_array(rng, shape, np.float32)
+    x = jax.device_put(host, NamedSharding(mesh, spec))
+    idx = rng.integers(-shape[axis] - 2, shape[axis] + 2, (5, 3)).astype(np.int32)
+    f = jax.jit(lambda a, i: jax_tma.gather(a, i, axis=axis, fill=-1.0))
+    assert_no_collectives(f.lower(x, idx).compile().as_text())
+    y = f(x, idx)
+    padded = list(spec) + [None] * (len(shape) - len(spec))
+    assert y.sharding.is_equivalent_to(
+        NamedSharding(mesh, P(*padded[:axis], None, None, *padded[axis + 1:])), len(shape) + 1)
+    assert_bits_equal(y, jnp.take(host, idx, axis=axis, mode="fill", fill_value=-1.0))
+
+
+@pytest.mark.parametrize("mesh_shape,names,shape,axis,spec", SHARDING_CASES, ids=str)
+@pytest.mark.parametrize("mode", ["set", "add"])
+def test_sharding_of_scatter_splits_every_dim_but_axis(rng, mesh_shape, names, shape, axis,
+                                                        spec, mode):
+    mesh = cpu_mesh(mesh_shape, names)
+    host = random_array(rng, shape, np.int32)
+    idx = rng.permutation(shape[axis])[:4].astype(np.int32)
+    u_host = random_array(rng, shape[:axis] + (4,) + shape[axis + 1:], np.int32)
+    x = jax.device_put(host, NamedSharding(mesh, spec))
+    u = jax.device_put(u_host, NamedSharding(mesh, spec))
+    f = jax.jit(lambda a, i, v: jax_tma.scatter(a, i, v, axis=axis, mode=mode),
+                donate_argnums=0)
+    assert_no_collectives(f.lower(x, idx, u).compile().as_text())
+    want = getattr(jnp.asarray(host).at[(slice(None),) * axis + (idx,)], mode)(u_host)
+    y = f(x, idx, u)
+    assert y.sharding.is_equivalent_to(x.sharding, len(shape))
+    assert_bits_equal(y, want)
+
+
+def test_sharding_of_gather_grad_and_vmap(rng):
+    mesh = cpu_mesh((2, 4), ("a", "b"))
+    host = rng.standard_normal((4, 16, 8)).astype(np.float32)
+    x = jax.device_put(host, NamedSharding(mesh, P("a", None, "b")))
+    idx = rng.integers(0, 16, (4, 6)).astype(np.int32)
+    # vmapped over x's leading dim and the indices: a batch dim split over "a"
+    i = jax.device_put(idx, NamedSharding(mesh, P("a", None)))
+    v = jax.jit(jax.vmap(jax_tma.gather))
+    assert_no_collectives(v.lower(x, i).compile().as_text())
+    assert_bits_equal(v(x, i), np.stack([h[j] for h, j in zip(host, idx)]))
+    g = jax.jit(jax.grad(lambda a: (jax_tma.gather(a, idx[0], axis=1) ** 2).sum()))
+    assert_no_collectives(g.lower(x).compile().as_text())
+    want = jax.grad(lambda a: (jnp.take(a, idx[0], axis=1) ** 2).sum())(host)
+    np.testing.assert_allclose(g(x), want, rtol=1e-6)
+
+
+def test_gather_under_shard_map(rng):
+    mesh = cpu_mesh((8,), ("x",))
+    host = random_array(rng, (8, 10, 4), jnp.bfloat16)
+    x = jax.device_put(host, NamedSharding(mesh, P("x")))
+    idx = np.array([9, 0, -1, 12], np.int32)
+    f = jax.jit(jax.shard_map(lambda a: jax_tma.gather(a, idx, axis=1), mesh=mesh,
+                              in_specs=P("x"), out_specs=P("x")))
+    assert_no_collectives(f.lower(x).compile().as_text())
+    want = np.zeros((8, 4, 4), host.dtype)  # index 12 is out of range: zeros
+    want[:, :3] = host[:, [9, 0, 9]]
+    assert_bits_equal(f(x), want)
+
+
+def test_sharding_of_tables(rng):
+    """K and V pools as the tables of one gather and one scatter: the dims
+    before axis split like table 0's, each table's slab dims its own way."""
+    mesh = cpu_mesh((2, 4), ("a", "b"))
+    hosts = [random_array(rng, (8, 16, 4), np.float32),
+             random_array(rng, (8, 16, 2, 8), jnp.bfloat16)]
+    specs = (P("a", None, "b"), P("a", None, None, "b"))
+    xs = [jax.device_put(h, NamedSharding(mesh, spec)) for h, spec in zip(hosts, specs)]
+    idx = rng.permutation(16)[:5].astype(np.int32)
+    g = jax.jit(lambda t, i: jax_tma.gather(t, i, axis=1))
+    assert_no_collectives(g.lower(xs, idx).compile().as_text())
+    ys = g(xs, idx)
+    for y, spec, h in zip(ys, specs, hosts):
+        assert y.sharding.is_equivalent_to(NamedSharding(mesh, spec), h.ndim)
+        assert_bits_equal(y, h[:, idx])
+    us = [random_array(rng, (8, 5) + h.shape[2:], h.dtype) for h in hosts]
+    s = jax.jit(lambda t, i, u: jax_tma.scatter(t, i, u, axis=1), donate_argnums=0)
+    assert_no_collectives(s.lower(xs, idx, us).compile().as_text())
+    outs = s(xs, idx, us)
+    for out, spec, h, u in zip(outs, specs, hosts, us):
+        assert out.sharding.is_equivalent_to(NamedSharding(mesh, spec), h.ndim)
+        want = h.copy()
+        want[:, idx] = u
+        assert_bits_equal(out, want)

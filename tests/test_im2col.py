@@ -16,9 +16,11 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_tma
-from reference import (ALL_DTYPES, IM2COL_EMPTY_CASES, IM2COL_EMPTY_IDS, assert_bits_equal,
-                       col2im_reference, cpu_device, cpu_mesh, im2col_reference, random_array,
-                       raw_im2col)
+from families.im2col import (IM2COL_EMPTY_CASES, IM2COL_EMPTY_IDS, col2im_reference,
+                             im2col_reference, raw_im2col)
+from ops_table import FLOAT_DTYPES, pad_fill
+from reference import (ALL_DTYPES, assert_bits_equal, assert_no_collectives, cpu_device, cpu_mesh,
+                       random_array)
 
 SUMMABLE = [d for d in ALL_DTYPES if d.name in (
     "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
@@ -436,6 +438,17 @@ def test_padding_is_jnps_zero(rng, dtype):
     assert_bits_equal(jax.jit(lambda a: jax_tma.im2col(a, (2, 3), padding=pads))(on_cpu(x)), got)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_padding_of_every_float_dtype_on_the_default_device(rng, dtype):
+    x = random_array(rng, (2, 4, 3, 2), dtype)
+    pads = ((2, 1), (1, 2))
+    y = jax.jit(lambda a: jax_tma.im2col(a, (2, 2), padding=pads))(x)
+    inside = im2col_reference(np.ones(x.shape, bool), (2, 2), (1, 1), pads, (1, 1))
+    want = im2col_reference(x, (2, 2), (1, 1), pads, (1, 1))
+    want[~inside] = pad_fill(0, dtype)[0]  # jnp.pad's zero, not the reference's conversion
+    assert_bits_equal(y, want)
+
+
 def test_disable_jit(rng):
     """Eager calls under jax.disable_jit() (im2col, col2im and their grads)
     give the jitted results bit for bit. (Python scalars are taken as jnp
@@ -720,3 +733,37 @@ def test_handler_accepts_empty_output_dims(rng):
     assert _raw(x3, (1, 5, 0, 5, 24), **geo).shape == (1, 5, 0, 5, 24)
     assert_bits_equal(_raw(jnp.ones((1, 5, 0, 5, 24), jnp.float32), x3.shape, transpose=True,
                            **geo), np.zeros(x3.shape, np.float32))
+
+
+# ---- sharded over 8 host devices: no collectives for the dims the op splits ----
+
+@pytest.mark.parametrize("spec", [P("x", None, None, None), P(("a", "b"), None, None, None)],
+                         ids=str)
+def test_sharding_of_the_batch_without_collectives(rng, spec):
+    mesh = cpu_mesh((8,), ("x",)) if spec[0] == "x" else cpu_mesh((2, 4), ("a", "b"))
+    host = random_array(rng, (16, 7, 6, 3), np.float32)
+    x = jax.device_put(host, NamedSharding(mesh, spec))
+    geo = dict(strides=(2, 1), padding=((1, 2), (0, 1)), dilation=(1, 2))
+    f = jax.jit(lambda a: jax_tma.im2col(a, (3, 2), **geo))
+    assert_no_collectives(f.lower(x).compile().as_text())
+    y = f(x)
+    assert y.sharding.is_equivalent_to(NamedSharding(mesh, spec), 4)
+    want = im2col_reference(host, (3, 2), (2, 1), ((1, 2), (0, 1)), (1, 2))
+    assert_bits_equal(y, want)
+    # the gradient (col2im) splits the same way
+    g = jax.jit(lambda p: jax_tma.col2im(p, host.shape, (3, 2), **geo))
+    assert_no_collectives(g.lower(y).compile().as_text())
+    assert_bits_equal(g(y), col2im_reference(want, host.shape, (3, 2), (2, 1),
+                                             ((1, 2), (0, 1)), (1, 2)))
+    v = jax.jit(jax.grad(lambda a: (jax_tma.im2col(a, (3, 2), **geo) ** 2).sum()))
+    assert_no_collectives(v.lower(x).compile().as_text())
+
+
+def test_im2col_under_shard_map(rng):
+    mesh = cpu_mesh((8,), ("x",))
+    host = random_array(rng, (8, 5, 4), jnp.bfloat16)
+    x = jax.device_put(host, NamedSharding(mesh, P("x")))
+    f = jax.jit(jax.shard_map(lambda a: jax_tma.im2col(a, 3, padding="SAME"), mesh=mesh,
+                              in_specs=P("x"), out_specs=P("x")))
+    assert_no_collectives(f.lower(x).compile().as_text())
+    assert_bits_equal(f(x), im2col_reference(host, (3,), (1,), ((1, 1),), (1,)))

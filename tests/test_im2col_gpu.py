@@ -16,8 +16,8 @@ from jax import lax
 
 import jax_tma
 from paths import run_on_path
-from reference import (ALL_DTYPES, IM2COL_EMPTY_CASES, IM2COL_EMPTY_IDS, assert_bits_equal,
-                       cpu_device, im2col_reference, random_array, raw_im2col)
+from families.im2col import IM2COL_EMPTY_CASES, IM2COL_EMPTY_IDS, im2col_reference, raw_im2col
+from reference import ALL_DTYPES, assert_bits_equal, cpu_device, random_array
 
 pytestmark = pytest.mark.gpu
 POISON = 0xA5

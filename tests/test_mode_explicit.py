@@ -9,6 +9,7 @@ import pytest
 from jax.sharding import NamedSharding
 
 import ops_table as T
+from families import BY_NAME, LOCAL_OPS, OP_NAMES, build
 from reference import assert_bits_equal
 
 # Which dims of x the mesh splits: the batch dim over both axes; the batch
@@ -41,15 +42,15 @@ def mesh():
     return T.explicit_mesh()
 
 
-# ppermute's blocks are split along dim 0 only (on Explicit meshes shard_map's
-# in_specs must match the operand's sharding, for lax.ppermute too)
-CASES = [(n, layout) for n in T.OP_NAMES for layout in LAYOUTS
-         if n != "ppermute" or layout == "batch"]
+# A collective's blocks are split along dim 0 only (on Explicit meshes
+# shard_map's in_specs must match the operand's sharding, for lax's too)
+CASES = [(n, layout) for n in OP_NAMES for layout in LAYOUTS
+         if not BY_NAME[n].collective or layout == "batch"]
 
 
 @pytest.mark.parametrize("name,layout", CASES)
 def test_outputs_and_grads_keep_the_sharding(rng, mesh, name, layout):
-    case = T.build(name, rng, np.float32)
+    case = build(name, rng, np.float32)
     specs = case.in_specs(_dims(case, layout))
     with T.set_mesh(mesh):
         args = T.put(case.args, mesh, specs)
@@ -68,11 +69,11 @@ def test_outputs_and_grads_keep_the_sharding(rng, mesh, name, layout):
         T.assert_like_jnp(g, w)
 
 
-@pytest.mark.parametrize("name", T.LOCAL_OPS)
+@pytest.mark.parametrize("name", LOCAL_OPS)
 def test_grad_of_a_loss_keeps_the_sharding(rng, mesh, name):
     """jax.grad of a weighted sum (the cotangent sharded like the weights)
     and of a plain sum (the cotangent an unsharded broadcast of ones)."""
-    case = T.build(name, rng, np.float32)
+    case = build(name, rng, np.float32)
     specs = case.in_specs(_dims(case, "two-dims"))
 
     def grads(fn, w, args):

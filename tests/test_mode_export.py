@@ -13,6 +13,7 @@ from jax.export import DisabledSafetyCheck
 from jax.sharding import NamedSharding
 
 import ops_table as T
+from families import BY_NAME, OP_NAMES, build
 from reference import assert_bits_equal
 
 _TARGET = re.compile(r"@(jax_tma_\w+)")
@@ -34,7 +35,7 @@ def _forward_and_vjp(case):
 
 
 def _placed(case, args):
-    """Arguments as the call takes them: ppermute's on the 2 x 4 mesh, its
+    """Arguments as the call takes them: a collective's on the 2 x 4 mesh, its
     blocks split along dim 0 (the exported shard_map's devices)."""
     if not case.collective:
         return args
@@ -45,13 +46,14 @@ def _placed(case, args):
 
 def _symbolic(case, shapes):
     """Per operand, per dim, the name of a symbolic dim or None: every name
-    of case.symbolic ("symbolic"); only those of window's windowed dims, so
-    that the box is all ints ("symbolic-x"); none ("concrete")."""
+    of case.symbolic ("symbolic"); none ("concrete"); those of one of the
+    op's export_variants (ops_table.Op)."""
     if shapes == "concrete":
         return [(None,) * a.ndim for a in case.args]
-    if shapes == "symbolic-x":
-        return [tuple(n if n in ("r", "w") else None for n in names) for names in case.symbolic]
-    return case.symbolic
+    if shapes == "symbolic":
+        return case.symbolic
+    keep = BY_NAME[case.op].export_variants[shapes]
+    return [tuple(n if n in keep else None for n in names) for names in case.symbolic]
 
 
 def _specs(case, ct, shapes):
@@ -76,19 +78,18 @@ def _check(case, exp, ct, args):
         T.assert_like_jnp(g, w)
 
 
-# window with symbolic dims of x but an all-int box too (its batch form takes
-# shape[0] = x.shape[0], symbolic where x's batch is)
-CASES = [(n, s) for n in T.OP_NAMES for s in ("concrete", "symbolic")] + [("window", "symbolic-x")]
+# Every op concrete and symbolic, and the variants an op adds (ops_table.Op).
+CASES = [(n, s) for n in OP_NAMES for s in ("concrete", "symbolic", *BY_NAME[n].export_variants)]
 
 
 @pytest.mark.parametrize("name,shapes", CASES)
 def test_serialized_export_round_trip(rng, name, shapes):
-    case = T.build(name, rng, np.float32)
+    case = build(name, rng, np.float32)
     ct = T.cotangent(rng, T.out_struct(case).shape, np.float32)
     f = _forward_and_vjp(case)
     targets = ffi_targets(f, *_placed(case, (ct,) + case.args))
     assert targets or case.collective, "no jax_tma FFI call in the program"
-    # ppermute's program runs on the host devices' mesh, also on a GPU machine
+    # A collective's program runs on the host devices' mesh, also on a GPU machine
     platforms = ("cpu",) if case.collective else None
     exp = jax.export.export(jax.jit(f), platforms=platforms,
                             disabled_checks=disabled_checks(targets))(*_specs(case, ct, shapes))
@@ -100,8 +101,9 @@ def test_serialized_export_round_trip(rng, name, shapes):
         _check(case, exp, ct[:half], args)
 
 
-def test_export_without_the_safety_check_names_the_target(rng):
+@pytest.mark.parametrize("name", [n for n in OP_NAMES if not BY_NAME[n].collective][:1])
+def test_export_without_the_safety_check_names_the_target(rng, name):
     """Why the README tells users to disable the custom-call check."""
-    case = T.build("copy", rng, np.float32)
-    with pytest.raises(ValueError, match="jax_tma_copy"):
+    case = build(name, rng, np.float32)
+    with pytest.raises(ValueError, match=r"jax_tma_\w+"):
         jax.export.export(jax.jit(case.ours))(*case.args)

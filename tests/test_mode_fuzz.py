@@ -14,7 +14,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import families
 import ops_table as T
+from families import BY_NAME, OP_NAMES
 from reference import assert_bits_equal
 
 TRIALS = 3
@@ -22,22 +24,20 @@ MODES = ("eager", "jit", "vmap", "disable_jit", "vjp", "shard_map")
 
 
 def _draw_case(rng, name):
-    op = T.BY_NAME[name]
+    op = BY_NAME[name]
     dtype = op.dtypes[int(rng.integers(len(op.dtypes)))]
     modes = [m for m in MODES if m != "vjp" or jnp.issubdtype(dtype, jnp.inexact)]
-    if name == "ppermute":  # it runs inside shard_map, so under none of these two
+    if op.collective:  # it runs inside shard_map, so under none of these two
         modes = [m for m in modes if m not in ("vmap", "shard_map")]
     mode = str(rng.choice(modes))
-    kw = dict(even=False, method=str(rng.choice(op.methods)))
-    if name == "ppermute":
+    kw = dict(even=False, method=str(rng.choice(op.methods)), **op.fuzz_kw)
+    if op.collective:
         kw["batch"] = 8 * int(rng.integers(1, 3))
     elif mode == "shard_map":
         kw["batch"] = 8
-    else:  # window's shape entries are >= 1: its batch dim is too
-        kw["batch"] = int(rng.integers(1 if name == "window" else 0, 5))
-    if name in ("im2col", "col2im"):
-        kw["empty"] = True
-    return op.build(rng, dtype, **kw), mode
+    else:
+        kw["batch"] = int(rng.integers(op.min_batch, 5))
+    return families.build(name, rng, dtype, **kw), mode
 
 
 def _run(case, mode, rng):
@@ -71,7 +71,7 @@ def _run(case, mode, rng):
 
 @pytest.mark.quick
 @pytest.mark.parametrize("trial", range(TRIALS))
-@pytest.mark.parametrize("name", T.OP_NAMES)
+@pytest.mark.parametrize("name", OP_NAMES)
 def test_fuzz(rng, name, trial, fuzz_deadline):
     while True:
         case, mode = _draw_case(rng, name)

@@ -14,6 +14,8 @@ from jax import lax
 
 import jax_tma
 import ops_table as T
+from families.gather import gather_reference, scatter_reference, wrap_rows
+from families.window import window_expect, window_grad_expect
 from reference import assert_bits_equal, random_array
 
 IDS = [d.name for d in T.INT_DTYPES]
@@ -53,8 +55,8 @@ def test_window_starts(rng, dtype):
 
     got = traced(x, carrier, ct)
     values = [[int(v) for v in p] for p in pairs]
-    want = np.stack([T.window_expect(x, v, BOX, STRIDES) for v in values])
-    want_grads = np.stack([T.window_grad_expect(X_SHAPE, c, v, BOX, STRIDES)
+    want = np.stack([window_expect(x, v, BOX, STRIDES) for v in values])
+    want_grads = np.stack([window_grad_expect(X_SHAPE, c, v, BOX, STRIDES)
                            for v, c in zip(values, ct)])
     arrays, scalars, grads, batched = got
     for g in (arrays, scalars, batched):
@@ -75,7 +77,7 @@ def test_window_start_array_of_a_batch_form(rng, dtype):
     s = np.array([ext[0], ext[-1]], dtype=np.int64 if dtype != np.uint64 else np.uint64)
     f = jax.jit(lambda a, t: jax_tma.window(a, (0, t[0], t[1]), (3,) + BOX,
                                             strides=(1,) + STRIDES))
-    want = T.window_expect(x, [0, int(s[0]), int(s[1])], (3,) + BOX, (1,) + STRIDES)
+    want = window_expect(x, [0, int(s[0]), int(s[1])], (3,) + BOX, (1,) + STRIDES)
     assert_bits_equal(f(x, s.astype(dtype)), want)
 
 
@@ -108,18 +110,18 @@ def test_gather_indices(rng, dtype):
         return y, pull(ct)[0], jax.vmap(lambda j: jax_tma.gather(x, j))(i)
 
     y, g, per_index = traced(x, idx, ct)
-    want = T.gather_reference(x, np.array(values, dtype=object), 0, T.take_fill(-1.0, x.dtype))
+    want = gather_reference(x, np.array(values, dtype=object), 0, T.take_fill(-1.0, x.dtype))
     assert_bits_equal(y, want)
-    assert_bits_equal(per_index, T.gather_reference(x, np.array(values, dtype=object), 0,
+    assert_bits_equal(per_index, gather_reference(x, np.array(values, dtype=object), 0,
                                                     T.take_fill(0, x.dtype)))
-    rows, inside = T.wrap_rows(np.array(values, dtype=object), n)
+    rows, inside = wrap_rows(np.array(values, dtype=object), n)
     want_g = np.zeros_like(x)
     np.add.at(want_g, rows[inside], ct[inside])
     assert_bits_equal(g, want_g)
     # concrete NumPy scalar indices at the extremes
     for v in (idx[values.index(min(values))], idx[values.index(max(values))]):
         assert_bits_equal(jax_tma.gather(x, v, fill=-1.0),
-                          T.gather_reference(x, np.array(int(v)), 0, T.take_fill(-1.0, x.dtype)))
+                          gather_reference(x, np.array(int(v)), 0, T.take_fill(-1.0, x.dtype)))
 
 
 @pytest.mark.parametrize("dtype", T.INT_DTYPES, ids=IDS)
@@ -144,11 +146,11 @@ def test_scatter_indices(rng, dtype):
         return s, a, pull(ct)
 
     s, a, (gx, gu) = traced(x, idx, u, xf, uf, ct)
-    assert_bits_equal(s, T.scatter_reference(x, obj, u, 0, "set"))
-    assert_bits_equal(a, T.scatter_reference(x, obj, u, 0, "add"))
+    assert_bits_equal(s, scatter_reference(x, obj, u, 0, "set"))
+    assert_bits_equal(a, scatter_reference(x, obj, u, 0, "add"))
     # set's grads: x's cotangent is zero at written rows; each update gets its
     # row's cotangent if it is the update that stays (the last), else zero
-    rows, inside = T.wrap_rows(obj, n)
+    rows, inside = wrap_rows(obj, n)
     want_gx, want_gu = ct.copy(), np.zeros_like(uf)
     want_gx[rows[inside]] = 0
     last = {r: k for k, (r, ok) in enumerate(zip(rows, inside)) if ok}

@@ -10,11 +10,13 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import ops_table as T
+from families import BY_NAME, OP_NAMES, build
 from reference import assert_bits_equal
 
 REPLICATION_ERROR = "out_specs which require replication"
-# ops whose index operand (starts, indices) may vary while x does not
-INDEXED = tuple(n for n in T.OP_NAMES if n in ("window", "gather", "scatter-set", "scatter-add"))
+# ops with an index operand (starts, indices), which may vary while x does not
+INDEXED = tuple(n for n in OP_NAMES
+                if BY_NAME[n].build(np.random.default_rng(0), np.dtype(np.float32)).index is not None)
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +30,9 @@ def _vjp_body(case, fn):
     return body
 
 
-@pytest.mark.parametrize("name", T.OP_NAMES)
+@pytest.mark.parametrize("name", OP_NAMES)
 def test_vjp_of_blocks_split_over_every_device(rng, mesh, name):
-    case = T.build(name, rng, np.float32)
+    case = build(name, rng, np.float32)
     specs = case.batch_specs()
     ct = T.cotangent(rng, T.out_struct(case).shape, np.float32)
     out_specs = (T.BATCH, tuple(specs[i] for i in case.diff))
@@ -42,9 +44,9 @@ def test_vjp_of_blocks_split_over_every_device(rng, mesh, name):
         T.assert_like_jnp(g, w)
 
 
-@pytest.mark.parametrize("name", T.OP_NAMES)
+@pytest.mark.parametrize("name", OP_NAMES)
 def test_grad_of_a_loss(rng, mesh, name):
-    case = T.build(name, rng, np.float32)
+    case = build(name, rng, np.float32)
     specs = case.batch_specs()
     w = T.cotangent(rng, T.out_struct(case).shape, np.float32)
 
@@ -70,7 +72,7 @@ def test_grad_of_a_loss(rng, mesh, name):
 def test_replicated_x_with_varying_indices(rng, mesh, name):
     """x the same on every device, the starts or indices differ per device:
     the result varies, and x's cotangent (and updates') sums over devices."""
-    case = T.build(name, rng, np.float32)
+    case = build(name, rng, np.float32)
     k = case.index
     idx = np.stack([case.draw(rng)[k] for _ in range(8)])
     args = list(case.args)
@@ -104,16 +106,16 @@ def _raises_like_jnp(case, mesh, in_specs, fns, args):
             f.lower(*args)
 
 
-@pytest.mark.parametrize("name", T.OP_NAMES)
+@pytest.mark.parametrize("name", OP_NAMES)
 def test_replicated_out_spec_of_a_varying_result_raises(rng, mesh, name):
-    case = T.build(name, rng, np.float32)
+    case = build(name, rng, np.float32)
     ours, ref = T.local_fns(case)
     _raises_like_jnp(case, mesh, case.batch_specs(), (ref, ours), case.args)
 
 
 @pytest.mark.parametrize("name", INDEXED)
 def test_replicated_out_spec_with_varying_indices_raises(rng, mesh, name):
-    case = T.build(name, rng, np.float32)
+    case = build(name, rng, np.float32)
     k = case.index
     args = list(case.args)
     args[k] = np.stack([case.draw(rng)[k] for _ in range(8)])

@@ -1,8 +1,9 @@
 """jax_tma ops on arrays sharded over several GPUs (the 8-host-device CPU
-version is tests/test_sharding.py): jit over NamedSharding inputs and
-shard_map give the single-device result bit for bit, and the compiled
-program has no collectives for the dims each op splits. Needs >= 2 GPUs;
-JAX_TMA_REQUIRE_MULTI_GPU=1 turns the skip into a failure."""
+version is tests/test_sharding.py): every op of the family descriptors
+(families.OPS) under jit over NamedSharding inputs and shard_map gives the
+NumPy result bit for bit, and the compiled program has no collectives for
+the dims the op splits; then ppermute's peer copies between real GPUs.
+Needs >= 2 GPUs; JAX_TMA_REQUIRE_MULTI_GPU=1 turns the skip into a failure."""
 
 import functools
 import os
@@ -14,9 +15,10 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_tma
+from families import LOCAL_OPS, build
+from families.ppermute import ppermute_reference
 from paths import run_on_path
-from reference import (assert_bits_equal, assert_no_collectives, ppermute_reference,
-                       random_array)
+from reference import assert_bits_equal, assert_no_collectives, random_array
 
 pytestmark = pytest.mark.gpu
 
@@ -36,36 +38,25 @@ def _no_collectives(f, *args):
     assert_no_collectives(f.lower(*args).compile().as_text())
 
 
-CASES = {
-    # name: (op, partition spec of input and output, input shape)
-    "copy": (lambda a: jax_tma.copy(a), P("x", None), (64, 256)),
-    "copy-dim1": (lambda a: jax_tma.copy(a), P(None, "x"), (64, 256)),
-    "window-full-leading-dim": (
-        lambda a: jax_tma.window(a, (0, -3, 5), (a.shape[0], 40, 64), strides=(1, 2, 1),
-                                 fill="nan"), P("x", None, None), (8, 96, 128)),
-    "vmapped-window": (jax.vmap(lambda a: jax_tma.window(a, (7, -1), (33, 48))),
-                       P("x", None, None), (8, 96, 128)),
-    "broadcast-after-dim0": (lambda a: jax_tma.broadcast(a, 3, axis=1), P("x", None), (64, 256)),
-    "broadcast-after-dim1": (lambda a: jax_tma.broadcast(a, 2, axis=2), P(None, "x"), (64, 256)),
-    "im2col-batch": (lambda a: jax_tma.im2col(a, (3, 3), padding="SAME"),
-                     P("x", None, None, None), (4, 12, 10, 8)),
-    "col2im-batch": (lambda a: jax_tma.col2im(a, (a.shape[0], 6, 5, 8), (3, 3), padding="SAME"),
-                     P("x", None, None, None), (4, 6, 5, 72)),
-}
-
-
-@pytest.mark.parametrize("name", list(CASES))
-def test_sharded_equals_single_device(mesh, rng, name):
-    op, spec, shape = CASES[name]
-    host = random_array(rng, shape, np.float32)
-    single = jax.jit(op)(jax.device_put(host, mesh.devices.flat[0]))
-    x = jax.device_put(host, NamedSharding(mesh, spec))
-    f = jax.jit(op)
-    _no_collectives(f, x)
-    assert_bits_equal(f(x), np.asarray(single))
-    g = jax.jit(jax.shard_map(op, mesh=mesh, in_specs=spec, out_specs=spec))
-    _no_collectives(g, x)
-    assert_bits_equal(g(x), np.asarray(single))
+@pytest.mark.parametrize("name", LOCAL_OPS)
+def test_sharded_equals_the_numpy_result(mesh, rng, name):
+    """The batch dim, then the last dim the op splits locally, over 2 or 4
+    GPUs (the cases' split dims are 4 or 8 long)."""
+    case = build(name, rng, np.float32)
+    gpus = list(mesh.devices.flat)
+    small = Mesh(np.array(gpus[:4 if len(gpus) >= 4 else 2]), ("x",),
+                 axis_types=(AxisType.Auto,))
+    for d in dict.fromkeys((0, case.local_split()[-1])):
+        specs = case.in_specs({d: "x"})
+        args = tuple(jax.device_put(a, NamedSharding(small, s)) for a, s in zip(case.args, specs))
+        f = jax.jit(case.ours)
+        _no_collectives(f, *args)
+        assert_bits_equal(f(*args), case.want())
+    specs = case.in_specs({0: "x"})
+    args = tuple(jax.device_put(a, NamedSharding(small, s)) for a, s in zip(case.args, specs))
+    g = jax.jit(jax.shard_map(case.ours, mesh=small, in_specs=specs, out_specs=P("x")))
+    _no_collectives(g, *args)
+    assert_bits_equal(g(*args), case.want())
 
 
 # ---- jax_tma.ppermute: peer reads between real GPUs ------------------------

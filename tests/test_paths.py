@@ -9,78 +9,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-import jax_tma
+from families import CPU_CALLS, GPU_CALLS
 from jax_tma import _ffi, _jax_tma
 from paths import assert_path, paths_ran, run_on_path
 from reference import assert_bits_equal, cpu_device, random_array
 
-
-_PAIR = jax.sharding.Mesh(np.array(jax.devices("cpu")[:2]), ("i",))
-_ppermute = jax.shard_map(lambda b: jax_tma.ppermute(b, "i", [(0, 1), (1, 0)]), mesh=_PAIR,
-                          in_specs=P("i"), out_specs=P("i"))
-
-# One call per op (the op of each FFI target "jax_tma_<op>"), where its input
-# lives and how many handler calls it makes (one per device), which its CPU
-# handler counts; tests/test_families.py holds every family's targets to it.
-CPU_CALLS = {
-    "copy": (lambda x: jax_tma.copy(x, method="tma"), None, 1),
-    "window": (lambda x: jax_tma.window(x, (1, -2), (4, 8)), None, 1),
-    "im2col": (lambda x: jax_tma.im2col(x[None, :, :, None], 3), None, 1),
-    "broadcast": (lambda x: jax_tma.broadcast(x, 3, method="multicast"), None, 1),
-    "gather": (lambda x: jax_tma.gather(x, jnp.array([3, -1, 9]), method="tma"), None, 1),
-    "scatter": (lambda x: jax_tma.scatter(x, jnp.array([3, -1, 9]), x[:3], mode="add"), None, 1),
-    "ppermute": (_ppermute, NamedSharding(_PAIR, P("i")), 2),
-}
-
-
-def _self_permute(method):
-    """ppermute onto itself over a one-device mesh of `device`."""
-    def call(x, device):
-        mesh = jax.sharding.Mesh(np.array([device]), ("i",))
-        return jax.shard_map(lambda b: jax_tma.ppermute(b, "i", [(0, 0)], method=method),
-                             mesh=mesh, in_specs=P("i"), out_specs=P("i"))(x)
-    return call
-
-
-# One call per CUDA path of every family (each forcing its path where `auto`
-# would not take it) of a random float32 array of shape (64, 16) on `device`.
-GPU_CALLS = {
-    "copy.tma": lambda x, device: jax_tma.copy(x, method="tma"),
-    "copy.simt": lambda x, device: jax_tma.copy(x, method="simt"),
-    "window.tiled": lambda x, device: jax_tma.window(x, (1, -2), (4, 8), method="tma"),
-    "window.simt": lambda x, device: jax_tma.window(x, (1, -2), (4, 8), method="simt"),
-    "im2col.tma": lambda x, device: jax_tma.im2col(x.reshape(4, 8, 8, 4), 3, method="tma"),
-    "im2col.simt": lambda x, device: jax_tma.im2col(x.reshape(4, 8, 8, 4), 3, method="simt"),
-    "broadcast.store": lambda x, device: jax_tma.broadcast(x, 3, method="store"),
-    "broadcast.multicast": lambda x, device: jax_tma.broadcast(x, 3, method="multicast"),
-    "broadcast.dsmem": lambda x, device: jax_tma.broadcast(x, 3, method="dsmem"),
-    "broadcast.simt": lambda x, device: jax_tma.broadcast(x, 3, method="simt"),
-    "gather.tma": lambda x, device: jax_tma.gather(x, jnp.array([3, -1, 9, 70]), method="tma"),
-    "gather.simt": lambda x, device: jax_tma.gather(x, jnp.array([3, -1, 9, 70]), method="simt"),
-    "scatter.tma": lambda x, device: jax_tma.scatter(x, jnp.array([3, -1, 70]), x[:3],
-                                                     method="tma"),
-    "scatter.simt": lambda x, device: jax_tma.scatter(x, jnp.array([3, -1, 70]), x[:3],
-                                                      method="simt"),
-    "scatter.ordered": lambda x, device: jax_tma.scatter(x, jnp.array([3, 3, 7]), x[:3],
-                                                         mode="add", deterministic=True),
-    "ppermute.tma": _self_permute("tma"),
-    "ppermute.simt": _self_permute("simt"),
-}
-
-
-def test_every_cuda_path_has_a_gpu_call():
-    declared = {p for family in _jax_tma.families().values() for p in family["paths"]
-                if not p.endswith(".cpu")}
-    assert sorted(GPU_CALLS) == sorted(declared), \
-        "tests/test_paths.py's GPU_CALLS needs one call per CUDA path of the manifests"
+# One call per op (CPU_CALLS) and one per CUDA path (GPU_CALLS) of every
+# family: its descriptor's (tests/families/<family>.py), which
+# tests/test_families.py holds to its targets and paths.
 
 
 @pytest.mark.gpu
 @pytest.mark.quick
 @pytest.mark.parametrize("path", sorted(GPU_CALLS))
 def test_each_cuda_path_runs_alone_and_matches_the_cpu(gpu, rng, path):
+    # (64, 16): multicast splits a tile of several rows among its CTAs
     x = random_array(rng, (64, 16), np.float32)
     call = jax.jit(GPU_CALLS[path], static_argnums=1)
     want = call(jax.device_put(x, cpu_device()), cpu_device())
@@ -96,14 +40,14 @@ def test_every_path_is_counted():
 
 @pytest.mark.parametrize("op", sorted(CPU_CALLS))
 def test_cpu_handlers_count_their_calls(rng, op):
-    call, where, handler_calls = CPU_CALLS[op]
-    x = jax.device_put(rng.standard_normal((8, 16)).astype(np.float32), where or cpu_device())
+    c = CPU_CALLS[op]
+    x = jax.device_put(rng.standard_normal((8, 16)).astype(np.float32), c.where or cpu_device())
     for calls in (1, 2):
-        f = jax.jit(call)  # a fresh executable each time
+        f = jax.jit(c.call)  # a fresh executable each time
         with paths_ran() as ran:
             for _ in range(calls):
                 jax.block_until_ready(f(x))
-        assert ran == {f"{op}.cpu": calls * handler_calls}
+        assert ran == {f"{op}.cpu": calls * c.handler_calls}
         assert_path(ran, f"{op}.cpu")
 
 

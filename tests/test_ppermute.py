@@ -20,8 +20,8 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import jax_tma
-from reference import (ALL_DTYPES, assert_bits_equal, assert_no_collectives, ppermute_reference,
-                       random_array)
+from families.ppermute import ppermute_reference
+from reference import ALL_DTYPES, assert_bits_equal, assert_no_collectives, random_array
 
 
 def _mesh(shape, names):

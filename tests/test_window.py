@@ -10,15 +10,19 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from jax import lax
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import jax_tma
-from jax.sharding import AxisType
 
-from reference import (ALL_DTYPES, assert_bits_equal, cpu_device, cpu_mesh, random_array,
-                       use_mesh, window_reference)
+from families.window import window_expect, window_reference
+from ops_table import COMPLEX_FILLS, FLOAT_DTYPES, check_fills
+from reference import (ALL_DTYPES, assert_bits_equal, assert_no_collectives, collectives_in,
+                       cpu_device, cpu_mesh, random_array, use_mesh)
 
 FLOATS = [d for d in ALL_DTYPES if jnp.issubdtype(d, jnp.inexact)
           and d.name not in ("float4_e2m1fn",)]
@@ -113,6 +117,25 @@ def test_nan_fill_bits(rng, dtype):
     x = random_array(rng, (4, 6), dtype)
     got = jax_tma.window(on_cpu(x), (2, 4), (4, 4), fill="nan")
     assert_bits_equal(got, window_reference(x, (2, 4), (4, 4), fill_nan=True))
+
+
+WINDOW_FILLS = [0, 0.0, -0.0, float("nan"), "nan", np.float32(-0.0), ml_dtypes.bfloat16(-0.0),
+                jnp.array(0.0), jnp.array(-0.0), jnp.array(float("nan"))]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_every_fill_of_every_float_dtype_as_jnp_pad_writes_it(rng, dtype):
+    """On the default device: -0.0 stays negative, NaN is float8_e5m2's
+    0x7F, 0 is float8_e8m0fnu's 0xFF; complex fills of two different halves
+    too."""
+    x = random_array(rng, (5, 6), dtype)
+    start, shape, strides = (-2, 3), (6, 4), (1, 2)  # over three edges
+
+    def win(a, fill):
+        return jax_tma.window(a, start, shape, strides=strides, fill=fill)
+
+    fills = WINDOW_FILLS + (COMPLEX_FILLS if np.dtype(dtype).kind == "c" else [])
+    check_fills(win, x, fills, lambda f: window_expect(x, start, shape, strides, f))
 
 
 def test_fully_out_of_bounds_and_zero_size_x(rng):
@@ -607,3 +630,30 @@ def test_export_with_symbolic_dims(rng):
         x = random_array(rng, (n, 4), np.float32)
         assert_bits_equal(call(on_cpu(x), np.int32(n - 2)),
                           window_reference(x, (n - 2, 1), (3, 2), fill=-0.0))
+
+
+# ---- sharded over 8 host devices: no collectives for the dims the op splits ----
+
+@pytest.mark.parametrize("spec", [P("x", None, None), P(("a", "b"), None, None)], ids=str)
+def test_sharding_of_batch_dims_without_collectives(rng, spec):
+    mesh = cpu_mesh((8,), ("x",)) if spec[0] == "x" else cpu_mesh((2, 4), ("a", "b"))
+    host = random_array(rng, (16, 12, 10), np.float32)
+    x = jax.device_put(host, NamedSharding(mesh, spec))
+    # vmapped over the leading dim, and the same as a fully covered leading dim
+    for f in (jax.jit(jax.vmap(lambda a: jax_tma.window(a, (-1, 3), (5, 9), strides=(2, 1)))),
+              jax.jit(lambda a: jax_tma.window(a, (0, -1, 3), (16, 5, 9), strides=(1, 2, 1)))):
+        assert_no_collectives(f.lower(x).compile().as_text())
+        want = np.stack([window_reference(h, (-1, 3), (5, 9), (2, 1)) for h in host])
+        assert_bits_equal(f(x), want)
+
+
+def test_sharding_of_a_split_spatial_dim_replicates_it(rng):
+    # A box that does not cover a sharded dim in full needs that dim's data
+    # from every device: XLA gathers it (and the result is still exact).
+    mesh = cpu_mesh((8,), ("x",))
+    host = random_array(rng, (16, 12), np.float32)
+    x = jax.device_put(host, NamedSharding(mesh, P("x", None)))
+    f = jax.jit(lambda a: jax_tma.window(a, (3, 1), (6, 6)))
+    found = collectives_in(f.lower(x).compile().as_text())
+    assert any(c.startswith("all-gather") for c in found), found
+    assert_bits_equal(f(x), window_reference(host, (3, 1), (6, 6)))

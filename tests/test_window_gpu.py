@@ -15,7 +15,8 @@ import pytest
 
 import jax_tma
 from paths import run_on_path
-from reference import ALL_DTYPES, assert_bits_equal, random_array, window_reference
+from families.window import window_reference
+from reference import ALL_DTYPES, assert_bits_equal, random_array
 
 pytestmark = pytest.mark.gpu
 POISON = 0xA5

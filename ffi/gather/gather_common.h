@@ -288,7 +288,7 @@ inline ffi::Error DecodeGather(const ffi::AnyBuffer& x, const ffi::AnyBuffer& in
   JAX_TMA_RETURN_IF_FAILED(gather_detail::DecodeSlabs(op, x, indices, out->element_type(),
                                                       out->dimensions(), "output", axis, batch,
                                                       method, g));
-  JAX_TMA_RETURN_IF_FAILED(DecodeFill(op, fill, t, n, g->elem_bytes, &g->fill));
+  JAX_TMA_RETURN_IF_FAILED(ParseFill(op, fill, t, n, g->elem_bytes, &g->fill));
   g->out = out->untyped_data();
   if (out->element_count() != 0 && g->out == nullptr) return InvalidArgument(op, "null buffer");
   return ffi::Error::Success();

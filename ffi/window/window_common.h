@@ -117,7 +117,7 @@ inline ffi::Error DecodeWindow(const ffi::AnyBuffer& src,
   g->rank = static_cast<int>(r);
   g->transpose = transpose;
   g->elem_bytes = static_cast<int64_t>(ffi::ByteWidth(src.element_type()));
-  JAX_TMA_RETURN_IF_FAILED(DecodeFill(op, fill, 0, 1, g->elem_bytes, &g->fill));
+  JAX_TMA_RETURN_IF_FAILED(ParseFill(op, fill, 0, 1, g->elem_bytes, &g->fill));
   g->src_batched = static_cast<int64_t>(sd.size()) == nb + r && nb > 0;
   g->batch = 1;
   for (int64_t i = 0; i < nb; ++i) {

@@ -1,6 +1,7 @@
-"""What every family's FFI fuzz spec (tests/fuzz_specs/<family>.py) is built
-from: the call, the spec, the random pickers and the rules every handler
-words alike. tests/test_ffi_fuzz.py runs the specs."""
+"""What every family's FFI fuzz spec (SPECS of its descriptor,
+tests/families/<family>.py) is built from: the call, the spec, the random
+pickers and the rules every handler words alike. tests/test_ffi_fuzz.py
+runs the specs."""
 
 from __future__ import annotations
 

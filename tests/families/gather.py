@@ -1,15 +1,86 @@
-"""The FFI fuzz's spec of jax_tma.gather and scatter (tests/test_ffi_fuzz.py runs it)."""
+"""The gather family's descriptor (tests/families/__init__.py says what each
+name is for): jax_tma.gather and jax_tma.scatter, with their NumPy
+references."""
 
 from __future__ import annotations
 
+import functools
 import math
 
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
-from fuzz_specs.common import (BYTE_DTYPES, PORTABLE, S, SHAPE_RULES, SUMMABLE, Call, Spec,
-                               fill_patterns, pick, random_fill, some_dtype, with_)
-from reference import random_array
+import jax_tma
+from fuzz import (BYTE_DTYPES, PORTABLE, S, SHAPE_RULES, SUMMABLE, Call, Spec, fill_patterns,
+                  pick, random_fill, some_dtype, with_)
+from ops_table import (EXACT_TERMS, SUB_BYTE_WIDE, SUMMABLE as SUMMED, Case, Op, as_ints,
+                       cotangent, dim_size, dims_spec, extra_rank, int_extremes, take_fill)
+from paths import CpuCall
+from reference import ALL_DTYPES, random_array
 
+MODULES = ("jax_tma._gather", "jax_tma._scatter", "jax_tma._gather_common")
+
+
+# ---- references -------------------------------------------------------------------
+
+def wrap_rows(idx, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """jnp.take's reading of integer indices along a dim of size n: negative
+    ones wrap once; (rows, inside), rows 0 where outside."""
+    rows = [i + n if -n <= i < 0 else i for i in as_ints(idx)]
+    inside = np.array([0 <= r < n for r in rows], bool)
+    rows = np.array([r if ok else 0 for r, ok in zip(rows, inside)], np.int64)
+    return rows, inside
+
+
+def gather_reference(x, idx, axis: int, fill_bits) -> np.ndarray:
+    """jax_tma.gather in NumPy: the slabs of x along axis at idx (wrapped
+    once), `fill_bits` (jnp's fill) for indices out of range."""
+    x, idx = np.asarray(x), np.asarray(idx)
+    n = x.shape[axis]
+    rows, inside = wrap_rows(idx, n)
+    xm = np.moveaxis(x, axis, 0)
+    out = np.empty((rows.size,) + xm.shape[1:], x.dtype)
+    if n:
+        out[...] = xm[rows]
+    out[~inside] = fill_bits[0] if np.ndim(fill_bits) else fill_bits
+    out = out.reshape(idx.shape + xm.shape[1:])
+    return np.ascontiguousarray(np.moveaxis(out, list(range(idx.ndim)),
+                                            list(range(axis, axis + idx.ndim))))
+
+
+def _canonical_nans(a: np.ndarray) -> np.ndarray:
+    if a.dtype.kind == "c":
+        parts = a.view(np.float32 if a.dtype == np.complex64 else np.float64)
+        parts[np.isnan(parts)] = np.nan
+    elif a.dtype.kind == "f" or a.dtype.name in ("bfloat16",):
+        a[np.isnan(a.astype(np.float64))] = np.nan
+    return a
+
+
+def scatter_reference(x, idx, u, axis: int, mode: str) -> np.ndarray:
+    """jax_tma.scatter on the CPU in NumPy: updates applied in index order
+    (the last of duplicates wins a set); adds round to the dtype after each
+    add (16-bit floats add in float32), integers wrap, a NaN sum is the
+    canonical quiet NaN; indices out of range (after one wrap) dropped."""
+    x, u = np.asarray(x), np.asarray(u)
+    idx = np.asarray(idx)
+    out = np.array(np.moveaxis(x, axis, 0))
+    um = np.moveaxis(u.reshape(x.shape[:axis] + (idx.size,) + x.shape[axis + 1:]), axis, 0)
+    rows, inside = wrap_rows(idx, x.shape[axis])
+    acc = np.float32 if x.dtype.name in ("float16", "bfloat16") else x.dtype
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i, (r, ok) in enumerate(zip(rows, inside)):
+            if not ok:
+                continue
+            if mode == "set":
+                out[r] = um[i]
+            else:
+                out[r] = _canonical_nans((out[r].astype(acc) + um[i].astype(acc)).astype(x.dtype))
+    return np.ascontiguousarray(np.moveaxis(out, 0, axis))
+
+
+# ---- the FFI fuzz -----------------------------------------------------------------
 
 _INDEX_DTYPES = tuple(np.dtype(d) for d in (np.int8, np.int16, np.int32, np.int64, np.uint8,
                                             np.uint16, np.uint32, np.uint64))
@@ -254,3 +325,139 @@ SPECS: dict[str, Spec] = {
                     "mode": r"summed|\bsum\b|order"},
         exact=_scatter_exact),
 }
+
+
+# ---- the paths --------------------------------------------------------------------
+
+CPU_CALLS = {
+    "gather": CpuCall(lambda x: jax_tma.gather(x, jnp.array([3, -1, 9]), method="tma")),
+    "scatter": CpuCall(lambda x: jax_tma.scatter(x, jnp.array([3, -1, 9]), x[:3], mode="add")),
+}
+
+GPU_CALLS = {
+    "gather.tma": lambda x, device: jax_tma.gather(x, jnp.array([3, -1, 9, 70]), method="tma"),
+    "gather.simt": lambda x, device: jax_tma.gather(x, jnp.array([3, -1, 9, 70]), method="simt"),
+    "scatter.tma": lambda x, device: jax_tma.scatter(x, jnp.array([3, -1, 70]), x[:3],
+                                                     method="tma"),
+    "scatter.simt": lambda x, device: jax_tma.scatter(x, jnp.array([3, -1, 70]), x[:3],
+                                                      method="simt"),
+    "scatter.ordered": lambda x, device: jax_tma.scatter(x, jnp.array([3, 3, 7]), x[:3],
+                                                         mode="add", deterministic=True),
+}
+
+
+# ---- the mode tests ---------------------------------------------------------------
+
+def _at(axis: int, idx):
+    return (slice(None),) * axis + (idx,)
+
+
+def _indices(rng, n, shape, dtype, unique=False):
+    """Indices along a dim of size n: in range, wrapped negatives and out of
+    range; `unique`: no two name the same slab (for set, whose duplicates
+    jnp leaves unspecified); else at most EXACT_TERMS name one slab, so that
+    the sums a gather's grad makes of cotangent() terms are exact."""
+    count = math.prod(shape)
+    if unique:
+        rows = rng.permutation(n)[: min(count, n)]
+        rows = np.where(rng.integers(0, 2, rows.shape) == 1, rows - n, rows)
+        extra = np.arange(n, n + count - rows.size) + 1
+        vals = rng.permutation(np.concatenate([rows, extra]))
+    else:
+        vals = rng.integers(-n - 2, n + 2, count)
+        inside = (vals >= -n) & (vals < n)
+        rows = np.where(inside, vals % n, -1)
+        seen = np.array([np.count_nonzero(rows[:i] == rows[i]) for i in range(count)], int)
+        vals = np.where(inside & (seen >= EXACT_TERMS), n, vals)  # past the end: filled
+    return vals.reshape(shape).astype(dtype)
+
+
+def build_gather(rng, dtype, *, batch=8, even=True, method="auto",
+                 index_dtype=np.int32) -> Case:
+    """x (B, R, *slab) gathered along dim 1 (axis 1 or its negative form)."""
+    slab = tuple(dim_size(rng, even) for _ in range(extra_rank(rng, even)))
+    r = int(rng.integers(1, 8))
+    shape = (batch, r) + slab
+    idx_shape = tuple(int(rng.integers(1, 5)) for _ in range(int(rng.integers(0, 3))))
+    axis = 1 if rng.integers(0, 2) else 1 - len(shape)
+    floating = jnp.issubdtype(dtype, jnp.inexact)
+    if floating:
+        # no -0.0: jnp.take caches programs by fill_value, where -0.0 == 0.0
+        # (test_mode_float_dtypes.py tests it against jnp.pad's bits)
+        fill = [0, 0.0, float("nan"), 1.5, -2.0][int(rng.integers(0, 5))]
+    elif dtype == np.bool_:
+        fill = bool(rng.integers(0, 2))
+    else:
+        # by index: NumPy makes a list holding 2**64 - 1 a float64 array
+        extremes = int_extremes(dtype)
+        fill = extremes[int(rng.integers(0, len(extremes)))]
+
+    def draw(rr):
+        return random_array(rr, shape, dtype), _indices(rr, r, idx_shape, index_dtype)
+
+    def in_specs(dims):
+        return (dims_spec(len(shape), dims), P())
+
+    return Case(
+        op="gather", dtype=np.dtype(dtype), args=draw(rng),
+        ours=lambda x, i: jax_tma.gather(x, i, axis=axis, fill=fill, method=method),
+        ref=lambda x, i: jnp.take(x, i, axis=axis, mode="fill", fill_value=fill),
+        expect=lambda x, i: gather_reference(x, i, axis % len(shape), take_fill(fill, dtype)),
+        draw=draw, diff=(0,), batch=(0,), split=(0,) + tuple(range(2, len(shape))),
+        in_specs=in_specs, exact=True, index=1,
+        symbolic=(("b", None) + tuple(f"d{i}" for i in range(2, len(shape))),
+                  tuple(f"k{i}" for i in range(len(idx_shape)))),
+        params=dict(axis=axis, fill=fill),
+    )
+
+
+def build_scatter(rng, dtype, *, batch=8, even=True, method="auto", mode=None,
+                  index_dtype=np.int32) -> Case:
+    """x (B, R, *slab) updated along dim 1; set with distinct slabs (jnp
+    leaves duplicates unspecified), add with duplicates."""
+    mode = mode or ("add" if np.dtype(dtype) in SUMMABLE and rng.integers(0, 2) else "set")
+    slab = tuple(dim_size(rng, even) for _ in range(extra_rank(rng, even)))
+    r = int(rng.integers(1, 8))
+    shape = (batch, r) + slab
+    k = int(rng.integers(1, 6))
+    axis = 1 if rng.integers(0, 2) else 1 - len(shape)
+    floating = jnp.issubdtype(dtype, jnp.inexact)
+    u_shape = (batch, k) + slab
+
+    def draw(rr):
+        # adds of exact values: any order gives the same bits
+        data = (lambda s: cotangent(rr, s, dtype)) if floating and mode == "add" else \
+            (lambda s: random_array(rr, s, dtype))
+        return data(shape), _indices(rr, r, (k,), index_dtype, unique=mode == "set"), \
+            data(u_shape)
+
+    def in_specs(dims):
+        return (dims_spec(len(shape), dims), P(),
+                dims_spec(len(shape), {d: a for d, a in dims.items() if d != 1}))
+
+    def ref(x, i, u):
+        # set: distinct slabs, as the hint says (jax's grad of a plain set
+        # cannot resolve the sharding of its internal ids on Explicit meshes),
+        # sub-byte dtypes through SUB_BYTE_WIDE
+        x = jnp.asarray(x)
+        if mode == "add":
+            return x.at[_at(axis % x.ndim, i)].add(u, mode="drop")
+        wide = SUB_BYTE_WIDE.get(x.dtype.name, x.dtype)
+        at = x.astype(wide).at[_at(axis % x.ndim, i)]
+        return at.set(jnp.asarray(u).astype(wide), mode="drop", unique_indices=True).astype(x.dtype)
+
+    return Case(
+        op=f"scatter-{mode}", dtype=np.dtype(dtype), args=draw(rng),
+        ours=lambda x, i, u: jax_tma.scatter(x, i, u, axis=axis, mode=mode, method=method),
+        ref=ref, expect=lambda x, i, u: scatter_reference(x, i, u, axis % len(shape), mode),
+        draw=draw, diff=(0, 2), batch=(0, 2), split=(0,) + tuple(range(2, len(shape))),
+        in_specs=in_specs, exact=mode == "set" or not floating, index=1,
+        symbolic=(("b", None) + tuple(f"d{i}" for i in range(2, len(shape))), ("k",),
+                  ("b", "k") + tuple(f"d{i}" for i in range(2, len(shape)))),
+        params=dict(axis=axis, mode=mode),
+    )
+
+
+OPS = (Op("gather", build_gather, ALL_DTYPES),
+       Op("scatter-set", functools.partial(build_scatter, mode="set"), ALL_DTYPES),
+       Op("scatter-add", functools.partial(build_scatter, mode="add"), SUMMED))

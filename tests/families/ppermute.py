@@ -1,14 +1,42 @@
-"""The FFI fuzz's spec of jax_tma.ppermute (tests/test_ffi_fuzz.py runs it)."""
+"""The ppermute family's descriptor (tests/families/__init__.py says what
+each name is for): jax_tma.ppermute, whose copies are the copy family's
+kernels, and its NumPy reference."""
 
 from __future__ import annotations
 
 import itertools
 
+import jax
 import numpy as np
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from fuzz_specs.common import S, Call, Spec, i64, pick, with_
-from fuzz_specs.copy import copy_call, copy_reference
+import jax_tma
+from families.copy import copy_call, copy_reference
+from fuzz import S, Call, Spec, i64, pick, with_
+from ops_table import (BATCH, MESH_AXES, SUB_BYTE_WIDE, Case, Op, dim_size, dims_spec, extra_rank,
+                       on_mesh, take_fill)
+from paths import CpuCall
+from reference import ALL_DTYPES, random_array
 
+MODULES = ("jax_tma._ppermute",)
+
+
+# ---- references -------------------------------------------------------------------
+
+def ppermute_reference(x: np.ndarray, n: int, perm) -> np.ndarray:
+    """lax.ppermute's result for `x` split into `n` blocks along dim 0 (a
+    1-D mesh): block d is the block of the device sending to d, else zeros
+    as jnp writes them (float8_e8m0fnu's 0 is 0xFF)."""
+    blocks = np.split(np.asarray(x), n)
+    out = [np.full_like(b, np.asarray(0).astype(b.dtype)) for b in blocks]
+    for src, dst in perm:
+        out[dst] = blocks[src]
+    return np.concatenate(out)
+
+
+# ---- the FFI fuzz -----------------------------------------------------------------
 
 # The ppermute meeting state is per instance id and lives as long as the
 # process; lowerings number theirs from 1 and test_ppermute's raw calls from
@@ -95,3 +123,65 @@ SPECS: dict[str, Spec] = {
                     "process": r"among the devices", "processes": r"process"},
         keep=("instance",), waits_for_peer=_ppermute_waits_for_peer),
 }
+
+
+# ---- the paths --------------------------------------------------------------------
+
+# Two host devices swap their blocks: a handler call on each.
+_PAIR = jax.sharding.Mesh(np.array(jax.devices("cpu")[:2]), ("i",))
+CPU_CALLS = {"ppermute": CpuCall(
+    jax.shard_map(lambda b: jax_tma.ppermute(b, "i", [(0, 1), (1, 0)]), mesh=_PAIR,
+                  in_specs=P("i"), out_specs=P("i")),
+    where=NamedSharding(_PAIR, P("i")), handler_calls=2)}
+
+
+def _self_permute(method):
+    """A block to itself over a one-device mesh of `device` (on a GPU: a
+    peer copy within it)."""
+    def call(x, device):
+        one = jax.sharding.Mesh(np.array([device]), ("i",))
+        return jax.shard_map(lambda b: jax_tma.ppermute(b, "i", [(0, 0)], method=method),
+                             mesh=one, in_specs=P("i"), out_specs=P("i"))(x)
+    return call
+
+
+GPU_CALLS = {"ppermute.tma": _self_permute("tma"), "ppermute.simt": _self_permute("simt")}
+
+
+# ---- the mode tests ---------------------------------------------------------------
+
+
+def _lax_ppermute(b, perm):
+    """lax.ppermute over MESH_AXES, sub-byte dtypes through SUB_BYTE_WIDE."""
+    wide = SUB_BYTE_WIDE.get(b.dtype.name)
+    if wide is None:
+        return lax.ppermute(b, MESH_AXES, perm)
+    return lax.ppermute(b.astype(wide), MESH_AXES, perm).astype(b.dtype)
+
+
+def build_ppermute(rng, dtype, *, batch=16, even=True, method="auto") -> Case:
+    """A (batch, ...) array split over all 8 devices of the 2 x 4 mesh,
+    blocks moved along a random partial permutation of the 8 positions."""
+    shape = (batch,) + tuple(dim_size(rng, even) for _ in range(extra_rank(rng, even)))
+    k = int(rng.integers(1, 9))
+    perm = tuple(zip(map(int, rng.permutation(8)[:k]), map(int, rng.permutation(8)[:k])))
+    draw = lambda rr: (random_array(rr, shape, dtype),)  # noqa: E731
+    local = lambda b: jax_tma.ppermute(b, MESH_AXES, perm, method=method)  # noqa: E731
+    local_ref = lambda b: _lax_ppermute(b, perm)  # noqa: E731
+
+    def expect(x):
+        out = ppermute_reference(x, 8, perm)
+        received = ppermute_reference(np.ones(x.shape, bool), 8, perm)
+        out[~received] = take_fill(0, x.dtype)[0]  # lax's zeros (float8_e8m0fnu: 0xFF)
+        return out
+    return Case(
+        op="ppermute", dtype=np.dtype(dtype), args=draw(rng),
+        ours=on_mesh(local, BATCH), ref=on_mesh(local_ref, BATCH),
+        expect=expect, draw=draw, diff=(0,), batch=(0,),
+        split=(0,), in_specs=lambda dims: (dims_spec(len(shape), dims),), collective=True,
+        symbolic=(("8*b",) + tuple(f"d{i}" for i in range(1, len(shape))),),
+        params=dict(perm=perm, local=local, local_ref=local_ref),
+    )
+
+
+OPS = (Op("ppermute", build_ppermute, ALL_DTYPES, ("auto", "tma", "simt"), collective=True),)
