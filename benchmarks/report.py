@@ -13,8 +13,10 @@ op pages of docs/ops/), or a section drawn from several results (DERIVED:
 the README's headline table, docs/benchmarks.md's build);
 everything between them is this script's output. The results must be one
 file per op, from one commit, clean and not smoke runs, and the code that
-a result measures (comments and docstrings aside) must be HEAD's: its op
-family's (runs_through), the shared core's, and its benchmark module's; a
+a result measures (comments and docstrings aside) must be the checkout's,
+its working tree's (an uncommitted change counts, and a copy whose git HEAD
+lags its files is judged by its files): its op family's (runs_through), the
+shared core's, and its benchmark module's; a
 file written before results recorded their provenance is rendered as such.
 
 What an op's section, headline row and plot say comes from the
@@ -94,7 +96,7 @@ def check_results(results: dict[str, tuple[str, dict[str, Any]]], allow_dirty: b
 
 
 class StaleResults(ValueError):
-    """The results are not those of the code at HEAD (or that cannot be told)."""
+    """The results are not those of the checkout's code (or that cannot be told)."""
 
 
 def _git_out(*args: str) -> str | None:
@@ -267,15 +269,17 @@ def _family_view(path: str, text: str, kept: set[str] | None) -> str:
 
 def changed_since(commit: str, family: str | None = None) -> list[str] | None:
     """The WATCHED paths whose code (code_of) differs between `commit` and
-    HEAD of the checkout at ROOT, as far as the results of `family` run
-    through them (the shared core and runs_through(family); None: every
-    family's); None where git or that commit is not there."""
-    names = _git_out("diff", "--name-only", commit, "HEAD", "--", *WATCHED)
-    if names is None:
+    the working tree of the checkout at ROOT (new files included), as far as
+    the results of `family` run through them (the shared core and
+    runs_through(family); None: every family's); None where git or that
+    commit is not there."""
+    names = _git_out("diff", "--name-only", commit, "--", *WATCHED)
+    new = _git_out("ls-files", "--others", "--exclude-standard", "--", *WATCHED)
+    if names is None or new is None:
         return None
     kept = None if family is None else runs_through(family)
     changed = []
-    for path in names.split():
+    for path in names.split() + new.split():
         owners = _owners(path)
         if kept is not None and owners and not owners & kept:
             continue
@@ -298,19 +302,28 @@ def load_unmeasured() -> dict[str, Any]:
 
 
 def same_code(path: str, commit: str, kept: set[str] | None = None) -> bool:
-    """Whether `path` has the same code (code_of) at `commit` as at HEAD, as
-    far as the families `kept` go (_family_view; None: all)."""
-    old, new = _git_out("show", f"{commit}:{path}"), _git_out("show", f"HEAD:{path}")
+    """Whether `path` has the same code (code_of) at `commit` as in the
+    working tree, as far as the families `kept` go (_family_view; None:
+    all)."""
+    old = _git_out("show", f"{commit}:{path}")
+    try:
+        with open(os.path.join(ROOT, path)) as f:
+            new = f.read()
+    except OSError:
+        new = None
     return old is not None and new is not None and \
         code_of(path, _family_view(path, old, kept)) == code_of(path, _family_view(path, new, kept))
 
 
 def record_unmeasured(results: dict[str, tuple[str, dict[str, Any]]], path: str,
                       why: str) -> None:
-    """Adds (or renews) `path`'s entry in UNMEASURED: HEAD's code of it
-    differs from that of the results' commit, and `why` says why no measured
-    program does."""
+    """Adds (or renews) `path`'s entry in UNMEASURED: its code, committed at
+    HEAD, differs from that of the results' commit, and `why` says why no
+    measured program does."""
     (commit,) = _commits(results)
+    if not same_code(path, "HEAD"):
+        raise StaleResults(f"{path}: commit its change first (the entry names the commit that "
+                           f"holds its code)")
     if path not in (changed_since(commit) or []):
         raise StaleResults(f"{path}: its code is that of the results' commit {commit[:10]}")
     listed = load_unmeasured()
@@ -324,8 +337,8 @@ def record_unmeasured(results: dict[str, tuple[str, dict[str, Any]]], path: str,
 def check_fresh(results: dict[str, tuple[str, dict[str, Any]]]) -> None:
     """Raises StaleResults unless the code each result measures (its
     family's, the shared core's: changed_since) is the same at the result's
-    commit as at HEAD, but for the changes that UNMEASURED lists with their
-    code as it is at HEAD (any later change to such a file makes the
+    commit as in the working tree, but for the changes that UNMEASURED lists
+    with their code as it is there (any later change to such a file makes the
     results stale again; an entry for other results, or for a file whose
     code did not change, is an error too)."""
     listed = load_unmeasured()
@@ -586,13 +599,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="change nothing; exit 1 if a page's sections differ from the "
                              "results or the measured code changed after their commit")
     parser.add_argument("--allow-stale", action="store_true",
-                        help="with --check: do not compare the results' commit with HEAD")
+                        help="with --check: do not compare the results' commit with the checkout's code")
     parser.add_argument("--plots", metavar="DIR", help="also write plots here")
     parser.add_argument("--allow-dirty", action="store_true",
                         help="render dirty-tree and smoke results too")
     parser.add_argument("--allow-mixed-commits", action="store_true")
     parser.add_argument("--unmeasured", metavar="PATH",
-                        help=f"record in {UNMEASURED} that HEAD's code of PATH was not measured "
+                        help=f"record in {UNMEASURED} that the committed code of PATH was not measured "
                              f"(with --why: why no measured program differs)")
     parser.add_argument("--why", help="with --unmeasured: the reason")
     args = parser.parse_args(argv)

@@ -520,6 +520,24 @@ def test_check_fails_on_a_code_change_after_the_results_commit(tmp_path, monkeyp
         report.check_fresh(report.load_results(str(repo / "benchmarks" / "results")))
 
 
+def test_check_judges_the_working_tree_not_head(tmp_path, monkeypatch):
+    # An uncommitted change to measured code stales the results, a new file
+    # of it too, and a checkout whose HEAD lags its files (a copy of the tree
+    # beside an older .git) is judged by its files.
+    repo, measured, args = _measured_checkout(tmp_path, monkeypatch, _CODE)
+    (repo / "jax_tma" / "_copy.py").write_text('def copy(x):\n    return -x\n')
+    assert report.changed_since(measured) == ["jax_tma/_copy.py"]
+    assert report.main(args) == 1
+    with pytest.raises(report.StaleResults, match="commit its change first"):
+        report.record_unmeasured(report.load_results(str(repo / "benchmarks" / "results")),
+                                 "jax_tma/_copy.py", "a test")
+    _git(repo, "checkout", "-q", "--", "jax_tma/_copy.py")
+    assert report.main(args) == 0
+    (repo / "ffi" / "copy" / "new_kernel.cu").write_text("int New() { return 1; }\n")
+    assert report.changed_since(measured) == ["ffi/copy/new_kernel.cu"]
+    assert report.main(args) == 1
+
+
 def test_an_unmeasured_change_is_named_and_bounded(tmp_path, monkeypatch):
     # A change recorded as unmeasured (with why) passes the check and is named
     # beside the results; a later change to that file, an entry for a file
