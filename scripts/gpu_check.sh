@@ -187,7 +187,8 @@ bench() {
 # returns pytest's status. The GPU's memory is taken as needed, not
 # preallocated; the tests that take several GiB share one worker
 # (reference.BIG_MEMORY, --dist loadgroup), since a worker's allocator keeps
-# the memory it grew to.
+# the memory it grew to. The GPUs' memory in use, every 2 s, goes to
+# $OUT/gpu_memory.log (on an 80 GB H100, 14 workers have run it out).
 # Workers: the CPU count less 2, at most 14 (they share GPU 0's memory).
 workers=${TEST_WORKERS:-$(( $(nproc) > 16 ? 14 : $(nproc) > 4 ? $(nproc) - 2 : 2 ))}
 parallel_pytest() {
@@ -196,10 +197,15 @@ parallel_pytest() {
   while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
   shift
   rm -rf "$seeds" && mkdir -p "$seeds"
+  echo "== $(basename "$log")" >> "$OUT/gpu_memory.log"
+  nvidia-smi --query-gpu=timestamp,index,memory.used,memory.total --format=csv,noheader -l 2 \
+    >> "$OUT/gpu_memory.log" 2>&1 &
+  local sampler=$!
   env PYTHONPATH="$site_dir:$bench_site" JAX_TMA_REQUIRE_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false \
     JAX_TMA_SEED_DIR="$seeds" "$@" python3 -P -m pytest -n "$n" --dist loadgroup -q -rfE \
     -p no:cacheprovider "${args[@]}" > "$log" 2>&1
   rc=$?
+  kill "$sampler" 2>/dev/null
   grep -E '^(FAILED|ERROR) |Fatal Python error' "$log" | head -30
   for worker in $(sed -n "s/^worker '\(gw[0-9]*\)' crashed.*/\1/p" "$log"); do
     echo "  $worker crashed in $(cat "$seeds/$worker" 2>/dev/null || echo 'a test without the rng fixture')"
