@@ -182,9 +182,9 @@ bench() {
 # parallel_pytest SITE WORKERS LOG PYTEST_ARGS... -- PREFIX...: pytest of
 # WORKERS pytest-xdist workers sharing the GPU against the install at SITE,
 # GPU skips turned into failures, under PREFIX (env settings, a timeout),
-# into LOG; prints the failures, the crashes with the seed that replays each
-# (a worker that aborts loses its report: JAX_TMA_SEED_DIR keeps it), and
-# returns pytest's status. The GPU's memory is taken as needed, not
+# into LOG, a line a test; prints the failures, the crashes with the seed
+# that replays each (a worker that aborts loses its report: JAX_TMA_SEED_DIR
+# keeps it), and returns pytest's status. The GPU's memory is taken as needed, not
 # preallocated; the tests that take several GiB share one worker
 # (reference.BIG_MEMORY, --dist loadgroup), since a worker's allocator keeps
 # the memory it grew to. The GPUs' memory in use, every 2 s, goes to
@@ -202,11 +202,13 @@ parallel_pytest() {
     >> "$OUT/gpu_memory.log" 2>&1 &
   local sampler=$!
   env PYTHONPATH="$site_dir:$bench_site" JAX_TMA_REQUIRE_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false \
-    JAX_TMA_SEED_DIR="$seeds" "$@" python3 -P -m pytest -n "$n" --dist loadgroup -q -rfE \
+    JAX_TMA_SEED_DIR="$seeds" "$@" python3 -P -m pytest -n "$n" --dist loadgroup -v -rfE \
     -p no:cacheprovider "${args[@]}" > "$log" 2>&1
   rc=$?
   kill "$sampler" 2>/dev/null
-  grep -E '^(FAILED|ERROR) |Fatal Python error' "$log" | head -30
+  # Each test's line as it ends (-v): what failed shows also when the run
+  # was cut short, before pytest's summary.
+  grep -E '\] (FAILED|ERROR) |Fatal Python error' "$log" | head -30
   for worker in $(sed -n "s/^worker '\(gw[0-9]*\)' crashed.*/\1/p" "$log"); do
     echo "  $worker crashed in $(cat "$seeds/$worker" 2>/dev/null || echo 'a test without the rng fixture')"
   done
