@@ -268,18 +268,17 @@ def _family_view(path: str, text: str, kept: set[str] | None) -> str:
 
 
 def changed_since(commit: str, family: str | None = None) -> list[str] | None:
-    """The WATCHED paths whose code (code_of) differs between `commit` and
-    the working tree of the checkout at ROOT (new files included), as far as
-    the results of `family` run through them (the shared core and
+    """The WATCHED paths that git tracks whose code (code_of) differs between
+    `commit` and the working tree of the checkout at ROOT, as far as the
+    results of `family` run through them (the shared core and
     runs_through(family); None: every family's); None where git or that
     commit is not there."""
     names = _git_out("diff", "--name-only", commit, "--", *WATCHED)
-    new = _git_out("ls-files", "--others", "--exclude-standard", "--", *WATCHED)
-    if names is None or new is None:
+    if names is None:
         return None
     kept = None if family is None else runs_through(family)
     changed = []
-    for path in names.split() + new.split():
+    for path in names.split():
         owners = _owners(path)
         if kept is not None and owners and not owners & kept:
             continue
@@ -307,7 +306,7 @@ def same_code(path: str, commit: str, kept: set[str] | None = None) -> bool:
     all)."""
     old = _git_out("show", f"{commit}:{path}")
     try:
-        with open(os.path.join(ROOT, path)) as f:
+        with open(os.path.join(ROOT, path), errors="surrogateescape") as f:
             new = f.read()
     except OSError:
         new = None
