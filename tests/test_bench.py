@@ -232,17 +232,18 @@ def test_run_says_it_needs_a_gpu():
     assert "benchmarks/run.py: needs a CUDA GPU (--smoke runs the code paths" in run.stderr
 
 
-# The tests of the smoke run: one pytest-xdist worker runs them all
-# (--dist loadgroup), which makes the run once (about a minute on 2 cores);
-# spread over workers, each would make it.
-SMOKE = pytest.mark.xdist_group("bench_smoke")
-
-
-@pytest.fixture(scope="module")
-def smoke_results(tmp_path_factory):
+def test_smoke_run_of_all_and_the_wheels_case(tmp_path):
     """Every benchmark that runs on the CPU, and the wheel's case, run once
-    with tiny sizes."""
-    out = tmp_path_factory.mktemp("smoke")
+    with tiny sizes: one checked result per op, gather's cases at their
+    dtypes, results that render into the pages' sections. One test (about a
+    minute on 2 cores), so that parallel workers make the run once."""
+    smoke = _smoke_run(tmp_path)
+    _writes_one_checked_result_per_op(smoke)
+    _gather_times_every_case_at_its_dtypes(smoke)
+    _results_render_into_the_pages_sections(smoke)
+
+
+def _smoke_run(out):
     run = _run_py("all", "wheel", "--smoke", "--allow-dirty", "--out-dir", str(out),
                   XLA_FLAGS="--xla_force_host_platform_device_count=2",
                   JAX_TMA_INSTALL="the smoke test's install")
@@ -293,8 +294,7 @@ def test_ppermute_processes_sets_no_one_gpu_ceiling_beside_blocks_across_gpus():
     assert "963.8" not in per_gpu.split("Host time")[0]
 
 
-@SMOKE
-def test_smoke_run_writes_one_checked_result_per_op(smoke_results):
+def _writes_one_checked_result_per_op(smoke_results):
     # What the smoke run asked for ("all" and "wheel") that the CPU and its
     # 2 host devices can run.
     run = importlib.import_module("run")
@@ -328,8 +328,7 @@ def test_smoke_run_writes_one_checked_result_per_op(smoke_results):
         "bfloat16", "float32", "bfloat16"]
 
 
-@SMOKE
-def test_smoke_gather_times_every_case_at_its_dtypes(smoke_results):
+def _gather_times_every_case_at_its_dtypes(smoke_results):
     _, results = smoke_results
     gather = results["gather"][1]
     assert gather["use_dtype"] == "bfloat16"
@@ -374,8 +373,7 @@ def test_smoke_gather_times_every_case_at_its_dtypes(smoke_results):
     assert set(wheel[0]["times"]) == {"auto", "xla", "xla_hinted", "memcpy"}
 
 
-@SMOKE
-def test_smoke_results_render_into_the_pages_sections(smoke_results):
+def _results_render_into_the_pages_sections(smoke_results):
     _, results = smoke_results
     with pytest.raises(ValueError, match="a smoke run's result cannot be published"):
         report.check_results(results)
