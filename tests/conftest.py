@@ -72,7 +72,19 @@ def _has_gpu() -> bool:
         return False
 
 
+def _name_the_running_test(text: str) -> None:
+    """With JAX_TMA_SEED_DIR set, `text` (the test, and its seed once the rng
+    fixture has drawn it) is the one line of a file there named after the
+    process (pytest-xdist's worker): what names, and replays, a test that
+    ended its process, whose report is lost with it."""
+    if seed_dir := os.environ.get("JAX_TMA_SEED_DIR"):
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(os.path.join(seed_dir, worker), "w") as f:
+            f.write(text + "\n")
+
+
 def pytest_runtest_setup(item):
+    _name_the_running_test(item.nodeid)
     if "gpu" in item.keywords and not _has_gpu():
         if os.environ.get("JAX_TMA_REQUIRE_GPU") == "1":
             pytest.fail("JAX_TMA_REQUIRE_GPU=1 but JAX sees no CUDA GPU")
@@ -84,17 +96,12 @@ def rng(request, record_property):
     """Fresh random inputs on every run (JAX_TMA_SEED=<seed> repeats one):
     a Generator that carries its seed (`rng.seed`). The seed is kept in the
     test report, named by reference.assert_bits_equal's failures and added to
-    the report of any failing test that uses this fixture. With
-    JAX_TMA_SEED_DIR set, it is also the one line of a file there named after
-    the process (pytest-xdist's worker): what replays a test that ended its
-    process, whose report is lost with it."""
+    the report of any failing test that uses this fixture, and written beside
+    the test's name under JAX_TMA_SEED_DIR (_name_the_running_test)."""
     fixed = os.environ.get("JAX_TMA_SEED")
     seed = int(fixed) if fixed else np.random.SeedSequence().entropy
     record_property("seed", seed)
-    if seed_dir := os.environ.get("JAX_TMA_SEED_DIR"):
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        with open(os.path.join(seed_dir, worker), "w") as f:
-            f.write(f"{request.node.nodeid}: JAX_TMA_SEED={seed}\n")
+    _name_the_running_test(f"{request.node.nodeid}: JAX_TMA_SEED={seed}")
     reference.set_active_seed(seed)
     yield reference.SeededGenerator(seed)
     reference.set_active_seed(None)
