@@ -8,6 +8,7 @@ with identical results.
 from __future__ import annotations
 
 from jax_tma import _ffi
+from jax_tma._all_to_all import all_to_all
 from jax_tma._broadcast import broadcast
 from jax_tma._build_info import build_info
 from jax_tma._copy import copy
@@ -18,7 +19,7 @@ from jax_tma._scatter import scatter
 from jax_tma._window import window
 
 __version__ = "0.1.0"
-__all__ = ["broadcast", "build_info", "col2im", "copy", "gather", "im2col", "ppermute", "scatter",
+__all__ = ["all_to_all", "broadcast", "build_info", "col2im", "copy", "gather", "im2col", "ppermute", "scatter",
            "window"]
 
 _ffi.register()

@@ -122,33 +122,41 @@ def ppermute(x: jax.Array, axis_name: str | Sequence[str],
     swaps the blocks of devices 0 and 1, as ``lax.ppermute`` does.
     """
     x = _checks.as_array(_OP, "x", x)
+    names, size = bound_axes(_OP, axis_name)
+    method = _checks.check_method(_OP, method, _METHODS)
+    _checks.check_choice(_OP, "direction", direction, _DIRECTIONS)
+    pairs = _check_perm(perm, size)
+    _ffi.register()
+    params = dict(axis_name=tuple(names), perm=pairs, method=method, site=call_site(),
+                  direction=_AUTO_DIRECTION if direction == "auto" else direction)
+    return _checks.narrow(ppermute_p.bind(_checks.widen(x), **params), x.dtype)
+
+
+# ---- checks -----------------------------------------------------------------
+
+def bound_axes(op: str, axis_name) -> tuple[tuple[str, ...], int]:
+    """`axis_name` (a mesh axis name or a tuple of them, in the mesh's order)
+    as a tuple, and the number of positions along those axes, for the
+    collective `op` inside shard_map."""
     names = (axis_name,) if isinstance(axis_name, str) else axis_name
     if not isinstance(names, (tuple, list)) or not names or not all(isinstance(a, str) for a in names):
-        raise TypeError(f"{_OP}: axis_name must be a mesh axis name or a tuple of them, got {axis_name!r}")
+        raise TypeError(f"{op}: axis_name must be a mesh axis name or a tuple of them, got {axis_name!r}")
     try:
         size = lax.axis_size(tuple(names))
     except NameError as e:
         raise NameError(
-            f"{_OP}: axis name {axis_name!r} is not bound here; call ppermute inside "
+            f"{op}: axis name {axis_name!r} is not bound here; call {op.split('.')[-1]} inside "
             f"shard_map over a mesh that has that axis ({e})"
         ) from None
     mesh_axes = jax.sharding.get_abstract_mesh().axis_names
     in_order = [a for a in mesh_axes if a in names]
     if len(names) > 1 and in_order != list(names):
         raise ValueError(
-            f"{_OP}: axis_name {tuple(names)} must list the mesh axes in the mesh's order "
+            f"{op}: axis_name {tuple(names)} must list the mesh axes in the mesh's order "
             f"{tuple(in_order)} (positions along several axes run in mesh order)"
         )
-    method = _checks.check_method(_OP, method, _METHODS)
-    _checks.check_choice(_OP, "direction", direction, _DIRECTIONS)
-    pairs = _check_perm(perm, size)
-    _ffi.register()
-    params = dict(axis_name=tuple(names), perm=pairs, method=method, site=_call_site(),
-                  direction=_AUTO_DIRECTION if direction == "auto" else direction)
-    return _checks.narrow(ppermute_p.bind(_checks.widen(x), **params), x.dtype)
+    return tuple(names), size
 
-
-# ---- checks -----------------------------------------------------------------
 
 def _check_perm(perm, size: int) -> tuple[tuple[int, int], ...]:
     try:
@@ -177,7 +185,7 @@ def _check_perm(perm, size: int) -> tuple[tuple[int, int], ...]:
     return pairs
 
 
-def _call_site() -> str:
+def call_site() -> str:
     """file:line of the innermost frame outside jax and jax_tma: the user's
     call of the op."""
     frame, _ = _checks.user_frame()

@@ -1,12 +1,14 @@
 """The ppermute family's descriptor (tests/families/__init__.py says what
 each name is for): jax_tma.ppermute, whose copies are the copy family's
-kernels, and its NumPy reference."""
+kernels, jax_tma.all_to_all, which runs on ppermute's transport, and their
+NumPy references."""
 
 from __future__ import annotations
 
 import itertools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding
@@ -20,7 +22,7 @@ from ops_table import (BATCH, MESH_AXES, SUB_BYTE_WIDE, Case, Op, dim_size, dims
 from paths import CpuCall
 from reference import ALL_DTYPES, random_array
 
-MODULES = ("jax_tma._ppermute",)
+MODULES = ("jax_tma._ppermute", "jax_tma._all_to_all")
 
 
 # ---- references -------------------------------------------------------------------
@@ -33,6 +35,27 @@ def ppermute_reference(x: np.ndarray, n: int, perm) -> np.ndarray:
     out = [np.full_like(b, np.asarray(0).astype(b.dtype)) for b in blocks]
     for src, dst in perm:
         out[dst] = blocks[src]
+    return np.concatenate(out)
+
+
+def all_to_all_reference(x: np.ndarray, n: int, split_axis: int, concat_axis: int,
+                         tiled: bool) -> np.ndarray:
+    """lax.all_to_all's result for `x` split into `n` blocks along dim 0 (a
+    1-D mesh), split_axis and concat_axis of a block: block j is the
+    concatenation along concat_axis of chunk j of every block's split_axis;
+    untiled, of slices, with the split dim moved to concat_axis."""
+    s, c = split_axis, concat_axis
+    blocks = np.split(np.asarray(x), n)
+    if not tiled and s != c:
+        if s < c:
+            c += 1
+        else:
+            s += 1
+        blocks = [np.expand_dims(b, c) for b in blocks]
+    chunks = [np.split(b, n, axis=s) for b in blocks]
+    out = [np.concatenate([chunks[i][j] for i in range(n)], axis=c) for j in range(n)]
+    if not tiled and s != c:
+        out = [np.squeeze(o, axis=s) for o in out]
     return np.concatenate(out)
 
 
@@ -184,4 +207,45 @@ def build_ppermute(rng, dtype, *, batch=16, even=True, method="auto") -> Case:
     )
 
 
-OPS = (Op("ppermute", build_ppermute, ALL_DTYPES, ("auto", "tma", "simt"), collective=True),)
+def build_all_to_all(rng, dtype, *, batch=16, even=True, method="auto") -> Case:
+    """A (batch, ...) array split over all 8 devices of the 2 x 4 mesh, each
+    block exchanged over both mesh axes along a random split and concat dim
+    past the batch dim, tiled or not."""
+    del even, method  # the split dim's size is set by the exchange
+    rank = 1 + int(rng.integers(1, 3))
+    split, concat = (int(d) for d in rng.integers(1, rank, size=2))
+    tiled = bool(rng.integers(2))
+    shape = [batch] + [int(rng.integers(1, 4)) for _ in range(rank - 1)]
+    shape[split] = 8 * int(rng.integers(1, 3)) if tiled else 8
+    draw = lambda rr: (random_array(rr, tuple(shape), dtype),)  # noqa: E731
+    local = lambda b: jax_tma.all_to_all(b, MESH_AXES, split, concat, tiled=tiled)  # noqa: E731
+
+    def local_ref(b):
+        # Untiled as lax.all_to_all binds it (a dim inserted at concat_axis,
+        # the split dim squeezed out), with lax's tiled exchange: jax's grad
+        # of its untiled exchange fails where split_axis != concat_axis
+        # ("Expected cotangent type", jax 0.12.0.1), ours does not.
+        s, c = split, concat
+        wide = SUB_BYTE_WIDE.get(b.dtype.name)
+        x = b if wide is None else b.astype(wide)
+        if not tiled and s != c:
+            s, c = (s, c + 1) if s < c else (s + 1, c)
+            x = jnp.expand_dims(x, c)
+        out = lax.all_to_all(x, MESH_AXES, s, c, tiled=True)
+        out = jnp.squeeze(out, s) if not tiled and s != c else out
+        return out if wide is None else out.astype(b.dtype)
+
+    return Case(
+        op="all_to_all", dtype=np.dtype(dtype), args=draw(rng),
+        ours=on_mesh(local, BATCH), ref=on_mesh(local_ref, BATCH),
+        expect=lambda x: all_to_all_reference(x, 8, split, concat, tiled),
+        draw=draw, diff=(0,), batch=(0,), split=(0,),
+        in_specs=lambda dims: (dims_spec(rank, dims),), collective=True,
+        symbolic=(("8*b",) + (None,) * (rank - 1),),
+        params=dict(split_axis=split, concat_axis=concat, tiled=tiled, local=local,
+                    local_ref=local_ref),
+    )
+
+
+OPS = (Op("ppermute", build_ppermute, ALL_DTYPES, ("auto", "tma", "simt"), collective=True),
+       Op("all_to_all", build_all_to_all, ALL_DTYPES, ("auto",), collective=True))

@@ -1,0 +1,229 @@
+"""jax_tma.all_to_all: ``lax.all_to_all`` inside ``shard_map``, each chunk
+moved by jax_tma's peer transport (the one ``jax_tma.ppermute`` runs on)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, mlir
+
+from jax_tma import _checks, _ffi, _lowering
+from jax_tma._ppermute import bound_axes, call_site, ppermute_p
+
+_OP = "jax_tma.all_to_all"
+_log = logging.getLogger("jax_tma")
+
+
+# ---- the public op ----------------------------------------------------------
+
+def all_to_all(x: Any, axis_name: str | Sequence[str], split_axis: int, concat_axis: int, *,
+               axis_index_groups: Sequence[Sequence[int]] | None = None,
+               tiled: bool = False) -> Any:
+    """``lax.all_to_all`` inside ``shard_map``, with the same signature and
+    the same result bit for bit: every device splits its block along
+    ``split_axis`` into one chunk per position along ``axis_name``, sends
+    chunk ``j`` to position ``j``, and concatenates the chunks it receives
+    along ``concat_axis`` in the senders' order.
+
+    Each chunk travels on jax_tma's peer transport, the one
+    :func:`ppermute` runs on: host devices copy with ``memcpy`` (in one
+    process, or over the process link between processes of one host),
+    where XLA:CPU's own all-to-all needs a collectives library across
+    processes. On GPUs this version lowers to ``lax.all_to_all`` (NCCL): the
+    device-side exchange that pushes every chunk straight into its
+    destination's output is not built yet. Which transport a call site got,
+    and why, is logged at DEBUG level on the ``"jax_tma"`` logger when the
+    call is lowered; with ``axis_index_groups`` the op is ``lax.all_to_all``,
+    logged the same way.
+
+    Works under ``jit``, ``vmap`` and ``grad`` (the transpose is the reverse
+    all-to-all); ``x`` may be a pytree, each leaf exchanged as
+    ``lax.all_to_all`` exchanges it.
+
+    Args:
+      x: the local block, or a pytree of them (any dtype).
+      axis_name: a mesh axis name of the enclosing ``shard_map`` or a tuple
+        of them in the mesh's order.
+      split_axis: the dim of ``x`` split into chunks (negative counts from
+        the end).
+      concat_axis: the dim along which the received chunks are
+        concatenated; with ``tiled=False``, the position of the new dim of
+        the positions along ``axis_name``.
+      axis_index_groups: as in ``lax.all_to_all``; the call is then
+        ``lax.all_to_all``'s.
+      tiled: ``False``: ``x.shape[split_axis]`` equals the number of
+        positions, and the result has that dim removed and one of the same
+        size inserted at ``concat_axis``; ``True``: the dim is split into
+        that many chunks and the chunks concatenated along ``concat_axis``.
+
+    Returns:
+      What ``lax.all_to_all`` returns: for ``tiled=False`` an array shaped
+      ``np.insert(np.delete(x.shape, split_axis), concat_axis, n)``, for
+      ``tiled=True`` ``x``'s shape with ``split_axis`` divided by ``n`` and
+      ``concat_axis`` multiplied by it (``n``: the positions along
+      ``axis_name``).
+
+    Raises:
+      TypeError: a leaf of ``x`` is not an array or scalar; ``axis_name``
+        is not a name or a tuple of names; ``split_axis``, ``concat_axis``
+        or ``tiled`` has the wrong type.
+      NameError: ``axis_name`` is not bound here.
+      ValueError: an axis out of range; ``x.shape[split_axis]`` not equal
+        to (``tiled=False``) or not a multiple of (``tiled=True``) the
+        number of positions; several axis names out of the mesh's order.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, jax_tma
+      >>> from jax.sharding import Mesh, PartitionSpec as P
+      >>> mesh = Mesh(jax.devices()[:1], ("i",))
+      >>> f = jax.shard_map(lambda b: jax_tma.all_to_all(b, "i", 0, 1, tiled=True),
+      ...                   mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+      >>> jax.jit(f)(jnp.arange(4.0).reshape(2, 2)).tolist()
+      [[0.0, 1.0], [2.0, 3.0]]
+
+    With two host devices (``--xla_force_host_platform_device_count=2``),
+    blocks ``[[0, 1], [2, 3]]`` and ``[[4, 5], [6, 7]]`` exchanged with
+    ``split_axis=0, concat_axis=1, tiled=True`` give ``[[0, 1, 4, 5]]`` and
+    ``[[2, 3, 6, 7]]``, as ``lax.all_to_all`` does.
+    """
+    for name, value in (("split_axis", split_axis), ("concat_axis", concat_axis)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{_OP}: {name} must be an int, got {value!r}")
+    if not isinstance(tiled, bool):
+        raise TypeError(f"{_OP}: tiled must be a bool, got {tiled!r}")
+    names, size = bound_axes(_OP, axis_name)
+    if axis_index_groups is not None:
+        _log.debug("%s over %s at %s: lax.all_to_all, because axis_index_groups is given",
+                   _OP, names, call_site())
+        return lax.all_to_all(x, axis_name, split_axis, concat_axis,
+                              axis_index_groups=axis_index_groups, tiled=tiled)
+    _ffi.register()
+    site = call_site()
+    leaves, tree = jax.tree_util.tree_flatten(x)
+    out = [_exchange_leaf(_checks.as_array(_OP, "x", leaf), names, size, split_axis,
+                          concat_axis, tiled, site) for leaf in leaves]
+    return jax.tree_util.tree_unflatten(tree, out)
+
+
+def _axis(name: str, axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        raise ValueError(f"{_OP}: {name} {axis} is out of range for a block of rank {rank}")
+    return axis % rank
+
+
+def _exchange_leaf(x: jax.Array, names: tuple[str, ...], size: int, split_axis: int,
+                   concat_axis: int, tiled: bool, site: str) -> jax.Array:
+    """One leaf, as lax.all_to_all's bind does it: the untiled exchange is
+    the tiled one of a block with a dim of size 1 inserted at concat_axis,
+    with the split dim squeezed out of the result."""
+    split = _axis("split_axis", split_axis, x.ndim)
+    concat = _axis("concat_axis", concat_axis, x.ndim)
+    if tiled and x.shape[split] % size:
+        raise ValueError(f"{_OP}: x.shape[{split}] = {x.shape[split]} is not a multiple of the "
+                         f"{size} positions along {names} (tiled=True splits it into one chunk "
+                         "a position)")
+    if not tiled and x.shape[split] != size:
+        raise ValueError(f"{_OP}: x.shape[{split}] = {x.shape[split]} must equal the {size} "
+                         f"positions along {names} (tiled=False sends each position one slice)")
+    if not tiled and split != concat:
+        if split < concat:
+            concat += 1
+        else:
+            split += 1
+        x = lax.expand_dims(x, (concat,))
+    y = _checks.narrow(all_to_all_p.bind(_make_varying(_checks.widen(x), names),
+                                         axis_name=names, split_axis=split,
+                                         concat_axis=concat, size=size, site=site), x.dtype)
+    return lax.squeeze(y, (split,)) if not tiled and split != concat else y
+
+
+def _make_varying(x: jax.Array, names: tuple[str, ...]) -> jax.Array:
+    """`x` made varying over `names` where shard_map checks varying axes, as
+    lax's collectives do before they bind (jax has no public form of it)."""
+    from jax._src.lax import parallel
+
+    insert = getattr(parallel, "insert_collective_pvary", None)
+    return x if insert is None else insert(names, x)
+
+
+# ---- the primitive: the tiled exchange ----------------------------------------
+
+all_to_all_p = Primitive("jax_tma_all_to_all")
+
+
+def _out_shape(shape, split_axis: int, concat_axis: int, size: int) -> tuple[int, ...]:
+    out = list(shape)
+    out[split_axis] //= size
+    out[concat_axis] *= size
+    return tuple(out)
+
+
+def _abstract_eval(x, *, split_axis, concat_axis, size, **_):
+    return _lowering.out_aval(x, _out_shape(x.shape, split_axis, concat_axis, size))
+
+
+def _by_peer_copies(x, *, axis_name, split_axis, concat_axis, size, site):
+    """The tiled exchange as `size` steps on the peer transport: at step k,
+    position i sends its chunk for position i + k (mod size) there and
+    writes what came from position i - k at that sender's place; step 0 is
+    the local chunk, which does not move."""
+    me = lax.axis_index(axis_name)
+    chunk = x.shape[split_axis] // size
+    out = lax.full(_out_shape(x.shape, split_axis, concat_axis, size), 0, x.dtype)
+    for k in range(size):
+        block = lax.dynamic_slice_in_dim(x, ((me + k) % size) * chunk, chunk, split_axis)
+        if k:
+            block = ppermute_p.bind(block, axis_name=axis_name, method="auto", site=site,
+                                    direction="push",
+                                    perm=tuple((i, (i + k) % size) for i in range(size)))
+        out = lax.dynamic_update_slice_in_dim(out, block, ((me - k) % size) * block.shape[concat_axis],
+                                              concat_axis)
+    return out
+
+
+def _lax_exchange(x, *, axis_name, split_axis, concat_axis, **_):
+    return lax.all_to_all(x, axis_name, split_axis, concat_axis, tiled=True)
+
+
+def _all_to_all_lowering(ctx, x, *, platform, **params):
+    where = f"{_OP} over {params['axis_name']} at {params['site']}"
+    why = None
+    if platform == "cuda":
+        why = "the GPU exchange of all_to_all is not built yet"
+    elif not _lowering.static_shape(*ctx.avals_in):
+        why = "the block has symbolic dims (a shape-polymorphic export)"
+    if why is not None:
+        _log.debug("%s: lax.all_to_all, because %s", where, why)
+        return mlir.lower_fun(functools.partial(_lax_exchange, **params),
+                              multiple_results=False)(ctx, x)
+    _log.debug("%s: %d steps of jax_tma_ppermute", where, params["size"] - 1)
+    return mlir.lower_fun(functools.partial(_by_peer_copies, **params),
+                          multiple_results=False)(ctx, x)
+
+
+# ---- vmap and AD -------------------------------------------------------------
+
+def _batcher(args, dims, *, split_axis, concat_axis, **params):
+    (x,), (d,) = args, dims
+    x = jnp.moveaxis(x, d, 0)
+    return all_to_all_p.bind(x, split_axis=split_axis + 1, concat_axis=concat_axis + 1,
+                             **params), 0
+
+
+def _transpose(ct, x, *, split_axis, concat_axis, **params):
+    # Chunk j of position i went to position j; the reverse exchange sends
+    # every cotangent chunk back.
+    return [all_to_all_p.bind(ct, split_axis=concat_axis, concat_axis=split_axis, **params)]
+
+
+_lowering.register(all_to_all_p, _abstract_eval,
+                   {p: functools.partial(_all_to_all_lowering, platform=p) for p in ("cpu", "cuda")},
+                   batcher=_batcher, jitted=False)
+ad.deflinear2(all_to_all_p, _transpose)
