@@ -1,5 +1,6 @@
 """jax_tma.all_to_all: ``lax.all_to_all`` inside ``shard_map``, each chunk
-moved by jax_tma's peer transport (the one ``jax_tma.ppermute`` runs on)."""
+pushed into its destination by jax_tma's peer transport (the one
+``jax_tma.ppermute`` runs on), in one FFI call."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
 from jax_tma import _checks, _ffi, _lowering
-from jax_tma._ppermute import bound_axes, call_site, ppermute_p
+from jax_tma._ppermute import (bound_axes, call_site, instances, mesh_groups, mesh_of, timeout_ms,
+                               transport)
 
 _OP = "jax_tma.all_to_all"
 _log = logging.getLogger("jax_tma")
@@ -33,15 +36,22 @@ def all_to_all(x: Any, axis_name: str | Sequence[str], split_axis: int, concat_a
     along ``concat_axis`` in the senders' order.
 
     Each chunk travels on jax_tma's peer transport, the one
-    :func:`ppermute` runs on: host devices copy with ``memcpy`` (in one
-    process, or over the process link between processes of one host),
-    where XLA:CPU's own all-to-all needs a collectives library across
-    processes. On GPUs this version lowers to ``lax.all_to_all`` (NCCL): the
-    device-side exchange that pushes every chunk straight into its
-    destination's output is not built yet. Which transport a call site got,
-    and why, is logged at DEBUG level on the ``"jax_tma"`` logger when the
-    call is lowered; with ``axis_index_groups`` the op is ``lax.all_to_all``,
-    logged the same way.
+    :func:`ppermute` runs on, in one call: the chunk that stays is copied
+    locally, then ``n - 1`` steps each push one chunk straight into its
+    destination's output (no staging buffer, no NCCL) — over peer access
+    between GPUs of this process, over mapped allocations between GPUs of
+    processes of one host, with ``memcpy`` between host devices (over the
+    process link between processes). After the first call of a lowered
+    all_to_all on a device, its steps meet only on the GPUs, so a call does
+    no host synchronisation and replays from CUDA graphs; waits are bounded
+    as ppermute's (``JAX_TMA_PPERMUTE_TIMEOUT_S``). The steps run one after
+    another on the device's stream. Where the transport cannot run (as for
+    :func:`ppermute`: across hosts, a ``shard_map`` manual over only some
+    mesh axes, symbolic dims, GPUs without peer access) and with
+    ``axis_index_groups``, the op is ``lax.all_to_all``'s. Which one a call
+    site got, and why, is logged at DEBUG level on the ``"jax_tma"`` logger
+    when the call is lowered. A split or concat dim other than the first
+    is moved there around the call (XLA transposes).
 
     Works under ``jit``, ``vmap`` and ``grad`` (the transpose is the reverse
     all-to-all); ``x`` may be a pytree, each leaf exchanged as
@@ -169,43 +179,76 @@ def _abstract_eval(x, *, split_axis, concat_axis, size, **_):
     return _lowering.out_aval(x, _out_shape(x.shape, split_axis, concat_axis, size))
 
 
-def _by_peer_copies(x, *, axis_name, split_axis, concat_axis, size, site):
-    """The tiled exchange as `size` steps on the peer transport: at step k,
-    position i sends its chunk for position i + k (mod size) there and
-    writes what came from position i - k at that sender's place; step 0 is
-    the local chunk, which does not move."""
-    me = lax.axis_index(axis_name)
-    chunk = x.shape[split_axis] // size
-    out = lax.full(_out_shape(x.shape, split_axis, concat_axis, size), 0, x.dtype)
-    for k in range(size):
-        block = lax.dynamic_slice_in_dim(x, ((me + k) % size) * chunk, chunk, split_axis)
-        if k:
-            block = ppermute_p.bind(block, axis_name=axis_name, method="auto", site=site,
-                                    direction="push",
-                                    perm=tuple((i, (i + k) % size) for i in range(size)))
-        out = lax.dynamic_update_slice_in_dim(out, block, ((me - k) % size) * block.shape[concat_axis],
-                                              concat_axis)
-    return out
-
-
 def _lax_exchange(x, *, axis_name, split_axis, concat_axis, **_):
     return lax.all_to_all(x, axis_name, split_axis, concat_axis, tiled=True)
 
 
+def _by_transport(x, *, split_axis, concat_axis, size, attrs):
+    """The tiled exchange as one jax_tma_all_to_all call on the canonical
+    layout (ffi/ppermute/all_to_all.h): the split dim moved first and cut
+    into `size` chunks; the result's chunk i, from position i, goes back to
+    the split dim's place and is concatenated along concat_axis. Where both
+    are dim 0, the moves are reshapes."""
+    chunk = x.shape[split_axis] // size
+    lead = jnp.moveaxis(x, split_axis, 0)
+    canonical = lead.reshape((size, chunk) + lead.shape[1:])
+    got = jax.ffi.ffi_call("jax_tma_all_to_all", jax.ShapeDtypeStruct(canonical.shape,
+                                                                      canonical.dtype))(
+        canonical, **attrs)
+    pieces = jnp.moveaxis(got, 1, split_axis + 1)  # piece i: chunk i in x's layout
+    out = jnp.moveaxis(pieces, 0, concat_axis)
+    shape = out.shape
+    return out.reshape(shape[:concat_axis] + (size * shape[concat_axis + 1],)
+                       + shape[concat_axis + 2:])
+
+
+def _plan(ctx, *, axis_name, size, platform):
+    """The jax_tma_all_to_all call's attributes where ppermute's transport can
+    run every step (ppermute.transport), else None; and the reason."""
+    steps, plan = [], None
+    for k in range(1, size) if size > 1 else (0,):
+        perm = tuple((i, (i + k) % size) for i in range(size))
+        plan, why = transport(ctx, axis_name=axis_name, perm=perm, platform=platform,
+                              zeros=False)
+        if plan is None:
+            return None, why
+        if k:
+            steps.append(plan[1])
+    ordinals, _, links = plan
+    mesh = mesh_of(ctx)
+    positions = np.zeros(mesh.size, np.int64)
+    for group in mesh_groups(mesh, axis_name):
+        positions[group] = np.arange(len(group))
+    first = next(instances)
+    for _ in range(size - 2):  # step k meets under instance first + k - 1
+        next(instances)
+    attrs = dict(
+        instance=np.int64(first), devices=ordinals,
+        sources=np.concatenate(steps) if steps else np.zeros(0, np.int64),
+        positions=positions, parts=np.int64(size), method="auto",
+        process=np.int64(jax.process_index()),
+        processes=np.array([d.process_index for d in mesh.devices.flat], np.int64),
+        links="\n".join(links or ()), timeout_ms=np.int64(timeout_ms()))
+    return attrs, why
+
+
 def _all_to_all_lowering(ctx, x, *, platform, **params):
+    """The jax_tma_all_to_all call where ppermute's transport allows it;
+    lax.all_to_all otherwise, with the same result. Which one a call site
+    got, and why, is logged at DEBUG level on the "jax_tma" logger."""
     where = f"{_OP} over {params['axis_name']} at {params['site']}"
-    why = None
-    if platform == "cuda":
-        why = "the GPU exchange of all_to_all is not built yet"
-    elif not _lowering.static_shape(*ctx.avals_in):
-        why = "the block has symbolic dims (a shape-polymorphic export)"
-    if why is not None:
+    attrs, why = _plan(ctx, axis_name=params["axis_name"], size=params["size"],
+                       platform=platform)
+    if attrs is None:
         _log.debug("%s: lax.all_to_all, because %s", where, why)
         return mlir.lower_fun(functools.partial(_lax_exchange, **params),
                               multiple_results=False)(ctx, x)
-    _log.debug("%s: %d steps of jax_tma_ppermute", where, params["size"] - 1)
-    return mlir.lower_fun(functools.partial(_by_peer_copies, **params),
-                          multiple_results=False)(ctx, x)
+    _log.debug("%s: jax_tma_all_to_all (%s, %d steps)", where, why, params["size"] - 1)
+    return mlir.lower_fun(
+        functools.partial(_by_transport, split_axis=params["split_axis"],
+                          concat_axis=params["concat_axis"], size=params["size"],
+                          attrs=dict(attrs, site=params["site"])),
+        multiple_results=False)(ctx, x)
 
 
 # ---- vmap and AD -------------------------------------------------------------

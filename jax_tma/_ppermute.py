@@ -200,10 +200,10 @@ ppermute_p = Primitive("jax_tma_ppermute")
 # ---- lowering and partitioning ----------------------------------------------
 
 # Each lowering gets its own id: the handlers of one call meet under it.
-_instances = itertools.count(1)
+instances = itertools.count(1)
 
 
-def _mesh_of(ctx) -> jax.sharding.Mesh | None:
+def mesh_of(ctx) -> jax.sharding.Mesh | None:
     """The concrete mesh of the enclosing shard_map, or None where the
     lowering has only an abstract one."""
     mesh = getattr(ctx.module_context.axis_context, "mesh", None)
@@ -215,6 +215,17 @@ def _mesh_of(ctx) -> jax.sharding.Mesh | None:
     return None
 
 
+def mesh_groups(mesh: jax.sharding.Mesh, axis_name: tuple[str, ...]) -> np.ndarray:
+    """The logical ids of `mesh`'s devices (the flat order of
+    ``mesh.devices``) by group along `axis_name`, one row a group: the
+    devices that differ only in the named axes, ordered by position along
+    them (mesh order), as lax's collectives number them."""
+    ids = np.arange(mesh.size).reshape(mesh.devices.shape)
+    named = sorted(mesh.axis_names.index(a) for a in axis_name)
+    rest = [i for i in range(ids.ndim) if i not in named]
+    return ids.transpose(rest + named).reshape(-1, int(np.prod([ids.shape[i] for i in named])))
+
+
 def device_plan(mesh: jax.sharding.Mesh, axis_name: tuple[str, ...],
                 perm: tuple[tuple[int, int], ...]) -> tuple[np.ndarray, np.ndarray]:
     """For every device of `mesh` in logical order (the flat order of
@@ -223,10 +234,7 @@ def device_plan(mesh: jax.sharding.Mesh, axis_name: tuple[str, ...],
 
     Positions along `axis_name` follow ``lax.ppermute``: the devices that
     differ only in the named axes form a group, ordered by logical id."""
-    ids = np.arange(mesh.size).reshape(mesh.devices.shape)
-    named = sorted(mesh.axis_names.index(a) for a in axis_name)
-    rest = [i for i in range(ids.ndim) if i not in named]
-    groups = ids.transpose(rest + named).reshape(-1, int(np.prod([ids.shape[i] for i in named])))
+    groups = mesh_groups(mesh, axis_name)
     sources = np.full(mesh.size, -1, np.int64)
     for group in groups:
         for src, dst in perm:
@@ -258,17 +266,18 @@ def _fallback(ctx, x, *, axis_name, perm):
     )(ctx, x)
 
 
-def _transport(ctx, *, axis_name, perm, platform):
+def transport(ctx, *, axis_name, perm, platform, zeros=True):
     """The devices' ordinals, sources and process links where the
     jax_tma_ppermute call can run (the mesh's processes on this host, the
     shard_map manual over every mesh axis and, on GPUs of this process, each
     receiver able to map its source's memory), else None; and the reason,
-    for the debug log."""
-    mesh = _mesh_of(ctx)
+    for the debug log. zeros: devices that receive nothing are written
+    zeros (all_to_all's receive at every step)."""
+    mesh = mesh_of(ctx)
     manual = getattr(ctx.module_context.axis_context, "manual_axes", frozenset())
     if mesh is None:
         return None, "no concrete mesh at lowering"
-    if any(_checks.fill_bytes(_OP, 0, ctx.avals_in[0].dtype)):
+    if zeros and any(_checks.fill_bytes(_OP, 0, ctx.avals_in[0].dtype)):
         return None, (f"{ctx.avals_in[0].dtype} has no zero bytes for the devices that "
                       "receive nothing (jnp's 0 of it is not all zero bits)")
     if not _lowering.static_shape(*ctx.avals_in):
@@ -311,7 +320,7 @@ _own_link: list[str] = []  # this process's link name, once it listens
 _published_ordinals: dict[int, int] = {}
 
 
-def _timeout_ms() -> int:
+def timeout_ms() -> int:
     raw = os.environ.get(TIMEOUT_ENV, str(_DEFAULT_TIMEOUT_S))
     try:
         seconds = float(raw)
@@ -345,7 +354,7 @@ def _process_links(processes: list[int]) -> tuple[list[str] | None, str]:
     client = distributed.global_state.client
     if client is None:
         return None, "jax.distributed is not initialized (its key-value store finds the peers)"
-    me, host, timeout = jax.process_index(), _host(), _timeout_ms()
+    me, host, timeout = jax.process_index(), _host(), timeout_ms()
     with _link_lock:
         if not _own_link:
             name = f"jax_tma.{uuid.uuid4().hex}"
@@ -395,23 +404,23 @@ def _log_link_refusals() -> None:
 
 
 def _ppermute_lowering(ctx, x, *, axis_name, perm, method, direction, site, platform):
-    """The jax_tma_ppermute call where `_transport` allows it; lax.ppermute
+    """The jax_tma_ppermute call where `transport` allows it; lax.ppermute
     otherwise, with the same result. Which one a call site got, and why, is
     logged at DEBUG level on the "jax_tma" logger."""
-    plan, why = _transport(ctx, axis_name=axis_name, perm=perm, platform=platform)
+    plan, why = transport(ctx, axis_name=axis_name, perm=perm, platform=platform)
     where = f"{_OP} over {axis_name} at {site}"
     if plan is None:
         _log.debug("%s: lax.ppermute, because %s", where, why)
         return _fallback(ctx, x, axis_name=axis_name, perm=perm)
     _log.debug("%s: jax_tma_ppermute (%s, method %s, %s)", where, why, method, direction)
     ordinals, sources, links = plan
-    mesh = _mesh_of(ctx)
+    mesh = mesh_of(ctx)
     return jax.ffi.ffi_lowering("jax_tma_ppermute")(
-        ctx, x, instance=np.int64(next(_instances)), devices=ordinals,
+        ctx, x, instance=np.int64(next(instances)), devices=ordinals,
         sources=sources, push=direction == "push", method=method,
         process=np.int64(jax.process_index()),
         processes=np.array([d.process_index for d in mesh.devices.flat], np.int64),
-        links="\n".join(links or ()), site=site, timeout_ms=np.int64(_timeout_ms()),
+        links="\n".join(links or ()), site=site, timeout_ms=np.int64(timeout_ms()),
     )
 
 

@@ -19,6 +19,10 @@ MODE:
          fails the next).
   perm   process 1 calls with another permutation: every process fails
          instead of taking a block meant for another call.
+  exchange  jax_tma.all_to_all over the global mesh (1-D and 2-D, several
+         dtypes, split and concat dims, tiled or not, chunks of 0 bytes to
+         8 MiB), bit for bit against the chunks moved in NumPy, fresh random
+         data every iteration.
   intruded  40 calls around the ring, bit for bit, while a process of the
          test (no part of the job) forges connections to this one's link
          (the folder JAX_TMA_TEST_INTRUSION_DIR is where they meet): each is
@@ -126,6 +130,8 @@ def expect_failure(fn, *patterns):
 def main():
     if mode == "check":
         run_checks()
+    elif mode == "exchange":
+        run_exchanges()
     elif mode == "replay":
         run_replay()
     elif mode == "cycles":
@@ -161,6 +167,45 @@ def run_checks():
     check(mesh_2d, ("b",), [(0, 1), (1, 0)] if cols == 2 else [(0, 0)], np.uint8,
           (rows * 2, cols * 9), iterations=2)
     check(mesh_2d, ("a", "b"), ring, np.int32, (rows * 2, cols * 3), iterations=2)
+
+
+def exchange(mesh, axis, split, concat, tiled, dtype, block, iterations):
+    """jax_tma.all_to_all of fresh random data over mesh axes `axis` (a
+    group of every device of the mesh along them), bit for bit against the
+    chunks moved in NumPy: the global array's blocks along dim 0, in the
+    mesh's device order."""
+    spec = P(mesh.axis_names)
+    f = jax.jit(jax.shard_map(lambda b: jax_tma.all_to_all(b, axis, split, concat, tiled=tiled),
+                              mesh=mesh, in_specs=spec, out_specs=spec))
+    rng = np.random.default_rng([seed, iterations, *block])
+    for _ in range(iterations):
+        x = random_array(rng, (n * block[0], *block[1:]), dtype)
+        blocks = np.split(x, n)
+        s, c = split, concat
+        if not tiled and s != c:
+            s, c = (s, c + 1) if s < c else (s + 1, c)
+            blocks = [np.expand_dims(b, c) for b in blocks]
+        chunks = [np.split(b, n, axis=s) for b in blocks]
+        out = [np.concatenate([chunks[i][j] for i in range(n)], axis=c) for j in range(n)]
+        if not tiled and s != c:
+            out = [np.squeeze(o, axis=s) for o in out]
+        want = np.concatenate(out)
+        got = f(jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec),
+                                             lambda index: x[index]))
+        for shard in got.addressable_shards:
+            assert_bits_equal(shard.data, want[shard.index])
+
+
+def run_exchanges():
+    for dtype in (np.float32, np.int8, jax.numpy.bfloat16, np.bool_):
+        exchange(mesh_1d, "i", 0, 0, True, dtype, (n * 3, 5), iterations=2)
+    for rows in (0, 1, 1 << 20):  # chunks of 0 B, 4 B and 4 MiB
+        exchange(mesh_1d, "i", 0, 0, True, np.float32, (n * rows,), iterations=1)
+    exchange(mesh_1d, "i", 1, 0, False, np.uint16, (2, n, 7), iterations=2)
+    exchange(mesh_1d, "i", 0, 1, True, np.int32, (n * 2, 3), iterations=2)
+    rows, cols = (count, per) if per > 1 or count % 2 else (count // 2, 2)
+    mesh_2d = Mesh(np.array(jax.devices()).reshape(rows, cols), ("a", "b"))
+    exchange(mesh_2d, ("a", "b"), 0, 0, True, np.float32, (n * 2, 3), iterations=2)
 
 
 def run_replay():

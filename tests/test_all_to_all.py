@@ -73,8 +73,8 @@ def test_the_debug_log_names_the_transport(rng, caplog):
     with caplog.at_level(logging.DEBUG, logger="jax_tma"):
         _on_mesh(lambda b: jax_tma.all_to_all(b, BOTH, 0, 1, tiled=True))(x)
     assert "jax_tma.all_to_all over ('a', 'b') at " in caplog.text
-    assert ": 7 steps of jax_tma_ppermute" in caplog.text
-    assert "jax_tma_ppermute (cpu peer copies between 8 devices of this process" in caplog.text
+    assert ("jax_tma_all_to_all (cpu peer copies between 8 devices of this process, 7 steps)"
+            in caplog.text)
 
 
 @pytest.mark.parametrize("split,concat", [(1, 2), (2, 1), (0, 1)])

@@ -139,7 +139,43 @@ _PPERMUTE_NASTY = (
 )
 
 
+def _all_to_all_call(rng) -> Call:
+    """This device (ordinal 0) in a group of its own (one part: the chunk
+    that stays), alone or beside devices in groups of their own."""
+    c = copy_call(rng, min_dim=1)
+    c.results[0] = S(c.operands[0].shape, c.results[0].dtype)
+    n = int(rng.integers(1, 4))
+    return with_(c, instance=np.int64(next(_instances)),
+                 devices=np.insert(rng.choice(np.arange(1, 64), n - 1, replace=False),
+                                   int(rng.integers(n)), 0),
+                 sources=i64(), positions=np.zeros(n, np.int64), parts=np.int64(1),
+                 method="auto", process=np.int64(0), processes=np.zeros(n, np.int64), links="",
+                 site="fuzz", timeout_ms=np.int64(1000))
+
+
+def _all_to_all_waits_for_peer(call: Call) -> bool:
+    """Whether a call of several parts could reach a step, whose peers never
+    run here."""
+    parts = call.attrs.get("parts")
+    return not isinstance(parts, np.integer) or int(parts) > 1
+
+
+_ALL_TO_ALL_NASTY = (
+    (lambda c: with_(c, parts=np.int64(0)), r"parts must be in \[1, \d+\]"),
+    (lambda c: with_(c, parts=np.int64(len(c.attrs["devices"]) + 1)), r"parts must be in"),
+    (lambda c: with_(c, positions=np.full(len(c.attrs["devices"]), 1, np.int64)),
+     r"positions\[0\] = 1 is not a position in \[0, 1\)"),
+    (lambda c: with_(c, positions=i64()), r"positions has 0 entries"),
+    (lambda c: with_(c, sources=i64(0)), r"sources has 1 entries"),
+)
+
 SPECS: dict[str, Spec] = {
+    "jax_tma_all_to_all": Spec(
+        ("jax_tma.all_to_all",), _all_to_all_call, copy_reference, _ALL_TO_ALL_NASTY,
+        attr_rules={"parts": r"parts|chunks|sources|positions", "positions": r"positions?\b",
+                    "sources": r"sources", "devices": r"devices|process",
+                    "process": r"process|among the devices", "processes": r"process|devices"},
+        keep=("instance",), waits_for_peer=_all_to_all_waits_for_peer),
     "jax_tma_ppermute": Spec(
         ("jax_tma.ppermute",), _ppermute_call, _ppermute_reference, _PPERMUTE_NASTY,
         attr_rules={"devices": r"devices?\b|sources", "sources": r"sources?\b|position|devices",
@@ -152,7 +188,10 @@ SPECS: dict[str, Spec] = {
 
 # Two host devices swap their blocks: a handler call on each.
 _PAIR = jax.sharding.Mesh(np.array(jax.devices("cpu")[:2]), ("i",))
-CPU_CALLS = {"ppermute": CpuCall(
+CPU_CALLS = {"all_to_all": CpuCall(
+    jax.shard_map(lambda b: jax_tma.all_to_all(b, "i", 0, 0, tiled=True), mesh=_PAIR,
+                  in_specs=P("i"), out_specs=P("i")),
+    where=NamedSharding(_PAIR, P("i")), handler_calls=2), "ppermute": CpuCall(
     jax.shard_map(lambda b: jax_tma.ppermute(b, "i", [(0, 1), (1, 0)]), mesh=_PAIR,
                   in_specs=P("i"), out_specs=P("i")),
     where=NamedSharding(_PAIR, P("i")), handler_calls=2)}
@@ -168,7 +207,15 @@ def _self_permute(method):
     return call
 
 
-GPU_CALLS = {"ppermute.tma": _self_permute("tma"), "ppermute.simt": _self_permute("simt")}
+def _self_exchange(x, device):
+    """An all_to_all over a one-device mesh of `device`: the chunk that stays."""
+    one = jax.sharding.Mesh(np.array([device]), ("i",))
+    return jax.shard_map(lambda b: jax_tma.all_to_all(b, "i", 0, 0, tiled=True),
+                         mesh=one, in_specs=P("i"), out_specs=P("i"))(x)
+
+
+GPU_CALLS = {"ppermute.tma": _self_permute("tma"), "ppermute.simt": _self_permute("simt"),
+             "all_to_all.peer": _self_exchange}
 
 
 # ---- the mode tests ---------------------------------------------------------------

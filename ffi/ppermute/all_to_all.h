@@ -1,0 +1,93 @@
+// The call of jax_tma.all_to_all, decoded and re-validated once from the FFI
+// buffers and attributes, then shared by the CPU and CUDA handlers. The
+// operand and the result are in the exchange's canonical layout: `parts`
+// chunks of equal size one after another, chunk j of the operand for the
+// participant at position j of this one's group, chunk i of the result from
+// the one at position i (Python moves the split and concat dims there).
+// The exchange is `parts` - 1 steps of ppermute's transport, each a
+// permutation in which every participant pushes one chunk straight into its
+// destination's result; the chunk that stays is copied locally.
+#ifndef JAX_TMA_FFI_PPERMUTE_ALL_TO_ALL_H_
+#define JAX_TMA_FFI_PPERMUTE_ALL_TO_ALL_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common.h"
+#include "ppermute/ppermute_common.h"
+
+namespace jax_tma {
+
+inline constexpr std::string_view kAllToAllOp = "jax_tma.all_to_all";
+
+// The context, operands and attributes of "jax_tma_all_to_all" after the
+// platform's own context.
+template <typename Binding>
+auto BindAllToAllCall(Binding binding) {
+  return std::move(binding).template Ctx<ffi::DeviceOrdinal>()  // device
+      .template Ctx<ffi::RunId>()                               // run
+      .template Arg<ffi::AnyBuffer>()                           // x
+      .template Ret<ffi::AnyBuffer>()                           // y
+      .template Attr<int64_t>("instance")                       // instance
+      .template Attr<ffi::Span<const int64_t>>("devices")       // devices
+      .template Attr<ffi::Span<const int64_t>>("sources")       // sources
+      .template Attr<ffi::Span<const int64_t>>("positions")     // positions
+      .template Attr<int64_t>("parts")                          // parts
+      .template Attr<std::string_view>("method")                // method
+      .template Attr<int64_t>("process")                        // process
+      .template Attr<ffi::Span<const int64_t>>("processes")     // processes
+      .template Attr<std::string_view>("links")                 // links
+      .template Attr<std::string_view>("site")                  // site
+      .template Attr<int64_t>("timeout_ms");                    // timeout_ms
+}
+
+// A call of "jax_tma_all_to_all", re-validated. Step k (1 .. parts - 1) is
+// steps[k - 1]: this participant pushes its chunk for position
+// (position + k) mod parts to that participant and receives the chunk of
+// the one at (position - k) mod parts.
+struct AllToAllCall {
+  Method method = Method::kAuto;
+  ByteCopy bytes;  // the whole operand and result
+  int parts = 1;
+  int position = 0;  // this participant's position in its group
+  std::vector<int64_t> positions;
+  std::vector<PermuteRoute> steps;
+  ProcessPlan where;
+
+  size_t chunk() const { return bytes.bytes / static_cast<size_t>(parts); }
+  // The chunk that stays: from the operand's slot `position` to the result's.
+  ByteCopy Local() const { return Slot(position, position); }
+  // Step k's copy: this participant's chunk for its destination, and the
+  // result's slot of its source's chunk (what it publishes).
+  ByteCopy Step(int k) const {
+    const PermuteRoute& r = steps[k - 1];
+    return Slot(static_cast<int>(positions[r.destination]),
+                static_cast<int>(positions[r.source]));
+  }
+  // Step k's meetings, apart from those of the other steps.
+  ProcessPlan StepPlan(int k) const {
+    ProcessPlan plan = where;
+    plan.site += "#step" + std::to_string(k);
+    return plan;
+  }
+
+ private:
+  ByteCopy Slot(int from, int to) const {
+    return ByteCopy{static_cast<const char*>(bytes.src) + from * chunk(),
+                    static_cast<char*>(bytes.dst) + to * chunk(), chunk()};
+  }
+};
+
+ffi::Error DecodeAllToAll(int device, const ffi::AnyBuffer& x, ffi::Result<ffi::AnyBuffer>& y,
+                          ffi::Span<const int64_t> devices, ffi::Span<const int64_t> sources,
+                          ffi::Span<const int64_t> positions, int64_t parts,
+                          std::string_view method, int64_t process,
+                          ffi::Span<const int64_t> processes, std::string_view links,
+                          std::string_view site, int64_t timeout_ms, AllToAllCall* call);
+
+}  // namespace jax_tma
+
+#endif  // JAX_TMA_FFI_PPERMUTE_ALL_TO_ALL_H_
