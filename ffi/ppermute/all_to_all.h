@@ -27,21 +27,10 @@ inline constexpr std::string_view kAllToAllOp = "jax_tma.all_to_all";
 // platform's own context.
 template <typename Binding>
 auto BindAllToAllCall(Binding binding) {
-  return std::move(binding).template Ctx<ffi::DeviceOrdinal>()  // device
-      .template Ctx<ffi::RunId>()                               // run
-      .template Arg<ffi::AnyBuffer>()                           // x
-      .template Ret<ffi::AnyBuffer>()                           // y
-      .template Attr<int64_t>("instance")                       // instance
-      .template Attr<ffi::Span<const int64_t>>("devices")       // devices
-      .template Attr<ffi::Span<const int64_t>>("sources")       // sources
-      .template Attr<ffi::Span<const int64_t>>("positions")     // positions
-      .template Attr<int64_t>("parts")                          // parts
-      .template Attr<std::string_view>("method")                // method
-      .template Attr<int64_t>("process")                        // process
-      .template Attr<ffi::Span<const int64_t>>("processes")     // processes
-      .template Attr<std::string_view>("links")                 // links
-      .template Attr<std::string_view>("site")                  // site
-      .template Attr<int64_t>("timeout_ms");                    // timeout_ms
+  return BindPeerCallTail(BindPeerCallHead(std::move(binding))
+                              .template Attr<ffi::Span<const int64_t>>("positions")  // positions
+                              .template Attr<int64_t>("parts")                        // parts
+                              .template Attr<std::string_view>("method"));            // method
 }
 
 // A call of "jax_tma_all_to_all", re-validated. Step k (1 .. parts - 1) is

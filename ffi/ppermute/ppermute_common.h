@@ -35,24 +35,35 @@ struct PermuteRoute {
   int partnered_by() const { return push ? source : destination; }
 };
 
-// The context, operands and attributes of "jax_tma_ppermute" after the
-// platform's own context (the stream on CUDA, none on the CPU).
+// The context, operand, result and attributes that jax_tma's calls on the
+// peer transport (ppermute, all_to_all) share: `Head` before an op's own
+// attributes, `Tail` after them.
 template <typename Binding>
-auto BindPpermuteCall(Binding binding) {
+auto BindPeerCallHead(Binding&& binding) {
   return std::move(binding).template Ctx<ffi::DeviceOrdinal>()  // device
       .template Ctx<ffi::RunId>()                               // run
       .template Arg<ffi::AnyBuffer>()                           // x
       .template Ret<ffi::AnyBuffer>()                           // y
       .template Attr<int64_t>("instance")                       // instance
       .template Attr<ffi::Span<const int64_t>>("devices")       // devices
-      .template Attr<ffi::Span<const int64_t>>("sources")       // sources
-      .template Attr<bool>("push")                              // push
-      .template Attr<std::string_view>("method")                // method
-      .template Attr<int64_t>("process")                        // process
-      .template Attr<ffi::Span<const int64_t>>("processes")     // processes
-      .template Attr<std::string_view>("links")                 // links
-      .template Attr<std::string_view>("site")                  // site
-      .template Attr<int64_t>("timeout_ms");                    // timeout_ms
+      .template Attr<ffi::Span<const int64_t>>("sources");      // sources
+}
+template <typename Binding>
+auto BindPeerCallTail(Binding&& binding) {
+  return std::move(binding).template Attr<int64_t>("process")  // process
+      .template Attr<ffi::Span<const int64_t>>("processes")    // processes
+      .template Attr<std::string_view>("links")                // links
+      .template Attr<std::string_view>("site")                 // site
+      .template Attr<int64_t>("timeout_ms");                   // timeout_ms
+}
+
+// The context, operands and attributes of "jax_tma_ppermute" after the
+// platform's own context (the stream on CUDA, none on the CPU).
+template <typename Binding>
+auto BindPpermuteCall(Binding binding) {
+  return BindPeerCallTail(BindPeerCallHead(std::move(binding))
+                              .template Attr<bool>("push")                 // push
+                              .template Attr<std::string_view>("method"));  // method
 }
 
 // Checks the attributes Python passes (device ordinals and processes by

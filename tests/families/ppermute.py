@@ -173,7 +173,7 @@ SPECS: dict[str, Spec] = {
     "jax_tma_all_to_all": Spec(
         ("jax_tma.all_to_all",), _all_to_all_call, copy_reference, _ALL_TO_ALL_NASTY,
         attr_rules={"parts": r"parts|chunks|sources|positions", "positions": r"positions?\b",
-                    "sources": r"sources", "devices": r"devices|process",
+                    "sources": r"sources", "devices": r"devices|process|positions",
                     "process": r"process|among the devices", "processes": r"process|devices"},
         keep=("instance",), waits_for_peer=_all_to_all_waits_for_peer),
     "jax_tma_ppermute": Spec(
