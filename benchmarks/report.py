@@ -141,12 +141,16 @@ def code_of(path: str, text: str) -> str:
 
 # ---- whose code a result measures: its family's and the shared core's ---------
 
-# The family list, each family's manifest line, and where a family's
-# sources include another family's header.
+# The family list, each family's manifest line, and where sources include
+# the header of a family or of a layer (a folder of ffi/ that is no family:
+# cuda/, peer/).
 _FAMILY_LINE = re.compile(r'^#include "([a-z0-9_]+)/manifest\.inc"\n', re.M)
 _FAMILY_INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z0-9_]+)/', re.M)
 FAMILY_LIST = "ffi/families.inc"
 PACKAGE_INIT = "jax_tma/__init__.py"
+# The shared core's own sources, whose includes make a layer shared core too
+# (module.cc includes cuda/handlers.h).
+CORE_SOURCES = ("ffi", "benchmarks/ffi")
 
 
 def _read(path: str) -> str | None:
@@ -196,36 +200,67 @@ def _imported_modules(path: str) -> set[str]:
     return out
 
 
+def layers() -> set[str]:
+    """The layers of shared sources: the folders of the checkout's ffi/
+    that are no family (cuda/, peer/)."""
+    ffi = os.path.join(ROOT, "ffi")
+    known = families()
+    return {d for d in (os.listdir(ffi) if os.path.isdir(ffi) else ())
+            if os.path.isdir(os.path.join(ffi, d)) and d not in known}
+
+
+def _included(folder: str, walk: bool = True) -> set[str]:
+    """The folders of ffi/ whose headers the sources of `folder` (from the
+    checkout's root; walk False: its own files, not its subfolders')
+    include, by the first part of the quoted path ("peer/peer_link.h")."""
+    out: set[str] = set()
+    for dirpath, _, files in os.walk(os.path.join(ROOT, folder)):
+        for name in files:
+            with open(os.path.join(dirpath, name), encoding="utf-8", errors="replace") as src:
+                out |= set(_FAMILY_INCLUDE.findall(src.read()))
+        if not walk:
+            break
+    return out
+
+
+def _reach(family: str) -> tuple[set[str], set[str]]:
+    """The families and the layers that `family` runs through (runs_through)."""
+    known, shared = families(), layers()
+    owner = {m: f for f in known for m in family_modules(f)}
+    out, through, todo = set(), set(), [family]
+    while todo:
+        f = todo.pop()
+        if f in out or f in through:
+            continue
+        (out if f in known else through).add(f)
+        todo += [g for g in _included(f"ffi/{f}") if g in known or g in shared]
+        todo += [owner[m] for mine in family_modules(f) for m in _imported_modules(mine)
+                 if m in owner]
+    return out, through
+
+
 def runs_through(family: str) -> set[str]:
     """The family and those it runs through, transitively: the families
     whose headers its sources include (ppermute's copies are copy's
-    kernels) and those whose modules its modules import (copy's tiled
+    kernels), directly or through a layer's (ffi/peer/'s kernels run copy's
+    pipeline), and those whose modules its modules import (copy's tiled
     method is window's primitive)."""
-    known = families()
-    owner = {m: f for f in known for m in family_modules(f)}
-    out, todo = set(), [family]
-    while todo:
-        f = todo.pop()
-        if f in out:
-            continue
-        out.add(f)
-        for dirpath, _, files in os.walk(os.path.join(ROOT, "ffi", f)):
-            for name in files:
-                with open(os.path.join(dirpath, name), encoding="utf-8", errors="replace") as src:
-                    todo += [g for g in _FAMILY_INCLUDE.findall(src.read()) if g in known]
-        todo += [owner[m] for mine in family_modules(f) for m in _imported_modules(mine)
-                 if m in owner]
-    return out
+    return _reach(family)[0]
 
 
 def _owners(path: str) -> set[str]:
     """The families whose code `path` is (none: the shared core): ffi/<family>/,
-    the modules a family's descriptor names, the bench_<name>.py of a
-    family's results."""
+    a layer's ffi/<layer>/ that the shared core's own sources do not include
+    (the families that run through it: ffi/peer/ is ppermute's), the modules
+    a family's descriptor names, the bench_<name>.py of a family's results."""
     known = families()
     parts = path.split("/")
     if parts[0] == "ffi" and len(parts) > 2 and parts[1] in known:
         return {parts[1]}
+    if parts[0] == "ffi" and len(parts) > 2 and parts[1] in layers():
+        if any(parts[1] in _included(core, walk=False) for core in CORE_SOURCES):
+            return set()
+        return {f for f in known if parts[1] in _reach(f)[1]}
     owners = {f for f in known if path in family_modules(f)}
     bench = re.fullmatch(r"benchmarks/bench_(\w+)\.py", path)
     if bench:
@@ -272,8 +307,9 @@ def changed_since(commit: str, family: str | None = None) -> list[str] | None:
     `commit` and the working tree of the checkout at ROOT, as far as the
     results of `family` run through them (the shared core and
     runs_through(family); None: every family's); None where git or that
-    commit is not there."""
-    names = _git_out("diff", "--name-only", commit, "--", *WATCHED)
+    commit is not there. A file moved is a change at both paths (no rename
+    detection: each path's code is judged on its own)."""
+    names = _git_out("diff", "--name-only", "--no-renames", commit, "--", *WATCHED)
     if names is None:
         return None
     kept = None if family is None else runs_through(family)
@@ -303,15 +339,18 @@ def load_unmeasured() -> dict[str, Any]:
 def same_code(path: str, commit: str, kept: set[str] | None = None) -> bool:
     """Whether `path` has the same code (code_of) at `commit` as in the
     working tree, as far as the families `kept` go (_family_view; None:
-    all)."""
+    all); a file absent from both has (a file moved away, recorded as
+    unmeasured at the commit that moved it)."""
     old = _git_out("show", f"{commit}:{path}")
     try:
         with open(os.path.join(ROOT, path), errors="surrogateescape") as f:
             new = f.read()
     except OSError:
         new = None
-    return old is not None and new is not None and \
-        code_of(path, _family_view(path, old, kept)) == code_of(path, _family_view(path, new, kept))
+    if old is None or new is None:
+        return old is None and new is None
+    return code_of(path, _family_view(path, old, kept)) == \
+        code_of(path, _family_view(path, new, kept))
 
 
 def record_unmeasured(results: dict[str, tuple[str, dict[str, Any]]], path: str,

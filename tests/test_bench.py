@@ -641,6 +641,57 @@ def test_a_change_stales_the_results_of_the_families_that_run_through_it(tmp_pat
     assert report.runs_through("im2col") == {"im2col", "copy"}
 
 
+def test_a_layer_is_the_code_of_the_families_that_include_it(tmp_path, monkeypatch):
+    """A layer of shared sources (a folder of ffi/ that is no family, as
+    ffi/peer/) is the code of the families whose sources include its headers:
+    its change stales their results alone, and a family runs through the
+    families that the layer's own sources include. A layer that the shared
+    core's own sources include (module.cc: cuda/handlers.h) is shared core."""
+    repo, measured = _committed_repo(tmp_path, {
+        **_FAMILY_CODE,
+        "ffi/im2col/im2col_cpu.cc": '#include "peer/link.h"\nint Taps() { return 9; }\n',
+        "ffi/peer/link.h": '#include "copy/copy_launch.h"\nint Link();\n',
+        "ffi/cuda/handlers.h": "int Handlers();\n",
+        "ffi/module.cc": '#include "cuda/handlers.h"\n'})
+    for op in ("tune-bulk", "im2col"):
+        _write_measured(repo, op, measured)
+    monkeypatch.setattr(report, "ROOT", str(repo))
+    assert report.layers() == {"cuda", "peer"}
+    assert report.runs_through("im2col") == {"im2col", "copy"}
+    assert report.runs_through("copy") == {"copy"}
+
+    def commit(path, text):
+        (repo / path).write_text(text)
+        _git(repo, "commit", "-qam", f"change {path}")
+        return {f: report.changed_since(measured, f) for f in ("copy", "im2col")}
+
+    assert commit("ffi/peer/link.h", '#include "copy/copy_launch.h"\nint Link(int);\n') == {
+        "copy": [], "im2col": ["ffi/peer/link.h"]}
+    assert commit("ffi/cuda/handlers.h", "int Handlers(int);\n") == {
+        "copy": ["ffi/cuda/handlers.h"], "im2col": ["ffi/cuda/handlers.h", "ffi/peer/link.h"]}
+
+
+def test_a_moved_file_is_recorded_at_its_old_and_new_paths(tmp_path, monkeypatch):
+    # A file moved unchanged after the results (into a layer) stales them
+    # until both paths are recorded as unmeasured; the old path's entry holds
+    # while nothing is there, and a file that comes back there is a change.
+    repo, measured, args = _measured_checkout(tmp_path, monkeypatch, _CODE)
+    (repo / "ffi" / "peer").mkdir()
+    _git(repo, "mv", "ffi/copy/bulk_copy.cu", "ffi/peer/bulk_copy.cu")
+    _git(repo, "commit", "-qm", "moved")
+    assert report.main(args) == 1
+    for path in ("ffi/copy/bulk_copy.cu", "ffi/peer/bulk_copy.cu"):
+        assert report.main(["--results", args[2], "--unmeasured", path, "--why", "moved"]) == 0
+    assert report.main(args[1:]) == 0  # renders the note
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "unmeasured")
+    assert report.main(args) == 0
+    (repo / "ffi" / "copy" / "bulk_copy.cu").write_text("int Size() { return 32; }\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "back")
+    assert report.main(args) == 1
+
+
 def test_code_of_keeps_strings_and_drops_comments():
     assert report.code_of("a.cu", 'f("// no /* comment */");  // yes') == \
         'f("// no /* comment */");'

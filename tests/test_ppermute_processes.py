@@ -2,9 +2,9 @@
 localhost under jax.distributed (a local coordinator), with 2 host devices
 each, or all sharing the one GPU of the machine (the `gpu` tests, which
 start their processes without touching the GPU here). On the CPU the blocks
-travel over the process link (ffi/ppermute/peer_link.h); on the GPU each
+travel over the process link (ffi/peer/peer_link.h); on the GPU each
 process maps its peers' XLA allocations and the blocks move GPU to GPU
-(ffi/ppermute/peer_copy.h). Either way they are bit-exact against the blocks
+(ffi/peer/peer_copy.h). Either way they are bit-exact against the blocks
 every process cuts from the same global array (NCCL refuses two ranks on one
 GPU, so lax.ppermute cannot be the reference), and the "jax_tma" debug log
 must name the transport. A peer that never calls, is killed, or calls with

@@ -9,7 +9,7 @@
 #include "handlers.h"
 #include "path_counts.h"
 #include "ppermute/all_to_all.h"
-#include "ppermute/ppermute_rendezvous.h"
+#include "peer/peer_rendezvous.h"
 
 namespace jax_tma {
 

@@ -11,29 +11,11 @@
 #include <vector>
 
 #include "common.h"
-#include "ppermute/ppermute_processes.h"
+#include "peer/peer_exchange.h"
 
 namespace jax_tma {
 
 inline constexpr std::string_view kPpermuteOp = "jax_tma.ppermute";
-
-// One device's part in a permutation over `size` participants (logical ids
-// 0..size-1, the order of the mesh's devices).
-struct PermuteRoute {
-  int size = 0;
-  int self = -1;         // this device's logical id
-  int source = -1;       // whose block this device receives; -1: nobody's (zeros)
-  int destination = -1;  // who receives this device's block; -1: nobody
-  bool push = false;
-  std::vector<int64_t> devices;  // device ordinal of each logical id (in its process)
-  std::vector<int64_t> sources;  // whose block each logical id receives; -1: nobody's
-
-  // The participant whose published buffer this device copies from (pull:
-  // its source's input) or into (push: its destination's output); -1: none.
-  int partner() const { return push ? destination : source; }
-  // The participant that copies from or into this device's published buffer.
-  int partnered_by() const { return push ? source : destination; }
-};
 
 // The context, operand, result and attributes that jax_tma's calls on the
 // peer transport (ppermute, all_to_all) share: `Head` before an op's own
@@ -69,9 +51,53 @@ auto BindPpermuteCall(Binding binding) {
 // Checks the attributes Python passes (device ordinals and processes by
 // logical id, and per logical id the logical id it receives from or -1) and
 // finds the part of `device` of process `process`.
-ffi::Error RoutePermute(int device, int process, ffi::Span<const int64_t> devices,
-                        ffi::Span<const int64_t> processes, ffi::Span<const int64_t> sources,
-                        bool push, PermuteRoute* route);
+inline ffi::Error RoutePermute(int device, int process, ffi::Span<const int64_t> devices,
+                               ffi::Span<const int64_t> processes,
+                               ffi::Span<const int64_t> sources, bool push,
+                               PermuteRoute* route) {
+  const int64_t n = static_cast<int64_t>(devices.size());
+  if (n < 1 || static_cast<int64_t>(sources.size()) != n ||
+      static_cast<int64_t>(processes.size()) != n) {
+    return InvalidArgument(kPpermuteOp, "devices has ", n, " entries, sources ", sources.size(),
+                           " and processes ", processes.size(),
+                           "; each needs one entry per device");
+  }
+  route->size = static_cast<int>(n);
+  route->self = -1;
+  route->push = push;
+  route->devices.assign(devices.begin(), devices.end());
+  route->sources.assign(sources.begin(), sources.end());
+  std::vector<int> receivers(n, -1);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < i; ++j) {
+      if (devices[i] == devices[j] && processes[i] == processes[j]) {
+        return InvalidArgument(kPpermuteOp, "device ", devices[i], " of process ", processes[i],
+                               " appears twice in devices (positions ", j, " and ", i, ")");
+      }
+    }
+    const int64_t s = sources[i];
+    if (s < -1 || s >= n) {
+      return InvalidArgument(kPpermuteOp, "sources[", i, "] = ", s,
+                             " is not a position in [0, ", n, ") or -1");
+    }
+    if (s >= 0) {
+      if (receivers[s] >= 0) {
+        return InvalidArgument(kPpermuteOp, "position ", s,
+                               " is the source of both ", receivers[s], " and ",
+                               i, "; sources must be a permutation");
+      }
+      receivers[s] = static_cast<int>(i);
+    }
+    if (devices[i] == device && processes[i] == process) route->self = static_cast<int>(i);
+  }
+  if (route->self < 0) {
+    return InvalidArgument(kPpermuteOp, "device ", device, " of process ", process,
+                           " is not among the devices of this ppermute");
+  }
+  route->source = static_cast<int>(sources[route->self]);
+  route->destination = receivers[route->self];
+  return ffi::Error::Success();
+}
 
 // A call of "jax_tma_ppermute", re-validated: the method, the bytes to move,
 // this device's part and where the participants live.

@@ -2,13 +2,15 @@
 // through the same rendezvous as the CUDA handler and copies straight between
 // the two devices' buffers (pull or push, as on the GPU), or writes zeros.
 // Where the devices live in several processes of one host, the blocks travel
-// over the process link instead (ppermute_processes.h).
+// over the process link instead (peer/peer_exchange.h).
 #include <cstring>
 #include <string_view>
 
 #include "handlers.h"
 #include "path_counts.h"
-#include "ppermute/ppermute_rendezvous.h"
+#include "peer/peer_exchange.h"
+#include "peer/peer_rendezvous.h"
+#include "ppermute/ppermute_common.h"
 
 namespace jax_tma {
 

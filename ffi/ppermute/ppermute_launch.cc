@@ -13,8 +13,8 @@
 
 #include "cuda/cuda_status.h"
 #include "path_counts.h"
-#include "ppermute/peer_copy.h"
-#include "ppermute/peer_memory.h"
+#include "peer/peer_copy.h"
+#include "peer/peer_memory.h"
 
 namespace jax_tma {
 

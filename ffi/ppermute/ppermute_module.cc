@@ -13,12 +13,12 @@
 #include <nanobind/stl/vector.h>
 
 #include "module_defs.h"
-#include "ppermute/peer_link.h"
+#include "peer/peer_link.h"
 
 #if JAX_TMA_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "ppermute/peer_memory.h"
+#include "peer/peer_memory.h"
 #endif
 
 namespace jax_tma {

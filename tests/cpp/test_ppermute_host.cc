@@ -1,4 +1,4 @@
-// The process link of jax_tma.ppermute (ffi/ppermute/peer_link.h) between
+// The process link of the peer transport (ffi/peer/peer_link.h) between
 // two real processes (fork): bytes and a file descriptor travel (a memfd
 // both map: one page of shared memory, taken by the receiver's handler),
 // aborts reach the waiter with their reason, waits time out, a process that
@@ -8,8 +8,8 @@
 // refused, a peer that breaks the wire format is cut off, each is recorded
 // once (with its pid and uid) and changes nothing else, and an impostor at a
 // peer's name is sent nothing. Last, a meeting of the two processes
-// (ffi/ppermute/ppermute_processes.h) refuses a payload of the wrong size,
-// and the checks of a GPU region offer (ffi/ppermute/region_offer.h) that
+// (ffi/peer/peer_exchange.h) refuses a payload of the wrong size,
+// and the checks of a GPU region offer (ffi/peer/region_offer.h) that
 // need no GPU.
 #include <fcntl.h>
 #include <poll.h>
@@ -27,10 +27,10 @@
 #include <string>
 
 #include "check.h"
-#include "ppermute/peer_link.h"
-#include "ppermute/ppermute_common.h"
-#include "ppermute/ppermute_processes.h"
-#include "ppermute/region_offer.h"
+#include "peer/peer_exchange.h"
+#include "peer/peer_link.h"
+#include "peer/peer_route.h"
+#include "peer/region_offer.h"
 
 namespace jax_tma {
 namespace {

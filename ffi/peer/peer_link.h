@@ -1,5 +1,5 @@
 // The link between the processes of one host that take part in a
-// jax_tma.ppermute across processes. Each process listens on an abstract Unix
+// collective across processes (jax_tma.ppermute). Each process listens on an abstract Unix
 // socket whose name the others learn through jax.distributed's key-value
 // store (jax_tma/_ppermute.py); a message carries a key, bytes and, where a
 // transport needs one, a file descriptor (SCM_RIGHTS works between any two
@@ -19,8 +19,8 @@
 // once; a peer that fails a call sends an abort under that call's key, and
 // the waits on it fail with its reason. Errors name the peer process and
 // what was waited for.
-#ifndef JAX_TMA_FFI_PPERMUTE_PEER_LINK_H_
-#define JAX_TMA_FFI_PPERMUTE_PEER_LINK_H_
+#ifndef JAX_TMA_FFI_PEER_PEER_LINK_H_
+#define JAX_TMA_FFI_PEER_PEER_LINK_H_
 
 #include <sys/types.h>
 
@@ -107,4 +107,4 @@ std::vector<std::string> TakeLinkRefusals();
 
 }  // namespace jax_tma
 
-#endif  // JAX_TMA_FFI_PPERMUTE_PEER_LINK_H_
+#endif  // JAX_TMA_FFI_PEER_PEER_LINK_H_

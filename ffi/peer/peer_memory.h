@@ -1,4 +1,4 @@
-// The host side of jax_tma.ppermute's device transport (peer_copy.h): the
+// The host side of the peer transport's device side (peer_copy.h): the
 // memory that participants in other processes must reach, and what the
 // kernels' bounded waits read and write.
 //
@@ -15,15 +15,15 @@
 //   that process is gone; a waiting kernel polls it.
 // - One host-mapped PeerFault per process and a thread that reports it on
 //   stderr, with the call site and peer that a kernel waited for.
-#ifndef JAX_TMA_FFI_PPERMUTE_PEER_MEMORY_H_
-#define JAX_TMA_FFI_PPERMUTE_PEER_MEMORY_H_
+#ifndef JAX_TMA_FFI_PEER_PEER_MEMORY_H_
+#define JAX_TMA_FFI_PEER_PEER_MEMORY_H_
 
 #include <chrono>
 #include <string>
 
 #include "common.h"
-#include "ppermute/peer_copy.h"
-#include "ppermute/peer_link.h"
+#include "peer/peer_copy.h"
+#include "peer/peer_link.h"
 
 namespace jax_tma {
 
@@ -79,4 +79,4 @@ ffi::Error RecordedPeerFault();
 
 }  // namespace jax_tma
 
-#endif  // JAX_TMA_FFI_PPERMUTE_PEER_MEMORY_H_
+#endif  // JAX_TMA_FFI_PEER_PEER_MEMORY_H_

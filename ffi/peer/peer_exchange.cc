@@ -1,7 +1,5 @@
-// A jax_tma.ppermute across the processes of one host (see the header).
-#include "ppermute/ppermute_processes.h"
-
-#include "ppermute/ppermute_common.h"
+// The block exchange across the processes of one host (see the header).
+#include "peer/peer_exchange.h"
 
 #include <algorithm>
 #include <cstring>
@@ -75,7 +73,7 @@ ffi::Error DecodeProcessPlan(int64_t process, ffi::Span<const int64_t> processes
                              std::string_view links, std::string_view site, int64_t timeout_ms,
                              size_t participants, ProcessPlan* out) {
   if (processes.size() != participants) {
-    return InvalidArgument(kPpermuteOp, "processes has ", processes.size(),
+    return InvalidArgument(kPeerOp, "processes has ", processes.size(),
                            " entries for ", participants, " devices");
   }
   out->process = static_cast<int>(process);
@@ -89,18 +87,18 @@ ffi::Error DecodeProcessPlan(int64_t process, ffi::Span<const int64_t> processes
   out->site = std::string(site);
   out->timeout = std::chrono::milliseconds(timeout_ms);
   if (timeout_ms <= 0) {
-    return InvalidArgument(kPpermuteOp, "timeout_ms must be positive, got ", timeout_ms);
+    return InvalidArgument(kPeerOp, "timeout_ms must be positive, got ", timeout_ms);
   }
   if (!out->spans_processes()) return ffi::Error::Success();
   for (int64_t p : processes) {
     if (p < 0 || p >= static_cast<int64_t>(out->links.size()) || out->links[p].empty()) {
-      return InvalidArgument(kPpermuteOp, "process ", p, " has no link name (", out->links.size(),
+      return InvalidArgument(kPeerOp, "process ", p, " has no link name (", out->links.size(),
                              " given)");
     }
   }
   ffi::Error err = ListenLink(LinkPeer{out->process, out->links[out->process]}, out->timeout);
   if (err.failure()) {
-    return ffi::Error(*err.errc(), std::string(kPpermuteOp) + ": " + std::string(err.message()));
+    return ffi::Error(*err.errc(), std::string(kPeerOp) + ": " + std::string(err.message()));
   }
   return ffi::Error::Success();
 }
@@ -115,7 +113,7 @@ ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, s
     Site& site = Sites()[where.site];
     if (!site.broken.empty()) {
       return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                        std::string(kPpermuteOp) + " at " + where.site +
+                        std::string(kPeerOp) + " at " + where.site +
                             ": an earlier call here failed (" + site.broken +
                             "), so the processes are out of step at this call site and it "
                             "refuses every later call; restart the processes");
@@ -145,7 +143,7 @@ ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, s
         AbortLink(where.peer(i), abort_key, self + " failed: " + why);
       }
     }
-    return ffi::Error(*err.errc(), std::string(kPpermuteOp) + " at " + where.site + ", call " +
+    return ffi::Error(*err.errc(), std::string(kPeerOp) + " at " + where.site + ", call " +
                                        std::to_string(call) + " on " + self + ": " + why);
   };
   for (int to : sends) {

@@ -3,8 +3,8 @@
 // RegionOffer and the allocation's descriptor; the answer goes back under
 // "<key>/at". Host C++, so that the checks an offer passes before the GPU
 // driver sees its descriptor are unit-tested without a GPU (tests/cpp).
-#ifndef JAX_TMA_FFI_PPERMUTE_REGION_OFFER_H_
-#define JAX_TMA_FFI_PPERMUTE_REGION_OFFER_H_
+#ifndef JAX_TMA_FFI_PEER_REGION_OFFER_H_
+#define JAX_TMA_FFI_PEER_REGION_OFFER_H_
 
 #include <sys/stat.h>
 
@@ -79,4 +79,4 @@ inline std::string CheckRegionOffer(unsigned long long id, std::string_view byte
 
 }  // namespace jax_tma
 
-#endif  // JAX_TMA_FFI_PPERMUTE_REGION_OFFER_H_
+#endif  // JAX_TMA_FFI_PEER_REGION_OFFER_H_

@@ -1,9 +1,10 @@
-// Host-side meeting of the devices of one jax_tma.ppermute (see the header).
+// Host-side meeting of the devices of one call on the peer transport (see
+// the header).
 // XLA runs each device's part of a multi-device program on its own host
 // thread, so the handlers of one call meet here concurrently; a device whose
 // peer never arrives returns an error after the call's timeout instead of
 // hanging.
-#include "ppermute/ppermute_rendezvous.h"
+#include "peer/peer_rendezvous.h"
 
 #include <chrono>
 #include <condition_variable>
@@ -31,53 +32,6 @@ struct PermuteMeeting::State {
   std::string abort_message;  // non-empty once a participant failed
 };
 
-ffi::Error RoutePermute(int device, int process, ffi::Span<const int64_t> devices,
-                       ffi::Span<const int64_t> processes, ffi::Span<const int64_t> sources,
-                       bool push, PermuteRoute* route) {
-  const int64_t n = static_cast<int64_t>(devices.size());
-  if (n < 1 || static_cast<int64_t>(sources.size()) != n ||
-      static_cast<int64_t>(processes.size()) != n) {
-    return InvalidArgument(kPpermuteOp, "devices has ", n, " entries, sources ", sources.size(),
-                           " and processes ", processes.size(),
-                           "; each needs one entry per device");
-  }
-  route->size = static_cast<int>(n);
-  route->self = -1;
-  route->push = push;
-  route->devices.assign(devices.begin(), devices.end());
-  route->sources.assign(sources.begin(), sources.end());
-  std::vector<int> receivers(n, -1);
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < i; ++j) {
-      if (devices[i] == devices[j] && processes[i] == processes[j]) {
-        return InvalidArgument(kPpermuteOp, "device ", devices[i], " of process ", processes[i],
-                               " appears twice in devices (positions ", j, " and ", i, ")");
-      }
-    }
-    const int64_t s = sources[i];
-    if (s < -1 || s >= n) {
-      return InvalidArgument(kPpermuteOp, "sources[", i, "] = ", s,
-                             " is not a position in [0, ", n, ") or -1");
-    }
-    if (s >= 0) {
-      if (receivers[s] >= 0) {
-        return InvalidArgument(kPpermuteOp, "position ", s,
-                               " is the source of both ", receivers[s], " and ",
-                               i, "; sources must be a permutation");
-      }
-      receivers[s] = static_cast<int>(i);
-    }
-    if (devices[i] == device && processes[i] == process) route->self = static_cast<int>(i);
-  }
-  if (route->self < 0) {
-    return InvalidArgument(kPpermuteOp, "device ", device, " of process ", process,
-                           " is not among the devices of this ppermute");
-  }
-  route->source = static_cast<int>(sources[route->self]);
-  route->destination = receivers[route->self];
-  return ffi::Error::Success();
-}
-
 namespace {
 
 // States live as long as the process: a lowered ppermute may run again at
@@ -93,7 +47,7 @@ ffi::Error GetState(int64_t instance, int size, PermuteMeeting::State** out) {
     state->slots.resize(size);
   }
   if (static_cast<int>(state->slots.size()) != size) {
-    return InvalidArgument(kPpermuteOp, "instance ", instance, " was first run on ",
+    return InvalidArgument(kPeerOp, "instance ", instance, " was first run on ",
                            state->slots.size(), " devices and now on ", size);
   }
   *out = state.get();
@@ -108,11 +62,11 @@ ffi::Error Await(PermuteMeeting::State* s, std::unique_lock<std::mutex>& lock,
     return !s->abort_message.empty() || ready();
   });
   if (!s->abort_message.empty()) {
-    return ffi::Error::Internal(std::string(kPpermuteOp) + ": " + s->abort_message);
+    return ffi::Error::Internal(std::string(kPeerOp) + ": " + s->abort_message);
   }
   if (!ok) {
     Message m;
-    m << kPpermuteOp << ": device " << route.devices[route.self] << " waited "
+    m << kPeerOp << ": device " << route.devices[route.self] << " waited "
       << timeout.count() / 1000.0 << " s for device " << route.devices[peer] << " to " << what
       << " call " << generation << " of this ppermute; every device of the mesh must run the "
       << "program";
@@ -146,7 +100,7 @@ ffi::Error PermuteMeeting::Arrive(int64_t instance, const PermuteRoute& route,
                                  [&] { return other.published >= gen; }));
   if (other.block.run_id != own.run_id) {
     return ffi::Error::Internal(
-        std::string(kPpermuteOp) + ": call " + std::to_string(gen) + " on device " +
+        std::string(kPeerOp) + ": call " + std::to_string(gen) + " on device " +
         std::to_string(route.devices[route.self]) + " belongs to run " +
         std::to_string(own.run_id) + " but on device " +
         std::to_string(route.devices[partner]) + " to run " +

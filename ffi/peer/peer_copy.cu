@@ -1,8 +1,8 @@
-// The kernels of jax_tma.ppermute's device-side transport and their
+// The kernels of the peer transport's device side and their
 // launchers (see peer_copy.h): PeerMeet and PeerFinish, one thread each,
 // and PeerCopy, the copy between this participant's buffer and its
 // partner's through the TMA bulk pipeline of jax_tma.copy.
-#include "ppermute/peer_copy.h"
+#include "peer/peer_copy.h"
 
 #include <algorithm>
 #include <string>

@@ -1,5 +1,5 @@
-// The host side of jax_tma.ppermute's device transport (see the header).
-#include "ppermute/peer_memory.h"
+// The host side of the peer transport's device side (see the header).
+#include "peer/peer_memory.h"
 
 #include <cudaTypedefs.h>
 #include <unistd.h>
@@ -18,8 +18,8 @@
 
 #include "cuda/cuda_status.h"
 #include "cuda/driver_api.h"
-#include "ppermute/ppermute_common.h"
-#include "ppermute/region_offer.h"
+#include "peer/peer_route.h"
+#include "peer/region_offer.h"
 
 namespace jax_tma {
 namespace {
@@ -77,7 +77,7 @@ ffi::Error DriverFailed(const char* expr, CUresult r) {
   if (TheDriver().error_name == nullptr || TheDriver().error_name(r, &name) != CUDA_SUCCESS) {
     name = "an unknown error";
   }
-  return ffi::Error::Internal(std::string(kPpermuteOp) + ": " + expr + " failed: " + name +
+  return ffi::Error::Internal(std::string(kPeerOp) + ": " + expr + " failed: " + name +
                               " (" + std::to_string(static_cast<int>(r)) + ")");
 }
 
@@ -89,7 +89,7 @@ ffi::Error DriverFailed(const char* expr, CUresult r) {
 
 ffi::Error DriverReady() {
   if (!TheDriver().error.empty()) {
-    return ffi::Error::Internal(std::string(kPpermuteOp) + ": " + TheDriver().error);
+    return ffi::Error::Internal(std::string(kPeerOp) + ": " + TheDriver().error);
   }
   return ffi::Error::Success();
 }
@@ -208,7 +208,7 @@ ffi::Error ExportRegion(const LinkPeer& to, uintptr_t p, std::chrono::millisecon
   CUresult r = d.retain(&handle, reinterpret_cast<void*>(base));
   if (r != CUDA_SUCCESS) {
     return ffi::Error::InvalidArgument(
-        std::string(kPpermuteOp) + ": the buffer at " + std::to_string(p) +
+        std::string(kPeerOp) + ": the buffer at " + std::to_string(p) +
         " is not in a VMM allocation (cuMemRetainAllocationHandle failed), so no other "
         "process can map it; across processes the op needs XLA's default GPU allocator");
   }
@@ -217,7 +217,7 @@ ffi::Error ExportRegion(const LinkPeer& to, uintptr_t p, std::chrono::millisecon
   d.release(handle);
   if (r != CUDA_SUCCESS) {
     return ffi::Error::InvalidArgument(
-        std::string(kPpermuteOp) + ": the allocation holding the buffer at " +
+        std::string(kPeerOp) + ": the allocation holding the buffer at " +
         std::to_string(p) + " cannot be exported as a POSIX file descriptor (" +
         std::to_string(static_cast<int>(r)) + "), so no other process can map it");
   }
@@ -242,7 +242,7 @@ ffi::Error ExportRegion(const LinkPeer& to, uintptr_t p, std::chrono::millisecon
   unsigned long long va = 0;
   if (reply.size() >= sizeof(va)) std::memcpy(&va, reply.data(), sizeof(va));
   if (va == 0) {
-    return ffi::Error::Internal(std::string(kPpermuteOp) + ": process " +
+    return ffi::Error::Internal(std::string(kPeerOp) + ": process " +
                                 std::to_string(to.process) +
                                 " could not map an allocation of this process: " +
                                 reply.substr(std::min(reply.size(), sizeof(va))));
@@ -304,7 +304,7 @@ unsigned long long ImportRegion(int fd, size_t size, std::string* why) {
   if (prop.type != CU_MEM_ALLOCATION_TYPE_PINNED ||
       prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
     d.release(handle);
-    *why = (Message() << kPpermuteOp << ": the offered allocation is not GPU memory (type "
+    *why = (Message() << kPeerOp << ": the offered allocation is not GPU memory (type "
                       << static_cast<int>(prop.type) << ", location type "
                       << static_cast<int>(prop.location.type) << ")")
                .str();
@@ -312,7 +312,7 @@ unsigned long long ImportRegion(int fd, size_t size, std::string* why) {
   }
   if (granularity == 0 || size % granularity != 0 || size > LargestGpuMemory()) {
     d.release(handle);
-    *why = (Message() << kPpermuteOp << ": an offer of " << size << " bytes is no whole number "
+    *why = (Message() << kPeerOp << ": an offer of " << size << " bytes is no whole number "
                       << "of " << granularity << "-byte granules within one GPU's memory ("
                       << LargestGpuMemory() << " bytes)")
                .str();
@@ -485,7 +485,7 @@ ffi::Error AddressIn(const LinkPeer& to, int device, const void* ptr,
   }).join();
   JAX_TMA_RETURN_IF_FAILED(err);
   if (!Translate(p, to.process, out)) {
-    return ffi::Error::Internal(std::string(kPpermuteOp) +
+    return ffi::Error::Internal(std::string(kPeerOp) +
                                 ": an exported allocation has no mapping");
   }
   return ffi::Error::Success();
@@ -545,7 +545,7 @@ ffi::Error RecordedPeerFault() {
       std::string(publish ? "publish its buffer for" : "finish its copy in") + " call " +
       std::to_string(f->call);
   Message m;
-  m << kPpermuteOp << " at " << w.site << ": ";
+  m << kPeerOp << " at " << w.site << ": ";
   ffi::ErrorCode code = ffi::ErrorCode::kInternal;
   switch (static_cast<PeerGaveUp>(f->gave_up)) {
     case PeerGaveUp::kTimeout:

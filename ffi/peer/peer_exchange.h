@@ -1,13 +1,15 @@
-// A jax_tma.ppermute whose devices live in several processes of one host:
-// every participant sends its block to its destination's process over the
-// process link (peer_link.h) and receives its source's block the same way.
-// The k-th call of a participant at a call site meets the k-th call of its
-// peers there; a block carries a digest of the permutation and its size, so a
-// peer that makes another call fails both sides instead of mixing blocks.
-// After a failure (a timeout, a peer gone, a mismatch) the call site refuses
-// every later call in this process: its processes are out of step there.
-#ifndef JAX_TMA_FFI_PPERMUTE_PPERMUTE_PROCESSES_H_
-#define JAX_TMA_FFI_PPERMUTE_PPERMUTE_PROCESSES_H_
+// The block exchange of a call whose devices live in several processes of
+// one host (jax_tma.ppermute's on the CPU, and the first call of its GPU path,
+// which trades mailboxes and addresses): every participant sends its block to
+// its destination's process over the process link (peer_link.h) and receives
+// its source's block the same way. The k-th call of a participant at a call
+// site meets the k-th call of its peers there; a block carries a digest of
+// the permutation and its size, so a peer that makes another call fails both
+// sides instead of mixing blocks. After a failure (a timeout, a peer gone, a
+// mismatch) the call site refuses every later call in this process: its
+// processes are out of step there.
+#ifndef JAX_TMA_FFI_PEER_PEER_EXCHANGE_H_
+#define JAX_TMA_FFI_PEER_PEER_EXCHANGE_H_
 
 #include <chrono>
 #include <cstdint>
@@ -18,11 +20,10 @@
 #include <vector>
 
 #include "common.h"
-#include "ppermute/peer_link.h"
+#include "peer/peer_link.h"
+#include "peer/peer_route.h"
 
 namespace jax_tma {
-
-struct PermuteRoute;  // ppermute_common.h
 
 // Where each participant lives: its process (by logical id), every process's
 // link name (by process index), this call site, and how long to wait.
@@ -71,4 +72,4 @@ ffi::Error ExchangeAcrossProcesses(const PermuteRoute& route, const ProcessPlan&
 
 }  // namespace jax_tma
 
-#endif  // JAX_TMA_FFI_PPERMUTE_PPERMUTE_PROCESSES_H_
+#endif  // JAX_TMA_FFI_PEER_PEER_EXCHANGE_H_

@@ -1,18 +1,19 @@
-// The host-side meeting point of the devices taking part in one
-// jax_tma.ppermute. Each device's handler (CPU or CUDA, one host thread per
+// The host-side meeting point of the devices of one process taking part in
+// one call on the peer transport (jax_tma.ppermute's CPU handler). Each device's handler (CPU or CUDA, one host thread per
 // device) publishes one of its buffers, learns its partner's, copies between
 // them, and before returning waits until the device that touches its own
 // buffer has finished, so that buffer is never reused under a peer's copy.
 //   pull: a device publishes its input and reads its source's input.
 //   push: a device publishes its output and writes into its destination's.
-#ifndef JAX_TMA_FFI_PPERMUTE_PPERMUTE_RENDEZVOUS_H_
-#define JAX_TMA_FFI_PPERMUTE_PPERMUTE_RENDEZVOUS_H_
+#ifndef JAX_TMA_FFI_PEER_PEER_RENDEZVOUS_H_
+#define JAX_TMA_FFI_PEER_PEER_RENDEZVOUS_H_
 
 #include <chrono>
 #include <cstdint>
 #include <string_view>
 
-#include "ppermute/ppermute_common.h"
+#include "common.h"
+#include "peer/peer_route.h"
 
 namespace jax_tma {
 
@@ -78,4 +79,4 @@ ffi::Error ExchangeBlocks(int64_t instance, const PermuteRoute& route,
 
 }  // namespace jax_tma
 
-#endif  // JAX_TMA_FFI_PPERMUTE_PPERMUTE_RENDEZVOUS_H_
+#endif  // JAX_TMA_FFI_PEER_PEER_RENDEZVOUS_H_

@@ -1,4 +1,5 @@
-// jax_tma.ppermute's device-side transport: the participants of a call hand
+// The peer transport's device side (jax_tma.ppermute's, and the next
+// collectives'): the participants of a call hand
 // each other their buffers and signals through mailboxes in device memory
 // that every participant maps (peer access within a process, imported VMM
 // allocations across processes: peer_memory.h), so a call needs no host
@@ -26,8 +27,8 @@
 // process gone, the kernel writes a PeerFault (host-mapped) and traps, so
 // the step fails instead of returning a block that never arrived; the
 // fault's description reaches stderr (peer_memory.h).
-#ifndef JAX_TMA_FFI_PPERMUTE_PEER_COPY_H_
-#define JAX_TMA_FFI_PPERMUTE_PEER_COPY_H_
+#ifndef JAX_TMA_FFI_PEER_PEER_COPY_H_
+#define JAX_TMA_FFI_PEER_PEER_COPY_H_
 
 #include <cuda_runtime_api.h>
 
@@ -97,4 +98,4 @@ ffi::Error LaunchPeerFinish(PeerMailbox* own, const PeerWait& wait, cudaStream_t
 
 }  // namespace jax_tma
 
-#endif  // JAX_TMA_FFI_PPERMUTE_PEER_COPY_H_
+#endif  // JAX_TMA_FFI_PEER_PEER_COPY_H_

@@ -1,4 +1,4 @@
-// The process link of jax_tma.ppermute (see the header). One listener thread
+// The process link of the peer transport (see the header). One listener thread
 // accepts the peers' connections and one reader thread per connection files
 // what arrives into an inbox; senders keep one connection per peer, which
 // also tells a waiting receiver when that peer has gone.
@@ -8,7 +8,7 @@
 // message on a connection is a hello that names the sending process; the
 // reader reads it only once the connection's SO_PEERCRED pid is that of a
 // process KnowLinkPeer told, and every later header must name the same one.
-#include "ppermute/peer_link.h"
+#include "peer/peer_link.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
