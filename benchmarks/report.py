@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import functools
 import glob
 import importlib
 import json
@@ -161,11 +162,47 @@ def _read(path: str) -> str | None:
         return f.read()
 
 
+# What a run of this script reads of the checkout (the families, their
+# modules, the folders' includes), read once per public call: changed_since
+# asks for each changed path's owners, which walk every family's sources.
+# The tests edit their checkouts between calls, so nothing is kept past one.
+_memo: dict | None = None
+
+
+def _memoized(fn):
+    @functools.wraps(fn)
+    def wrapper(*args):
+        if _memo is None:
+            return fn(*args)
+        key = (fn.__name__, ROOT, args)
+        if key not in _memo:
+            _memo[key] = fn(*args)
+        return _memo[key]
+    return wrapper
+
+
+def _reads_once(fn):
+    """`fn` with what it reads of the checkout read once (_memoized)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        global _memo
+        if _memo is not None:
+            return fn(*args, **kwargs)
+        _memo = {}
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _memo = None
+    return wrapper
+
+
+@_memoized
 def families() -> list[str]:
     """The op families of the checkout's ffi/families.inc (none without it)."""
     return _FAMILY_LINE.findall(_read(FAMILY_LIST) or "")
 
 
+@_memoized
 def family_modules(family: str) -> tuple[str, ...]:
     """The files of the jax_tma modules that the family's test descriptor
     (tests/families/<family>.py) names in MODULES, read from its text (this
@@ -189,6 +226,7 @@ def family_of(op: str) -> str | None:
     return None
 
 
+@_memoized
 def _imported_modules(path: str) -> set[str]:
     """The files of the jax_tma modules that the module at `path` imports."""
     out = set()
@@ -200,6 +238,7 @@ def _imported_modules(path: str) -> set[str]:
     return out
 
 
+@_memoized
 def layers() -> set[str]:
     """The layers of shared sources: the folders of the checkout's ffi/
     that are no family (cuda/, peer/)."""
@@ -209,6 +248,7 @@ def layers() -> set[str]:
             if os.path.isdir(os.path.join(ffi, d)) and d not in known}
 
 
+@_memoized
 def _included(folder: str, walk: bool = True) -> set[str]:
     """The folders of ffi/ whose headers the sources of `folder` (from the
     checkout's root; walk False: its own files, not its subfolders')
@@ -223,6 +263,7 @@ def _included(folder: str, walk: bool = True) -> set[str]:
     return out
 
 
+@_memoized
 def _reach(family: str) -> tuple[set[str], set[str]]:
     """The families and the layers that `family` runs through (runs_through)."""
     known, shared = families(), layers()
@@ -248,6 +289,7 @@ def runs_through(family: str) -> set[str]:
     return _reach(family)[0]
 
 
+@_memoized
 def _owners(path: str) -> set[str]:
     """The families whose code `path` is (none: the shared core): ffi/<family>/,
     a layer's ffi/<layer>/ that the shared core's own sources do not include
@@ -258,7 +300,7 @@ def _owners(path: str) -> set[str]:
     if parts[0] == "ffi" and len(parts) > 2 and parts[1] in known:
         return {parts[1]}
     if parts[0] == "ffi" and len(parts) > 2 and parts[1] in layers():
-        if any(parts[1] in _included(core, walk=False) for core in CORE_SOURCES):
+        if any(parts[1] in _included(core, False) for core in CORE_SOURCES):
             return set()
         return {f for f in known if parts[1] in _reach(f)[1]}
     owners = {f for f in known if path in family_modules(f)}
@@ -302,6 +344,7 @@ def _family_view(path: str, text: str, kept: set[str] | None) -> str:
     return ast.unparse(tree)
 
 
+@_reads_once
 def changed_since(commit: str, family: str | None = None) -> list[str] | None:
     """The WATCHED paths that git tracks whose code (code_of) differs between
     `commit` and the working tree of the checkout at ROOT, as far as the
@@ -372,6 +415,7 @@ def record_unmeasured(results: dict[str, tuple[str, dict[str, Any]]], path: str,
         f.write("\n")
 
 
+@_reads_once
 def check_fresh(results: dict[str, tuple[str, dict[str, Any]]]) -> None:
     """Raises StaleResults unless the code each result measures (its
     family's, the shared core's: changed_since) is the same at the result's
@@ -626,6 +670,7 @@ def plot(results: dict[str, tuple[str, dict[str, Any]]], out_dir: str) -> list[s
     return paths
 
 
+@_reads_once
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/report.py")
     parser.add_argument("--results", default=RESULTS, help="the result JSON files' folder")
