@@ -43,8 +43,8 @@ def all_to_all(x: Any, axis_name: str | Sequence[str], split_axis: int, concat_a
     processes of one host, with ``memcpy`` between host devices (over the
     process link between processes). After the first call of a lowered
     all_to_all on a device, its steps meet only on the GPUs, so a call does
-    no host synchronisation and replays from CUDA graphs; waits are bounded
-    as ppermute's (``JAX_TMA_PPERMUTE_TIMEOUT_S``). The steps run one after
+    no host synchronisation; waits are bounded as ppermute's
+    (``JAX_TMA_PPERMUTE_TIMEOUT_S``). The steps run one after
     another on the device's stream. Where the transport cannot run (as for
     :func:`ppermute`: across hosts, a ``shard_map`` manual over only some
     mesh axes, symbolic dims, GPUs without peer access) and with
