@@ -254,7 +254,9 @@ class Op:
     and its reference, "local_ref"), whose batch is 8 blocks. min_batch:
     the smallest batch the fuzz draws. fuzz_kw: what the fuzz also passes
     build. export_variants: exports beside "concrete" and "symbolic", each
-    keeping the symbolic dims of Case.symbolic with these names alone."""
+    keeping the symbolic dims of Case.symbolic with these names alone.
+    symbolic_export: why a shape-polymorphic export of the op is not
+    tested (docs/limits.md says it), or None where it is."""
 
     name: str
     build: Callable[..., Case]
@@ -264,6 +266,7 @@ class Op:
     min_batch: int = 0
     fuzz_kw: Mapping[str, object] = dataclasses.field(default_factory=dict)
     export_variants: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    symbolic_export: str | None = None
 
 
 # Sub-byte dtypes in two of XLA's kernels: its CPU collective-permute overruns

@@ -295,4 +295,6 @@ def build_all_to_all(rng, dtype, *, batch=16, even=True, method="auto") -> Case:
 
 
 OPS = (Op("ppermute", build_ppermute, ALL_DTYPES, ("auto", "tma", "simt"), collective=True),
-       Op("all_to_all", build_all_to_all, ALL_DTYPES, ("auto",), collective=True))
+       Op("all_to_all", build_all_to_all, ALL_DTYPES, ("auto",), collective=True,
+          symbolic_export="XLA segfaulted on some of these exports, and lax.all_to_all's "
+                          "own fails them (jax 0.12.0.1)"))
