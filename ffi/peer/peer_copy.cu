@@ -91,6 +91,25 @@ __global__ void PeerFinishKernel(PeerMailbox* own, PeerWait wait) {
   AwaitCall(&own->done, own->calls, wait, PeerWaitFor::kDone);
 }
 
+// A vectorised grid-stride copy by every thread of the grid's x dimension.
+__device__ void SimtCopy(const uint8_t* src, uint8_t* dst, int64_t bytes) {
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const auto rel = reinterpret_cast<uintptr_t>(src) ^ reinterpret_cast<uintptr_t>(dst);
+  if ((rel & 15) == 0) {
+    const int64_t lead =
+        std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(src) % 16) % 16);
+    const int64_t nvec = (bytes - lead) / 16;
+    const auto* sv = reinterpret_cast<const uint4*>(src + lead);
+    auto* dv = reinterpret_cast<uint4*>(dst + lead);
+    for (int64_t i = t; i < nvec; i += threads) dv[i] = sv[i];
+    if (t < lead) dst[t] = src[t];
+    for (int64_t i = lead + nvec * 16 + t; i < bytes; i += threads) dst[i] = src[i];
+  } else {
+    for (int64_t i = t; i < bytes; i += threads) dst[i] = src[i];
+  }
+}
+
 // The bulk pipeline where `tma` and src, dst are equal modulo 16 B (`head`,
 // `body`, `chunk`... from PlanBulkCopy), else a vectorised grid-stride copy.
 // The last CTA to finish signals the partner.
@@ -120,22 +139,7 @@ __global__ void __launch_bounds__(kSimtThreads)
     bytes = 0;  // copied
   }
 #endif
-  if (bytes > 0) {
-    const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
-    const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if ((rel & 15) == 0) {
-      const int64_t lead =
-          std::min<int64_t>(bytes, (16 - reinterpret_cast<uintptr_t>(src) % 16) % 16);
-      const int64_t nvec = (bytes - lead) / 16;
-      const auto* sv = reinterpret_cast<const uint4*>(src + lead);
-      auto* dv = reinterpret_cast<uint4*>(dst + lead);
-      for (int64_t i = t; i < nvec; i += threads) dv[i] = sv[i];
-      if (t < lead) dst[t] = src[t];
-      for (int64_t i = lead + nvec * 16 + t; i < bytes; i += threads) dst[i] = src[i];
-    } else {
-      for (int64_t i = t; i < bytes; i += threads) dst[i] = src[i];
-    }
-  }
+  if (bytes > 0) SimtCopy(src, dst, bytes);
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
@@ -144,6 +148,157 @@ __global__ void __launch_bounds__(kSimtThreads)
       __threadfence_system();
       StoreRelease(&partner_box->done, own->calls);
     }
+  }
+}
+
+// ---- PeerScatter (peer_copy.h) ----
+
+constexpr int kScatterThreads = 128;  // copy: thread 0 drives the pipeline, all copy the edges
+constexpr int kMeetThreads = 256;     // meet: one thread per leg, all check slices
+// Kernel parameters are at most 4 KiB (before CUDA 12.1 and Volta).
+static_assert(sizeof(PeerLegs) + sizeof(PeerSlices) + sizeof(PeerWait) <= 4096);
+
+__device__ __forceinline__ int64_t IndexAt(const void* a, bool index64, int64_t i) {
+  return index64 ? static_cast<const int64_t*>(a)[i] : static_cast<const int32_t*>(a)[i];
+}
+
+// The leg carrying slice i (0: the slices for this participant itself).
+__device__ __forceinline__ int LegOf(const PeerSlices& s, int64_t i) {
+  const int j = static_cast<int>(i / s.per_part);
+  return (j - s.position + s.parts) % s.parts;
+}
+
+// A broken size rule; the lowest slice that breaks one is reported.
+struct BadSlice {
+  long long index;
+  unsigned int rule;
+  long long value, size, limit;
+};
+
+__device__ void ReportBadSlice(const PeerWait& w, BadSlice mine) {
+  __shared__ unsigned long long lowest;
+  if (threadIdx.x == 0) lowest = ~0ull;
+  __syncthreads();
+  if (mine.rule != 0) atomicMin(&lowest, static_cast<unsigned long long>(mine.index));
+  __syncthreads();
+  if (mine.rule != 0 && static_cast<unsigned long long>(mine.index) == lowest) {
+    volatile PeerFault* f = w.fault;
+    f->wait_for = static_cast<unsigned int>(PeerWaitFor::kNone);
+    f->gave_up = static_cast<unsigned int>(PeerGaveUp::kBadSize);
+    f->rule = mine.rule;
+    f->site = w.site;
+    f->index = mine.index;
+    f->call = static_cast<unsigned long long>(mine.value);
+    f->seen = static_cast<unsigned long long>(mine.size);
+    f->limit = mine.limit;
+    __threadfence_system();
+    f->raised = 1;
+    __threadfence_system();
+    __trap();
+  }
+  __syncthreads();
+}
+
+// Checks this participant's slices, publishes its output (and receive
+// sizes) to every source, waits for every destination's, then checks each
+// destination's receive size for the slices it gets.
+__global__ void __launch_bounds__(kMeetThreads)
+    PeerScatterMeetKernel(PeerLegs legs, PeerSlices s, PeerWait check) {
+  const int t = threadIdx.x;
+  BadSlice mine{0, 0, 0, 0, 0};
+  if (s.ragged()) {
+    for (int64_t i = t; i < s.slices && mine.rule == 0; i += blockDim.x) {
+      const int64_t in = IndexAt(s.input_offsets, s.index64, i);
+      const int64_t size = IndexAt(s.send_sizes, s.index64, i);
+      const int64_t out = IndexAt(s.output_offsets, s.index64, i);
+      if (in < 0 || size < 0 || in > s.src_rows - size) {
+        mine = {i, static_cast<unsigned int>(PeerSizeRule::kOperand), in, size, s.src_rows};
+      } else if (out < 0 || out > s.dst_rows - size) {
+        mine = {i, static_cast<unsigned int>(PeerSizeRule::kOutput), out, size, s.dst_rows};
+      }
+    }
+    ReportBadSlice(check, mine);
+  }
+  __shared__ unsigned long long recv_of[kMaxPeerLegs + 1];  // each leg's receive sizes
+  if (t < legs.count) {
+    const PeerLeg& leg = legs.leg[t];
+    const unsigned long long call = leg.own->calls + 1;
+    leg.own->calls = call;
+    leg.by_box->buffer = leg.published;
+    leg.by_box->sizes = leg.published_sizes;
+    StoreRelease(&leg.by_box->ready, call);  // the buffer travels ahead of the number
+    AwaitCall(&leg.own->ready, call, leg.wait_partner, PeerWaitFor::kPublish);
+    const volatile PeerMailbox* own = leg.own;
+    leg.own->peer = own->buffer;
+    recv_of[t + 1] = own->sizes;
+  }
+  if (t == 0) recv_of[0] = reinterpret_cast<unsigned long long>(s.recv_sizes);
+  __syncthreads();
+  if (!s.ragged()) return;
+  for (int64_t i = t; i < s.slices && mine.rule == 0; i += blockDim.x) {
+    const auto* recv = reinterpret_cast<const void*>(recv_of[LegOf(s, i)]);
+    const int64_t theirs = IndexAt(recv, s.index64, s.position * s.per_part + i % s.per_part);
+    const int64_t size = IndexAt(s.send_sizes, s.index64, i);
+    if (theirs != size) {
+      mine = {i, static_cast<unsigned int>(PeerSizeRule::kRecv), theirs, size, 0};
+    }
+  }
+  ReportBadSlice(check, mine);
+}
+
+// Slice blockIdx.y, by the CTAs of the grid's x dimension; the last CTA of
+// a leg's slices signals its destination.
+__global__ void __launch_bounds__(kScatterThreads)
+    PeerScatterCopyKernel(PeerLegs legs, PeerSlices s, bool tma, uint32_t chunk, int stages) {
+  const int64_t i = blockIdx.y;
+  const int k = LegOf(s, i);
+  uint8_t* base = k == 0 ? s.local : reinterpret_cast<uint8_t*>(legs.leg[k - 1].own->peer);
+  int64_t from = i * s.bytes, to = s.position * s.bytes, bytes = s.bytes;
+  if (s.ragged()) {
+    from = IndexAt(s.input_offsets, s.index64, i) * s.bytes;
+    to = IndexAt(s.output_offsets, s.index64, i) * s.bytes;
+    bytes = IndexAt(s.send_sizes, s.index64, i) * s.bytes;
+  }
+  const uint8_t* src = s.src + from;
+  uint8_t* dst = base + to;
+#if JAX_TMA_HAS_BULK_COPY
+  extern __shared__ __align__(128) uint8_t stage_buf[];
+  __shared__ uint64_t full[kMaxBulkStages];
+  __shared__ int64_t chunk_of[kMaxBulkStages];
+  const auto rel = reinterpret_cast<uintptr_t>(src) ^ reinterpret_cast<uintptr_t>(dst);
+  if (tma && bytes > 0 && (rel & 15) == 0) {
+    const int64_t head =
+        min(bytes, static_cast<int64_t>((16 - reinterpret_cast<uintptr_t>(src) % 16) % 16));
+    const int64_t body = (bytes - head) / 16 * 16;
+    device::CopyBulkEdges(src, dst, bytes, head, body);
+    if (threadIdx.x == 0 && body > 0) {
+      const int64_t nchunks = (body + chunk - 1) / chunk;
+      const int64_t per_cta = (nchunks + gridDim.x - 1) / gridDim.x;
+      device::StreamBulkChunks(src, dst, head, body, chunk, stages, per_cta, nullptr, stage_buf,
+                               full, chunk_of);
+      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+      asm volatile("fence.proxy.async.global;" ::: "memory");
+    }
+    bytes = 0;  // copied
+  }
+#endif
+  if (bytes > 0) SimtCopy(src, dst, bytes);
+  __syncthreads();
+  if (k != 0 && threadIdx.x == 0) {
+    const PeerLeg& leg = legs.leg[k - 1];
+    __threadfence_system();
+    if (atomicAdd(&leg.own->ctas, 1u) == gridDim.x * static_cast<unsigned int>(s.per_part) - 1) {
+      leg.own->ctas = 0;
+      __threadfence_system();
+      StoreRelease(&leg.partner_box->done, leg.own->calls);
+    }
+  }
+}
+
+__global__ void PeerScatterFinishKernel(PeerLegs legs) {
+  for (int t = threadIdx.x; t < legs.count; t += blockDim.x) {
+    const PeerLeg& leg = legs.leg[t];
+    AwaitCall(&leg.own->done, leg.own->calls, leg.wait_by, PeerWaitFor::kDone);
   }
 }
 
@@ -200,6 +355,60 @@ ffi::Error LaunchPeerCopy(PeerMailbox* own, PeerMailbox* partner_box, void* loca
       own, partner_box, static_cast<uint8_t*>(local), static_cast<int64_t>(bytes), push, tma,
       plan.head, plan.body, plan.chunk, kDefaultBulkCopyConfig.stages, plan.chunks_per_cta);
   JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return ffi::Error::Success();
+}
+
+ffi::Error LaunchPeerScatter(const PeerLegs& legs, const PeerSlices& slices, bool tma,
+                             int64_t expected_bytes, const PeerWait& check, cudaStream_t stream,
+                             int device) {
+  constexpr std::string_view kOp = "jax_tma.all_to_all";
+  if (slices.slices < 1 || slices.slices > 65535) {
+    return InvalidArgument(kOp, "an exchange of ", slices.slices,
+                           " slices; the grid holds 1 to 65535");
+  }
+  DeviceInfo info;
+  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
+  // The slices share the SMs: each gets the CTAs a copy of its expected size
+  // would have on its share.
+  const int sms = std::max<int>(1, info.sm_count / static_cast<int>(slices.slices));
+  BulkCopyPlan plan;
+  const auto bytes = static_cast<std::size_t>(std::max<int64_t>(expected_bytes, 1));
+  if (tma) {
+    std::string why;
+    if (!PlanBulkCopy(kDefaultBulkCopyConfig, kNoCounterSlot, bytes, slices.src, sms, 0, &plan,
+                      &why)) {
+      return InvalidArgument(kOp, why);
+    }
+    static PerDevice<int> smem_limit;
+    int limit = 0;
+    JAX_TMA_RETURN_IF_FAILED(smem_limit.Get(
+        device,
+        [](int d, int* l) {
+          return AllowBulkSmem(reinterpret_cast<const void*>(PeerScatterCopyKernel), d, l);
+        },
+        &limit));
+    if (plan.smem > static_cast<std::size_t>(limit)) {
+      return InvalidArgument(kOp, "the bulk pipeline needs ", plan.smem,
+                             " B of shared memory; device ", device, " allows ", limit, " B");
+    }
+  } else {
+    const int64_t vectors = static_cast<int64_t>(bytes / 16) + 1;
+    plan.blocks = std::min<int64_t>((vectors + kScatterThreads - 1) / kScatterThreads,
+                                    int64_t{sms} * 8);
+  }
+  if (legs.count > 0 || slices.ragged()) {
+    PeerScatterMeetKernel<<<1, kMeetThreads, 0, stream>>>(legs, slices, check);
+    JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  const dim3 grid(static_cast<unsigned int>(plan.blocks),
+                  static_cast<unsigned int>(slices.slices));
+  PeerScatterCopyKernel<<<grid, kScatterThreads, plan.smem, stream>>>(
+      legs, slices, tma, plan.chunk, kDefaultBulkCopyConfig.stages);
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  if (legs.count > 0) {
+    PeerScatterFinishKernel<<<1, 32, 0, stream>>>(legs);
+    JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
   return ffi::Error::Success();
 }
 

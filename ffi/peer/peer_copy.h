@@ -52,22 +52,37 @@ struct alignas(64) PeerMailbox {
   unsigned long long calls;
   unsigned long long peer;
   unsigned int ctas;
+  // Written by the partner with `buffer` in a ragged exchange (PeerScatter):
+  // its receive sizes, in this process's address space; 0 otherwise.
+  unsigned long long sizes;
 };
 
 // What a participant waited for when it gave up.
 enum class PeerWaitFor : unsigned int { kNone = 0, kPublish = 1, kDone = 2 };
 // Why it gave up.
-enum class PeerGaveUp : unsigned int { kTimeout = 1, kGone = 2, kOutOfStep = 3 };
+enum class PeerGaveUp : unsigned int { kTimeout = 1, kGone = 2, kOutOfStep = 3, kBadSize = 4 };
+// Which rule a ragged exchange's sizes broke (PeerGaveUp::kBadSize).
+enum class PeerSizeRule : unsigned int {
+  kNone = 0,
+  kOperand = 1,  // input_offsets[i] + send_sizes[i] in [0, operand rows]
+  kOutput = 2,   // output_offsets[i] + send_sizes[i] in [0, output rows]
+  kRecv = 3,     // the receiver's recv_sizes entry is this slice's send_sizes[i]
+};
 
 // Written once per process by the first wait that gives up (host-mapped).
+// For kBadSize: `rule`, the slice `index`, `call` its offset (kRecv: the
+// receiver's recv_sizes entry), `seen` its size and `limit` the rows of the
+// buffer it runs past.
 struct PeerFault {
   unsigned int raised;  // 0 until a fault is written, then 1
   unsigned int wait_for;
   unsigned int gave_up;
-  unsigned int pad;
+  unsigned int rule;
   unsigned long long site;  // the waiting participant's PeerSiteId
   unsigned long long call;
   unsigned long long seen;  // the awaited field's value at that point
+  long long index;
+  long long limit;
 };
 
 // How a kernel waits on one other participant.
@@ -95,6 +110,80 @@ ffi::Error LaunchPeerCopy(PeerMailbox* own, PeerMailbox* partner_box, void* loca
 
 // PeerFinish.
 ffi::Error LaunchPeerFinish(PeerMailbox* own, const PeerWait& wait, cudaStream_t stream);
+
+// ---- PeerScatter: every step of an exchange at once ----
+//
+// An all_to_all (or ragged all_to_all) of `parts` participants is parts - 1
+// steps (legs), one per shift k: this participant pushes into the one k
+// positions after it and receives from the one k before. Each leg has its
+// own mailboxes, trading as above, but the three kernels run every leg at
+// once: PeerScatterMeet publishes this participant's output to every
+// source and waits for every destination's; PeerScatterCopy pushes every
+// slice straight into its destination's output (the slices for itself into
+// its own), all in one grid, the last CTA of a leg signalling its
+// destination; PeerScatterFinish waits until every source has finished.
+
+// At most this many legs per exchange: the legs travel as kernel parameters.
+inline constexpr int kMaxPeerLegs = 31;
+
+// One leg, as PeerSite holds it (ppermute_launch.h): this participant's
+// mailbox, its destination's (`partner_box`) and its source's (`by_box`) in
+// this address space, and this call's output and receive sizes in the
+// source's address space.
+struct PeerLeg {
+  PeerMailbox* own = nullptr;
+  PeerMailbox* by_box = nullptr;
+  PeerMailbox* partner_box = nullptr;
+  unsigned long long published = 0;
+  unsigned long long published_sizes = 0;
+  PeerWait wait_partner;
+  PeerWait wait_by;
+};
+
+struct PeerLegs {
+  int count = 0;  // parts - 1
+  PeerLeg leg[kMaxPeerLegs];
+};
+
+// What this participant sends: `slices` slices, `per_part` for each
+// destination position in order (slice i goes to position i / per_part);
+// leg k - 1 carries those for position (position + k) mod parts, and those
+// for `position` itself are copied into `local`.
+//   Equal (all_to_all): slice i is `bytes` at src + i * bytes, placed at
+//     position * bytes of its destination's output.
+//   Ragged (`sizes` set): slice i is send_sizes[i] rows at input_offsets[i]
+//     of src, placed at output_offsets[i] of its destination's output; the
+//     four arrays (int32, or int64 where `index64`) are read on the device
+//     and checked against `src_rows` and `dst_rows` before any copy (a
+//     broken rule traps with a PeerFault of kBadSize), as is each
+//     destination's recv_sizes entry for this participant's slice.
+struct PeerSlices {
+  const uint8_t* src = nullptr;
+  uint8_t* local = nullptr;
+  int parts = 1;
+  int position = 0;
+  int per_part = 1;
+  int64_t slices = 1;
+  int64_t bytes = 0;  // equal: a slice's bytes; ragged: a row's
+  // Ragged only:
+  const void* input_offsets = nullptr;
+  const void* send_sizes = nullptr;
+  const void* output_offsets = nullptr;
+  const void* recv_sizes = nullptr;
+  bool index64 = false;
+  int64_t src_rows = 0;
+  int64_t dst_rows = 0;
+  JAX_TMA_HOST_DEVICE bool ragged() const { return send_sizes != nullptr; }
+};
+
+// The three kernels of one exchange on `stream`, with the TMA bulk pipeline
+// where `tma` (slices whose source and destination differ modulo 16 B, and
+// every slice without `tma`, with SIMT). `expected_bytes` (a slice's bytes,
+// or what a ragged one is expected to hold) sizes the grid. A ragged
+// exchange's broken size rule is reported under `check`'s site.
+ffi::Error LaunchPeerScatter(const PeerLegs& legs, const PeerSlices& slices, bool tma,
+                             int64_t expected_bytes, const PeerWait& check, cudaStream_t stream,
+                             int device);
 
 }  // namespace jax_tma
 

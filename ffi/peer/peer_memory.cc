@@ -530,6 +530,35 @@ PeerResources CountPeerResources() {
   return counts;
 }
 
+namespace {
+
+// A ragged exchange's broken size rule (PeerSizeRule), as an error.
+ffi::Error BadSizeFault(const volatile PeerFault* f, const Waits& w) {
+  const long long i = f->index, value = static_cast<long long>(f->call),
+                  size = static_cast<long long>(f->seen), limit = f->limit;
+  Message m;
+  m << "jax_tma.ragged_all_to_all at " << w.site << ": slice " << i << ": ";
+  switch (static_cast<PeerSizeRule>(f->rule)) {
+    case PeerSizeRule::kOperand:
+      m << "input_offsets[" << i << "] = " << value << " and send_sizes[" << i << "] = " << size
+        << " are negative or run past the operand's " << limit << " rows";
+      break;
+    case PeerSizeRule::kOutput:
+      m << "output_offsets[" << i << "] = " << value << " and send_sizes[" << i << "] = " << size
+        << " are negative or run past the output's " << limit << " rows";
+      break;
+    default:
+      m << "send_sizes[" << i << "] = " << size << " but its receiver's recv_sizes entry for it "
+        << "is " << value;
+  }
+  m << ". Each device checks its sizes on the device before its copies, so this one wrote "
+       "nothing and no copy ran out of bounds; the checking kernel trapped, and this "
+       "process's GPU context is lost: restart the processes";
+  return ffi::Error::InvalidArgument(m.str());
+}
+
+}  // namespace
+
 ffi::Error RecordedPeerFault() {
   const volatile PeerFault* f = fault_record;
   if (f == nullptr || f->raised == 0) return ffi::Error::Success();
@@ -539,6 +568,7 @@ ffi::Error RecordedPeerFault() {
     auto it = AllWaits().find(static_cast<unsigned long long>(f->site));
     if (it != AllWaits().end()) w = it->second;
   }
+  if (f->gave_up == static_cast<unsigned int>(PeerGaveUp::kBadSize)) return BadSizeFault(f, w);
   const bool publish = f->wait_for == static_cast<unsigned int>(PeerWaitFor::kPublish);
   const std::string who = publish ? w.publisher : w.copier;
   const std::string action =

@@ -1,13 +1,11 @@
 // CUDA handler of "jax_tma_all_to_all": decodes and re-validates the call,
-// copies the chunk that stays, then runs each step of the exchange
-// (all_to_all.h) as a push of ppermute's device-side transport
-// (LaunchPpermute) straight into the destination's result, in this process
-// or across the processes of one host. An instantiate stage gives each
-// lowered all_to_all of an executable the participants of each step
-// (AllToAllSites), freed with the executable.
-#include <map>
+// then runs every step of the exchange (all_to_all.h) at once with
+// PeerScatter (peer_copy.h): each chunk is pushed straight into its
+// destination's result, in this process or across the processes of one
+// host, the chunk that stays copied in the same grid. An instantiate stage
+// gives each lowered all_to_all of an executable its per-step participants
+// (ExchangeSites), freed with the executable.
 #include <memory>
-#include <mutex>
 #include <string_view>
 
 #include "cuda/cuda_status.h"
@@ -15,41 +13,23 @@
 #include "cuda/handlers.h"
 #include "path_counts.h"
 #include "ppermute/all_to_all.h"
-#include "ppermute/ppermute_launch.h"
+#include "ppermute/exchange_sites.h"
 
 namespace jax_tma {
 
-// The participants of each step of a lowered all_to_all (one PeerSites a
-// step, set up by the step's first call on each device).
-class AllToAllSites {
- public:
-  static ffi::TypeId id;
-  PeerSites* Step(int k) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto& sites = steps_[k];
-    if (sites == nullptr) sites = std::make_unique<PeerSites>();
-    return sites.get();
-  }
-
- private:
-  std::mutex mu_;
-  std::map<int, std::unique_ptr<PeerSites>> steps_;
-};
-
-ffi::TypeId AllToAllSites::id = {};
-const ffi::TypeInfo kAllToAllSitesTypeInfo = ffi::MakeTypeInfo<AllToAllSites>();
-void* AllToAllSitesTypeId() { return &AllToAllSites::id; }
-const void* AllToAllSitesTypeInfo() { return &kAllToAllSitesTypeInfo; }
+const ffi::TypeInfo kExchangeSitesTypeInfo = ffi::MakeTypeInfo<ExchangeSites>();
+void* ExchangeSitesTypeId() { return &ExchangeSites::id; }
+const void* ExchangeSitesTypeInfo() { return &kExchangeSitesTypeInfo; }
 
 namespace {
 
-ffi::ErrorOr<std::unique_ptr<AllToAllSites>> AllToAllInstantiate() {
-  return std::make_unique<AllToAllSites>();
+ffi::ErrorOr<std::unique_ptr<ExchangeSites>> AllToAllInstantiate() {
+  return std::make_unique<ExchangeSites>();
 }
 
 // `instance` numbers the CPU handler's meetings; here the executable's
 // state (`sites`) holds each step's participants.
-ffi::Error AllToAllCudaImpl(cudaStream_t stream, AllToAllSites* sites, int32_t device,
+ffi::Error AllToAllCudaImpl(cudaStream_t stream, ExchangeSites* sites, int32_t device,
                             ffi::RunId /*run*/, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
                             int64_t /*instance*/, ffi::Span<const int64_t> devices,
                             ffi::Span<const int64_t> sources, ffi::Span<const int64_t> positions,
@@ -60,20 +40,24 @@ ffi::Error AllToAllCudaImpl(cudaStream_t stream, AllToAllSites* sites, int32_t d
   JAX_TMA_RETURN_IF_FAILED(DecodeAllToAll(device, x, y, devices, sources, positions, parts,
                                           method, process, processes, links, site, timeout_ms,
                                           &call));
+  // Every participant has the same chunk size, so all skip together.
   if (call.bytes.bytes == 0) return ffi::Error::Success();
   CountPath(Path::kAllToAllPeer);
-  const ByteCopy local = call.Local();
-  JAX_TMA_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(local.dst, local.src, local.bytes, cudaMemcpyDeviceToDevice, stream));
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  for (int k = 1; k < call.parts; ++k) {
-    PpermuteCall step{call.method, call.Step(k), call.steps[k - 1], call.StepPlan(k)};
-    PpermutePlan plan;
-    JAX_TMA_RETURN_IF_FAILED(PlanPpermute(step, info, &plan));
-    JAX_TMA_RETURN_IF_FAILED(LaunchPpermute(step, plan, sites->Step(k), stream, device));
-  }
-  return ffi::Error::Success();
+  bool tma = false;
+  JAX_TMA_RETURN_IF_FAILED(ExchangeUsesTma(kAllToAllOp, call.method, info, device, &tma));
+  PeerLegs legs;
+  JAX_TMA_RETURN_IF_FAILED(ExchangeLegs(sites, call.method, call.bytes.bytes, call.steps,
+                                        call.where, device, call.bytes.dst, nullptr, &legs));
+  PeerSlices slices;
+  slices.src = static_cast<const uint8_t*>(call.bytes.src);
+  slices.local = static_cast<uint8_t*>(call.bytes.dst);
+  slices.parts = call.parts;
+  slices.position = call.position;
+  slices.slices = call.parts;
+  slices.bytes = static_cast<int64_t>(call.chunk());
+  return LaunchPeerScatter(legs, slices, tma, slices.bytes, PeerWait{}, stream, device);
 }
 
 }  // namespace
@@ -88,5 +72,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     jax_tma::BindAllToAllCall(
         xla::ffi::Ffi::Bind()
             .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()     // stream
-            .Ctx<xla::ffi::State<jax_tma::AllToAllSites>>()),  // sites
+            .Ctx<xla::ffi::State<jax_tma::ExchangeSites>>()),  // sites
     {xla::ffi::Traits::kCmdBufferCompatible});

@@ -18,27 +18,6 @@
 
 namespace jax_tma {
 
-// A participant of a lowered ppermute on one device, once set up: its own
-// mailbox and, in this process's address space, those of its partner and of
-// the participant that copies its buffer; and how its kernels wait. Its
-// mailbox and waits go back with it.
-struct PeerSite {
-  explicit PeerSite(int device) : device(device) {}
-  ~PeerSite() {
-    if (box != nullptr) ReleasePeerMailbox(device, box);
-    if (waits != 0) UnregisterPeerWaits(waits);
-  }
-  PeerSite(const PeerSite&) = delete;
-  PeerSite& operator=(const PeerSite&) = delete;
-  int device;
-  PeerMailbox* box = nullptr;
-  PeerMailbox* partner_box = nullptr;
-  PeerMailbox* by_box = nullptr;
-  unsigned long long waits = 0;  // RegisterPeerWaits's id
-  PeerWait wait_partner;         // for the partner's buffer
-  PeerWait wait_by;              // for the copy of this participant's buffer
-};
-
 ffi::TypeId PeerSites::id = {};
 PeerSites::PeerSites() = default;
 PeerSites::~PeerSites() = default;

@@ -13,12 +13,33 @@
 #include <memory>
 #include <mutex>
 
+#include "peer/peer_copy.h"
+#include "peer/peer_memory.h"
 #include "ppermute/ppermute_common.h"
 #include "ppermute/ppermute_plan.h"
 
 namespace jax_tma {
 
-struct PeerSite;
+// A participant of a lowered ppermute on one device, once set up: its own
+// mailbox and, in this process's address space, those of its partner and of
+// the participant that copies its buffer; and how its kernels wait. Its
+// mailbox and waits go back with it.
+struct PeerSite {
+  explicit PeerSite(int device) : device(device) {}
+  ~PeerSite() {
+    if (box != nullptr) ReleasePeerMailbox(device, box);
+    if (waits != 0) UnregisterPeerWaits(waits);
+  }
+  PeerSite(const PeerSite&) = delete;
+  PeerSite& operator=(const PeerSite&) = delete;
+  int device;
+  PeerMailbox* box = nullptr;
+  PeerMailbox* partner_box = nullptr;
+  PeerMailbox* by_box = nullptr;
+  unsigned long long waits = 0;  // RegisterPeerWaits's id
+  PeerWait wait_partner;         // for the partner's buffer
+  PeerWait wait_by;              // for the copy of this participant's buffer
+};
 
 // A lowered ppermute of one executable (its FFI instantiate state): the
 // participant set up on each device at its first call there. Freed with the

@@ -1,0 +1,51 @@
+// The CUDA side of the exchanges on the peer transport that run every step
+// at once (jax_tma.all_to_all, jax_tma.ragged_all_to_all): each lowered
+// exchange of an executable keeps, per step, ppermute's participants
+// (PeerSites), set up by the step's first call on each device, and per call
+// hands PeerScatter (peer_copy.h) its legs.
+#ifndef JAX_TMA_FFI_PPERMUTE_EXCHANGE_SITES_H_
+#define JAX_TMA_FFI_PPERMUTE_EXCHANGE_SITES_H_
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "peer/peer_copy.h"
+#include "ppermute/ppermute_launch.h"
+
+namespace jax_tma {
+
+// One lowered exchange of an executable (its FFI instantiate state), freed
+// with the executable as PeerSites are.
+class ExchangeSites {
+ public:
+  static ffi::TypeId id;
+  // The participants of step k (1 .. parts - 1).
+  PeerSites* Step(int k);
+
+ private:
+  std::mutex mu_;
+  std::map<int, std::unique_ptr<PeerSites>> steps_;
+};
+
+// This device's part of one exchange in a group of `steps.size() + 1`:
+// step k (1-based) is the shift route `steps[k - 1]`, meeting at `where`'s
+// site + "#stepk"; every participant pushes into its destination at every
+// step. Fills `legs` with each step's mailboxes and waits, and publishes
+// `output` (and `recv_sizes`, if any) to each step's source. `bytes` is
+// what every participant's call moves (checked equal at the first meeting).
+ffi::Error ExchangeLegs(ExchangeSites* sites, Method method, std::size_t bytes,
+                        const std::vector<PermuteRoute>& steps, const ProcessPlan& where,
+                        int device, const void* output, const void* recv_sizes,
+                        PeerLegs* legs);
+
+// The copy kernel of `method` on a device (`info`): the bulk pipeline for
+// kTma and, where the device has TMA, kAuto; an error for kTma without it.
+ffi::Error ExchangeUsesTma(std::string_view op, Method method, const DeviceInfo& info,
+                           int device, bool* tma);
+
+}  // namespace jax_tma
+
+#endif  // JAX_TMA_FFI_PPERMUTE_EXCHANGE_SITES_H_
