@@ -41,12 +41,12 @@ __global__ void __launch_bounds__(kBulkThreads)
   __shared__ uint64_t full[kMaxBulkStages];
   __shared__ int64_t chunk_of[kMaxBulkStages];  // chunk held by each stage
 
-  CopyBulkEdges(src, dst, bytes, head, body);
+  CopyBulkEdges(src, dst, bytes, head, body, blockIdx.x);
   if (threadIdx.x != 0) return;
   unsigned long long* counters =
       counter_slot >= 0 ? g_bulk_counters[counter_slot] : nullptr;
-  StreamBulkChunks(src, dst, head, body, chunk, stages, chunks_per_cta, counters, stage_buf,
-                   full, chunk_of);
+  StreamBulkChunks(src, dst, head, body, chunk, stages, chunks_per_cta, blockIdx.x, gridDim.x,
+                   counters, stage_buf, full, chunk_of);
   if (counters != nullptr) {
     // Every CTA's claims precede its finish count; the last one to finish
     // sees all claims done and resets the slot for the next launch.

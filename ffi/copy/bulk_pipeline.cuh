@@ -13,13 +13,14 @@
 namespace jax_tma::device {
 
 #if JAX_TMA_HAS_BULK_COPY
-// Bytes [0, head) and [head + body, bytes) are edges, copied by CTA 0 with
-// ordinary stores; they never overlap the body the async proxy writes, so no
-// proxy fence is needed between them. Every thread of the CTA calls it.
+// Bytes [0, head) and [head + body, bytes) are edges, copied by the copy's
+// CTA 0 (`cta`: this CTA's index among the copy's) with ordinary stores;
+// they never overlap the body the async proxy writes, so no proxy fence is
+// needed between them. Every thread of the CTA calls it.
 __device__ __forceinline__ void CopyBulkEdges(const uint8_t* __restrict__ src,
                                               uint8_t* __restrict__ dst, int64_t bytes,
-                                              int64_t head, int64_t body) {
-  if (blockIdx.x == 0) {
+                                              int64_t head, int64_t body, int64_t cta) {
+  if (cta == 0) {
     for (int64_t i = threadIdx.x; i < head; i += blockDim.x) dst[i] = src[i];
     for (int64_t i = head + body + threadIdx.x; i < bytes; i += blockDim.x) {
       dst[i] = src[i];
@@ -28,21 +29,22 @@ __device__ __forceinline__ void CopyBulkEdges(const uint8_t* __restrict__ src,
 }
 
 // One thread drives the whole pipeline of this CTA (the copy engine does the
-// moving): CTA b copies the chunks [b * chunks_per_cta, (b+1) * chunks_per_cta)
+// moving): CTA b (`cta` of the copy's `ctas`, in a grid that may run other
+// copies too) copies the chunks [b * chunks_per_cta, (b+1) * chunks_per_cta)
 // of the body, then, where `counters` is a work counter (the dynamic
-// schedule), claims chunks past the grid's static round one at a time.
+// schedule), claims chunks past the copy's static round one at a time.
 // `stage_buf` holds `stages` chunks; `full` and `chunk_of` one entry per
 // stage. Returns once shared memory is no longer read; the stores may still
 // be writing global memory.
 __device__ __forceinline__ void StreamBulkChunks(
     const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t head, int64_t body,
-    uint32_t chunk, int stages, int64_t chunks_per_cta, unsigned long long* counters,
-    uint8_t* stage_buf, uint64_t* full, int64_t* chunk_of) {
+    uint32_t chunk, int stages, int64_t chunks_per_cta, int64_t cta, int64_t ctas,
+    unsigned long long* counters, uint8_t* stage_buf, uint64_t* full, int64_t* chunk_of) {
   const int64_t nchunks = (body + chunk - 1) / chunk;
   const int64_t body_end = head + body;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * chunks_per_cta;
+  const int64_t first = cta * chunks_per_cta;
   const int64_t static_end = min(first + chunks_per_cta, nchunks);
-  const int64_t claimed_from = static_cast<int64_t>(gridDim.x) * chunks_per_cta;
+  const int64_t claimed_from = ctas * chunks_per_cta;
 
   // Chunk index of this CTA's next chunk (>= nchunks: none left). Claims
   // come in order, so once one comes back empty every later one would too.

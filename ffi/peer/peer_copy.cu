@@ -91,10 +91,12 @@ __global__ void PeerFinishKernel(PeerMailbox* own, PeerWait wait) {
   AwaitCall(&own->done, own->calls, wait, PeerWaitFor::kDone);
 }
 
-// A vectorised grid-stride copy by every thread of the grid's x dimension.
-__device__ void SimtCopy(const uint8_t* src, uint8_t* dst, int64_t bytes) {
-  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+// A vectorised grid-stride copy by every thread of `ctas` CTAs, this one
+// being `cta`.
+__device__ void SimtCopy(const uint8_t* src, uint8_t* dst, int64_t bytes, int64_t cta,
+                         int64_t ctas) {
+  const int64_t threads = ctas * blockDim.x;
+  const int64_t t = cta * blockDim.x + threadIdx.x;
   const auto rel = reinterpret_cast<uintptr_t>(src) ^ reinterpret_cast<uintptr_t>(dst);
   if ((rel & 15) == 0) {
     const int64_t lead =
@@ -126,10 +128,10 @@ __global__ void __launch_bounds__(kSimtThreads)
   __shared__ uint64_t full[kMaxBulkStages];
   __shared__ int64_t chunk_of[kMaxBulkStages];
   if (tma && (rel & 15) == 0) {
-    device::CopyBulkEdges(src, dst, bytes, head, body);
+    device::CopyBulkEdges(src, dst, bytes, head, body, blockIdx.x);
     if (threadIdx.x == 0) {
-      device::StreamBulkChunks(src, dst, head, body, chunk, stages, chunks_per_cta, nullptr,
-                               stage_buf, full, chunk_of);
+      device::StreamBulkChunks(src, dst, head, body, chunk, stages, chunks_per_cta, blockIdx.x,
+                               gridDim.x, nullptr, stage_buf, full, chunk_of);
       // The stores' writes complete, then ordered before the generic-proxy
       // signal below.
       asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -139,7 +141,7 @@ __global__ void __launch_bounds__(kSimtThreads)
     bytes = 0;  // copied
   }
 #endif
-  if (bytes > 0) SimtCopy(src, dst, bytes);
+  if (bytes > 0) SimtCopy(src, dst, bytes, blockIdx.x, gridDim.x);
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
@@ -246,11 +248,14 @@ __global__ void __launch_bounds__(kMeetThreads)
   ReportBadSlice(check, mine);
 }
 
-// Slice blockIdx.y, by the CTAs of the grid's x dimension; the last CTA of
-// a leg's slices signals its destination.
+// CTA b copies its part of slice b mod slices, with the other CTAs of
+// that slice (ctas of them): the slices' CTAs interleave, so the GPU starts
+// every slice at once instead of one after another. The last CTA of a
+// leg's slices signals its destination.
 __global__ void __launch_bounds__(kScatterThreads)
     PeerScatterCopyKernel(PeerLegs legs, PeerSlices s, bool tma, uint32_t chunk, int stages) {
-  const int64_t i = blockIdx.y;
+  const int64_t i = blockIdx.x % s.slices;
+  const int64_t cta = blockIdx.x / s.slices, ctas = gridDim.x / s.slices;
   const int k = LegOf(s, i);
   uint8_t* base = k == 0 ? s.local : reinterpret_cast<uint8_t*>(legs.leg[k - 1].own->peer);
   int64_t from = i * s.bytes, to = s.position * s.bytes, bytes = s.bytes;
@@ -270,24 +275,23 @@ __global__ void __launch_bounds__(kScatterThreads)
     const int64_t head =
         min(bytes, static_cast<int64_t>((16 - reinterpret_cast<uintptr_t>(src) % 16) % 16));
     const int64_t body = (bytes - head) / 16 * 16;
-    device::CopyBulkEdges(src, dst, bytes, head, body);
+    device::CopyBulkEdges(src, dst, bytes, head, body, cta);
     if (threadIdx.x == 0 && body > 0) {
       const int64_t nchunks = (body + chunk - 1) / chunk;
-      const int64_t per_cta = (nchunks + gridDim.x - 1) / gridDim.x;
-      device::StreamBulkChunks(src, dst, head, body, chunk, stages, per_cta, nullptr, stage_buf,
-                               full, chunk_of);
+      device::StreamBulkChunks(src, dst, head, body, chunk, stages, (nchunks + ctas - 1) / ctas,
+                               cta, ctas, nullptr, stage_buf, full, chunk_of);
       asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
       asm volatile("fence.proxy.async.global;" ::: "memory");
     }
     bytes = 0;  // copied
   }
 #endif
-  if (bytes > 0) SimtCopy(src, dst, bytes);
+  if (bytes > 0) SimtCopy(src, dst, bytes, cta, ctas);
   __syncthreads();
   if (k != 0 && threadIdx.x == 0) {
     const PeerLeg& leg = legs.leg[k - 1];
     __threadfence_system();
-    if (atomicAdd(&leg.own->ctas, 1u) == gridDim.x * static_cast<unsigned int>(s.per_part) - 1) {
+    if (atomicAdd(&leg.own->ctas, 1u) == ctas * s.per_part - 1) {
       leg.own->ctas = 0;
       __threadfence_system();
       StoreRelease(&leg.partner_box->done, leg.own->calls);
@@ -362,10 +366,7 @@ ffi::Error LaunchPeerScatter(const PeerLegs& legs, const PeerSlices& slices, boo
                              int64_t expected_bytes, const PeerWait& check, cudaStream_t stream,
                              int device) {
   constexpr std::string_view kOp = "jax_tma.all_to_all";
-  if (slices.slices < 1 || slices.slices > 65535) {
-    return InvalidArgument(kOp, "an exchange of ", slices.slices,
-                           " slices; the grid holds 1 to 65535");
-  }
+  if (slices.slices < 1) return InvalidArgument(kOp, "an exchange needs a slice");
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   // The slices share the SMs: each gets the CTAs a copy of its expected size
@@ -400,9 +401,12 @@ ffi::Error LaunchPeerScatter(const PeerLegs& legs, const PeerSlices& slices, boo
     PeerScatterMeetKernel<<<1, kMeetThreads, 0, stream>>>(legs, slices, check);
     JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   }
-  const dim3 grid(static_cast<unsigned int>(plan.blocks),
-                  static_cast<unsigned int>(slices.slices));
-  PeerScatterCopyKernel<<<grid, kScatterThreads, plan.smem, stream>>>(
+  const int64_t grid = plan.blocks * slices.slices;
+  if (grid > 0x7fffffff) {
+    return InvalidArgument(kOp, "an exchange of ", slices.slices, " slices of ", plan.blocks,
+                           " CTAs each, over the grid limit");
+  }
+  PeerScatterCopyKernel<<<static_cast<unsigned int>(grid), kScatterThreads, plan.smem, stream>>>(
       legs, slices, tma, plan.chunk, kDefaultBulkCopyConfig.stages);
   JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   if (legs.count > 0) {
