@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kMeetThreads)
   }
   __shared__ unsigned long long recv_of[kMaxPeerLegs + 1];  // each leg's receive sizes
   if (t < legs.count) {
-    const PeerLeg& leg = legs.leg[t];
+    const PeerLeg leg = legs.leg[t];  // a copy: a reference would copy every leg to the stack
     const unsigned long long call = leg.own->calls + 1;
     leg.own->calls = call;
     leg.by_box->buffer = leg.published;
@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(kScatterThreads)
 
 __global__ void PeerScatterFinishKernel(PeerLegs legs) {
   for (int t = threadIdx.x; t < legs.count; t += blockDim.x) {
-    const PeerLeg& leg = legs.leg[t];
+    const PeerLeg leg = legs.leg[t];  // as in PeerScatterMeetKernel
     AwaitCall(&leg.own->done, leg.own->calls, leg.wait_by, PeerWaitFor::kDone);
   }
 }
