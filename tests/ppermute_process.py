@@ -29,8 +29,9 @@ MODE:
          logged once at WARNING, and no descriptor it passed, nor any
          connection, stays open here.
   (GPU only; after a first call that every process makes:)
-  replay a jitted loop of ppermutes replays from XLA's command buffers:
-         bit-exact, with fewer handler calls than loop iterations.
+  replay jitted loops of 128 ppermutes and of 200 all_to_alls replay from
+         XLA's command buffers: bit-exact, with fewer handler calls than
+         loop iterations.
   cycles 1000 cycles of compiling, calling and freeing a new jitted
          ppermute: bit-exact, and what the transport holds (participants,
          mailboxes, VA reservations, mapped allocations) and the process's
@@ -209,31 +210,44 @@ def run_exchanges():
 
 
 def run_replay():
-    """A jitted loop of `steps` ppermutes around the ring, each followed by
-    an xor with the step: bit-exact against the blocks moved on the host,
-    three times with fresh data, with fewer handler calls than steps."""
-    steps = 128
+    """Jitted loops replayed from command buffers, each step followed by an
+    xor with the step, bit-exact against the blocks moved on the host, three
+    times with fresh data, with fewer handler calls than steps: 128
+    ppermutes around the ring, then 200 all_to_alls."""
+    ppermute_steps, all_to_all_steps = 128, 200
 
-    def loop(b):
-        return jax.lax.fori_loop(
-            0, steps, lambda i, v: jax_tma.ppermute(v, "i", ring) ^ i.astype(v.dtype), b)
+    def ring_step(blocks, i, sources):
+        return [blocks[s] ^ np.uint32(i) for s in sources]
 
-    spec = P("i")
-    f = jax.jit(jax.shard_map(loop, mesh=mesh_1d, in_specs=spec, out_specs=spec))
+    def exchange_step(blocks, i, _):
+        chunks = [np.split(b, n) for b in blocks]
+        return [np.concatenate([chunks[s][d] for s in range(n)]) ^ np.uint32(i)
+                for d in range(n)]
+
     _, sources = device_plan(mesh_1d, ("i",), tuple(ring))
-    rng = np.random.default_rng([seed, steps])
-    before = _ffi.path_counts()["ppermute.tma"]
-    for _ in range(3):
-        x = random_array(rng, (n * 1000, 3), np.uint32)
-        blocks = np.split(x, n)
-        for i in range(steps):
-            blocks = [blocks[s] ^ np.uint32(i) for s in sources]
-        got = f(global_array(mesh_1d, x))
-        for shard in got.addressable_shards:
-            assert_bits_equal(shard.data, blocks[shard.index[0].start // 1000])
-    calls = _ffi.path_counts()["ppermute.tma"] - before
-    print(f"process {pid}: {calls} handler calls for {3 * steps} ppermutes", flush=True)
-    assert calls < steps, calls
+    for op, steps, path, host_step in (
+            (lambda v: jax_tma.ppermute(v, "i", ring), ppermute_steps, "ppermute.tma",
+             ring_step),
+            (lambda v: jax_tma.all_to_all(v, "i", 0, 0, tiled=True), all_to_all_steps,
+             "all_to_all.peer", exchange_step)):
+        def loop(b, op=op, steps=steps):
+            return jax.lax.fori_loop(0, steps, lambda i, v: op(v) ^ i.astype(v.dtype), b)
+
+        spec = P("i")
+        f = jax.jit(jax.shard_map(loop, mesh=mesh_1d, in_specs=spec, out_specs=spec))
+        rng = np.random.default_rng([seed, steps])
+        before = _ffi.path_counts()[path]
+        for _ in range(3):
+            x = random_array(rng, (n * n * 1000, 3), np.uint32)
+            blocks = np.split(x, n)
+            for i in range(steps):
+                blocks = host_step(blocks, i, sources)
+            got = f(global_array(mesh_1d, x))
+            for shard in got.addressable_shards:
+                assert_bits_equal(shard.data, blocks[shard.index[0].start // (n * 1000)])
+        calls = _ffi.path_counts()[path] - before
+        print(f"process {pid}: {calls} {path} handler calls for {3 * steps} calls", flush=True)
+        assert calls < steps, calls
 
 
 def run_cycles():
