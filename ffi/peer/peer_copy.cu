@@ -160,6 +160,21 @@ constexpr int kMeetThreads = 256;     // meet: one thread per leg, all check sli
 // Kernel parameters are at most 4 KiB (before CUDA 12.1 and Volta).
 static_assert(sizeof(PeerLegs) + sizeof(PeerSlices) + sizeof(PeerWait) <= 4096);
 
+// Programmatic dependent launch (sm_90 on): a kernel lets the next one on
+// its stream launch now, its CTAs waiting in AwaitPreviousGrid until this
+// one is done and its writes visible. Both are no-ops elsewhere, and
+// AwaitPreviousGrid for a kernel launched without the attribute.
+__device__ __forceinline__ void LaunchNextGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void AwaitPreviousGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ int64_t IndexAt(const void* a, bool index64, int64_t i) {
   return index64 ? static_cast<const int64_t*>(a)[i] : static_cast<const int32_t*>(a)[i];
 }
@@ -206,6 +221,7 @@ __device__ void ReportBadSlice(const PeerWait& w, BadSlice mine) {
 // destination's receive size for the slices it gets.
 __global__ void __launch_bounds__(kMeetThreads)
     PeerScatterMeetKernel(PeerLegs legs, PeerSlices s, PeerWait check) {
+  LaunchNextGrid();  // the copy's CTAs take their SMs while this one waits for the peers
   const int t = threadIdx.x;
   BadSlice mine{0, 0, 0, 0, 0};
   if (s.ragged()) {
@@ -254,6 +270,8 @@ __global__ void __launch_bounds__(kMeetThreads)
 // leg's slices signals its destination.
 __global__ void __launch_bounds__(kScatterThreads)
     PeerScatterCopyKernel(PeerLegs legs, PeerSlices s, bool tma, uint32_t chunk, int stages) {
+  LaunchNextGrid();
+  AwaitPreviousGrid();  // the meet: every destination's output is known
   const int64_t i = blockIdx.x % s.slices;
   const int64_t cta = blockIdx.x / s.slices, ctas = gridDim.x / s.slices;
   const int k = LegOf(s, i);
@@ -300,10 +318,29 @@ __global__ void __launch_bounds__(kScatterThreads)
 }
 
 __global__ void PeerScatterFinishKernel(PeerLegs legs) {
+  AwaitPreviousGrid();  // the copy
   for (int t = threadIdx.x; t < legs.count; t += blockDim.x) {
     const PeerLeg leg = legs.leg[t];  // as in PeerScatterMeetKernel
     AwaitCall(&leg.own->done, leg.own->calls, leg.wait_by, PeerWaitFor::kDone);
   }
+}
+
+// `kernel` on `stream`; `early`: with programmatic dependent launch.
+template <typename... Params, typename... Args>
+ffi::Error LaunchOn(cudaStream_t stream, bool early, void (*kernel)(Params...), unsigned grid,
+                    unsigned block, std::size_t smem, Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(block);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = early ? 1 : 0;
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
+  return ffi::Error::Success();
 }
 
 }  // namespace
@@ -397,21 +434,25 @@ ffi::Error LaunchPeerScatter(const PeerLegs& legs, const PeerSlices& slices, boo
     plan.blocks = std::min<int64_t>((vectors + kScatterThreads - 1) / kScatterThreads,
                                     int64_t{sms} * 8);
   }
+  // The copy and the finish launch while the kernel before them runs (see
+  // LaunchNextGrid) where the device has programmatic dependent launch.
+  const bool early = info.cc_major >= 9;
   if (legs.count > 0 || slices.ragged()) {
-    PeerScatterMeetKernel<<<1, kMeetThreads, 0, stream>>>(legs, slices, check);
-    JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    JAX_TMA_RETURN_IF_FAILED(LaunchOn(stream, false, PeerScatterMeetKernel, 1, kMeetThreads, 0,
+                                      legs, slices, check));
   }
   const int64_t grid = plan.blocks * slices.slices;
   if (grid > 0x7fffffff) {
     return InvalidArgument(kOp, "an exchange of ", slices.slices, " slices of ", plan.blocks,
                            " CTAs each, over the grid limit");
   }
-  PeerScatterCopyKernel<<<static_cast<unsigned int>(grid), kScatterThreads, plan.smem, stream>>>(
-      legs, slices, tma, plan.chunk, kDefaultBulkCopyConfig.stages);
-  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  JAX_TMA_RETURN_IF_FAILED(LaunchOn(stream, early, PeerScatterCopyKernel,
+                                    static_cast<unsigned int>(grid), kScatterThreads, plan.smem,
+                                    legs, slices, tma, plan.chunk,
+                                    kDefaultBulkCopyConfig.stages));
   if (legs.count > 0) {
-    PeerScatterFinishKernel<<<1, 32, 0, stream>>>(legs);
-    JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    JAX_TMA_RETURN_IF_FAILED(
+        LaunchOn(stream, early, PeerScatterFinishKernel, 1, 32, 0, legs));
   }
   return ffi::Error::Success();
 }
