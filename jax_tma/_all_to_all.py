@@ -148,13 +148,13 @@ def _exchange_leaf(x: jax.Array, names: tuple[str, ...], size: int, split_axis: 
         else:
             split += 1
         x = lax.expand_dims(x, (concat,))
-    y = _checks.narrow(all_to_all_p.bind(_make_varying(_checks.widen(x), names),
+    y = _checks.narrow(all_to_all_p.bind(make_varying(_checks.widen(x), names),
                                          axis_name=names, split_axis=split,
                                          concat_axis=concat, size=size, site=site), x.dtype)
     return lax.squeeze(y, (split,)) if not tiled and split != concat else y
 
 
-def _make_varying(x: jax.Array, names: tuple[str, ...]) -> jax.Array:
+def make_varying(x: jax.Array, names: tuple[str, ...]) -> jax.Array:
     """`x` made varying over `names` where shard_map checks varying axes, as
     lax's collectives do before they bind (jax has no public form of it)."""
     from jax._src.lax import parallel
@@ -202,8 +202,12 @@ def _by_transport(x, *, split_axis, concat_axis, size, attrs):
                        + shape[concat_axis + 2:])
 
 
-def _plan(ctx, *, axis_name, size, platform):
-    """The jax_tma_all_to_all call's attributes where ppermute's transport can
+def exchange_plan(ctx, *, axis_name, size, platform):
+    """The attributes of a call that runs an exchange over groups of `size`
+    positions along `axis_name` on ppermute's transport (instance, devices,
+    sources, positions, parts, method, process, processes, links,
+    timeout_ms: jax_tma_all_to_all's and jax_tma_ragged_all_to_all's, whose
+    handlers decode them with DecodeExchangeGroup) where the transport can
     run every step (ppermute.transport), else None; and the reason."""
     steps, plan = [], None
     for k in range(1, size) if size > 1 else (0,):
@@ -232,23 +236,35 @@ def _plan(ctx, *, axis_name, size, platform):
     return attrs, why
 
 
+def lower_exchange(ctx, *args, op: str, target: str, platform: str, axis_name, size: int,
+                   site: str, by_transport, fallback, fallback_name: str):
+    """An exchange's lowering: `by_transport(*args, attrs=...)` (one call of
+    FFI target `target`) where ppermute's transport can run every step
+    (exchange_plan) and the target has a handler on `platform`, `fallback`
+    (lax's formulation, the same result) otherwise. Which one the call site
+    got, and why, is logged at DEBUG level on the "jax_tma" logger."""
+    where = f"{op} over {axis_name} at {site}"
+    if platform == "cuda" and target not in _ffi.cuda_targets():
+        attrs, why = None, f"this build has no CUDA handler of {target}"
+    else:
+        attrs, why = exchange_plan(ctx, axis_name=axis_name, size=size, platform=platform)
+    if attrs is None:
+        _log.debug("%s: %s, because %s", where, fallback_name, why)
+        return mlir.lower_fun(fallback, multiple_results=False)(ctx, *args)
+    _log.debug("%s: %s (%s, %d steps)", where, target, why, size - 1)
+    return mlir.lower_fun(functools.partial(by_transport, attrs=dict(attrs, site=site)),
+                          multiple_results=False)(ctx, *args)
+
+
 def _all_to_all_lowering(ctx, x, *, platform, **params):
     """The jax_tma_all_to_all call where ppermute's transport allows it;
-    lax.all_to_all otherwise, with the same result. Which one a call site
-    got, and why, is logged at DEBUG level on the "jax_tma" logger."""
-    where = f"{_OP} over {params['axis_name']} at {params['site']}"
-    attrs, why = _plan(ctx, axis_name=params["axis_name"], size=params["size"],
-                       platform=platform)
-    if attrs is None:
-        _log.debug("%s: lax.all_to_all, because %s", where, why)
-        return mlir.lower_fun(functools.partial(_lax_exchange, **params),
-                              multiple_results=False)(ctx, x)
-    _log.debug("%s: jax_tma_all_to_all (%s, %d steps)", where, why, params["size"] - 1)
-    return mlir.lower_fun(
-        functools.partial(_by_transport, split_axis=params["split_axis"],
-                          concat_axis=params["concat_axis"], size=params["size"],
-                          attrs=dict(attrs, site=params["site"])),
-        multiple_results=False)(ctx, x)
+    lax.all_to_all otherwise, with the same result."""
+    return lower_exchange(
+        ctx, x, op=_OP, target="jax_tma_all_to_all", platform=platform,
+        axis_name=params["axis_name"], size=params["size"], site=params["site"],
+        by_transport=functools.partial(_by_transport, split_axis=params["split_axis"],
+                                       concat_axis=params["concat_axis"], size=params["size"]),
+        fallback=functools.partial(_lax_exchange, **params), fallback_name="lax.all_to_all")
 
 
 # ---- vmap and AD -------------------------------------------------------------

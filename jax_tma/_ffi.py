@@ -65,6 +65,13 @@ def register() -> None:
             jax.ffi.register_ffi_target_as_batch_partitionable(name)
 
 
+@functools.cache
+def cuda_targets() -> frozenset[str]:
+    """The FFI targets this build has CUDA handlers of (none without CUDA): a
+    family's manifest may list a target with its CPU handler alone."""
+    return frozenset(_ext.cuda_registrations())
+
+
 def path_counts() -> dict[str, int]:
     """How many calls each op's handlers sent down each path since the
     extension loaded, as {"<op>.<path>": n}, the paths the families'

@@ -33,18 +33,49 @@ auto BindAllToAllCall(Binding binding) {
                               .template Attr<std::string_view>("method"));            // method
 }
 
-// A call of "jax_tma_all_to_all", re-validated. Step k (1 .. parts - 1) is
-// steps[k - 1]: this participant pushes its chunk for position
-// (position + k) mod parts to that participant and receives the chunk of
-// the one at (position - k) mod parts.
-struct AllToAllCall {
-  Method method = Method::kAuto;
-  ByteCopy bytes;  // the whole operand and result
+// The participants of an exchange among the groups of a mesh axis (what
+// all_to_all's and ragged_all_to_all's calls share, decoded by
+// DecodeExchangeGroup): this participant's group has `parts` positions, and
+// the exchange runs in `parts` - 1 steps. Step k (1 .. parts - 1) is
+// steps[k - 1]: this participant pushes to the one at position
+// (position + k) mod parts and receives from the one at
+// (position - k) mod parts.
+struct ExchangeGroup {
   int parts = 1;
   int position = 0;  // this participant's position in its group
-  std::vector<int64_t> positions;
+  std::vector<int64_t> positions;  // the position of each logical id
   std::vector<PermuteRoute> steps;
   ProcessPlan where;
+  int self = -1;                 // this participant's logical id
+  std::vector<int64_t> devices;  // the device ordinal of each logical id
+
+  // Step k's meetings, apart from those of the other steps.
+  ProcessPlan StepPlan(int k) const {
+    ProcessPlan plan = where;
+    plan.site += "#step" + std::to_string(k);
+    return plan;
+  }
+  // "device D of process P (position p)", for errors.
+  std::string Describe(int logical) const;
+};
+
+// Checks the attributes of an exchange (Python's, ffi/ppermute's transport:
+// device ordinals, processes and positions by logical id, one permutation of
+// sources a step) and fills `group` for `device` of process `process`; the
+// errors name `op`.
+ffi::Error DecodeExchangeGroup(std::string_view op, int device,
+                               ffi::Span<const int64_t> devices,
+                               ffi::Span<const int64_t> sources,
+                               ffi::Span<const int64_t> positions, int64_t parts,
+                               int64_t process, ffi::Span<const int64_t> processes,
+                               std::string_view links, std::string_view site,
+                               int64_t timeout_ms, ExchangeGroup* group);
+
+// A call of "jax_tma_all_to_all", re-validated: the group (above) and the
+// bytes, `parts` chunks of chunk() bytes each.
+struct AllToAllCall : ExchangeGroup {
+  Method method = Method::kAuto;
+  ByteCopy bytes;  // the whole operand and result
 
   size_t chunk() const { return bytes.bytes / static_cast<size_t>(parts); }
   // The chunk that stays: from the operand's slot `position` to the result's.
@@ -55,12 +86,6 @@ struct AllToAllCall {
     const PermuteRoute& r = steps[k - 1];
     return Slot(static_cast<int>(positions[r.destination]),
                 static_cast<int>(positions[r.source]));
-  }
-  // Step k's meetings, apart from those of the other steps.
-  ProcessPlan StepPlan(int k) const {
-    ProcessPlan plan = where;
-    plan.site += "#step" + std::to_string(k);
-    return plan;
   }
 
  private:

@@ -17,18 +17,27 @@ namespace jax_tma {
 
 inline constexpr std::string_view kPpermuteOp = "jax_tma.ppermute";
 
-// The context, operand, result and attributes that jax_tma's calls on the
-// peer transport (ppermute, all_to_all) share: `Head` before an op's own
-// attributes, `Tail` after them.
+// The context, operands, results and attributes that jax_tma's calls on the
+// peer transport (ppermute, all_to_all, ragged_all_to_all) share: `Context`
+// first, then the op's buffers, `Route` after them, the op's own attributes,
+// and `Tail` last. `Head` is the whole front of a call of one operand and one
+// result (ppermute's and all_to_all's).
 template <typename Binding>
-auto BindPeerCallHead(Binding&& binding) {
+auto BindPeerContext(Binding&& binding) {
   return std::move(binding).template Ctx<ffi::DeviceOrdinal>()  // device
-      .template Ctx<ffi::RunId>()                               // run
-      .template Arg<ffi::AnyBuffer>()                           // x
-      .template Ret<ffi::AnyBuffer>()                           // y
-      .template Attr<int64_t>("instance")                       // instance
+      .template Ctx<ffi::RunId>();                              // run
+}
+template <typename Binding>
+auto BindPeerRoute(Binding&& binding) {
+  return std::move(binding).template Attr<int64_t>("instance")  // instance
       .template Attr<ffi::Span<const int64_t>>("devices")       // devices
       .template Attr<ffi::Span<const int64_t>>("sources");      // sources
+}
+template <typename Binding>
+auto BindPeerCallHead(Binding&& binding) {
+  return BindPeerRoute(BindPeerContext(std::move(binding))
+                           .template Arg<ffi::AnyBuffer>()   // x
+                           .template Ret<ffi::AnyBuffer>());  // y
 }
 template <typename Binding>
 auto BindPeerCallTail(Binding&& binding) {
