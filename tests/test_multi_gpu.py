@@ -221,3 +221,83 @@ def test_all_to_all_grad_on_gpus(mesh, rng):
 
     assert_bits_equal(jax.jit(jax.grad(functools.partial(loss, jax_tma.all_to_all)))(x),
                       jax.jit(jax.grad(functools.partial(loss, jax.lax.all_to_all)))(x))
+
+
+# ---- jax_tma.ragged_all_to_all: slices of device-read sizes, pushed in place ----
+
+def _ragged_indices(rng, n, per_part, rows, skew):
+    """Random (input_offsets, send_sizes, output_offsets, recv_sizes) of each
+    device, (n, n * per_part) each, consistent across devices: slices packed
+    at random gaps in the operand and in each receiver's output. `skew`:
+    every device sends everything to device 0."""
+    slices = n * per_part
+    send = rng.integers(0, rows // slices + 1, size=(n, slices))
+    if skew:
+        send[:, per_part:] = 0
+        send[:, :per_part] = rng.integers(0, rows // (n * per_part) + 1, size=(n, per_part))
+    in_off = np.zeros_like(send)
+    for d in range(n):
+        gaps = rng.integers(0, 2, size=slices)
+        in_off[d] = np.cumsum(send[d] + gaps) - send[d]
+    out_off = np.zeros_like(send)
+    recv = np.zeros_like(send)
+    for r in range(n):  # receiver r packs what each source sends it, in source order
+        at = 0
+        for s in range(n):
+            for t in range(per_part):
+                i = r * per_part + t
+                out_off[s, i] = at
+                recv[r, s * per_part + t] = send[s, i]
+                at += send[s, i] + int(rng.integers(0, 2))
+    return in_off, send, out_off, recv
+
+
+@pytest.mark.memcheck
+@pytest.mark.parametrize("per_part,row_bytes,skew,index_dtype", [
+    (1, 6, False, np.int32), (2, 64, False, np.int64), (1, 4096 + 13, True, np.int32),
+    (3, 2, False, np.int64)])
+def test_ragged_all_to_all_matches_lax(mesh, rng, per_part, row_bytes, skew, index_dtype):
+    n = mesh.size
+    rows = 64 * n * per_part
+    operand = random_array(rng, (n * rows, row_bytes), np.uint8)
+    output = random_array(rng, (n * 2 * rows, row_bytes), np.uint8)  # fresh: unwritten rows show
+    idx = [jax.device_put(a.reshape(-1).astype(index_dtype), NamedSharding(mesh, P("x")))
+           for a in _ragged_indices(rng, n, per_part, rows, skew)]
+    on_mesh = NamedSharding(mesh, P("x"))
+    args = (jax.device_put(operand, on_mesh), jax.device_put(output, on_mesh), *idx)
+
+    def run(op):
+        return jax.jit(jax.shard_map(lambda *a: op(*a, axis_name="x"), mesh=mesh,
+                                     in_specs=(P("x"),) * 6, out_specs=P("x")))
+
+    ours = run(jax_tma.ragged_all_to_all)
+    text = ours.lower(*args).compile().as_text()
+    assert "jax_tma_ragged_all_to_all" in text
+    assert_no_collectives(text)
+    want = run(jax.lax.ragged_all_to_all)(*args)
+    assert_bits_equal(run_on_path("ragged_all_to_all.peer", ours, *args), want)
+
+
+def test_ragged_all_to_all_loop_equal_sizes_matches_all_to_all(mesh, rng):
+    """50 ragged exchanges of equal slices in a loop, each of a block written
+    right before it: the all_to_all they equal, bit for bit."""
+    n = mesh.size
+    rows = 4096 * n
+
+    def ragged(b):
+        k = rows // n
+        off = jax.numpy.arange(n, dtype=np.int32) * k
+        size = jax.numpy.full((n,), k, np.int32)
+        return jax_tma.ragged_all_to_all(b, jax.numpy.zeros_like(b), off, size,
+                                         jax.lax.axis_index("x").astype(np.int32) * k +
+                                         jax.numpy.zeros((n,), np.int32), size, axis_name="x")
+
+    def body(a2a, b):
+        return jax.lax.fori_loop(0, 50, lambda _, c: a2a(c * 3 + 1), b)
+
+    ours = _smap(mesh, functools.partial(body, ragged))
+    ref = _smap(mesh, functools.partial(body, lambda c: jax.lax.all_to_all(c, "x", 0, 0,
+                                                                           tiled=True)))
+    host = random_array(rng, (n * rows, 8), np.uint32)
+    x = jax.device_put(host, NamedSharding(mesh, P("x")))
+    assert_bits_equal(ours(x), ref(x))

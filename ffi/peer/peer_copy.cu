@@ -399,11 +399,10 @@ ffi::Error LaunchPeerCopy(PeerMailbox* own, PeerMailbox* partner_box, void* loca
   return ffi::Error::Success();
 }
 
-ffi::Error LaunchPeerScatter(const PeerLegs& legs, const PeerSlices& slices, bool tma,
-                             int64_t expected_bytes, const PeerWait& check, cudaStream_t stream,
-                             int device) {
-  constexpr std::string_view kOp = "jax_tma.all_to_all";
-  if (slices.slices < 1) return InvalidArgument(kOp, "an exchange needs a slice");
+ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
+                             const PeerSlices& slices, bool tma, int64_t expected_bytes,
+                             const PeerWait& check, cudaStream_t stream, int device) {
+  if (slices.slices < 1) return InvalidArgument(op, "an exchange needs a slice");
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   // The slices share the SMs: each gets the CTAs a copy of its expected size
@@ -415,7 +414,7 @@ ffi::Error LaunchPeerScatter(const PeerLegs& legs, const PeerSlices& slices, boo
     std::string why;
     if (!PlanBulkCopy(kDefaultBulkCopyConfig, kNoCounterSlot, bytes, slices.src, sms, 0, &plan,
                       &why)) {
-      return InvalidArgument(kOp, why);
+      return InvalidArgument(op, why);
     }
     static PerDevice<int> smem_limit;
     int limit = 0;
@@ -426,7 +425,7 @@ ffi::Error LaunchPeerScatter(const PeerLegs& legs, const PeerSlices& slices, boo
         },
         &limit));
     if (plan.smem > static_cast<std::size_t>(limit)) {
-      return InvalidArgument(kOp, "the bulk pipeline needs ", plan.smem,
+      return InvalidArgument(op, "the bulk pipeline needs ", plan.smem,
                              " B of shared memory; device ", device, " allows ", limit, " B");
     }
   } else {
@@ -443,7 +442,7 @@ ffi::Error LaunchPeerScatter(const PeerLegs& legs, const PeerSlices& slices, boo
   }
   const int64_t grid = plan.blocks * slices.slices;
   if (grid > 0x7fffffff) {
-    return InvalidArgument(kOp, "an exchange of ", slices.slices, " slices of ", plan.blocks,
+    return InvalidArgument(op, "an exchange of ", slices.slices, " slices of ", plan.blocks,
                            " CTAs each, over the grid limit");
   }
   JAX_TMA_RETURN_IF_FAILED(LaunchOn(stream, early, PeerScatterCopyKernel,

@@ -34,6 +34,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "common.h"
 
@@ -180,10 +181,11 @@ struct PeerSlices {
 // where `tma` (slices whose source and destination differ modulo 16 B, and
 // every slice without `tma`, with SIMT). `expected_bytes` (a slice's bytes,
 // or what a ragged one is expected to hold) sizes the grid. A ragged
-// exchange's broken size rule is reported under `check`'s site.
-ffi::Error LaunchPeerScatter(const PeerLegs& legs, const PeerSlices& slices, bool tma,
-                             int64_t expected_bytes, const PeerWait& check, cudaStream_t stream,
-                             int device);
+// exchange's broken size rule is reported under `check`'s site. Errors
+// name `op`.
+ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
+                             const PeerSlices& slices, bool tma, int64_t expected_bytes,
+                             const PeerWait& check, cudaStream_t stream, int device);
 
 }  // namespace jax_tma
 

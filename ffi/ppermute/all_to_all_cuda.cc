@@ -17,10 +17,6 @@
 
 namespace jax_tma {
 
-const ffi::TypeInfo kExchangeSitesTypeInfo = ffi::MakeTypeInfo<ExchangeSites>();
-void* ExchangeSitesTypeId() { return &ExchangeSites::id; }
-const void* ExchangeSitesTypeInfo() { return &kExchangeSitesTypeInfo; }
-
 namespace {
 
 ffi::ErrorOr<std::unique_ptr<ExchangeSites>> AllToAllInstantiate() {
@@ -48,8 +44,8 @@ ffi::Error AllToAllCudaImpl(cudaStream_t stream, ExchangeSites* sites, int32_t d
   bool tma = false;
   JAX_TMA_RETURN_IF_FAILED(ExchangeUsesTma(kAllToAllOp, call.method, info, device, &tma));
   PeerLegs legs;
-  JAX_TMA_RETURN_IF_FAILED(ExchangeLegs(sites, call.method, call.bytes.bytes, call.steps,
-                                        call.where, device, call.bytes.dst, nullptr, &legs));
+  JAX_TMA_RETURN_IF_FAILED(ExchangeLegs(sites, call.method, call.bytes.bytes, call, device,
+                                        call.bytes.dst, nullptr, &legs));
   PeerSlices slices;
   slices.src = static_cast<const uint8_t*>(call.bytes.src);
   slices.local = static_cast<uint8_t*>(call.bytes.dst);
@@ -57,7 +53,8 @@ ffi::Error AllToAllCudaImpl(cudaStream_t stream, ExchangeSites* sites, int32_t d
   slices.position = call.position;
   slices.slices = call.parts;
   slices.bytes = static_cast<int64_t>(call.chunk());
-  return LaunchPeerScatter(legs, slices, tma, slices.bytes, PeerWait{}, stream, device);
+  return LaunchPeerScatter(kAllToAllOp, legs, slices, tma, slices.bytes, PeerWait{}, stream,
+                           device);
 }
 
 }  // namespace

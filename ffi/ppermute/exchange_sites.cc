@@ -8,6 +8,13 @@
 namespace jax_tma {
 
 ffi::TypeId ExchangeSites::id = {};
+const ffi::TypeInfo kExchangeSitesTypeInfo = ffi::MakeTypeInfo<ExchangeSites>();
+void* ExchangeSitesTypeId() { return &ExchangeSites::id; }
+const void* ExchangeSitesTypeInfo() { return &kExchangeSitesTypeInfo; }
+
+ExchangeSites::~ExchangeSites() {
+  for (const auto& [device, check] : checks_) UnregisterPeerWaits(check.site);
+}
 
 PeerSites* ExchangeSites::Step(int k) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -16,10 +23,26 @@ PeerSites* ExchangeSites::Step(int k) {
   return sites.get();
 }
 
+ffi::Error ExchangeSites::Check(const ExchangeGroup& group, int device, PeerWait* check) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = checks_.find(device);
+  if (it == checks_.end()) {
+    PeerWait wait;
+    JAX_TMA_RETURN_IF_FAILED(ThePeerFault(&wait.fault));
+    JAX_TMA_RETURN_IF_FAILED(PeerGoneWord(-1, &wait.gone));
+    wait.site = RegisterPeerWaits(group.where.site + " on " + group.Describe(group.self), "", "",
+                                  group.where.timeout);
+    it = checks_.emplace(device, wait).first;
+  }
+  *check = it->second;
+  return ffi::Error::Success();
+}
+
 ffi::Error ExchangeLegs(ExchangeSites* sites, Method method, std::size_t bytes,
-                        const std::vector<PermuteRoute>& steps, const ProcessPlan& where,
-                        int device, const void* output, const void* recv_sizes,
-                        PeerLegs* legs) {
+                        const ExchangeGroup& group, int device, const void* output,
+                        const void* recv_sizes, PeerLegs* legs) {
+  const std::vector<PermuteRoute>& steps = group.steps;
+  const ProcessPlan& where = group.where;
   if (steps.size() > static_cast<size_t>(kMaxPeerLegs)) {
     return InvalidArgument(kPeerOp, "a group of ", steps.size() + 1,
                            " devices; the exchange runs in groups of at most ",
@@ -29,8 +52,7 @@ ffi::Error ExchangeLegs(ExchangeSites* sites, Method method, std::size_t bytes,
   legs->count = static_cast<int>(steps.size());
   for (int k = 1; k <= legs->count; ++k) {
     const PermuteRoute& route = steps[k - 1];
-    ProcessPlan plan = where;
-    plan.site += "#step" + std::to_string(k);
+    const ProcessPlan plan = group.StepPlan(k);
     // The meeting only compares `bytes`; the step's own copy is PeerScatter's.
     const PpermuteCall call{method, ByteCopy{nullptr, nullptr, bytes}, route, plan};
     const PeerSite* site = nullptr;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "peer/peer_copy.h"
+#include "ppermute/all_to_all.h"
 #include "ppermute/ppermute_launch.h"
 
 namespace jax_tma {
@@ -22,24 +23,31 @@ namespace jax_tma {
 class ExchangeSites {
  public:
   static ffi::TypeId id;
+  ExchangeSites() = default;
+  ~ExchangeSites();
+  ExchangeSites(const ExchangeSites&) = delete;
+  ExchangeSites& operator=(const ExchangeSites&) = delete;
   // The participants of step k (1 .. parts - 1).
   PeerSites* Step(int k);
+  // The wait under which this participant (`group`'s, on `device`) reports
+  // a ragged exchange's broken sizes, registered at its first call.
+  ffi::Error Check(const ExchangeGroup& group, int device, PeerWait* check);
 
  private:
   std::mutex mu_;
   std::map<int, std::unique_ptr<PeerSites>> steps_;
+  std::map<int, PeerWait> checks_;  // by device
 };
 
-// This device's part of one exchange in a group of `steps.size() + 1`:
-// step k (1-based) is the shift route `steps[k - 1]`, meeting at `where`'s
-// site + "#stepk"; every participant pushes into its destination at every
-// step. Fills `legs` with each step's mailboxes and waits, and publishes
-// `output` (and `recv_sizes`, if any) to each step's source. `bytes` is
-// what every participant's call moves (checked equal at the first meeting).
+// This device's part of one exchange of `group`: step k (1-based) is the
+// shift route group.steps[k - 1], meeting at group.StepPlan(k); every
+// participant pushes into its destination at every step. Fills `legs` with
+// each step's mailboxes and waits, and publishes `output` (and
+// `recv_sizes`, if any) to each step's source. `bytes` is what every
+// participant's call moves (checked equal at the first meeting).
 ffi::Error ExchangeLegs(ExchangeSites* sites, Method method, std::size_t bytes,
-                        const std::vector<PermuteRoute>& steps, const ProcessPlan& where,
-                        int device, const void* output, const void* recv_sizes,
-                        PeerLegs* legs);
+                        const ExchangeGroup& group, int device, const void* output,
+                        const void* recv_sizes, PeerLegs* legs);
 
 // The copy kernel of `method` on a device (`info`): the bulk pipeline for
 // kTma and, where the device has TMA, kAuto; an error for kTma without it.
