@@ -20,31 +20,24 @@ in the same order, since every case is a collective that meets across them.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
-import logging
-import math
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 
-import provenance
+import processes
 import references
 from bench_ppermute import PERM, PPERMUTES, chained, topology
-from harness import (MIB, WALL_CALLS, Benchmark, Session, _device_events, _split_runs, rotate,
-                     rotate_all)
+from harness import MIB, WALL_CALLS, Benchmark, Session, rotate, rotate_all
+from processes import barrier as _barrier, clean as _clean, global_input, local_block
 
 OP = "ppermute_processes"
 BYTES = ("per direction: the block bytes each process's device sends per op (the two swap "
@@ -60,11 +53,9 @@ MEM_FRACTION = 0.4
 # How long a layout's workers may take, start to last result: a worker that
 # hangs (a GPU fault, an MPS server that never comes) ends the layout.
 LAYOUT_TIMEOUT_S = 150
-_BARRIER_TIMEOUT_MS = 120_000
-# A pause after each traced call, far longer than any idle gap inside one
-# (the GPU time-slices two processes' contexts, which can idle a process's
-# stream between two kernels of a call): the trace is cut into calls at its
-# largest gaps.
+# A pause after each traced call (processes.WorkerSession): the GPU
+# time-slices two processes' contexts, which can idle a process's stream
+# between two kernels of a call.
 _CALL_GAP_S = 0.02
 # Blocks a worker holds at once besides the wall clock's outputs: two inputs,
 # a chain's two in flight, its output, the check's reference.
@@ -76,57 +67,6 @@ _SHARED_CASES = ["auto", "pull", "push"]  # NCCL refuses two ranks on one GPU
 # ---- the worker processes ---------------------------------------------------
 
 
-class _WorkerSession(Session):
-    """A Session in one of the processes: a pause of _CALL_GAP_S after each
-    traced call. Where the profiler gives no trace (or one without an
-    activity per call), the calls are made all the same, so that the
-    processes' collectives stay in step, and their span and busy time are
-    NaN (null in the result; `untraced` says why)."""
-
-    untraced: str | None = None
-
-    def _trace(self, cases, plan, before) -> list[tuple[float, float]]:
-        with tempfile.TemporaryDirectory() as d:
-            try:
-                jax.profiler.start_trace(d)
-                traced = True
-            except Exception as e:  # noqa: BLE001 (whatever the profiler raises)
-                self.untraced, traced = f"the profiler did not start: {e}", False
-            for name in plan:
-                if before is not None:
-                    jax.block_until_ready(before())
-                jax.block_until_ready(cases[name]())
-                time.sleep(_CALL_GAP_S)
-            if traced:
-                jax.profiler.stop_trace()
-                stride = 1 if before is None else 2
-                try:
-                    return _split_runs(_device_events(d), stride * len(plan))[stride - 1::stride]
-                except Exception as e:  # noqa: BLE001 (no profile, or one we cannot read)
-                    self.untraced = f"the trace gave no clocks: {e}"
-        return [(math.nan, math.nan)] * len(plan)
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _block(key: jax.Array, position: int, words: int) -> jax.Array:
-    return jax.random.bits(jax.random.fold_in(key, position), (words,), jnp.uint32)
-
-
-def _local_block(device: jax.Device, seed: int, position: int, words: int) -> jax.Array:
-    """The block of mesh position `position` under `seed`, made on `device`:
-    every process can make any position's block."""
-    return _block(jax.device_put(jax.random.key(seed), device), position, words)
-
-
-def _global_input(mesh: Mesh, seed: int, words: int) -> jax.Array:
-    """Every position's block under `seed`, sharded over `mesh`; each process
-    makes its own devices' blocks."""
-    devices = list(mesh.devices.flat)
-    shards = [_local_block(d, seed, devices.index(d), words) for d in mesh.local_devices]
-    return jax.make_array_from_single_device_arrays(
-        (len(devices) * words,), NamedSharding(mesh, P("i")), shards)
-
-
 def _check(s: Session, label: str, f: Callable[[jax.Array], jax.Array], mesh: Mesh, seed: int,
            words: int, chain: int) -> None:
     """f's output for the input of `seed`, bit for bit on this process's
@@ -134,38 +74,12 @@ def _check(s: Session, label: str, f: Callable[[jax.Array], jax.Array], mesh: Me
     made again from the seed (NCCL is no reference on one GPU)."""
     devices = list(mesh.devices.flat)
     source = {dst: src for src, dst in PERM}
-    for shard in f(_global_input(mesh, seed, words)).addressable_shards:
+    for shard in f(global_input(mesh, seed, (words,))).addressable_shards:
         position = devices.index(shard.device)
         for _ in range(chain):
             position = source[position]
         s.check(f"{label} (device {devices.index(shard.device)})", shard.data,
-                _local_block(shard.device, seed, position, words))
-
-
-class _Lowerings(logging.Handler):
-    """What jax_tma's debug log says of each ppermute it lowers: its transport
-    and why, without the call site (the same for every case)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.seen: dict[str, None] = {}
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.seen[record.getMessage().split(": ", 1)[-1]] = None
-
-
-def _barrier(name: str) -> None:
-    """Every process meets here, through jax.distributed's key-value store
-    (not a collective: NCCL refuses two ranks on one GPU)."""
-    from jax._src import distributed
-
-    distributed.global_state.client.wait_at_barrier(name, _BARRIER_TIMEOUT_MS)
-
-
-def _clean(cases: dict[str, dict[str, float]]) -> dict[str, dict[str, float | None]]:
-    """The clocks of each case, NaN (no trace) as None."""
-    return {name: {k: None if math.isnan(v) else v for k, v in t.items()}
-            for name, t in cases.items()}
+                local_block(shard.device, seed, position, (words,)))
 
 
 def _wall_calls(block: int) -> int:
@@ -185,7 +99,7 @@ def _sweep_row(s: Session, mesh: Mesh, spec: dict[str, Any], mib: float) -> dict
         _check(s, f"{name} {block} B", chained(PPERMUTES[name], mesh, PERM, 1), mesh, seeds[0],
                words, 1)
         _check(s, f"{name} {block} B, {chain} chained", f, mesh, seeds[0], words, chain)
-    inputs = [(_global_input(mesh, seed, words),) for seed in seeds]
+    inputs = [(global_input(mesh, seed, (words,)),) for seed in seeds]
     timed = s.time(rotate_all(fns, inputs), rounds, rep=2, wall_calls=_wall_calls(block))
     row = {"block_bytes": block, "cases": _clean(timed["cases"]), "protocol": timed["protocol"]}
     # The ceiling on worker 0's GPU alone: worker 1 waits at the barrier, so
@@ -213,7 +127,7 @@ def _host_time(s: Session, mesh: Mesh, names: Sequence[str]) -> dict[str, Any]:
     fns = {name: chained(PPERMUTES[name], mesh, PERM, 1) for name in names}
     for name, f in fns.items():
         _check(s, f"{name} {HOST_BLOCK} B, host time", f, mesh, seeds[0], words, 1)
-    inputs = [(_global_input(mesh, seed, words),) for seed in seeds]
+    inputs = [(global_input(mesh, seed, (words,)),) for seed in seeds]
     timed = s.time(rotate_all(fns, inputs), 2 if s.smoke else ROUNDS, rep=2)
     return {"block_bytes": HOST_BLOCK, "cases": _clean(timed["cases"]),
             "protocol": timed["protocol"]}
@@ -224,22 +138,15 @@ def worker(spec: dict[str, Any]) -> None:
     several, a mesh over every process's devices; the block sizes
     spec["sizes_mib"] of spec["cases"], then the host time of
     spec["host_cases"]; what it measured as JSON in spec["out"]."""
-    if spec["processes"] > 1:
-        # spec["own_gpu"]: every GPU visible, this process's the one of its
-        # index (as jax.distributed gives each process of a host its own).
-        own = [spec["pid"]] if spec.get("own_gpu") else None
-        jax.distributed.initialize(f"localhost:{spec['port']}", num_processes=spec["processes"],
-                                   process_id=spec["pid"], initialization_timeout=60,
-                                   local_device_ids=own)
-    lowerings = _Lowerings()
-    logging.getLogger("jax_tma").addHandler(lowerings)
-    logging.getLogger("jax_tma").setLevel(logging.DEBUG)
-    s = _WorkerSession(spec["smoke"], references.load(spec["smoke"]))
+    processes.initialize(spec)
+    s = processes.WorkerSession(spec["smoke"], references.load(spec["smoke"]))
+    s.call_gap_s = _CALL_GAP_S
     mesh = Mesh(np.array(jax.devices()), ("i",))
     s.log(f"{spec['layout']}: process {jax.process_index()} of {jax.process_count()}, "
           f"mesh {list(mesh.devices.flat)}")
-    rows = [_sweep_row(s, mesh, spec, mib) for mib in spec["sizes_mib"]]
-    host = _host_time(s, mesh, spec["host_cases"])
+    with processes.Lowerings().watching() as lowerings:
+        rows = [_sweep_row(s, mesh, spec, mib) for mib in spec["sizes_mib"]]
+        host = _host_time(s, mesh, spec["host_cases"])
     with open(spec["out"], "w") as f:
         json.dump({"devices": [d.device_kind for d in mesh.devices.flat], "rows": rows,
                    "host_time": host, "checked": s.checked, "untraced": s.untraced,
@@ -247,136 +154,6 @@ def worker(spec: dict[str, Any]) -> None:
 
 
 # ---- run.py's process -------------------------------------------------------
-
-
-def _visible_gpus() -> list[str]:
-    """The GPUs run.py may use, as CUDA_VISIBLE_DEVICES names them (else
-    nvidia-smi's indices), found without CUDA."""
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return [g.strip() for g in listed.split(",") if g.strip()]
-    text = provenance.command_output("nvidia-smi", "-L") or ""
-    return [str(i) for i, _ in enumerate(x for x in text.splitlines() if x.startswith("GPU "))]
-
-
-def _memory_mib(gpu: str) -> tuple[float, float] | None:
-    """(total, free) MiB of `gpu` by nvidia-smi, or None where it cannot tell."""
-    text = provenance.command_output("nvidia-smi", "-i", gpu, "--query-gpu=memory.total,"
-                                     "memory.free", "--format=csv,noheader,nounits")
-    try:
-        total, free = (float(v) for v in (text or "").split(","))
-    except ValueError:
-        return None
-    return total, free
-
-
-def _fitting(sizes_mib: Sequence[float],
-             total_mib: float | None) -> tuple[list[float], dict[str, str]]:
-    """The sizes whose blocks fit a worker's share of a GPU of `total_mib`
-    (None: not known, every size), and why each other one is left out; each
-    size once (its barriers are named by it)."""
-    keep, left_out = [], {}
-    for mib in dict.fromkeys(sizes_mib):
-        block = int(mib * MIB)
-        need = block * (_BLOCKS_HELD + _wall_calls(block))
-        if total_mib is None or need <= MEM_FRACTION * total_mib * MIB:
-            keep.append(mib)
-        else:
-            left_out[f"{mib:g} MiB"] = (f"a worker would hold about {need / MIB:.0f} MiB, more "
-                                        f"than its {MEM_FRACTION:g} of {total_mib:.0f} MiB")
-    return keep, left_out
-
-
-def _check_free(gpu: str, workers: int) -> None:
-    """Raises RuntimeError where `gpu` lacks the memory of `workers` workers."""
-    memory = _memory_mib(gpu)
-    if memory is None:
-        return
-    total, free = memory
-    need = workers * MEM_FRACTION * total
-    if free < need:
-        raise RuntimeError(
-            f"{OP}: GPU {gpu} has {free:.0f} MiB free, and its {workers} worker(s) take "
-            f"{need:.0f} MiB ({MEM_FRACTION:g} of {total:.0f} MiB each): another process holds "
-            f"the rest")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        return sock.getsockname()[1]
-
-
-def _tail(path: str, lines: int) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError as e:
-        return f"({e})"
-
-
-def _worker_env(smoke: bool, gpus: str | None, extra: dict[str, str]) -> dict[str, str]:
-    """A worker's environment: this module's folder on its path, its
-    platform, its GPUs (None: CUDA_VISIBLE_DEVICES unset) and memory share."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, **extra, PYTHONPATH=os.pathsep.join(
-        filter(None, [here, os.environ.get("PYTHONPATH")])))
-    if smoke:  # one host device per process
-        env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
-        return env
-    env.update(JAX_PLATFORMS="cuda", XLA_PYTHON_CLIENT_MEM_FRACTION=str(MEM_FRACTION))
-    # Its share preallocated as XLA's pool (VMM allocations, what the
-    # transport maps), whatever run.py's own process does.
-    env.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
-    env.setdefault("NCCL_NVLS_ENABLE", "0")  # as gpu_check.sh runs NCCL
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    if gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = gpus
-    return env
-
-
-def _run_workers(s: Session, layout: str, gpus: Sequence[str | None], spec: dict[str, Any],
-                 extra_env: dict[str, str]) -> list[dict[str, Any]]:
-    """One worker per entry of `gpus` (its CUDA_VISIBLE_DEVICES), under
-    jax.distributed where there are several; returns what each wrote. A
-    worker that fails, or workers past LAYOUT_TIMEOUT_S, raise RuntimeError
-    with their last lines (the others are ended)."""
-    port = _free_port()
-    with (tempfile.TemporaryDirectory(prefix="jax_tma_bench_") as d,
-          contextlib.ExitStack() as stack):
-        procs, logs, outs = [], [], []
-        try:
-            for pid, gpu in enumerate(gpus):
-                logs.append(os.path.join(d, f"worker{pid}.log"))
-                outs.append(os.path.join(d, f"worker{pid}.json"))
-                arg = json.dumps({**spec, "layout": layout, "pid": pid, "processes": len(gpus),
-                                  "port": port, "out": outs[-1]})
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-P", os.path.abspath(__file__), arg],
-                    env=_worker_env(s.smoke, gpu, extra_env),
-                    stdout=stack.enter_context(open(logs[-1], "w")), stderr=subprocess.STDOUT))
-            deadline = time.monotonic() + LAYOUT_TIMEOUT_S
-            while True:  # until all are done, one fails, or the time is up
-                codes = [p.poll() for p in procs]
-                if None not in codes or any(codes) or time.monotonic() > deadline:
-                    break
-                time.sleep(0.25)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        if codes != [0] * len(procs):
-            what = "failed" if any(codes) else f"still ran after {LAYOUT_TIMEOUT_S} s"
-            raise RuntimeError(f"{OP} {layout}: workers {what}: " + "; ".join(
-                f"worker {i} {'was ended' if c is None else f'exited {c}'}, its last lines:\n"
-                f"{_tail(log, 25)}" for i, (c, log) in enumerate(zip(codes, logs))))
-        print(f"{layout}: worker 0's log:\n{_tail(logs[0], 200)}", flush=True)
-        results = []
-        for out in outs:
-            with open(out) as f:
-                results.append(json.load(f))
-        return results
 
 
 def _over(x: float | None, n: int) -> float | None:
@@ -419,7 +196,8 @@ def _layout(s: Session, name: str, gpus: Sequence[str | None], spec: dict[str, A
     GPU of its own (spec["own_gpu"])."""
     s.log(f"{OP}: layout {name}, " + ("on the CPU" if s.smoke else "CUDA_VISIBLE_DEVICES "
                                         + ", ".join(g or "unset" for g in gpus)))
-    workers = _run_workers(s, name, gpus, spec, extra_env or {})
+    workers = processes.run_workers(s, OP, __file__, name, gpus, spec, extra_env or {},
+                                    timeout_s=LAYOUT_TIMEOUT_S, fraction=MEM_FRACTION)
     for pid, w in enumerate(workers):
         s.checked.extend(f"{name} process {pid}: {label}" for label in w["checked"])
     return {"devices": workers[0]["devices"], "cuda_visible_devices": list(gpus),
@@ -488,12 +266,13 @@ def bench_ppermute_processes(s: Session, sizes_mib: Sequence[float] | None = Non
     the seed, then timed interleaved; the ceiling cudaMemcpyAsync of the
     same bytes on worker 0's GPU; lax.ppermute (NCCL) with a GPU each; the
     host time of one un-chained call, also in one process over two GPUs."""
-    gpus = [] if s.smoke else _visible_gpus()
+    gpus = [] if s.smoke else processes.visible_gpus()
     if not s.smoke and not gpus:
         raise RuntimeError(f"{OP}: no GPU visible (nvidia-smi -L, CUDA_VISIBLE_DEVICES)")
-    totals = [m[0] for g in gpus[:2] if (m := _memory_mib(g))]
-    sizes, left_out = _fitting(sizes_mib or (SMOKE if s.smoke else FULL),
-                               min(totals) if totals else None)
+    totals = [m[0] for g in gpus[:2] if (m := processes.memory_mib(g))]
+    sizes, left_out = processes.fitting(sizes_mib or (SMOKE if s.smoke else FULL),
+                                        min(totals) if totals else None, MEM_FRACTION,
+                                        lambda block: block * (_BLOCKS_HELD + _wall_calls(block)))
     spec = {"smoke": s.smoke, "chain": chain, "sizes_mib": sizes, "cases": _SHARED_CASES,
             "host_cases": ["auto"]}
     result: dict[str, Any] = {
@@ -504,11 +283,11 @@ def bench_ppermute_processes(s: Session, sizes_mib: Sequence[float] | None = Non
         "layouts": {}, "not_run": {}, "in_process_host_time": None, "topology": None}
     one = [gpus[0]] * 2 if gpus else [None, None]
     if gpus:
-        _check_free(gpus[0], 2)
+        processes.check_free(OP, gpus[0], 2, MEM_FRACTION)
     result["layouts"]["shared"] = _layout(s, "shared", one, spec)
     if len(gpus) >= 2:
         for gpu in gpus[:2]:
-            _check_free(gpu, 1)
+            processes.check_free(OP, gpu, 1, MEM_FRACTION)
         both = {**spec, "cases": [*_SHARED_CASES, "nccl"], "host_cases": ["auto", "nccl"]}
         result["layouts"]["per_gpu"] = _layout(s, "per_gpu", [",".join(gpus[:2])] * 2,
                                                {**both, "own_gpu": True})
@@ -526,14 +305,14 @@ def bench_ppermute_processes(s: Session, sizes_mib: Sequence[float] | None = Non
         result["mps"] = status
         if mps_env is not None:
             try:
-                _check_free(gpus[0], 2)
+                processes.check_free(OP, gpus[0], 2, MEM_FRACTION)
                 result["layouts"]["shared_mps"] = _layout(s, "shared_mps", [None, None], spec,
                                                           mps_env)
             except RuntimeError as e:
                 result["mps"] = "failed: its workers did not finish (`mps_detail` says why)"
                 result["mps_detail"] = str(e)
             else:
-                result["mps_detail"] = "the control daemon's log ends: " + _tail(
+                result["mps_detail"] = "the control daemon's log ends: " + processes.tail(
                     os.path.join(mps_env["CUDA_MPS_LOG_DIRECTORY"], "control.log"), 8)
     return result
 
@@ -544,10 +323,4 @@ BENCHMARKS = {OP: Benchmark(lambda s, args: bench_ppermute_processes(s, args.siz
 
 
 if __name__ == "__main__":
-    try:
-        worker(json.loads(sys.argv[1]))
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        # Not jax.distributed's shutdown, which would wait for the peer.
-        os._exit(1)
+    processes.worker_main(worker)

@@ -120,6 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="measure a tree that differs from its commit (marked dirty)")
     parser.add_argument("--sizes-mib", type=float, nargs="+",
                         help="the sizes of the ops that take them, in MiB")
+    parser.add_argument("--quick", action="store_true",
+                        help="a quick pass of the ops that have one (fewer sizes and "
+                             "repetitions; the result records it)")
     parser.add_argument("--tsv", help="sanitizer: the lines gpu_check.sh's sanitize stage wrote")
     args = parser.parse_args(argv)
     if args.ops == ["sanitizer"]:

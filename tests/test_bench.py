@@ -272,6 +272,157 @@ def test_smoke_run_of_the_multi_group(tmp_path):
     assert [row["copies_per_gpu"] for row in shared["rows"]] == [2] * len(shared["rows"])
 
 
+def test_smoke_run_of_the_a2a_group(tmp_path):
+    """`run.py a2a`: all_to_all_processes first (two workers under
+    jax.distributed, one host device each), then all_to_all (one process,
+    two host devices); every case checked, lax.ragged_all_to_all (which
+    XLA:CPU lacks) timed or recorded as failed, the results rendered."""
+    run = _run_py("a2a", "--smoke", "--allow-dirty", "--out-dir", str(tmp_path),
+                  XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    elapsed = run.stdout.split("== elapsed ==")[1]
+    assert elapsed.index("all_to_all_processes") < elapsed.index("all_to_all ")
+    results = report.load_results(str(tmp_path))
+    assert sorted(results) == ["all_to_all", "all_to_all_processes"]
+    for op, (path, r) in results.items():
+        assert r["smoke"] and r["dtype"] == "bfloat16" and r["n"] == 2
+        assert "bytes that leave each GPU" in r["bytes_convention"]
+        assert r["repetitions"] == 3 and not r["quick"]
+        assert [row["buffer_bytes"] for row in r["rows"]] == [64 << 10, 256 << 10]
+        for row in r["rows"]:
+            # Every case timed or failed; jax_tma's never fail here.
+            want = set(r["cases"]) - set(r["not_run"])
+            assert set(row["times"]) | set(row["failed"]) == want, op
+            assert set(row["failed"]) <= {"lax_ragged", "lax_ragged_skewed"}
+            assert len(row["runs"]) == 3
+            assert row["sent_bytes"]["jax_tma"] == row["buffer_bytes"] // 2
+            assert row["sent_bytes"]["ceiling"] == row["buffer_bytes"] // 2
+            assert row["wall_calls"] == 100
+            assert {"jax_tma_vs_nccl", "jax_tma_vs_ceiling", "jax_tma_vs_composed"} <= \
+                set(row["ratios"])
+            assert set(row["ratios"]["jax_tma_vs_nccl"]) == {"busy", "span", "wall"}
+            size = f"{row['buffer_mib']:g} MiB"
+            for case in ("jax_tma", "composed", "ceiling"):
+                for device in (0, 1):
+                    label = f"{case} {size}: device {device}"
+                    assert any(c.endswith(label) for c in r["checked_bit_exact"]), label
+        assert any(x.startswith("jax_tma.all_to_all: jax_tma_all_to_all") for x in r["lowerings"])
+        assert not any(": lax." in x for x in r["lowerings"]), r["lowerings"]
+        text = report.render(r, path)
+        assert "(smoke run: measures nothing)" in text
+        assert "| buffer per GPU | `jax_tma.all_to_all` | `lax.all_to_all` (NCCL) |" in text
+        assert re.search(r"\| 64 KiB \| [\d.]+ / [\d.]+ / [\d.—]+ \|", text), text
+    processes = results["all_to_all_processes"][1]
+    assert processes["processes"] == 2 and set(processes["rows"][0]["peer_busy_us"])
+    assert any("process link between 2 devices of 2 processes" in x
+               for x in processes["lowerings"])
+    page = "<!-- bench:all_to_all -->\nold\n<!-- /bench:all_to_all -->\n"
+    assert "| `jax_tma` vs NCCL |" in report.render_sections(page, results)
+
+
+def test_the_a2a_command_line_is_run_pys(tmp_path):
+    # bench_all_to_all.py as a script: run.py's options, --processes picks
+    # the process mode, --quick one run per size.
+    run = subprocess.run(
+        [sys.executable, os.path.join(_BENCHMARKS, "bench_all_to_all.py"), "--processes",
+         "--quick", "--smoke", "--allow-dirty", "--sizes-mib", "0.0625", "--out-dir",
+         str(tmp_path)], env={**os.environ, "JAX_PLATFORMS": "cpu",
+                              "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+        capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (_, r), = report.load_results(str(tmp_path)).values()
+    assert r["op"] == "all_to_all_processes" and r["quick"] and r["repetitions"] == 1
+    assert [len(row["runs"]) for row in r["rows"]] == [1]
+
+
+def _ragged_by_gathers(operand, output, input_offsets, send_sizes, output_offsets,
+                       recv_sizes, *, axis_name, wrong=False):
+    """lax.ragged_all_to_all's result from all_gathers of the bits (XLA:CPU
+    has no ragged-all-to-all, and its collectives of bf16 drop NaN
+    payloads): jax_tma.ragged_all_to_all's stand-in. `wrong`: one row off."""
+    from jax import lax
+
+    bits = lax.bitcast_convert_type(operand, jnp.uint16)
+    everyone = [lax.all_gather(a, axis_name) for a in (bits, input_offsets, send_sizes,
+                                                       output_offsets)]
+    ops, starts, sizes, dsts = everyone
+    me = lax.axis_index(axis_name)
+    rows = jnp.arange(output.shape[0])
+    out = lax.bitcast_convert_type(output, jnp.uint16)
+    for s in range(ops.shape[0]):
+        start, size, dst = starts[s, me], sizes[s, me], dsts[s, me] + int(wrong)
+        take = (rows >= dst) & (rows < dst + size)
+        source = jnp.clip(rows - dst + start, 0, operand.shape[0] - 1)
+        out = jnp.where(take[:, None], ops[s][source], out)
+    return lax.bitcast_convert_type(out, operand.dtype)
+
+
+def test_a2a_times_jax_tmas_ragged_all_to_all_where_it_exists(monkeypatch):
+    import bench_all_to_all
+    import render_all_to_all
+
+    monkeypatch.setattr(jax_tma, "ragged_all_to_all", _ragged_by_gathers, raising=False)
+    s = harness.Session(smoke=True, refs=None)
+    r = bench_all_to_all.bench_all_to_all(s, [1 / 16], quick=True)
+    (row,) = r["rows"]
+    assert not r["not_run"] and {"ragged", "ragged_skewed"} <= set(row["times"])
+    for case in ("ragged", "ragged_skewed"):
+        assert f"{case} 0.0625 MiB: device 1" in s.checked
+    assert row["sent_bytes"]["ragged_skewed"] == row["buffer_bytes"] * 3 // 4
+    assert row["skewed_sizes"] == [[2, 6], [6, 2]]
+    assert {"ragged_vs_jax_tma", "ragged_vs_nccl", "ragged_skewed_vs_ceiling"} <= \
+        set(row["ratios"])
+    text = render_all_to_all.render_all_to_all(r)
+    assert "`jax_tma.ragged_all_to_all`, skewed" in text and "ragged vs `jax_tma.all_to_all`" \
+        in text
+
+
+def test_a2a_fails_on_a_wrong_ragged_and_records_one_that_raises(monkeypatch):
+    import functools
+
+    import bench_all_to_all
+
+    monkeypatch.setattr(jax_tma, "ragged_all_to_all",
+                        functools.partial(_ragged_by_gathers, wrong=True), raising=False)
+    with pytest.raises(AssertionError, match=r"benchmark case ragged 0.0625 MiB: device 0: "
+                                             r"output is not bit-exact"):
+        bench_all_to_all.bench_all_to_all(harness.Session(smoke=True, refs=None), [1 / 16],
+                                          quick=True)
+
+    def raises(*args, **kwargs):
+        raise NotImplementedError("not on this platform")
+
+    monkeypatch.setattr(jax_tma, "ragged_all_to_all", raises)
+    r = bench_all_to_all.bench_all_to_all(harness.Session(smoke=True, refs=None), [1 / 16],
+                                          quick=True)
+    assert r["rows"][0]["failed"]["ragged"] == "NotImplementedError: not on this platform"
+    assert "ragged" not in r["rows"][0]["times"]
+
+
+def test_a2a_ragged_plans_and_references():
+    import bench_all_to_all as a2a
+
+    assert a2a.skewed_sizes(2, 8).tolist() == [[2, 6], [6, 2]]
+    four = a2a.skewed_sizes(4, 32)
+    assert four.sum(axis=1).tolist() == [32] * 4 and [four[i, (i + 1) % 4] for i in range(4)] \
+        == [24] * 4
+    assert a2a.output_rows(four) == 32 and four.sum(axis=0).tolist() == [32] * 4
+    starts, sizes, dsts, recv = a2a.ragged_operands(np.array([[1, 3], [2, 2]]))
+    assert starts.tolist() == [[0, 1], [0, 2]] and dsts.tolist() == [[0, 0], [1, 3]]
+    assert recv.tolist() == [[1, 2], [3, 2]]
+    blocks = [np.arange(8 * 2, dtype=np.uint16).reshape(8, 2) + 100 * p for p in range(2)]
+    equal = a2a.equal_sizes(2, 8)
+    for p in range(2):
+        np.testing.assert_array_equal(
+            a2a.ragged_reference(blocks, equal, p, np.zeros((8, 2), np.uint16)),
+            a2a.all_to_all_reference(blocks, p))
+    got = a2a.ragged_reference(blocks, np.array([[1, 3], [2, 2]]), 1,
+                               np.full((5, 2), 7, np.uint16))
+    # position 1 gets rows 1-3 of block 0, then rows 2-3 of block 1
+    np.testing.assert_array_equal(got, np.concatenate([blocks[0][1:4], blocks[1][2:4]]))
+    assert a2a.wall_calls(1 << 20) == 100 and a2a.wall_calls(16 << 20) == 20
+
+
 def test_ppermute_processes_sets_no_one_gpu_ceiling_beside_blocks_across_gpus():
     """A layout on one GPU has cudaMemcpyAsync as its ceiling; per_gpu's blocks
     cross the link between two GPUs, so its table has NCCL alone beside it."""
