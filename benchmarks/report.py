@@ -12,8 +12,9 @@ between `<!-- bench:OP -->` and `<!-- /bench:OP -->`: one op's tables (the
 op pages of docs/ops/), or a section drawn from several results (DERIVED:
 the README's headline table, docs/benchmarks.md's build);
 everything between them is this script's output. The results must be one
-file per op, from one commit, clean and not smoke runs, and the code that
-a result measures (comments and docstrings aside) must be the checkout's,
+file per op, clean and not smoke runs, and the code that
+a result measures (comments and docstrings aside) must be, at the result's
+own commit, the checkout's,
 its working tree's (an uncommitted change counts, and a copy whose git HEAD
 lags its files is judged by its files): its op family's (runs_through), the
 shared core's, and its benchmark module's; a
@@ -79,11 +80,11 @@ def load_results(results_dir: str) -> dict[str, tuple[str, dict[str, Any]]]:
     return out
 
 
-def check_results(results: dict[str, tuple[str, dict[str, Any]]], allow_dirty: bool = False,
-                  allow_mixed: bool = False) -> None:
-    """Raises ValueError unless the results are publishable: clean, not
-    smoke runs, and (those that record one) all of one commit."""
-    commits = {}
+def check_results(results: dict[str, tuple[str, dict[str, Any]]],
+                  allow_dirty: bool = False) -> None:
+    """Raises ValueError unless the results are publishable: clean and not
+    smoke runs. They may be of several commits, each judged against its own
+    (check_fresh)."""
     for path, r in results.values():
         prov = r.get("provenance")
         if prov is None:
@@ -91,9 +92,6 @@ def check_results(results: dict[str, tuple[str, dict[str, Any]]], allow_dirty: b
         if (prov["dirty"] or r.get("smoke")) and not allow_dirty:
             raise ValueError(f"{path}: a {'smoke run' if r.get('smoke') else 'dirty tree'}'s "
                              f"result cannot be published")
-        commits.setdefault(prov["commit"], []).append(path)
-    if len(commits) > 1 and not allow_mixed:
-        raise ValueError(f"results of several commits: {commits}")
 
 
 class StaleResults(ValueError):
@@ -400,14 +398,23 @@ def record_unmeasured(results: dict[str, tuple[str, dict[str, Any]]], path: str,
                       why: str) -> None:
     """Adds (or renews) `path`'s entry in UNMEASURED: its code, committed at
     HEAD, differs from that of the results' commit, and `why` says why no
-    measured program does."""
-    (commit,) = _commits(results)
+    measured program does. UNMEASURED belongs to one results' commit: the
+    only one, or, with results of several, the one it already names."""
+    commits = _commits(results)
+    listed = load_unmeasured()
+    if len(commits) == 1:
+        (commit,) = commits
+    elif listed["commit"] in commits:
+        commit = listed["commit"]
+    else:
+        raise StaleResults(f"results of several commits ({', '.join(c[:10] for c in commits)}) "
+                           f"and {UNMEASURED} names none of them: measure again, or record "
+                           f"against one commit's results alone")
     if not same_code(path, "HEAD"):
         raise StaleResults(f"{path}: commit its change first (the entry names the commit that "
                            f"holds its code)")
     if path not in (changed_since(commit) or []):
         raise StaleResults(f"{path}: its code is that of the results' commit {commit[:10]}")
-    listed = load_unmeasured()
     changes = [c for c in listed["changes"] if c["path"] != path and listed["commit"] == commit]
     changes.append({"path": path, "code_at": _git_out("rev-parse", "HEAD").strip(), "why": why})
     with open(os.path.join(ROOT, UNMEASURED), "w") as f:
@@ -422,17 +429,20 @@ def check_fresh(results: dict[str, tuple[str, dict[str, Any]]]) -> None:
     commit as in the working tree, but for the changes that UNMEASURED lists
     with their code as it is there (any later change to such a file makes the
     results stale again; an entry for other results, or for a file whose
-    code did not change, is an error too)."""
+    code did not change, is an error too). Results of several commits are
+    each judged against their own; UNMEASURED's entries are those of the
+    commit it names."""
     listed = load_unmeasured()
-    for commit, paths in _commits(results).items():
+    commits = _commits(results)
+    if listed["changes"] and listed["commit"] not in commits:
+        raise StaleResults(f"{UNMEASURED} lists changes after {str(listed['commit'])[:10]}, "
+                           f"but no results are of that commit: take them out")
+    for commit, paths in commits.items():
         changed = changed_since(commit)
         if changed is None:
             raise StaleResults(f"cannot tell whether the results of {commit[:10]} ({paths[0]}, "
                                f"...) match the code: git or that commit is missing here")
-        entries = listed["changes"]
-        if entries and listed["commit"] != commit:
-            raise StaleResults(f"{UNMEASURED} lists changes after {str(listed['commit'])[:10]}, "
-                               f"but the results are of {commit[:10]}: take them out")
+        entries = listed["changes"] if listed["commit"] == commit else []
         leftover = [c["path"] for c in entries if c["path"] not in changed]
         if leftover:
             raise StaleResults(f"{UNMEASURED} lists {', '.join(leftover)}, whose code is that of "
@@ -686,7 +696,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plots", metavar="DIR", help="also write plots here")
     parser.add_argument("--allow-dirty", action="store_true",
                         help="render dirty-tree and smoke results too")
-    parser.add_argument("--allow-mixed-commits", action="store_true")
     parser.add_argument("--unmeasured", metavar="PATH",
                         help=f"record in {UNMEASURED} that the committed code of PATH was not measured "
                              f"(with --why: why no measured program differs)")
@@ -698,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--unmeasured needs --why")
         record_unmeasured(results, args.unmeasured, args.why)
         return 0
-    check_results(results, args.allow_dirty, args.allow_mixed_commits)
+    check_results(results, args.allow_dirty)
     rendered = {}
     for path in pages(args.readme, args.docs or os.path.join(ROOT, "docs")):
         with open(path) as f:
