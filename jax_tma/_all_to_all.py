@@ -36,16 +36,15 @@ def all_to_all(x: Any, axis_name: str | Sequence[str], split_axis: int, concat_a
     along ``concat_axis`` in the senders' order.
 
     Each chunk travels on jax_tma's peer transport, the one
-    :func:`ppermute` runs on, in one call: the chunk that stays is copied
-    locally, then ``n - 1`` steps each push one chunk straight into its
-    destination's output (no staging buffer, no NCCL) — over peer access
-    between GPUs of this process, over mapped allocations between GPUs of
-    processes of one host, with ``memcpy`` between host devices (over the
-    process link between processes). After the first call of a lowered
-    all_to_all on a device, its steps meet only on the GPUs, so a call does
-    no host synchronisation; waits are bounded as ppermute's
-    (``JAX_TMA_PPERMUTE_TIMEOUT_S``). The steps run one after
-    another on the device's stream. Where the transport cannot run (as for
+    :func:`ppermute` runs on, in one call: every chunk at once, each pushed
+    straight into its destination's output (no staging buffer, no NCCL),
+    the one that stays copied in the same grid — over peer access between
+    GPUs of this process, over mapped allocations between GPUs of processes
+    of one host, with ``memcpy`` between host devices (over the process
+    link between processes). After the first call of a lowered all_to_all
+    on a device, the participants meet only on the GPUs, so a call does no
+    host synchronisation and replays from command buffers; waits are
+    bounded as ppermute's (``JAX_TMA_PPERMUTE_TIMEOUT_S``). Where the transport cannot run (as for
     :func:`ppermute`: across hosts, a ``shard_map`` manual over only some
     mesh axes, symbolic dims, GPUs without peer access) and with
     ``axis_index_groups``, the op is ``lax.all_to_all``'s. Which one a call

@@ -7,6 +7,9 @@ Needs >= 2 GPUs; JAX_TMA_REQUIRE_MULTI_GPU=1 turns the skip into a failure."""
 
 import functools
 import os
+import subprocess
+import sys
+import textwrap
 
 import jax
 import numpy as np
@@ -301,3 +304,56 @@ def test_ragged_all_to_all_loop_equal_sizes_matches_all_to_all(mesh, rng):
     host = random_array(rng, (n * rows, 8), np.uint32)
     x = jax.device_put(host, NamedSharding(mesh, P("x")))
     assert_bits_equal(ours(x), ref(x))
+
+
+# A traced size that breaks a rule traps the checking kernel (the CUDA
+# context is then lost), so each case runs in a process of its own.
+_BAD_SIZES = textwrap.dedent("""
+    import sys, time
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
+    import jax_tma
+    case = sys.argv[1]
+    gpus = jax.devices("cuda")[:2]
+    mesh = Mesh(np.array(gpus), ("x",))
+    n, rows = len(gpus), 64
+
+    def f(operand, output, sizes, recv):
+        k = rows // n
+        off = jnp.arange(n, dtype=np.int32) * k
+        oo = jax.lax.axis_index("x").astype(np.int32) * k + jnp.zeros((n,), np.int32)
+        return jax_tma.ragged_all_to_all(operand, output, off, sizes, oo, recv, axis_name="x")
+
+    g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    sizes = np.full((n, n), rows // n, np.int32)
+    recv = sizes.copy()
+    if case == "past_operand":
+        sizes[1, 1] = rows  # device 1's slice for itself runs past its 64 rows
+    else:
+        recv[1, 0] = 3  # device 1 expects 3 rows from device 0, which sends 32
+    x = jnp.ones((n * rows, 4), jnp.float32)
+    try:
+        jax.block_until_ready(g(x, x * 0, sizes.reshape(-1), recv.reshape(-1)))
+    except Exception as e:
+        print("raised:", type(e).__name__, flush=True)
+    time.sleep(2)  # the fault's report reaches stderr
+    print("done", flush=True)
+""")
+
+
+@pytest.mark.parametrize("case,message", [
+    ("past_operand", "slice 1: input_offsets[1] = 32 and send_sizes[1] = 64 are negative or "
+                     "run past the operand's 64 rows"),
+    ("recv", "slice 1: send_sizes[1] = 32 but its receiver's recv_sizes entry for it is 3"),
+])
+def test_ragged_all_to_all_traced_sizes_that_break_a_rule_trap_by_name(mesh, case, message):
+    """Checked on the device before any copy: the step fails, and stderr
+    names the op, the call site, the device and the values."""
+    proc = subprocess.run([sys.executable, "-c", _BAD_SIZES, case], capture_output=True,
+                          text=True, timeout=120,
+                          env=dict(os.environ, JAX_TMA_PPERMUTE_TIMEOUT_S="5"))
+    out = proc.stdout + proc.stderr
+    assert "raised:" in out, out[-4000:]
+    assert "jax_tma.ragged_all_to_all at " in out, out[-4000:]
+    assert message in out, out[-4000:]
+    assert "no copy ran out of bounds" in out, out[-4000:]
