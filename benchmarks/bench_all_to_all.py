@@ -38,6 +38,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -71,6 +72,9 @@ ROUNDS = 5       # turns per run, two calls each (the first not counted)
 # The wall clock: calls dispatched per sample, fewer from LARGE_BYTES (their
 # outputs in flight at once).
 WALL_CALLS, WALL_CALLS_LARGE, LARGE_BYTES = 100, 20, 16 * MIB
+# The loop clock, below LARGE_BYTES (where a call's own wall clock measures
+# its dispatch): one jitted program of LOOP_CALLS chained calls, per call.
+LOOP_CALLS = 100
 # The skewed ragged case: each device sends this share of its rows to the
 # next device and splits the rest evenly over the others and itself.
 HEAVY = 3 / 4
@@ -78,7 +82,7 @@ POISON = 0x7FC5  # the bits of the ragged cases' output buffers before a call (a
 BYTES = ("per GPU: the bytes that leave each GPU per call, (n-1)/n of its buffer (in the "
          f"skewed ragged cases those of the GPU that sends the most, {HEAVY:g} of its buffer "
          "on two GPUs), not read + write; the ceiling pushes the same (n-1)/n to one peer")
-CLOCKS = ("busy_us", "span_us", "wall_us")
+CLOCKS = ("busy_us", "span_us", "wall_us", "loop_us")
 # The cases, in the order they take turns. `ragged*`: jax_tma's, timed where
 # jax_tma has ragged_all_to_all.
 CASES = ("jax_tma", "nccl", "composed", "ragged", "lax_ragged", "ragged_skewed",
@@ -129,25 +133,38 @@ def composed(b: jax.Array, n: int) -> jax.Array:
     return jnp.take(jnp.stack(parts), order, axis=0, mode="clip").reshape(b.shape)
 
 
-def _programs(mesh: Mesh) -> dict[str, Callable[..., jax.Array]]:
+def _programs(mesh: Mesh, calls: int = 1) -> dict[str, Callable[..., jax.Array]]:
     """The jitted exchanges over `mesh` (axis "i", blocks along dim 0): the
     all_to_alls of a buffer, the ceiling's push of its block to the next
     device, and the ragged ones (operand, output, input_offsets, send_sizes,
-    output_offsets, recv_sizes; the output donated)."""
+    output_offsets, recv_sizes; the output donated). Each program makes
+    `calls` calls, each of the one before's result (the ragged ones': its
+    output)."""
     n = mesh.devices.size
 
     def spmd(f, args=1, **jit):
         return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("i"),) * args,
                                      out_specs=P("i")), **jit)
 
-    def ragged(fn):
-        return spmd(lambda *a: fn(*a, axis_name="i"), 6, donate_argnums=1)
+    def chained(f):
+        def program(b):
+            for _ in range(calls):
+                b = f(b)
+            return b
+        return spmd(program)
 
-    out = {"jax_tma": spmd(lambda b: jax_tma.all_to_all(b, "i", 0, 0, tiled=True)),
-           "nccl": spmd(lambda b: lax.all_to_all(b, "i", 0, 0, tiled=True)),
-           "composed": spmd(functools.partial(composed, n=n)),
+    def ragged(fn):
+        def program(b, o, *indices):
+            for _ in range(calls):
+                o = fn(b, o, *indices, axis_name="i")
+            return o
+        return spmd(program, 6, donate_argnums=1)
+
+    out = {"jax_tma": chained(lambda b: jax_tma.all_to_all(b, "i", 0, 0, tiled=True)),
+           "nccl": chained(lambda b: lax.all_to_all(b, "i", 0, 0, tiled=True)),
+           "composed": chained(functools.partial(composed, n=n)),
            "lax_ragged": ragged(lax.ragged_all_to_all),
-           "ceiling": spmd(lambda b: jax_tma.ppermute(
+           "ceiling": chained(lambda b: jax_tma.ppermute(
                b, "i", [(i, (i + 1) % n) for i in range(n)], direction="push"))}
     if has_ragged():
         out["ragged"] = ragged(jax_tma.ragged_all_to_all)
@@ -279,31 +296,43 @@ def measure(s: Session, mesh: Mesh, mib: float, repetitions: int) -> dict[str, A
     inputs = [(processes.global_input(mesh, seed, (rows, ROW), DTYPE),
                processes.global_input(mesh, ceiling_seed, (ceiling_rows, ROW), DTYPE))
               for seed, ceiling_seed in zip(seeds, ceiling_seeds)]
-    programs = _programs(mesh)
     plans = {"equal": equal_sizes(n, rows), "skewed": skewed_sizes(n, rows)}
-    cases: dict[str, Callable[..., jax.Array]] = {
-        "jax_tma": lambda x, cx: programs["jax_tma"](x),
-        "nccl": lambda x, cx: programs["nccl"](x),
-        "composed": lambda x, cx: programs["composed"](x),
-        "ceiling": lambda x, cx: programs["ceiling"](cx)}
-    for plan, suffix in (("equal", ""), ("skewed", "_skewed")):
-        operands = [_sharded(mesh, [a.astype(np.int32) for a in arrays])
-                    for arrays in ragged_operands(plans[plan])]
-        for name in ("lax_ragged", "ragged"):
-            if name in programs:  # each its own output buffer
-                cases[name + suffix] = _InPlace(
-                    programs[name], _filled(mesh, output_rows(plans[plan])), operands)
-    cases = {name: cases[name] for name in CASES if name in cases}
+    operands = {plan: [_sharded(mesh, [a.astype(np.int32) for a in arrays])
+                       for arrays in ragged_operands(plans[plan])] for plan in plans}
+
+    def make(programs):
+        cases: dict[str, Callable[..., jax.Array]] = {
+            "jax_tma": lambda x, cx: programs["jax_tma"](x),
+            "nccl": lambda x, cx: programs["nccl"](x),
+            "composed": lambda x, cx: programs["composed"](x),
+            "ceiling": lambda x, cx: programs["ceiling"](cx)}
+        for plan, suffix in (("equal", ""), ("skewed", "_skewed")):
+            for name in ("lax_ragged", "ragged"):
+                if name in programs:  # each its own output buffer
+                    cases[name + suffix] = _InPlace(
+                        programs[name], _filled(mesh, output_rows(plans[plan])),
+                        operands[plan])
+        return {name: cases[name] for name in CASES if name in cases}
+
+    cases = make(_programs(mesh))
     sent = {name: (n - 1) * (rows // n) * row_bytes for name in cases}
     for name in set(_SKEWED) & set(cases):
         sent[name] = int(max(rows - plans["skewed"][i, i] for i in range(n))) * row_bytes
     failed = _check(s, mesh, mib, cases, inputs[0], plans, seeds[0], ceiling_seeds[0])
     timed = {name: fn for name, fn in cases.items() if name not in failed}
+    loops = {}
+    if buffer < LARGE_BYTES:  # compiled and run once before any is timed
+        loops = {name: fn for name, fn in make(_programs(mesh, LOOP_CALLS)).items()
+                 if name in timed}
+        for fn in loops.values():
+            jax.block_until_ready(fn(*inputs[0]))
     runs = []
     for r in range(repetitions):
         t = s.time(rotate_all(timed, inputs), 2 if s.smoke else ROUNDS, rep=2,
                    wall_calls=wall_calls(buffer))
         runs.append({"cases": processes.clean(t["cases"]), "protocol": t["protocol"]})
+        for name, c in runs[-1]["cases"].items():
+            c["loop_us"] = _loop_us(loops[name], inputs[r % 2]) if name in loops else None
         s.log(f"{OP} {mib:g} MiB per GPU, run {r + 1} of {repetitions}, span µs: " + ", ".join(
             f"{name} {'—' if c['span_us'] is None else round(c['span_us'], 1)}"
             for name, c in runs[-1]["cases"].items()))
@@ -311,6 +340,13 @@ def measure(s: Session, mesh: Mesh, mib: float, repetitions: int) -> dict[str, A
             "ceiling_rows_per_gpu": ceiling_rows, "sent_bytes": sent,
             "skewed_sizes": plans["skewed"].tolist(), "wall_calls": wall_calls(buffer),
             "failed": failed, "runs": runs}
+
+
+def _loop_us(program: Callable[..., jax.Array], inputs: tuple[jax.Array, jax.Array]) -> float:
+    """µs per call of one run of a program of LOOP_CALLS chained calls."""
+    start = time.perf_counter()
+    jax.block_until_ready(program(*inputs))
+    return (time.perf_counter() - start) * 1e6 / LOOP_CALLS
 
 
 def _check(s: Session, mesh: Mesh, mib: float, cases: dict[str, Callable[..., jax.Array]],
@@ -431,7 +467,9 @@ def _common(quick: bool, repetitions: int, ragged: bool) -> dict[str, Any]:
             "ratio_method": "each run times every case in turns; a ratio is the median over "
                             "the runs of that run's ratio; times are the median over the runs",
             "wall_calls_rule": f"{WALL_CALLS} calls per wall-clock sample below "
-                               f"{LARGE_BYTES // MIB} MiB, {WALL_CALLS_LARGE} from there"}
+                               f"{LARGE_BYTES // MIB} MiB, {WALL_CALLS_LARGE} from there",
+            "loop_rule": f"below {LARGE_BYTES // MIB} MiB, one jitted program of {LOOP_CALLS} "
+                         f"chained calls (each of the one before's result), per call"}
 
 
 def bench_all_to_all(s: Session, sizes_mib: Sequence[float] | None = None,

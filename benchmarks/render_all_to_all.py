@@ -61,20 +61,22 @@ def _wall_shown(*times: dict[str, float | None]) -> bool:
 
 
 def _us_cell(t: dict[str, float | None]) -> str:
-    """busy / span / wall µs (tables.us_text, a missing clock as a dash)."""
+    """busy / span / wall / loop µs (tables.us_text, a missing clock as a
+    dash)."""
     wall = t["wall_us"] if _wall_shown(t) else None
-    return " / ".join(_num(x) for x in (t["busy_us"], t["span_us"], wall))
+    return " / ".join(_num(x) for x in (t["busy_us"], t["span_us"], wall, t.get("loop_us")))
 
 
 def _ratio_cell(row: dict[str, Any], key: str) -> str:
-    """busy / span / wall of a ratio, the wall where both cases' busy time
-    reaches WALL_MIN_US."""
+    """busy / span / wall / loop of a ratio, the wall where both cases' busy
+    time reaches WALL_MIN_US."""
     ratio = row["ratios"].get(key)
     if ratio is None:
         return "—"
     a, b = key.split("_vs_")
     wall = ratio["wall"] if _wall_shown(row["times"][a], row["times"][b]) else None
-    return " / ".join(_num(ratio[c], 2) for c in ("busy", "span")) + " / " + _num(wall, 2)
+    return " / ".join(_num(x, 2) for x in (ratio["busy"], ratio["span"], wall,
+                                            ratio.get("loop")))
 
 
 def _failures(r: dict[str, Any]) -> list[str]:
@@ -85,6 +87,10 @@ def _failures(r: dict[str, Any]) -> list[str]:
             why.setdefault(case, {}).setdefault(text, []).append(size_text(row["buffer_bytes"]))
     return [f"{LABELS[case]} failed ({', '.join(sizes)}): {text}" for case, texts in why.items()
             for text, sizes in texts.items()]
+
+
+def _loop_rule(r: dict[str, Any]) -> str:
+    return r.get("loop_rule", "not measured")
 
 
 def render_all_to_all(r: dict[str, Any]) -> str:
@@ -109,16 +115,18 @@ def render_all_to_all(r: dict[str, Any]) -> str:
         lines.append(f"| {size_text(row['buffer_bytes'])} | " + " | ".join(cells) + " |")
     ratios = [(k, h) for k, h in RATIOS if any(k in row["ratios"] for row in r["rows"])]
     if ratios:
-        lines += ["", f"Ratios, busy / span / wall (the wall from {WALL_MIN_US:g} µs of busy "
-                      f"time): *A vs B* is A's GB/s ÷ B's, B's time ÷ A's where both send the "
-                      f"same bytes (above 1, A is faster):", "",
+        lines += ["", f"Ratios, busy / span / wall / loop (the wall from {WALL_MIN_US:g} µs "
+                      f"of busy time; the loop {_loop_rule(r)}): *A vs B* is A's GB/s ÷ B's, "
+                      f"B's time ÷ A's where both send the same bytes (above 1, A is faster):",
+                  "",
                   "| buffer per GPU | " + " | ".join(h for _, h in ratios) + " |",
                   "|---|" + "---|" * len(ratios)]
         for row in r["rows"]:
             lines.append(f"| {size_text(row['buffer_bytes'])} | "
                          + " | ".join(_ratio_cell(row, k) for k, _ in ratios) + " |")
-    lines += ["", f"µs per call, busy / span / wall (the wall clock: "
-                  f"{r['wall_calls_rule']}, shown from {WALL_MIN_US:g} µs of busy time):", "",
+    lines += ["", f"µs per call, busy / span / wall / loop (the wall clock: "
+                  f"{r['wall_calls_rule']}, shown from {WALL_MIN_US:g} µs of busy time; the "
+                  f"loop {_loop_rule(r)}):", "",
               "| buffer per GPU | " + " | ".join(LABELS[c] for c in cases) + " |",
               "|---|" + "---|" * len(cases)]
     for row in r["rows"]:
