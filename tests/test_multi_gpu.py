@@ -346,11 +346,13 @@ _BAD_SIZES = textwrap.dedent("""
                      "run past the operand's 64 rows"),
     ("recv", "slice 1: send_sizes[1] = 32 but its receiver's recv_sizes entry for it is 3"),
 ])
-def test_ragged_all_to_all_traced_sizes_that_break_a_rule_trap_by_name(mesh, case, message):
+def test_ragged_all_to_all_traced_sizes_that_break_a_rule_trap_by_name(mesh, tmp_path, case,
+                                                                       message):
     """Checked on the device before any copy: the step fails, and stderr
     names the op, the call site, the device and the values."""
+    # From tmp_path: `python -c` puts its directory first on sys.path.
     proc = subprocess.run([sys.executable, "-c", _BAD_SIZES, case], capture_output=True,
-                          text=True, timeout=120,
+                          text=True, timeout=120, cwd=tmp_path,
                           env=dict(os.environ, JAX_TMA_PPERMUTE_TIMEOUT_S="5"))
     out = proc.stdout + proc.stderr
     assert "raised:" in out, out[-4000:]
