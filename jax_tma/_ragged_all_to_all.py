@@ -377,8 +377,9 @@ def _batcher(args, dims, *, axis_name, size, site):
     rows, out_rows = operand.shape[1], output.shape[1]
     io, ss, oo, rs = (front(a, d).T for a, d in zip(args[2:], dims[2:]))  # (N, batch)
     b = lax.iota(io.dtype, batch)[None, :]
-    io = jnp.where((io >= 0) & (ss >= 0) & (io <= rows - ss), io + b * rows, -1)
-    oo = jnp.where((oo >= 0) & (ss >= 0) & (oo <= out_rows - ss), oo + b * out_rows, -1)
+    sent = jnp.maximum(ss, 0)  # a negative size the handler names itself
+    io = jnp.where((io >= 0) & (io <= rows - sent), io + b * rows, -1)
+    oo = jnp.where((oo >= 0) & (oo <= out_rows - sent), oo + b * out_rows, -1)
     y = _bind(operand.reshape((-1,) + operand.shape[2:]),
               output.reshape((-1,) + output.shape[2:]),
               *(a.reshape(-1) for a in (io, ss, oo, rs)),

@@ -159,6 +159,23 @@ def test_vmap_folds_the_batch_into_the_rows(rng, batched):
     assert_bits_equal(ours(*args), want)
 
 
+def test_under_vmap_an_offset_past_its_members_rows_is_refused(rng):
+    """Folded, member 0's slice one row past its own operand would read
+    member 1's first row: the batching rule makes it -1, which the handler
+    refuses (slice k of member b is slice k * batch + b of the folded
+    arrays)."""
+    geometries, rows, out_rows = _geometries(rng, 2, 1)
+    index = [np.stack([g[k] for g in geometries]) for k in range(4)]
+    index[0][0, 0], index[1][0, 0] = rows, 1  # member 0, device 0, slice 0
+    x = random_array(rng, (2, 8 * rows, 2), np.float32)
+    out = random_array(rng, (2, 8 * out_rows, 2), np.float32)
+    f = jax.jit(jax.vmap(_on_mesh(_ours(BOTH), jit=False)))
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"jax_tma\.ragged_all_to_all: input_offsets\[0\] = -1 on device 0 "
+                             r"of process 0 \(position 0\) is negative"):
+        jax.block_until_ready(f(x, out, *index))
+
+
 def test_vmap_over_the_exchange_axis_is_not_implemented_as_in_lax(rng):
     x = np.ones((4, 3), np.float32)
     idx = np.zeros(4, np.int32)

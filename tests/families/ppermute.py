@@ -532,5 +532,6 @@ OPS = (Op("ppermute", build_ppermute, ALL_DTYPES, ("auto", "tma", "simt"), colle
           symbolic_export="XLA segfaulted on some of these exports, and lax.all_to_all's "
                           "own fails them (jax 0.12.0.1)"),
        Op("ragged_all_to_all", build_ragged_all_to_all, ALL_DTYPES, ("auto",), collective=True,
-          symbolic_export="a symbolic export falls back to the lax.all_to_all formulation, "
-                          "and lax.all_to_all's own exports fail (all_to_all's reason)"))
+          symbolic_export="XLA segfaults refining the shapes of such an export when it is "
+                          "called (its lax.all_to_all formulation: symbolic dims take no "
+                          "transport), jax 0.12.0.1"))
