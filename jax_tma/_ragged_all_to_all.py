@@ -313,9 +313,14 @@ def composed(operand, output, input_offsets, send_sizes, output_offsets, recv_si
     landing = exchange(output_offsets)  # where the slices received here land
     dest = landing[:, None] + r[None, :]
     keep = (r[None, :] < recv_sizes[:, None]) & (dest >= 0) & (dest < out_rows)
-    dest = jnp.where(keep, dest, out_rows)  # past the end: dropped
+    # Rows not written go past the end, each to its own row there (dropped):
+    # with the slices received apart, as lax's semantics have them, every
+    # index is unique, and jax's derivative of the scatter moves the
+    # tangents' bits as they are (its rule for repeated indices adds them
+    # to zeros, which flushes subnormals on the CPU).
+    dest = jnp.where(keep, dest, out_rows + lax.iota(index, dest.size).reshape(dest.shape))
     return output.at[dest.reshape(-1)].set(
-        got.reshape((-1,) + operand.shape[1:]), mode="drop")
+        got.reshape((-1,) + operand.shape[1:]), mode="drop", unique_indices=True)
 
 
 # ---- the primitive ------------------------------------------------------------
@@ -372,8 +377,9 @@ def _batcher(args, dims, *, axis_name, size, site):
     rows, out_rows = operand.shape[1], output.shape[1]
     io, ss, oo, rs = (front(a, d).T for a, d in zip(args[2:], dims[2:]))  # (N, batch)
     b = lax.iota(io.dtype, batch)[None, :]
-    io = jnp.where((io >= 0) & (ss >= 0) & (io <= rows - ss), io + b * rows, -1)
-    oo = jnp.where((oo >= 0) & (ss >= 0) & (oo <= out_rows - ss), oo + b * out_rows, -1)
+    sent = jnp.maximum(ss, 0)  # a negative size the handler names itself
+    io = jnp.where((io >= 0) & (io <= rows - sent), io + b * rows, -1)
+    oo = jnp.where((oo >= 0) & (oo <= out_rows - sent), oo + b * out_rows, -1)
     y = _bind(operand.reshape((-1,) + operand.shape[2:]),
               output.reshape((-1,) + output.shape[2:]),
               *(a.reshape(-1) for a in (io, ss, oo, rs)),
@@ -403,15 +409,17 @@ def _transpose(ct, operand, output, input_offsets, send_sizes, output_offsets, r
         return [ad.Zero(operand.aval) if want_operand else None,
                 ad.Zero(output.aval) if want_output else None] + [None] * 4
 
-    def exchange(x):
-        return all_to_all_p.bind(make_varying(x, axis_name), axis_name=axis_name,
-                                 split_axis=0, concat_axis=0, size=size, site=site)
-
-    landed = exchange(output_offsets)  # where the slices received here landed
+    # Both offsets in one exchange: one call fewer to meet, and none beside
+    # another that the CPU's thread pool could starve (docs/limits.md).
+    both = all_to_all_p.bind(make_varying(jnp.stack([output_offsets, input_offsets], 1),
+                                          axis_name),
+                             axis_name=axis_name, split_axis=0, concat_axis=0, size=size,
+                             site=site)
+    landed = both[:, 0]  # where the slices received here landed
     operand_ct = output_ct = None
     if want_operand:
         zero = ad.zeros_like_aval(operand.aval)
-        operand_ct = _bind(ct, zero, landed, recv_sizes, exchange(input_offsets), send_sizes,
+        operand_ct = _bind(ct, zero, landed, recv_sizes, both[:, 1], send_sizes,
                            axis_name=axis_name, size=size, site=site)
     if want_output:
         out_rows = ct.shape[0]

@@ -238,10 +238,11 @@ def extra_rank(rng, even: bool) -> int:
 
 def on_mesh(local, spec):
     """`local` as shard_map of the context mesh (jax.set_mesh) or, without
-    one, of an Auto 2 x 4 mesh of host devices: a collective's call."""
-    def run(x):
+    one, of an Auto 2 x 4 mesh of host devices: a collective's call, every
+    operand and the result split by `spec`."""
+    def run(*xs):
         mesh = None if not jax.sharding.get_abstract_mesh().empty else cpu_mesh()
-        return shard_map(local, mesh=mesh, in_specs=spec, out_specs=spec)(x)
+        return shard_map(local, mesh=mesh, in_specs=spec, out_specs=spec)(*xs)
     return run
 
 
@@ -374,6 +375,19 @@ def assert_grads_like_jnp(got, jnp_grad, exact) -> None:
         raise AssertionError(f"{(~ok).sum()} of {ok.size} elements differ; first at flat index "
                              f"{i}: got {g[i]:#x}, jnp {j[i]:#x}, exact {e[i]:#x}"
                              f"{reference.seed_note()}")
+
+
+def ours_and_ref(case: Case, ours, ref, *args):
+    """(ours(*args), ref(*args)), compiled as one program (one compilation),
+    but for a collective as two: on the CPU, XLA keeps its own collectives
+    in program order, not jax_tma's custom calls, and runs the independent
+    branches of a large program on its intra-op thread pool, where the
+    blocking exchanges of two branches can starve each other until XLA
+    aborts the process (ragged_all_to_all's vjp beside the lax
+    formulation's, 2 cores, jax 0.12.0.1; docs/limits.md)."""
+    if case.collective:
+        return jax.jit(ours)(*args), jax.jit(ref)(*args)
+    return jax.jit(lambda *a: (ours(*a), ref(*a)))(*args)
 
 
 def out_struct(case: Case):

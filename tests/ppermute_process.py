@@ -23,6 +23,12 @@ MODE:
          dtypes, split and concat dims, tiled or not, chunks of 0 bytes to
          8 MiB), bit for bit against the chunks moved in NumPy, fresh random
          data every iteration.
+  ragged jax_tma.ragged_all_to_all over the global mesh (1-D and 2-D, several
+         dtypes and row sizes, 1 or 2 slices a position, random, empty and
+         skewed sizes, slices up to 4 MiB), bit for bit against NumPy, fresh
+         rows and offsets every iteration; then a call whose recv_sizes
+         differ from what a device of another process sends, which fails
+         naming both, and the same call site again with valid sizes.
   intruded  40 calls around the ring, bit for bit, while a process of the
          test (no part of the job) forges connections to this one's link
          (the folder JAX_TMA_TEST_INTRUSION_DIR is where they meet): each is
@@ -133,6 +139,8 @@ def main():
         run_checks()
     elif mode == "exchange":
         run_exchanges()
+    elif mode == "ragged":
+        run_ragged()
     elif mode == "replay":
         run_replay()
     elif mode == "cycles":
@@ -207,6 +215,70 @@ def run_exchanges():
     rows, cols = (count, per) if per > 1 or count % 2 else (count // 2, 2)
     mesh_2d = Mesh(np.array(jax.devices()).reshape(rows, cols), ("a", "b"))
     exchange(mesh_2d, ("a", "b"), 0, 0, True, np.float32, (n * 2, 3), iterations=2)
+
+
+def ragged_call(mesh):
+    spec = P(mesh.axis_names)
+    return jax.jit(jax.shard_map(
+        lambda *a: jax_tma.ragged_all_to_all(*a, axis_name=mesh.axis_names), mesh=mesh,
+        in_specs=spec, out_specs=spec))
+
+
+def ragged(mesh, dtype, row, per, iterations, **kw):
+    """jax_tma.ragged_all_to_all over every device of the mesh (the global
+    arrays' blocks along dim 0, in the mesh's device order), of fresh random
+    rows and offsets (the same in every process: one seed), bit for bit
+    against NumPy."""
+    from families.ppermute import ragged_geometry, ragged_reference  # (host devices only)
+
+    f = ragged_call(mesh)
+    spec = NamedSharding(mesh, P(mesh.axis_names))
+    rng = np.random.default_rng([seed, iterations, per, *row])
+    for _ in range(iterations):
+        g = ragged_geometry(rng, n, per, **kw)
+        index = [g[k] for k in ("input_offsets", "send_sizes", "output_offsets", "recv_sizes")]
+        operand = random_array(rng, (n * g["rows"],) + row, dtype)
+        output = random_array(rng, (n * g["out_rows"],) + row, dtype)
+        want = ragged_reference(operand, output, *index, n)
+        got = f(*(jax.make_array_from_callback(a.shape, spec, lambda i, a=a: a[i])
+                  for a in (operand, output, *index)))
+        for shard in got.addressable_shards:
+            assert_bits_equal(shard.data, want[shard.index])
+    return f
+
+
+def run_ragged():
+    from families.ppermute import ragged_geometry, ragged_reference
+
+    for dtype in (np.float32, np.int8, jax.numpy.bfloat16, np.bool_):
+        ragged(mesh_1d, dtype, (3,), 1, iterations=2)
+    ragged(mesh_1d, np.uint16, (5,), 2, iterations=2, max_size=0)  # nothing moves
+    ragged(mesh_1d, np.float32, (7,), 2, iterations=2, skew=True)  # all to position 0
+    ragged(mesh_1d, np.uint8, (1 << 20,), 1, iterations=1, max_size=4)  # up to 4 MiB a slice
+    rows, cols = (count, per) if per > 1 or count % 2 else (count // 2, 2)
+    mesh_2d = Mesh(np.array(jax.devices()).reshape(rows, cols), ("a", "b"))
+    f = ragged(mesh_2d, np.int32, (2,), 2, iterations=2)
+    # recv_sizes of position 1 for the last position's slice one more than
+    # it sends: the receiver refuses it, naming both; then the call site
+    # works on.
+    rng = np.random.default_rng([seed, 7])
+    g = ragged_geometry(rng, n, 1, max_size=2)
+    index = [g[k] for k in ("input_offsets", "send_sizes", "output_offsets", "recv_sizes")]
+    operand = random_array(rng, (n * g["rows"],) + (2,), np.int32)
+    output = random_array(rng, (n * g["out_rows"],) + (2,), np.int32)
+    spec = NamedSharding(mesh_2d, P(mesh_2d.axis_names))
+    put = lambda a: jax.make_array_from_callback(a.shape, spec, lambda i: a[i])  # noqa: E731
+    bad = index[3].copy()
+    bad[1 * n + n - 1] += 1
+    try:
+        jax.block_until_ready(f(put(operand), put(output), *map(put, index[:3]), put(bad)))
+        print(f"process {pid}: the bad call passed here", flush=True)
+    except Exception as e:  # noqa: BLE001 (XLA's runtime error)
+        print(f"process {pid}: refused: {str(e).splitlines()[0]}", flush=True)
+    got = f(put(operand), put(output), *map(put, index))
+    want = ragged_reference(operand, output, *index, n)
+    for shard in got.addressable_shards:
+        assert_bits_equal(shard.data, want[shard.index])
 
 
 def run_replay():

@@ -57,9 +57,11 @@ def test_outputs_and_grads_keep_the_sharding(rng, mesh, name, layout):
         out = jax.eval_shape(jax.jit(case.ref), *args)  # the jnp equivalent's type
         ct = jax.device_put(T.cotangent(rng, out.shape, np.float32),
                             NamedSharding(mesh, out.sharding.spec))
-        # one program for both (one compilation): outputs and vjp grads
-        (y, grads), (want, want_grads) = jax.jit(
-            lambda c, *a: (T.vjp(case, case.ours, a, c), T.vjp(case, case.ref, a, c)))(ct, *args)
+        # one program for both (one compilation), where it may be: outputs
+        # and vjp grads
+        (y, grads), (want, want_grads) = T.ours_and_ref(
+            case, lambda c, *a: T.vjp(case, case.ours, a, c),
+            lambda c, *a: T.vjp(case, case.ref, a, c), ct, *args)
         eager = case.ours(*args)
     for how, got in (("jit", y), ("eager", eager)):
         assert_same_sharding(got, want, f"{how} output")

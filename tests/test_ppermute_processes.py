@@ -17,6 +17,7 @@ forged connection is logged once, and no descriptor it passed stays open."""
 import ctypes
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -163,6 +164,25 @@ def test_processes_exchange_all_to_all_over_the_link(rng, count):
         assert (f"jax_tma_all_to_all (cpu blocks over the process link between {2 * count} "
                 f"devices of {count} processes" in out), out[-4000:]
         assert "lax.all_to_all, because" not in out, out[-4000:]
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_processes_exchange_ragged_all_to_all_over_the_link(rng, count):
+    outputs = _run("ragged", count, rng)
+    for pid, (status, out) in enumerate(outputs):
+        assert status == 0, _exits(outputs)
+        assert f"process {pid}: ok" in out, out[-4000:]
+        assert (f"jax_tma_ragged_all_to_all (cpu blocks over the process link between "
+                f"{2 * count} devices of {count} processes" in out), out[-4000:]
+        assert "lax.all_to_all of padded slices, because" not in out, out[-4000:]
+    # Position 1 (process 0's second device) receives the last position's
+    # slice from process count - 1 over the link, and refuses it.
+    last = 2048 * (count - 1) + 1
+    assert re.search(rf"process 0: refused: INVALID_ARGUMENT: jax_tma\.ragged_all_to_all: "
+                     rf"recv_sizes\[{2 * count - 1}\] = \d+ on device 1 of process 0 "
+                     rf"\(position 1\) differs from send_sizes\[1\] = \d+ on device {last} of "
+                     rf"process {count - 1} \(position {2 * count - 1}\), the slice it sends "
+                     rf"there", outputs[0][1]), outputs[0][1][-4000:]
 
 
 def test_a_peer_that_never_calls_times_out_by_name(rng):

@@ -6,7 +6,8 @@
 // the one at position i (Python moves the split and concat dims there).
 // The exchange is `parts` - 1 steps of ppermute's transport, each a
 // permutation in which every participant pushes one chunk straight into its
-// destination's result; the chunk that stays is copied locally.
+// destination's result; the chunk that stays is copied locally. The group
+// and its steps (ExchangeGroup) are ragged_all_to_all's too.
 #ifndef JAX_TMA_FFI_PPERMUTE_ALL_TO_ALL_H_
 #define JAX_TMA_FFI_PPERMUTE_ALL_TO_ALL_H_
 

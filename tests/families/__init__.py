@@ -89,11 +89,15 @@ LOCAL_OPS = tuple(op.name for op in OPS if not op.collective)
 
 
 def runs_on_the_default_backend(name: str) -> bool:
-    """Whether every target of the op's family has a handler on the default
-    backend (a family may have its CPU handlers alone so far)."""
+    """Whether the op's target ("jax_tma_<name>"), or every target of its
+    family where it has none of that name, has a handler on the default
+    backend (a family, or one op of it, may have its CPU handlers alone so
+    far)."""
     if jax.default_backend() == "cpu":
         return True
-    return set(FAMILIES[FAMILY_OF[name]]["targets"]) <= set(_jax_tma.cuda_registrations())
+    targets = set(FAMILIES[FAMILY_OF[name]]["targets"])
+    own = {f"jax_tma_{name}"} & targets
+    return (own or targets) <= set(_jax_tma.cuda_registrations())
 
 
 def build(name: str, rng, dtype=np.float32, **kw) -> Case:

@@ -1,7 +1,7 @@
 """The ppermute family's descriptor (tests/families/__init__.py says what
 each name is for): jax_tma.ppermute, whose copies are the copy family's
-kernels, jax_tma.all_to_all, which runs on ppermute's transport, and their
-NumPy references."""
+kernels, jax_tma.all_to_all and jax_tma.ragged_all_to_all, which run on
+ppermute's transport, and their NumPy references."""
 
 from __future__ import annotations
 
@@ -16,13 +16,15 @@ from jax.sharding import PartitionSpec as P
 
 import jax_tma
 from families.copy import copy_call, copy_reference
-from fuzz import S, Call, Spec, i64, pick, with_
+from jax_tma import _jax_tma
+from jax_tma._ragged_all_to_all import composed
+from fuzz import S, Call, Spec, i64, pick, some_dtype, with_
 from ops_table import (BATCH, MESH_AXES, SUB_BYTE_WIDE, Case, Op, dim_size, dims_spec, extra_rank,
                        on_mesh, take_fill)
 from paths import CpuCall
 from reference import ALL_DTYPES, random_array
 
-MODULES = ("jax_tma._ppermute", "jax_tma._all_to_all")
+MODULES = ("jax_tma._ppermute", "jax_tma._all_to_all", "jax_tma._ragged_all_to_all")
 
 
 # ---- references -------------------------------------------------------------------
@@ -57,6 +59,73 @@ def all_to_all_reference(x: np.ndarray, n: int, split_axis: int, concat_axis: in
     if not tiled and s != c:
         out = [np.squeeze(o, axis=s) for o in out]
     return np.concatenate(out)
+
+
+def ragged_reference(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+                     n: int) -> np.ndarray:
+    """lax.ragged_all_to_all's result for the arrays split into `n` blocks
+    along dim 0 (a 1-D mesh): every device's slice i, rows input_offsets[i]
+    to + send_sizes[i] of its operand block, written into the output block
+    of position i // (N // n) at output_offsets[i], in the order of lax's
+    docstring (device by device, slice by slice). recv_sizes is not read:
+    valid calls agree with send_sizes."""
+    del recv_sizes
+    blocks = [np.asarray(b) for b in np.split(np.asarray(operand), n)]
+    out = [np.array(b) for b in np.split(np.asarray(output), n)]
+    io, ss, oo = (np.split(np.asarray(a).astype(np.int64), n)
+                  for a in (input_offsets, send_sizes, output_offsets))
+    per = len(io[0]) // n
+    for j in range(n):
+        for i in range(len(io[j])):
+            d, size = i // per, int(ss[j][i])
+            out[d][oo[j][i]:oo[j][i] + size] = blocks[j][io[j][i]:io[j][i] + size]
+    return np.concatenate(out)
+
+
+def ragged_geometry(rng, n: int, per: int, *, max_size: int = 3, gaps: bool = True,
+                    skew: bool = False, index_dtype=np.int32) -> dict:
+    """Valid offsets and sizes of a ragged exchange among `n` devices with
+    `per` slices for each position: random sizes (0 among them; `skew`: every
+    slice goes to position 0, the others send nothing there), each device's
+    slices at random places of its operand and each receiver's at random
+    places of its output, never overlapping, with random gaps. The rows of
+    operand and output blocks ("rows", "out_rows") fit them; the index
+    arrays are global (n * n * per entries, a block per device)."""
+    N = n * per
+    sizes = rng.integers(0, max_size + 1, (n, N))
+    if skew:
+        sizes[:, per:] = 0
+        sizes[:, :per] = rng.integers(1, max_size + 1, (n, per))
+
+    def place(lengths):
+        """Starts of the pieces in a random order, with random gaps; the end."""
+        starts, at = np.zeros(len(lengths), np.int64), 0
+        for k in rng.permutation(len(lengths)):
+            at += int(rng.integers(0, 2)) if gaps else 0
+            starts[k] = at
+            at += int(lengths[k])
+        return starts, at
+
+    io = np.zeros((n, N), np.int64)
+    oo = np.zeros((n, N), np.int64)
+    rs = np.zeros((n, N), np.int64)
+    rows = out_rows = 0
+    for j in range(n):
+        io[j], end = place(sizes[j])
+        rows = max(rows, end)
+    for d in range(n):
+        # what position d receives: slice t of position j, j-major
+        got = [(j, d * per + t) for j in range(n) for t in range(per)]
+        starts, end = place([sizes[j, i] for j, i in got])
+        for (j, i), start in zip(got, starts):
+            oo[j, i] = start
+            rs[d, j * per + i - d * per] = sizes[j, i]
+        out_rows = max(out_rows, end)
+    rows += int(rng.integers(0, 3))
+    out_rows += int(rng.integers(1, 3))
+    as_ = lambda a: a.reshape(-1).astype(index_dtype)  # noqa: E731
+    return dict(rows=rows, out_rows=out_rows, input_offsets=as_(io), send_sizes=as_(sizes),
+                output_offsets=as_(oo), recv_sizes=as_(rs))
 
 
 # ---- the FFI fuzz -----------------------------------------------------------------
@@ -169,10 +238,105 @@ _ALL_TO_ALL_NASTY = (
     (lambda c: with_(c, sources=i64(0)), r"sources has 1 entries"),
 )
 
+def _ragged_call(rng) -> Call:
+    """This device (ordinal 0) in a group of its own (one part: its slices
+    stay, at random places of its output), alone or beside devices in
+    groups of their own; rows of any dtype and row shape, int32 or int64
+    offsets and sizes."""
+    dtype = some_dtype(rng)
+    row = tuple(int(v) for v in rng.integers(1, 4, int(rng.integers(0, 3))))
+    g = ragged_geometry(rng, 1, int(rng.integers(1, 4)),
+                        index_dtype=pick(rng, (np.int32, np.int64)))
+    output = random_array(rng, (g["out_rows"],) + row, dtype)
+    n = int(rng.integers(1, 4))
+    return Call([random_array(rng, (g["rows"],) + row, dtype), output,
+                 *(g[k] for k in _RAGGED_INDICES)], [S(output.shape, dtype)],
+                dict(instance=np.int64(next(_instances)),
+                     devices=np.insert(rng.choice(np.arange(1, 64), n - 1, replace=False),
+                                       int(rng.integers(n)), 0),
+                     sources=i64(), positions=np.zeros(n, np.int64), parts=np.int64(1),
+                     method="auto", process=np.int64(0), processes=np.zeros(n, np.int64),
+                     links="", site="fuzz", timeout_ms=np.int64(1000)))
+
+
+_RAGGED_INDICES = ("input_offsets", "send_sizes", "output_offsets", "recv_sizes")
+
+
+def _ragged_fuzz_reference(call: Call) -> list[np.ndarray]:
+    return [ragged_reference(*call.operands, 1)]
+
+
+def _ragged_set(c: Call, **values) -> Call:
+    """`c` with entry 0 of index arrays set ({name: value}), all as int64."""
+    ops = list(c.operands)
+    for k, name in enumerate(_RAGGED_INDICES):
+        ops[2 + k] = ops[2 + k].astype(np.int64)
+        if name in values:
+            ops[2 + k][0] = values[name]
+    return with_(c, operands=ops)
+
+
+def _one_row_slice(c: Call, **values) -> Call:
+    """Slice 0 one row from row 0 to row 0 (`values` set after)."""
+    return _ragged_set(_ragged_set(c, input_offsets=0, send_sizes=1, output_offsets=0,
+                                   recv_sizes=1), **values)
+
+
+def _ragged_indices_as(c: Call, *dtypes) -> Call:
+    return with_(c, operands=c.operands[:2] + [a.astype(d) for a, d in
+                                               zip(c.operands[2:], dtypes)])
+
+
+_ME = r"on device 0 of process 0 \(position 0\)"
+_RAGGED_NASTY = (
+    (lambda c: _ragged_set(c, input_offsets=-1), rf"input_offsets\[0\] = -1 {_ME} is negative"),
+    (lambda c: _ragged_set(c, recv_sizes=-2), rf"recv_sizes\[0\] = -2 {_ME} is negative"),
+    (lambda c: _one_row_slice(c, input_offsets=c.operands[0].shape[0]),
+     r"input_offsets\[0\] \+ send_sizes\[0\] = \d+ \+ 1 on device 0 .* runs past the "
+     r"operand's \d+ rows"),
+    (lambda c: _one_row_slice(c, output_offsets=c.operands[1].shape[0]),
+     r"output_offsets\[0\] \+ send_sizes\[0\] = \d+ \+ 1 on device 0 .* runs past the "
+     r"output's \d+ rows"),
+    (lambda c: _one_row_slice(c, output_offsets=2**62, send_sizes=2**62, recv_sizes=2**62),
+     r"input_offsets\[0\] \+ send_sizes\[0\] = 0 \+ 4611686018427387904 .* runs past"),
+    (lambda c: _one_row_slice(c, recv_sizes=2),
+     rf"recv_sizes\[0\] = 2 {_ME} differs from send_sizes\[0\] = 1 on device 0 of process 0 "
+     r"\(position 0\), the slice it sends there"),
+    (lambda c: _ragged_indices_as(c, np.int32, np.int64, np.int32, np.int32),
+     r"send_sizes has element type s64 but input_offsets has s32; the four offset and size "
+     r"arrays share one element type"),
+    (lambda c: _ragged_indices_as(c, *(np.int16,) * 4),
+     r"input_offsets has element type s16; the offsets and sizes take s32 or s64"),
+    (lambda c: with_(c, operands=c.operands[:2] + [a[:0] for a in c.operands[2:]]),
+     r"input_offsets has 0 entries"),
+    (lambda c: with_(c, operands=c.operands[:5] + [np.append(c.operands[5], 0)
+                                                    .astype(c.operands[5].dtype)]),
+     r"recv_sizes has \d+ entries but input_offsets has \d+"),
+    (lambda c: with_(c, results=[S((c.operands[1].shape[0] + 1,) + c.operands[1].shape[1:],
+                                   c.operands[1].dtype)]), r"the result has shape"),
+    (lambda c: with_(c, operands=[np.zeros(c.operands[0].shape, jnp.int4),
+                                  np.zeros(c.operands[1].shape, jnp.int4)] + c.operands[2:],
+                     results=[S(c.operands[1].shape, jnp.int4)]),
+     r"sub-byte element type s4 must be widened"),
+    (lambda c: with_(c, operands=[c.operands[0][..., None], *c.operands[1:]]),
+     r"operand's rows have shape"),
+    (lambda c: with_(c, parts=np.int64(0)), r"parts must be in \[1, \d+\]"),
+)
+
+
 SPECS: dict[str, Spec] = {
     "jax_tma_all_to_all": Spec(
         ("jax_tma.all_to_all",), _all_to_all_call, copy_reference, _ALL_TO_ALL_NASTY,
         attr_rules={"parts": r"parts|chunks|sources|positions", "positions": r"positions?\b",
+                    "sources": r"sources", "devices": r"devices|process|positions",
+                    "process": r"process|among the devices", "processes": r"process|devices"},
+        keep=("instance",), waits_for_peer=_all_to_all_waits_for_peer),
+    "jax_tma_ragged_all_to_all": Spec(
+        ("jax_tma.ragged_all_to_all",), _ragged_call, _ragged_fuzz_reference, _RAGGED_NASTY,
+        # A mutated index array or row count may give values that break a
+        # rule (random_array draws new values), which the handler names.
+        rules={k: r"negative|runs past|differs from" for k in ("shape", "dtype")},
+        attr_rules={"parts": r"parts|slices|sources|positions", "positions": r"positions?\b",
                     "sources": r"sources", "devices": r"devices|process|positions",
                     "process": r"process|among the devices", "processes": r"process|devices"},
         keep=("instance",), waits_for_peer=_all_to_all_waits_for_peer),
@@ -188,7 +352,18 @@ SPECS: dict[str, Spec] = {
 
 # Two host devices swap their blocks: a handler call on each.
 _PAIR = jax.sharding.Mesh(np.array(jax.devices("cpu")[:2]), ("i",))
-CPU_CALLS = {"all_to_all": CpuCall(
+def _ragged_pair(b):
+    """Each device's first two rows to device 0 and last two to device 1,
+    landing at row 2 * its position there."""
+    sizes = jnp.array([2, 2], np.int32)
+    at = jnp.full(2, 2 * lax.axis_index("i"), np.int32)
+    return jax_tma.ragged_all_to_all(b, b, jnp.array([0, 2], np.int32), sizes, at, sizes,
+                                     axis_name="i")
+
+
+CPU_CALLS = {"ragged_all_to_all": CpuCall(
+    jax.shard_map(_ragged_pair, mesh=_PAIR, in_specs=P("i"), out_specs=P("i")),
+    where=NamedSharding(_PAIR, P("i")), handler_calls=2), "all_to_all": CpuCall(
     jax.shard_map(lambda b: jax_tma.all_to_all(b, "i", 0, 0, tiled=True), mesh=_PAIR,
                   in_specs=P("i"), out_specs=P("i")),
     where=NamedSharding(_PAIR, P("i")), handler_calls=2), "ppermute": CpuCall(
@@ -214,8 +389,24 @@ def _self_exchange(x, device):
                          mesh=one, in_specs=P("i"), out_specs=P("i"))(x)
 
 
+def _self_ragged(x, device):
+    """A ragged_all_to_all over a one-device mesh of `device`: two slices of
+    x's rows into x's reverse, one of them empty."""
+    one = jax.sharding.Mesh(np.array([device]), ("i",))
+
+    def local(b):
+        sizes = jnp.array([40, 0], np.int32)
+        return jax_tma.ragged_all_to_all(b, b[::-1], jnp.array([3, 64], np.int32), sizes,
+                                         jnp.array([10, 0], np.int32), sizes, axis_name="i")
+    return jax.shard_map(local, mesh=one, in_specs=P("i"), out_specs=P("i"))(x)
+
+
 GPU_CALLS = {"ppermute.tma": _self_permute("tma"), "ppermute.simt": _self_permute("simt"),
              "all_to_all.peer": _self_exchange}
+# ragged_all_to_all's CUDA path, once the manifest declares it (its CPU
+# handler came first).
+if "ragged_all_to_all.peer" in _jax_tma.families()["ppermute"]["paths"]:
+    GPU_CALLS["ragged_all_to_all.peer"] = _self_ragged
 
 
 # ---- the mode tests ---------------------------------------------------------------
@@ -294,7 +485,53 @@ def build_all_to_all(rng, dtype, *, batch=16, even=True, method="auto") -> Case:
     )
 
 
+def build_ragged_all_to_all(rng, dtype, *, batch=16, even=True, method="auto") -> Case:
+    """Each of the 8 devices of the 2 x 4 mesh with an operand block and an
+    output block of rows of `dtype` (row shape random), sending 1 or 2
+    slices of random sizes (0 among them) to every position over both mesh
+    axes, at random places of operand and output; int32 or int64 offsets
+    and sizes. A fresh draw changes the rows' values, not the offsets and
+    sizes, so that any mix of draws (vmap's) is a valid call."""
+    del batch, even, method  # the exchange sets its own rows
+    per = int(rng.integers(1, 3))
+    g = ragged_geometry(rng, 8, per, index_dtype=pick(rng, (np.int32, np.int64)))
+    row = tuple(int(v) for v in rng.integers(1, 4, int(rng.integers(0, 3))))
+    indices = tuple(g[k] for k in _RAGGED_INDICES)
+
+    def draw(rr):
+        return (random_array(rr, (8 * g["rows"],) + row, dtype),
+                random_array(rr, (8 * g["out_rows"],) + row, dtype), *indices)
+
+    def local(*blocks):
+        return jax_tma.ragged_all_to_all(*blocks, axis_name=MESH_AXES)
+
+    def local_ref(operand, output, *index):
+        # The lax.all_to_all formulation, sub-byte dtypes through
+        # SUB_BYTE_WIDE (XLA's CPU collectives overrun their buffers)
+        wide = SUB_BYTE_WIDE.get(operand.dtype.name)
+        if wide is None:
+            return composed(operand, output, *index, axis_name=MESH_AXES)
+        return composed(operand.astype(wide), output.astype(wide), *index,
+                        axis_name=MESH_AXES).astype(operand.dtype)
+
+    args = draw(rng)
+    return Case(
+        op="ragged_all_to_all", dtype=np.dtype(dtype), args=args,
+        ours=on_mesh(local, BATCH), ref=on_mesh(local_ref, BATCH),
+        expect=lambda *a: ragged_reference(*a, 8), draw=draw, diff=(0, 1),
+        batch=tuple(range(6)), split=(0,),
+        in_specs=lambda dims: tuple(dims_spec(a.ndim, dims) for a in args), collective=True,
+        symbolic=(("8*r",) + (None,) * len(row), ("8*m",) + (None,) * len(row),
+                  *((None,),) * 4),
+        params=dict(local=local, local_ref=local_ref, per=per),
+    )
+
+
 OPS = (Op("ppermute", build_ppermute, ALL_DTYPES, ("auto", "tma", "simt"), collective=True),
        Op("all_to_all", build_all_to_all, ALL_DTYPES, ("auto",), collective=True,
           symbolic_export="XLA segfaulted on some of these exports, and lax.all_to_all's "
-                          "own fails them (jax 0.12.0.1)"))
+                          "own fails them (jax 0.12.0.1)"),
+       Op("ragged_all_to_all", build_ragged_all_to_all, ALL_DTYPES, ("auto",), collective=True,
+          symbolic_export="XLA segfaults refining the shapes of such an export when it is "
+                          "called (its lax.all_to_all formulation: symbolic dims take no "
+                          "transport), jax 0.12.0.1"))
