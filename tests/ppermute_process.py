@@ -258,6 +258,8 @@ def run_ragged():
     rows, cols = (count, per) if per > 1 or count % 2 else (count // 2, 2)
     mesh_2d = Mesh(np.array(jax.devices()).reshape(rows, cols), ("a", "b"))
     f = ragged(mesh_2d, np.int32, (2,), 2, iterations=2)
+    if platform != "cpu":
+        return  # a GPU's refusal traps, losing the context (tests/test_multi_gpu.py)
     # recv_sizes of position 1 for the last position's slice one more than
     # it sends: the receiver refuses it, naming both; then the call site
     # works on.

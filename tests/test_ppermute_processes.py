@@ -393,6 +393,17 @@ def test_processes_sharing_a_gpu_exchange_all_to_all(rng, shared_gpu, count):
         assert "lax.all_to_all, because" not in out, out[-4000:]
 
 
+@pytest.mark.parametrize("count", [2, 3])
+def test_processes_sharing_a_gpu_exchange_ragged_all_to_all(rng, shared_gpu, count):
+    outputs = _run("ragged", count, rng, platform="gpu")
+    for pid, (status, out) in enumerate(outputs):
+        assert status == 0, _exits(outputs)
+        assert f"process {pid}: ok" in out, out[-4000:]
+        assert (f"jax_tma_ragged_all_to_all (cuda peer copies between {count} devices of "
+                f"{count} processes {list(range(count))}" in out), out[-4000:]
+        assert "lax.all_to_all of padded slices, because" not in out, out[-4000:]
+
+
 def test_a_loop_across_processes_replays_from_command_buffers(rng, shared_gpu):
     outputs = _run("replay", 2, rng, platform="gpu")
     for pid, (status, out) in enumerate(outputs):
