@@ -350,8 +350,13 @@ SPECS: dict[str, Spec] = {
 
 # ---- the paths --------------------------------------------------------------------
 
-# Two host devices swap their blocks: a handler call on each.
-_PAIR = jax.sharding.Mesh(np.array(jax.devices("cpu")[:2]), ("i",))
+# Two host devices swap their blocks: a handler call on each. A process
+# without the CPU platform (JAX_PLATFORMS=cuda, tests/ppermute_process.py on
+# GPUs) has no CPU calls.
+try:
+    _PAIR = jax.sharding.Mesh(np.array(jax.devices("cpu")[:2]), ("i",))
+except RuntimeError:
+    _PAIR = None
 def _ragged_pair(b):
     """Each device's first two rows to device 0 and last two to device 1,
     landing at row 2 * its position there."""
@@ -361,7 +366,7 @@ def _ragged_pair(b):
                                      axis_name="i")
 
 
-CPU_CALLS = {"ragged_all_to_all": CpuCall(
+CPU_CALLS = {} if _PAIR is None else {"ragged_all_to_all": CpuCall(
     jax.shard_map(_ragged_pair, mesh=_PAIR, in_specs=P("i"), out_specs=P("i")),
     where=NamedSharding(_PAIR, P("i")), handler_calls=2), "all_to_all": CpuCall(
     jax.shard_map(lambda b: jax_tma.all_to_all(b, "i", 0, 0, tiled=True), mesh=_PAIR,
