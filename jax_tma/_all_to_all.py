@@ -235,6 +235,11 @@ def exchange_plan(ctx, *, axis_name, size, platform):
     return attrs, why
 
 
+# The GPU exchange's largest group: its steps travel as kernel parameters
+# (ffi/peer/peer_copy.h's kMaxPeerLegs + 1).
+_MAX_GPU_GROUP = 32
+
+
 def lower_exchange(ctx, *args, op: str, target: str, platform: str, axis_name, size: int,
                    site: str, by_transport, fallback, fallback_name: str):
     """An exchange's lowering: `by_transport(*args, attrs=...)` (one call of
@@ -245,6 +250,9 @@ def lower_exchange(ctx, *args, op: str, target: str, platform: str, axis_name, s
     where = f"{op} over {axis_name} at {site}"
     if platform == "cuda" and target not in _ffi.cuda_targets():
         attrs, why = None, f"this build has no CUDA handler of {target}"
+    elif platform == "cuda" and size > _MAX_GPU_GROUP:
+        attrs, why = None, (f"a group of {size} devices; the GPU exchange runs in groups of at "
+                            f"most {_MAX_GPU_GROUP} (ffi/peer/peer_copy.h, kMaxPeerLegs + 1)")
     else:
         attrs, why = exchange_plan(ctx, axis_name=axis_name, size=size, platform=platform)
     if attrs is None:
