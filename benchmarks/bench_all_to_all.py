@@ -121,8 +121,12 @@ def wall_calls(buffer: int) -> int:
 def composed(b: jax.Array, n: int) -> jax.Array:
     """all_to_all(b, "i", 0, 0, tiled=True) from jax_tma.ppermute: the chunk
     that stays, and n - 1 shifts, shift k sending each device's chunk for
-    the device k positions on; the chunks put in the senders' order."""
+    the device k positions on; the chunks put in the senders' order. The
+    bits move as unsigned ints: XLA:CPU's gather of bf16 (jax 0.10.2) drops
+    NaN payloads."""
     me = lax.axis_index("i")
+    dtype = b.dtype
+    b = lax.bitcast_convert_type(b, jnp.dtype(f"uint{8 * dtype.itemsize}"))
     chunks = b.reshape(n, b.shape[0] // n, *b.shape[1:])
     parts = [chunks[me]]
     for k in range(1, n):
@@ -130,7 +134,8 @@ def composed(b: jax.Array, n: int) -> jax.Array:
                                       [(i, (i + k) % n) for i in range(n)]))
     # parts[k] came from position me - k: slot s holds parts[(me - s) % n].
     order = (me - jnp.arange(n)) % n
-    return jnp.take(jnp.stack(parts), order, axis=0, mode="clip").reshape(b.shape)
+    out = jnp.take(jnp.stack(parts), order, axis=0, mode="clip").reshape(b.shape)
+    return lax.bitcast_convert_type(out, dtype)
 
 
 def _programs(mesh: Mesh, calls: int = 1) -> dict[str, Callable[..., jax.Array]]:

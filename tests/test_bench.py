@@ -729,7 +729,32 @@ def test_an_unmeasured_change_is_named_and_bounded(tmp_path, monkeypatch):
         report.check_fresh(results)
     (repo / "benchmarks" / "unmeasured_changes.json").write_text(json.dumps(
         {"commit": "c0ffee", "changes": [{"path": "jax_tma/_copy.py"}]}))
-    with pytest.raises(report.StaleResults, match=r"changes after c0ffee, but the results are"):
+    with pytest.raises(report.StaleResults,
+                       match=r"changes after c0ffee, but no results are of that commit"):
+        report.check_fresh(results)
+
+
+def test_results_of_two_commits_are_each_judged_against_their_own(tmp_path, monkeypatch):
+    # Results measured after a change need no entry for it; the older ones
+    # do, in the ledger of their commit, which is recorded against them
+    # alone; a later change stales both.
+    repo, measured, args = _measured_checkout(tmp_path, monkeypatch, _CODE)
+    (repo / "jax_tma" / "_copy.py").write_text("def copy(x):\n    return x + 0\n")
+    _git(repo, "commit", "-qam", "a change")
+    _write_measured(repo, "copy", _git(repo, "rev-parse", "HEAD"))
+    results = report.load_results(str(repo / "benchmarks" / "results"))
+    report.check_results(results)
+    with pytest.raises(report.StaleResults,
+                       match=rf"the results of {measured[:10]} \(.*tune-bulk.*\) are stale: "
+                             r"jax_tma/_copy.py"):
+        report.check_fresh(results)
+    with pytest.raises(report.StaleResults, match="results of several commits"):
+        report.record_unmeasured(results, "jax_tma/_copy.py", "AD only")
+    report.record_unmeasured({"tune-bulk": results["tune-bulk"]}, "jax_tma/_copy.py", "AD only")
+    report.check_fresh(results)
+    (repo / "jax_tma" / "_copy.py").write_text("def copy(x):\n    return x + 1\n")
+    _git(repo, "commit", "-qam", "more")
+    with pytest.raises(report.StaleResults, match="are stale: jax_tma/_copy.py"):
         report.check_fresh(results)
 
 
