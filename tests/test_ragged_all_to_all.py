@@ -461,6 +461,13 @@ def test_a_refused_call_leaves_the_call_site_usable(rng):
     assert_bits_equal(f(*args), want)
 
 
+# jax 0.11's Shardy canonicaliser (ManualComputationUnusedInputsPattern)
+# segfaults compiling any shard_map with a zero-size input, ours or not:
+# lax.dynamic_update_slice of a (0, 3) block into its (2, 3) output crashes
+# the same way (XLA:CPU, jax 0.11.2, 2026-11-28); jax 0.10.2 and 0.12 compile it.
+@pytest.mark.skipif(jax.__version_info__[:2] == (0, 11),
+                    reason="jax 0.11's Shardy pass segfaults on any shard_map with a "
+                           "zero-size input (ManualComputationUnusedInputsPattern)")
 def test_empty_operand_and_output_rows(rng):
     x = np.zeros((0, 3), np.float32)
     zeros = np.zeros(8 * 8, np.int32)
