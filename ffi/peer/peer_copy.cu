@@ -155,19 +155,25 @@ __global__ void __launch_bounds__(kSimtThreads)
 
 // ---- PeerScatter (peer_copy.h) ----
 
-constexpr int kScatterThreads = 128;  // thread 0 drives the pipeline, all copy the edges
-
-// The legs as kernel parameters, room for N of them: an exchange of two
-// devices passes one leg, not kMaxPeerLegs (the parameters are copied at
-// every launch).
-template <int N>
-struct LegsOf {
-  int count = 0;
-  PeerLeg leg[N];
-};
+constexpr int kScatterThreads = 128;  // copy: thread 0 drives the pipeline, all copy the edges
+constexpr int kMeetThreads = 256;     // meet: one thread per leg, all check slices
 // Kernel parameters are at most 4 KiB (before CUDA 12.1 and Volta).
-static_assert(sizeof(LegsOf<kMaxPeerLegs>) + sizeof(PeerSlices) + sizeof(PeerWait) + 16 <=
-              4096);
+static_assert(sizeof(PeerLegs) + sizeof(PeerSlices) + sizeof(PeerWait) <= 4096);
+
+// Programmatic dependent launch (sm_90 on): a kernel lets the next one on
+// its stream launch now, its CTAs waiting in AwaitPreviousGrid until this
+// one is done and its writes visible. Both are no-ops elsewhere, and
+// AwaitPreviousGrid for a kernel launched without the attribute.
+__device__ __forceinline__ void LaunchNextGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void AwaitPreviousGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 __device__ __forceinline__ int64_t IndexAt(const void* a, bool index64, int64_t i) {
   return index64 ? static_cast<const int64_t*>(a)[i] : static_cast<const int32_t*>(a)[i];
@@ -186,7 +192,6 @@ struct BadSlice {
   long long value, size, limit;
 };
 
-// Called by every thread of the CTA.
 __device__ void ReportBadSlice(const PeerWait& w, BadSlice mine) {
   __shared__ unsigned long long lowest;
   if (threadIdx.x == 0) lowest = ~0ull;
@@ -211,14 +216,12 @@ __device__ void ReportBadSlice(const PeerWait& w, BadSlice mine) {
   __syncthreads();
 }
 
-// The meeting of call `call`, by every thread of the coordinating CTA:
-// checks this participant's slices, publishes its output (and receive
-// sizes) to every source, waits for every destination's (keeping each in
-// its leg's `peer`), then checks each destination's receive size for the
-// slices it gets.
-template <int N>
-__device__ void Meet(const LegsOf<N>& legs, const PeerSlices& s, const PeerWait& check,
-                     unsigned long long call) {
+// Checks this participant's slices, publishes its output (and receive
+// sizes) to every source, waits for every destination's, then checks each
+// destination's receive size for the slices it gets.
+__global__ void __launch_bounds__(kMeetThreads)
+    PeerScatterMeetKernel(PeerLegs legs, PeerSlices s, PeerWait check) {
+  LaunchNextGrid();  // the copy's CTAs take their SMs while this one waits for the peers
   const int t = threadIdx.x;
   BadSlice mine{0, 0, 0, 0, 0};
   if (s.ragged()) {
@@ -234,9 +237,11 @@ __device__ void Meet(const LegsOf<N>& legs, const PeerSlices& s, const PeerWait&
     }
     ReportBadSlice(check, mine);
   }
-  __shared__ unsigned long long recv_of[N + 1];  // each leg's receive sizes
+  __shared__ unsigned long long recv_of[kMaxPeerLegs + 1];  // each leg's receive sizes
   if (t < legs.count) {
     const PeerLeg leg = legs.leg[t];  // a copy: a reference would copy every leg to the stack
+    const unsigned long long call = leg.own->calls + 1;
+    leg.own->calls = call;
     leg.by_box->buffer = leg.published;
     leg.by_box->sizes = leg.published_sizes;
     StoreRelease(&leg.by_box->ready, call);  // the buffer travels ahead of the number
@@ -259,44 +264,18 @@ __device__ void Meet(const LegsOf<N>& legs, const PeerSlices& s, const PeerWait&
   ReportBadSlice(check, mine);
 }
 
-// One kernel per exchange. The first CTA to arrive meets the peers (Meet)
-// and then tells the others, which wait for it on the device (it runs, so
-// no CTA waits on one that is not scheduled). CTA b copies its part of
-// slice b mod slices, with the other CTAs of that slice (ctas of them): the
-// slices' CTAs interleave, so the GPU starts every slice at once instead of
-// one after another. The last CTA of a leg's slices signals its
-// destination; the last CTA of the grid waits until every source has
-// signalled this participant, so nothing later on the stream touches the
-// output too early, and closes the call. With no legs (one participant)
-// every CTA checks the slices itself and copies.
-template <int N>
+// CTA b copies its part of slice b mod slices, with the other CTAs of
+// that slice (ctas of them): the slices' CTAs interleave, so the GPU starts
+// every slice at once instead of one after another. The last CTA of a
+// leg's slices signals its destination.
 __global__ void __launch_bounds__(kScatterThreads)
-    PeerScatterKernel(LegsOf<N> legs, PeerSlices s, PeerWait check, bool tma, uint32_t chunk,
-                      int stages) {
-  __shared__ bool meets, last;
-  PeerMailbox* const hub = legs.count > 0 ? legs.leg[0].own : nullptr;
-  // Read before this CTA's finish ticket, so before the last CTA moves it on.
-  const unsigned long long call = hub != nullptr ? hub->calls + 1 : 0;
-  if (threadIdx.x == 0) meets = hub == nullptr || atomicAdd(&hub->arrivals, 1u) == 0;
-  __syncthreads();
-  if (meets) {
-    Meet(legs, s, check, call);
-    if (hub != nullptr && threadIdx.x == 0) {
-      __threadfence();
-      StoreRelease(&hub->met, call);  // every destination's output kept in its leg
-    }
-  } else if (threadIdx.x == 0) {
-    while (LoadAcquire(&hub->met) != call) __nanosleep(64);
-  }
-  __syncthreads();
+    PeerScatterCopyKernel(PeerLegs legs, PeerSlices s, bool tma, uint32_t chunk, int stages) {
+  LaunchNextGrid();
+  AwaitPreviousGrid();  // the meet: every destination's output is known
   const int64_t i = blockIdx.x % s.slices;
   const int64_t cta = blockIdx.x / s.slices, ctas = gridDim.x / s.slices;
   const int k = LegOf(s, i);
-  uint8_t* base = s.local;
-  if (k != 0) {
-    const volatile PeerMailbox* own = legs.leg[k - 1].own;
-    base = reinterpret_cast<uint8_t*>(own->peer);
-  }
+  uint8_t* base = k == 0 ? s.local : reinterpret_cast<uint8_t*>(legs.leg[k - 1].own->peer);
   int64_t from = i * s.bytes, to = s.position * s.bytes, bytes = s.bytes;
   if (s.ragged()) {
     from = IndexAt(s.input_offsets, s.index64, i) * s.bytes;
@@ -326,77 +305,41 @@ __global__ void __launch_bounds__(kScatterThreads)
   }
 #endif
   if (bytes > 0) SimtCopy(src, dst, bytes, cta, ctas);
-  if (hub == nullptr) return;
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (k != 0 && threadIdx.x == 0) {
+    const PeerLeg& leg = legs.leg[k - 1];
     __threadfence_system();
-    if (k != 0) {
-      PeerMailbox* own = legs.leg[k - 1].own;
-      if (atomicAdd(&own->ctas, 1u) == ctas * s.per_part - 1) {
-        own->ctas = 0;
-        __threadfence_system();
-        StoreRelease(&legs.leg[k - 1].partner_box->done, call);
-      }
+    if (atomicAdd(&leg.own->ctas, 1u) == ctas * s.per_part - 1) {
+      leg.own->ctas = 0;
+      __threadfence_system();
+      StoreRelease(&leg.partner_box->done, leg.own->calls);
     }
-    last = atomicAdd(&hub->finished, 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  for (int t = threadIdx.x; t < legs.count; t += blockDim.x) {
-    const PeerLeg leg = legs.leg[t];  // as in Meet
-    AwaitCall(&leg.own->done, call, leg.wait_by, PeerWaitFor::kDone);
-    leg.own->calls = call;
-  }
-  if (threadIdx.x == 0) {
-    hub->arrivals = 0;
-    hub->finished = 0;
   }
 }
 
-// The exchange with room for N legs.
-template <int N>
-ffi::Error LaunchScatter(std::string_view op, const PeerLegs& legs, const PeerSlices& slices,
-                         bool tma, int64_t expected_bytes, const PeerWait& check,
-                         cudaStream_t stream, int device, const DeviceInfo& info) {
-  // The slices share the SMs: each gets the CTAs a copy of its expected size
-  // would have on its share.
-  const int sms = std::max<int>(1, info.sm_count / static_cast<int>(slices.slices));
-  BulkCopyPlan plan;
-  const auto bytes = static_cast<std::size_t>(std::max<int64_t>(expected_bytes, 1));
-  if (tma) {
-    std::string why;
-    if (!PlanBulkCopy(kDefaultBulkCopyConfig, kNoCounterSlot, bytes, slices.src, sms, 0, &plan,
-                      &why)) {
-      return InvalidArgument(op, why);
-    }
-    static PerDevice<int> smem_limit;
-    int limit = 0;
-    JAX_TMA_RETURN_IF_FAILED(smem_limit.Get(
-        device,
-        [](int d, int* l) {
-          return AllowBulkSmem(reinterpret_cast<const void*>(PeerScatterKernel<N>), d, l);
-        },
-        &limit));
-    if (plan.smem > static_cast<std::size_t>(limit)) {
-      return InvalidArgument(op, "the bulk pipeline needs ", plan.smem,
-                             " B of shared memory; device ", device, " allows ", limit, " B");
-    }
-  } else {
-    const int64_t vectors = static_cast<int64_t>(bytes / 16) + 1;
-    plan.blocks = std::min<int64_t>((vectors + kScatterThreads - 1) / kScatterThreads,
-                                    int64_t{sms} * 8);
+__global__ void PeerScatterFinishKernel(PeerLegs legs) {
+  AwaitPreviousGrid();  // the copy
+  for (int t = threadIdx.x; t < legs.count; t += blockDim.x) {
+    const PeerLeg leg = legs.leg[t];  // as in PeerScatterMeetKernel
+    AwaitCall(&leg.own->done, leg.own->calls, leg.wait_by, PeerWaitFor::kDone);
   }
-  const int64_t grid = plan.blocks * slices.slices;
-  if (grid > 0x7fffffff) {
-    return InvalidArgument(op, "an exchange of ", slices.slices, " slices of ", plan.blocks,
-                           " CTAs each, over the grid limit");
-  }
-  LegsOf<N> param;
-  param.count = legs.count;
-  std::copy(legs.leg, legs.leg + legs.count, param.leg);
-  PeerScatterKernel<N><<<static_cast<unsigned int>(grid), kScatterThreads, plan.smem, stream>>>(
-      param, slices, check, tma, plan.chunk, kDefaultBulkCopyConfig.stages);
-  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+}
+
+// `kernel` on `stream`; `early`: with programmatic dependent launch.
+template <typename... Params, typename... Args>
+ffi::Error LaunchOn(cudaStream_t stream, bool early, void (*kernel)(Params...), unsigned grid,
+                    unsigned block, std::size_t smem, Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(block);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = early ? 1 : 0;
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
   return ffi::Error::Success();
 }
 
@@ -462,14 +405,55 @@ ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
   if (slices.slices < 1) return InvalidArgument(op, "an exchange needs a slice");
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  if (legs.count <= 1) {
-    return LaunchScatter<1>(op, legs, slices, tma, expected_bytes, check, stream, device, info);
+  // The slices share the SMs: each gets the CTAs a copy of its expected size
+  // would have on its share.
+  const int sms = std::max<int>(1, info.sm_count / static_cast<int>(slices.slices));
+  BulkCopyPlan plan;
+  const auto bytes = static_cast<std::size_t>(std::max<int64_t>(expected_bytes, 1));
+  if (tma) {
+    std::string why;
+    if (!PlanBulkCopy(kDefaultBulkCopyConfig, kNoCounterSlot, bytes, slices.src, sms, 0, &plan,
+                      &why)) {
+      return InvalidArgument(op, why);
+    }
+    static PerDevice<int> smem_limit;
+    int limit = 0;
+    JAX_TMA_RETURN_IF_FAILED(smem_limit.Get(
+        device,
+        [](int d, int* l) {
+          return AllowBulkSmem(reinterpret_cast<const void*>(PeerScatterCopyKernel), d, l);
+        },
+        &limit));
+    if (plan.smem > static_cast<std::size_t>(limit)) {
+      return InvalidArgument(op, "the bulk pipeline needs ", plan.smem,
+                             " B of shared memory; device ", device, " allows ", limit, " B");
+    }
+  } else {
+    const int64_t vectors = static_cast<int64_t>(bytes / 16) + 1;
+    plan.blocks = std::min<int64_t>((vectors + kScatterThreads - 1) / kScatterThreads,
+                                    int64_t{sms} * 8);
   }
-  if (legs.count <= 7) {
-    return LaunchScatter<7>(op, legs, slices, tma, expected_bytes, check, stream, device, info);
+  // The copy and the finish launch while the kernel before them runs (see
+  // LaunchNextGrid) where the device has programmatic dependent launch.
+  const bool early = info.cc_major >= 9;
+  if (legs.count > 0 || slices.ragged()) {
+    JAX_TMA_RETURN_IF_FAILED(LaunchOn(stream, false, PeerScatterMeetKernel, 1, kMeetThreads, 0,
+                                      legs, slices, check));
   }
-  return LaunchScatter<kMaxPeerLegs>(op, legs, slices, tma, expected_bytes, check, stream,
-                                     device, info);
+  const int64_t grid = plan.blocks * slices.slices;
+  if (grid > 0x7fffffff) {
+    return InvalidArgument(op, "an exchange of ", slices.slices, " slices of ", plan.blocks,
+                           " CTAs each, over the grid limit");
+  }
+  JAX_TMA_RETURN_IF_FAILED(LaunchOn(stream, early, PeerScatterCopyKernel,
+                                    static_cast<unsigned int>(grid), kScatterThreads, plan.smem,
+                                    legs, slices, tma, plan.chunk,
+                                    kDefaultBulkCopyConfig.stages));
+  if (legs.count > 0) {
+    JAX_TMA_RETURN_IF_FAILED(
+        LaunchOn(stream, early, PeerScatterFinishKernel, 1, 32, 0, legs));
+  }
+  return ffi::Error::Success();
 }
 
 }  // namespace jax_tma

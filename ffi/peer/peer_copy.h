@@ -56,12 +56,6 @@ struct alignas(64) PeerMailbox {
   // Written by the partner with `buffer` in a ragged exchange (PeerScatter):
   // its receive sizes, in this process's address space; 0 otherwise.
   unsigned long long sizes;
-  // PeerScatter's, in its first leg's mailbox: the number of the call whose
-  // meeting is done (set by the CTA that met the peers, awaited by the
-  // others), and the CTAs of the current call that arrived and finished.
-  unsigned long long met;
-  unsigned int arrivals;
-  unsigned int finished;
 };
 
 // What a participant waited for when it gave up.
@@ -123,14 +117,12 @@ ffi::Error LaunchPeerFinish(PeerMailbox* own, const PeerWait& wait, cudaStream_t
 // An all_to_all (or ragged all_to_all) of `parts` participants is parts - 1
 // steps (legs), one per shift k: this participant pushes into the one k
 // positions after it and receives from the one k before. Each leg has its
-// own mailboxes, trading as above, but one kernel runs every leg at once:
-// the first of its CTAs to arrive publishes this participant's output to
-// every source and waits for every destination's, then lets the other CTAs
-// go; they push every slice straight into its destination's output (the
-// slices for itself into its own), the last CTA of a leg signalling its
-// destination; the grid's last CTA waits until every source has finished.
-// One launch a call: the host's cost, and the latency of a small exchange,
-// are one kernel's.
+// own mailboxes, trading as above, but the three kernels run every leg at
+// once: PeerScatterMeet publishes this participant's output to every
+// source and waits for every destination's; PeerScatterCopy pushes every
+// slice straight into its destination's output (the slices for itself into
+// its own), all in one grid, the last CTA of a leg signalling its
+// destination; PeerScatterFinish waits until every source has finished.
 
 // At most this many legs per exchange: the legs travel as kernel parameters.
 inline constexpr int kMaxPeerLegs = 31;
@@ -185,7 +177,7 @@ struct PeerSlices {
   JAX_TMA_HOST_DEVICE bool ragged() const { return send_sizes != nullptr; }
 };
 
-// The kernel of one exchange on `stream`, with the TMA bulk pipeline
+// The three kernels of one exchange on `stream`, with the TMA bulk pipeline
 // where `tma` (slices whose source and destination differ modulo 16 B, and
 // every slice without `tma`, with SIMT). `expected_bytes` (a slice's bytes,
 // or what a ragged one is expected to hold) sizes the grid. A ragged
