@@ -52,9 +52,9 @@ def ragged_all_to_all(operand: Any, output: Any, input_offsets: Any, send_sizes:
     ``output`` in place (donate it to ``jit`` to spare the copy).
 
     All slices travel in one call on jax_tma's peer transport, the one
-    :func:`all_to_all` runs on: the slices that stay are copied locally,
-    then ``n - 1`` steps each push one position's slices straight into its
-    output (no padding, no staging buffer, no NCCL). Where the transport
+    :func:`all_to_all` runs on: every slice at once, each pushed straight
+    into its destination's ``output`` (those that stay into this device's
+    own), with no padding, no staging buffer and no NCCL. Where the transport
     cannot run (as for :func:`all_to_all`: across hosts, a ``shard_map``
     manual over only some mesh axes, symbolic dims, GPUs without peer
     access, or a build without its GPU handler) and with
