@@ -567,7 +567,7 @@ def _quick(args: Any) -> bool:
 
 BENCHMARKS = {
     OP: Benchmark(lambda s, args: bench_all_to_all(s, args.sizes_mib, _quick(args)),
-                  budget_s=400, in_all=False, devices=DEVICES, group="a2a"),
+                  budget_s=240, in_all=False, devices=DEVICES, group="a2a"),
     OP_PROCESSES: Benchmark(
         lambda s, args: bench_all_to_all_processes(s, args.sizes_mib, _quick(args)),
         budget_s=240, in_all=False, devices=DEVICES, own_processes=True, group="a2a"),
