@@ -145,7 +145,7 @@ def main():
         run_replay()
     elif mode == "cycles":
         run_cycles()
-    elif mode in ("stop", "die"):
+    elif mode.partition(":")[0] in ("stop", "die"):
         run_device_fault()
     elif mode == "intruded":
         run_intruded()
@@ -402,56 +402,89 @@ def run_intruded():
     assert not opened, f"Unix sockets opened since the intrusion began: {sorted(opened)}"
 
 
+def fault_call(op, kind):
+    """The call of a fault mode, `op` ("ppermute", "all_to_all" or
+    "ragged_all_to_all") over the ring of every device, and its arguments.
+    In process 1, kind "perm" reverses ppermute's permutation and kind
+    "shape" doubles an exchange's rows (ragged_all_to_all: its row width)."""
+    other = kind == "shape" and pid == 1
+    x = global_array(mesh_1d, np.arange(n * n * (8 if other else 4), dtype=np.float32))
+    if op == "ppermute":
+        perm = ring if kind != "perm" or pid != 1 else [(d, s) for s, d in ring]
+        return shard_mapped(jax_tma.ppermute, mesh_1d, "i", perm), (x,)
+    if op == "all_to_all":
+        spec = P("i")
+        return jax.jit(jax.shard_map(lambda b: jax_tma.all_to_all(b, "i", 0, 0, tiled=True),
+                                     mesh=mesh_1d, in_specs=spec, out_specs=spec)), (x,)
+    # Each device sends one row to every device, its own included.
+    width = 2 if other else 1
+    rows = global_array(mesh_1d, np.arange(n * n * width, dtype=np.float32).reshape(-1, width))
+    ones = np.ones(n * n, np.int32)
+    offsets = np.tile(np.arange(n, dtype=np.int32), n)
+    index = [global_array(mesh_1d, a) for a in (offsets, ones, np.repeat(offsets[:n], n), ones)]
+    out = global_array(mesh_1d, np.zeros((n * n, width), np.float32))
+    return ragged_call(mesh_1d), (rows, out, *index)
+
+
 def run_fault():
-    perm = ring if mode != "perm" or pid != 1 else [(d, s) for s, d in ring]
-    f = shard_mapped(jax_tma.ppermute, mesh_1d, "i", perm)
-    x = global_array(mesh_1d, np.arange(n * 4, dtype=np.float32))
-    f.lower(x).compile()  # every process lowers (publishing its link) before any call
-    if mode in ("never", "kill") and pid == 1:
-        if mode == "kill":
+    """Process 1 never calls (mode never), is killed (kill), or calls with
+    another permutation (perm, ppermute) or shape (shape, the exchanges):
+    every other process fails, naming it. A mode's suffix names the op
+    (`never:all_to_all`); ppermute without one."""
+    kind, _, op = mode.partition(":")
+    op = op or "ppermute"
+    f, args = fault_call(op, kind)
+    f.lower(*args).compile()  # every process lowers (publishing its link) before any call
+    if kind in ("never", "kill") and pid == 1:
+        if kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)  # alive, never calling; the test ends it
         return
     start = time.monotonic()
-    if mode == "never":
-        expect_failure(lambda: f(x), "DEADLINE_EXCEEDED", "timed out after",
+    if kind == "never":
+        # An exchange's error may be a sibling device's, which stopped when
+        # the one waiting for process 1 timed out (ABORTED, naming it).
+        code = ("DEADLINE_EXCEEDED",) if op == "ppermute" else ()
+        expect_failure(lambda: f(*args), *code, "timed out after",
                        "from process 1; it never made this call")
-    elif mode == "kill":
+    elif kind == "kill":
         # A process that only sends to process 1 may finish its first call
         # (its outputs do not depend on process 1); its next one cannot.
         try:
-            jax.block_until_ready(f(x))
+            jax.block_until_ready(f(*args))
             print(f"process {pid}: the first call finished", flush=True)
         except Exception as e:  # noqa: BLE001
             assert "process 1" in str(e), e
             print(f"process {pid}: failed: {str(e).splitlines()[0]}", flush=True)
         else:  # process 1 is gone, and by now process 2 may have exited too
-            expect_failure(lambda: f(x), "is gone")
-    else:  # perm: a block of another permutation, or a peer that saw one
-        expect_failure(lambda: f(x), "jax_tma.ppermute at ")
+            expect_failure(lambda: f(*args), "is gone")
+    else:  # a block of another permutation or shape, or a peer that saw one
+        expect_failure(lambda: f(*args), f"jax_tma.{op} at ")
     print(f"process {pid}: failed after {time.monotonic() - start:.1f} s", flush=True)
-    if mode == "never":  # the call site is out of step: later calls refuse at once
-        expect_failure(lambda: f(x), "an earlier call here failed", "refuses every later call")
+    if kind == "never":  # the call site is out of step: later calls refuse at once
+        expect_failure(lambda: f(*args), "an earlier call here failed",
+                       "refuses every later call")
 
 
 def run_device_fault():
     """After a first call that meets on the host, process 1 stops calling
-    (or is killed): the others' next call waits on the GPU and fails."""
-    f = shard_mapped(jax_tma.ppermute, mesh_1d, "i", ring)
-    x = global_array(mesh_1d, np.arange(n * 4, dtype=np.float32))
-    jax.block_until_ready(f(x))
+    (mode stop) or is killed (die): the others' next call waits on the GPU
+    and fails. A mode's suffix names the op, as in run_fault."""
+    kind, _, op = mode.partition(":")
+    f, args = fault_call(op or "ppermute", kind)
+    jax.block_until_ready(f(*args))
     # jax.distributed's barrier, not a collective (NCCL refuses two ranks on
     # one GPU).
     from jax._src import distributed
     distributed.global_state.client.wait_at_barrier("first call done", 60_000)
     if pid == 1:
-        if mode == "die":
+        if kind == "die":
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)
         return
     start = time.monotonic()
     try:
-        jax.block_until_ready(f(x))
+        jax.block_until_ready(f(*args))
     except Exception as e:  # noqa: BLE001 (XLA's error for the trapped kernel)
         print(f"process {pid}: failed: {str(e).splitlines()[0]}", flush=True)
     else:
@@ -459,7 +492,7 @@ def run_device_fault():
     print(f"process {pid}: failed after {time.monotonic() - start:.1f} s", flush=True)
     time.sleep(0.5)  # the reporting thread prints the reason
     signal.alarm(30)  # a hang ends the process (SIGALRM), failing the test
-    expect_failure(lambda: f(x))  # refused: the context is lost
+    expect_failure(lambda: f(*args))  # refused: the context is lost
     signal.alarm(0)
 
 

@@ -106,7 +106,7 @@ def _run_on_port(port: int, seed: int, mode: str, count: int, timeout_s: float |
         for pid, p in enumerate(procs):
             # A process that stays alive on purpose (modes "never", "stop")
             # is ended once the others are done.
-            wait = 5 if mode in ("never", "stop") and pid == 1 else 300
+            wait = 5 if mode.partition(":")[0] in ("never", "stop") and pid == 1 else 300
             try:
                 statuses.append(p.wait(timeout=wait))
             except subprocess.TimeoutExpired:
@@ -212,6 +212,32 @@ def test_a_killed_peer_fails_the_others_at_once(rng):
 
 def test_a_peer_with_another_permutation_fails_every_process(rng):
     outputs = _run("perm", 2, rng, timeout_s=5)
+    _survivors_failed(outputs, within_s=30, skip=())
+
+
+@pytest.mark.parametrize("op", ["all_to_all", "ragged_all_to_all"])
+def test_an_exchange_peer_that_never_calls_times_out_by_name(rng, op):
+    outputs = _run(f"never:{op}", 2, rng, timeout_s=3)
+    _survivors_failed(outputs, within_s=20)
+    out = outputs[0][1]
+    assert re.search(rf"(DEADLINE_EXCEEDED|ABORTED): jax_tma\.{op} at \S*ppermute_process\.py:",
+                     out), out
+    assert "of process 1 from process 1; it never made this call" in out, out
+    assert "an earlier call here failed" in out, out
+
+
+@pytest.mark.parametrize("op", ["all_to_all", "ragged_all_to_all"])
+def test_a_killed_exchange_peer_fails_the_others_at_once(rng, op):
+    outputs = _run(f"kill:{op}", 3, rng, timeout_s=60)
+    assert outputs[1][0] == -9, outputs[1]
+    _survivors_failed(outputs, within_s=15)
+    for pid in (0, 2):  # each receives from process 1 in an exchange
+        assert "process 1 is gone" in outputs[pid][1], outputs[pid][1]
+
+
+@pytest.mark.parametrize("op", ["all_to_all", "ragged_all_to_all"])
+def test_an_exchange_peer_of_another_shape_fails_every_process(rng, op):
+    outputs = _run(f"shape:{op}", 2, rng, timeout_s=5)
     _survivors_failed(outputs, within_s=30, skip=())
 
 
@@ -451,6 +477,48 @@ def test_a_gpu_peer_that_stops_calling_fails_the_step_by_name(rng, shared_gpu):
     out = outputs[0][1]
     assert ("timed out after 3 s waiting for device 0 of process 1 to publish its buffer for "
             "call 2" in out), out
+
+
+@pytest.mark.parametrize("op", ["all_to_all", "ragged_all_to_all"])
+def test_a_gpu_exchange_peer_that_never_calls_times_out_by_name(rng, shared_gpu, op):
+    outputs = _run(f"never:{op}", 2, rng, timeout_s=3, platform="gpu")
+    _survivors_failed(outputs, within_s=20)
+    out = outputs[0][1]
+    assert f"DEADLINE_EXCEEDED: jax_tma.{op} at " in out, out
+    assert "waiting for the mailbox of device 0 of process 1 from process 1" in out, out
+
+
+@pytest.mark.parametrize("op", ["all_to_all", "ragged_all_to_all"])
+def test_a_killed_gpu_exchange_peer_fails_the_others_at_once(rng, shared_gpu, op):
+    outputs = _run(f"kill:{op}", 3, rng, timeout_s=60, platform="gpu")
+    assert outputs[1][0] == -9, outputs[1]
+    _survivors_failed(outputs, within_s=15)
+    for pid in (0, 2):
+        assert "process 1 is gone" in outputs[pid][1], outputs[pid][1]
+
+
+@pytest.mark.parametrize("op", ["all_to_all", "ragged_all_to_all"])
+def test_a_gpu_exchange_peer_of_another_shape_fails_every_process(rng, shared_gpu, op):
+    outputs = _run(f"shape:{op}", 2, rng, timeout_s=5, platform="gpu")
+    _survivors_failed(outputs, within_s=30, skip=())
+
+
+@pytest.mark.parametrize("op", ["all_to_all", "ragged_all_to_all"])
+def test_a_gpu_exchange_peer_that_stops_calling_fails_the_step_by_name(rng, shared_gpu, op):
+    outputs = _run(f"stop:{op}", 2, rng, timeout_s=3, platform="gpu")
+    _survivors_failed(outputs, within_s=20)
+    out = outputs[0][1]
+    assert re.search(rf"jax_tma\.{op} at \S+ on device 0 of process 0: timed out after 3 s "
+                     r"waiting for device 0 of process 1 to publish its buffer for call 2",
+                     out), out
+
+
+@pytest.mark.parametrize("op", ["all_to_all", "ragged_all_to_all"])
+def test_a_killed_gpu_exchange_peer_fails_the_step_at_once(rng, shared_gpu, op):
+    outputs = _run(f"die:{op}", 2, rng, timeout_s=60, platform="gpu")
+    assert outputs[1][0] == -9, outputs[1]
+    _survivors_failed(outputs, within_s=15)
+    assert "the process of device 0 of process 1 is gone" in outputs[0][1], outputs[0][1]
 
 
 def test_an_intruder_changes_nothing_on_a_shared_gpu(rng, shared_gpu):

@@ -113,7 +113,7 @@ ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, s
     Site& site = Sites()[where.site];
     if (!site.broken.empty()) {
       return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                        std::string(kPeerOp) + " at " + where.site +
+                        where.op + " at " + where.site +
                             ": an earlier call here failed (" + site.broken +
                             "), so the processes are out of step at this call site and it "
                             "refuses every later call; restart the processes");
@@ -122,7 +122,8 @@ ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, s
   }
   const std::string self = Describe(route, where, route.self);
   const BlockHeader header{Digest(route, where), bytes};
-  const std::string abort_key = where.site + "#" + std::to_string(call);
+  const std::string abort_key =
+      where.abort_site.empty() ? where.site + "#" + std::to_string(call) : where.abort_site;
   auto fail = [&](ffi::Error err) {
     std::string why(err.message());
     // A peer that failed first and then exited shows here as gone: its own
@@ -143,7 +144,7 @@ ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, s
         AbortLink(where.peer(i), abort_key, self + " failed: " + why);
       }
     }
-    return ffi::Error(*err.errc(), std::string(kPeerOp) + " at " + where.site + ", call " +
+    return ffi::Error(*err.errc(), where.op + " at " + where.site + ", call " +
                                        std::to_string(call) + " on " + self + ": " + why);
   };
   for (int to : sends) {

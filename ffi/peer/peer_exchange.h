@@ -33,6 +33,13 @@ struct ProcessPlan {
   std::vector<std::string> links;  // link name of each process index
   std::string site;
   std::chrono::milliseconds timeout{0};
+  // The op its errors name.
+  std::string op{kPeerOp};
+  // Where set (an exchange's steps: its call site), a failure is told under
+  // this key, not the meeting's own: every later wait of the processes at
+  // any meeting under it fails at once with the reason, as the processes
+  // are out of step there. Empty: under the meeting's site and call.
+  std::string abort_site;
 
   bool spans_processes() const;
   LinkPeer peer(int logical) const;

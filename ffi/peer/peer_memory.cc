@@ -375,7 +375,7 @@ void OnPeerGone(int process) {
 }
 
 struct Waits {
-  std::string site, publisher, copier;
+  std::string op, site, publisher, copier;
   std::chrono::milliseconds timeout{0};
 };
 std::mutex waits_mu;
@@ -504,11 +504,12 @@ ffi::Error ThePeerFault(PeerFault** fault) {
   return ffi::Error::Success();
 }
 
-unsigned long long RegisterPeerWaits(std::string site, std::string publisher,
+unsigned long long RegisterPeerWaits(std::string op, std::string site, std::string publisher,
                                      std::string copier, std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(waits_mu);
   static unsigned long long next_id = 1;
-  AllWaits()[next_id] = Waits{std::move(site), std::move(publisher), std::move(copier), timeout};
+  AllWaits()[next_id] = Waits{std::move(op), std::move(site), std::move(publisher),
+                              std::move(copier), timeout};
   return next_id++;
 }
 
@@ -537,7 +538,7 @@ ffi::Error BadSizeFault(const volatile PeerFault* f, const Waits& w) {
   const long long i = f->index, value = static_cast<long long>(f->call),
                   size = static_cast<long long>(f->seen), limit = f->limit;
   Message m;
-  m << "jax_tma.ragged_all_to_all at " << w.site << ": slice " << i << ": ";
+  m << w.op << " at " << w.site << ": slice " << i << ": ";
   switch (static_cast<PeerSizeRule>(f->rule)) {
     case PeerSizeRule::kOperand:
       m << "input_offsets[" << i << "] = " << value << " and send_sizes[" << i << "] = " << size
@@ -575,7 +576,7 @@ ffi::Error RecordedPeerFault() {
       std::string(publish ? "publish its buffer for" : "finish its copy in") + " call " +
       std::to_string(f->call);
   Message m;
-  m << kPeerOp << " at " << w.site << ": ";
+  m << w.op << " at " << w.site << ": ";
   ffi::ErrorCode code = ffi::ErrorCode::kInternal;
   switch (static_cast<PeerGaveUp>(f->gave_up)) {
     case PeerGaveUp::kTimeout:

@@ -51,12 +51,12 @@ ffi::Error AddressIn(const LinkPeer& to, int device, const void* ptr,
 ffi::Error PeerGoneWord(int process, const volatile unsigned int** word);
 
 // This process's fault record (its reporting thread starts with it), and an
-// id for a participant's waits: `site` describes the participant ("at
-// FILE:LINE, device 0 of process 1"), `publisher` and `copier` the
-// participants it waits for to publish and to finish copying, `timeout` its
-// bound.
+// id for a participant's waits: `op` the op its faults name, `site`
+// describes the participant ("at FILE:LINE, device 0 of process 1"),
+// `publisher` and `copier` the participants it waits for to publish and to
+// finish copying, `timeout` its bound.
 ffi::Error ThePeerFault(PeerFault** fault);
-unsigned long long RegisterPeerWaits(std::string site, std::string publisher,
+unsigned long long RegisterPeerWaits(std::string op, std::string site, std::string publisher,
                                      std::string copier, std::chrono::milliseconds timeout);
 void UnregisterPeerWaits(unsigned long long id);
 

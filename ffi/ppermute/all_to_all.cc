@@ -89,8 +89,11 @@ ffi::Error DecodeExchangeGroup(std::string_view op, int device,
     }
   }
   // One part (a group of one): everything stays, at position 0.
-  return AsOp(op, DecodeProcessPlan(process, processes, links, site, timeout_ms,
-                                    devices.size(), &group->where));
+  JAX_TMA_RETURN_IF_FAILED(AsOp(op, DecodeProcessPlan(process, processes, links, site,
+                                                     timeout_ms, devices.size(),
+                                                     &group->where)));
+  group->where.op = std::string(op);
+  return ffi::Error::Success();
 }
 
 ffi::Error DecodeAllToAll(int device, const ffi::AnyBuffer& x, ffi::Result<ffi::AnyBuffer>& y,

@@ -50,10 +50,12 @@ struct ExchangeGroup {
   int self = -1;                 // this participant's logical id
   std::vector<int64_t> devices;  // the device ordinal of each logical id
 
-  // Step k's meetings, apart from those of the other steps.
+  // Step k's meetings, apart from those of the other steps; a failure in any
+  // step fails the others' waits too.
   ProcessPlan StepPlan(int k) const {
     ProcessPlan plan = where;
     plan.site += "#step" + std::to_string(k);
+    plan.abort_site = where.site;
     return plan;
   }
   // "device D of process P (position p)", for errors.

@@ -30,7 +30,8 @@ ffi::Error ExchangeSites::Check(const ExchangeGroup& group, int device, PeerWait
     PeerWait wait;
     JAX_TMA_RETURN_IF_FAILED(ThePeerFault(&wait.fault));
     JAX_TMA_RETURN_IF_FAILED(PeerGoneWord(-1, &wait.gone));
-    wait.site = RegisterPeerWaits(group.where.site + " on " + group.Describe(group.self), "", "",
+    wait.site = RegisterPeerWaits(group.where.op,
+                                  group.where.site + " on " + group.Describe(group.self), "", "",
                                   group.where.timeout);
     it = checks_.emplace(device, wait).first;
   }

@@ -84,7 +84,7 @@ ffi::Error SetUpSite(const PpermuteCall& call, int device, PeerSite* site) {
   PeerFault* fault = nullptr;
   JAX_TMA_RETURN_IF_FAILED(ThePeerFault(&fault));
   site->waits = RegisterPeerWaits(
-      where.site + " on " + Describe(route, where, route.self),
+      where.op, where.site + " on " + Describe(route, where, route.self),
       partner >= 0 ? Describe(route, where, partner) : "",
       by >= 0 ? Describe(route, where, by) : "", where.timeout);
   const auto timeout_ns = static_cast<unsigned long long>(where.timeout.count()) * 1000000ull;
