@@ -103,6 +103,18 @@ ffi::Error DecodeProcessPlan(int64_t process, ffi::Span<const int64_t> processes
   return ffi::Error::Success();
 }
 
+namespace {
+
+// How long to wait for `from`: the timeout, and a second more for a
+// participant of this process, whose own wait (with the same timeout) then
+// fails first and tells its reason, the one that names the late process.
+std::chrono::milliseconds Patience(const ProcessPlan& where, int from) {
+  const bool here = where.processes[from] == where.process;
+  return where.timeout + (here ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(0));
+}
+
+}  // namespace
+
 ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, size_t bytes,
                           const std::vector<int>& sends, const PayloadFor& payload_for,
                           const std::vector<int>& receives, size_t payload_bytes,
@@ -162,7 +174,7 @@ ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, s
     std::string message;
     const std::string theirs_is = std::string(what) + " of " + Describe(route, where, from);
     ffi::Error err = ReceiveLink(where.peer(from), BlockKey(where, call, from, route.self),
-                                 abort_key, theirs_is, where.timeout, &message);
+                                 abort_key, theirs_is, Patience(where, from), &message);
     if (err.failure()) return fail(std::move(err));
     BlockHeader theirs;
     if (message.size() >= sizeof(theirs)) {

@@ -117,8 +117,8 @@ ffi::Error PeerSites::Get(const PpermuteCall& call, int device, const PeerSite**
   // A peer whose side of a failed meeting finished may hold this mailbox's
   // address and write to it: it is never reused.
   if (err.failure()) site->box = nullptr;
-  if (err.failure() && err.message().rfind(kPpermuteOp, 0) != 0) {
-    return ffi::Error(*err.errc(), std::string(kPpermuteOp) + " at " + call.where.site + " on " +
+  if (err.failure() && err.message().rfind(call.where.op, 0) != 0) {
+    return ffi::Error(*err.errc(), call.where.op + " at " + call.where.site + " on " +
                                        Describe(call.route, call.where, call.route.self) +
                                        ": " + std::string(err.message()));
   }
