@@ -364,17 +364,17 @@ def changed_since(commit: str, family: str | None = None) -> list[str] | None:
     return changed
 
 
-def load_unmeasured() -> dict[str, Any]:
-    """The code changes made after the results' commit and not measured,
-    each with why it should not move the numbers and what was checked instead: {"commit":
-    the results' commit, "changes": [{"path", "code_at" (a commit with the
-    code that was not measured), "why"}]}, from UNMEASURED of the checkout at ROOT; none
-    where the file is absent."""
+def load_unmeasured() -> dict[str, list[dict[str, Any]]]:
+    """The code changes made after each results' commit and not measured,
+    each with why it should not move the numbers and what was checked
+    instead: {results' commit: [{"path", "code_at" (a commit with the code
+    that was not measured), "why"}]}, from UNMEASURED of the checkout at ROOT
+    ({"results": [{"commit", "changes"}]}); none where the file is absent."""
     path = os.path.join(ROOT, UNMEASURED)
     if not os.path.exists(path):
-        return {"commit": None, "changes": []}
+        return {}
     with open(path) as f:
-        return json.load(f)
+        return {entry["commit"]: entry["changes"] for entry in json.load(f)["results"]}
 
 
 def same_code(path: str, commit: str, kept: set[str] | None = None) -> bool:
@@ -396,29 +396,29 @@ def same_code(path: str, commit: str, kept: set[str] | None = None) -> bool:
 
 def record_unmeasured(results: dict[str, tuple[str, dict[str, Any]]], path: str,
                       why: str) -> None:
-    """Adds (or renews) `path`'s entry in UNMEASURED: its code, committed at
-    HEAD, differs from that of the results' commit, and `why` says why no
-    measured program does. UNMEASURED belongs to one results' commit: the
-    only one, or, with results of several, the one it already names."""
+    """Adds (or renews) `path`'s entry in UNMEASURED under each results'
+    commit whose code of it differs from the code committed at HEAD: `why`
+    says why no measured program does. Ledgers of commits no results are
+    of are dropped."""
     commits = _commits(results)
-    listed = load_unmeasured()
-    if len(commits) == 1:
-        (commit,) = commits
-    elif listed["commit"] in commits:
-        commit = listed["commit"]
-    else:
-        raise StaleResults(f"results of several commits ({', '.join(c[:10] for c in commits)}) "
-                           f"and {UNMEASURED} names none of them: measure again, or record "
-                           f"against one commit's results alone")
     if not same_code(path, "HEAD"):
         raise StaleResults(f"{path}: commit its change first (the entry names the commit that "
                            f"holds its code)")
-    if path not in (changed_since(commit) or []):
-        raise StaleResults(f"{path}: its code is that of the results' commit {commit[:10]}")
-    changes = [c for c in listed["changes"] if c["path"] != path and listed["commit"] == commit]
-    changes.append({"path": path, "code_at": _git_out("rev-parse", "HEAD").strip(), "why": why})
+    differ = [c for c in commits if path in (changed_since(c) or [])]
+    if not differ:
+        raise StaleResults(f"{path}: its code is that of the results' commit "
+                           f"{', '.join(c[:10] for c in commits)}")
+    listed = load_unmeasured()
+    head = _git_out("rev-parse", "HEAD").strip()
+    ledgers = []
+    for commit in commits:
+        changes = [c for c in listed.get(commit, []) if c["path"] != path or commit not in differ]
+        if commit in differ:
+            changes.append({"path": path, "code_at": head, "why": why})
+        if changes:
+            ledgers.append({"commit": commit, "changes": changes})
     with open(os.path.join(ROOT, UNMEASURED), "w") as f:
-        json.dump({"commit": commit, "changes": changes}, f, indent=1)
+        json.dump({"results": ledgers}, f, indent=1)
         f.write("\n")
 
 
@@ -430,19 +430,19 @@ def check_fresh(results: dict[str, tuple[str, dict[str, Any]]]) -> None:
     with their code as it is there (any later change to such a file makes the
     results stale again; an entry for other results, or for a file whose
     code did not change, is an error too). Results of several commits are
-    each judged against their own; UNMEASURED's entries are those of the
-    commit it names."""
+    each judged against their own, with UNMEASURED's ledger of that commit."""
     listed = load_unmeasured()
     commits = _commits(results)
-    if listed["changes"] and listed["commit"] not in commits:
-        raise StaleResults(f"{UNMEASURED} lists changes after {str(listed['commit'])[:10]}, "
-                           f"but no results are of that commit: take them out")
+    for commit in listed:
+        if commit not in commits:
+            raise StaleResults(f"{UNMEASURED} lists changes after {str(commit)[:10]}, but no "
+                               f"results are of that commit: take them out")
     for commit, paths in commits.items():
         changed = changed_since(commit)
         if changed is None:
             raise StaleResults(f"cannot tell whether the results of {commit[:10]} ({paths[0]}, "
                                f"...) match the code: git or that commit is missing here")
-        entries = listed["changes"] if listed["commit"] == commit else []
+        entries = listed.get(commit, [])
         leftover = [c["path"] for c in entries if c["path"] not in changed]
         if leftover:
             raise StaleResults(f"{UNMEASURED} lists {', '.join(leftover)}, whose code is that of "
@@ -473,8 +473,7 @@ def _commits(results: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, list[s
 
 def _unmeasured_note(commit: str) -> str:
     """"; N code files changed since ..." for the results of `commit`, or ""."""
-    listed = load_unmeasured()
-    count = len(listed["changes"]) if listed["commit"] == commit else 0
+    count = len(load_unmeasured().get(commit, []))
     return (f"; {count} code file{'s' if count > 1 else ''} changed since and not measured "
             f"again (which, why, and what was checked instead: `{UNMEASURED}`)" if count else "")
 
