@@ -398,8 +398,9 @@ def record_unmeasured(results: dict[str, tuple[str, dict[str, Any]]], path: str,
                       why: str) -> None:
     """Adds (or renews) `path`'s entry in UNMEASURED under each results'
     commit whose code of it differs from the code committed at HEAD: `why`
-    says why no measured program does. Ledgers of commits no results are
-    of are dropped."""
+    says why no measured program does. A renewed entry for a later change
+    keeps the earlier reason before it. Ledgers of commits no results are of
+    are dropped."""
     commits = _commits(results)
     if not same_code(path, "HEAD"):
         raise StaleResults(f"{path}: commit its change first (the entry names the commit that "
@@ -414,7 +415,10 @@ def record_unmeasured(results: dict[str, tuple[str, dict[str, Any]]], path: str,
     for commit in commits:
         changes = [c for c in listed.get(commit, []) if c["path"] != path or commit not in differ]
         if commit in differ:
-            changes.append({"path": path, "code_at": head, "why": why})
+            earlier = [c for c in listed.get(commit, []) if c["path"] == path
+                       and c["code_at"] != head]
+            reason = f"{earlier[0]['why']} Later ({head[:7]}): {why}" if earlier else why
+            changes.append({"path": path, "code_at": head, "why": reason})
         if changes:
             ledgers.append({"commit": commit, "changes": changes})
     with open(os.path.join(ROOT, UNMEASURED), "w") as f:

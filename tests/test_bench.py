@@ -757,8 +757,10 @@ def test_results_of_two_commits_are_each_judged_against_their_own(tmp_path, monk
     with pytest.raises(report.StaleResults, match="are stale: jax_tma/_copy.py"):
         report.check_fresh(results)
     report.record_unmeasured(results, "jax_tma/_copy.py", "AD again")
+    head = _git(repo, "rev-parse", "HEAD")
     assert {c: [e["why"] for e in entries] for c, entries in report.load_unmeasured().items()} \
-        == {measured: ["AD again"], _git(repo, "rev-parse", "HEAD~1"): ["AD again"]}
+        == {measured: [f"AD only Later ({head[:7]}): AD again"],
+            _git(repo, "rev-parse", "HEAD~1"): ["AD again"]}
     report.check_fresh(results)
 
 
