@@ -55,11 +55,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 import jax_tma  # noqa: E402
 import processes  # noqa: E402
 from bench_ppermute import topology  # noqa: E402
-from harness import MIB, Benchmark, Session, rotate_all  # noqa: E402
+from harness import MIB, Benchmark, Session, every_gpu, rotate_all  # noqa: E402
 
 OP = "all_to_all"
 OP_PROCESSES = "all_to_all_processes"
-DEVICES = 2
+MIN_DEVICES = 2  # it runs on every GPU there is, at least these
 DTYPE = jnp.bfloat16
 # Elements per row: 8 KiB rows, a token of a 4096-wide bf16 activation. The
 # ragged cases' slices are whole rows.
@@ -484,10 +484,11 @@ def _common(quick: bool, repetitions: int, ragged: bool) -> dict[str, Any]:
 
 def bench_all_to_all(s: Session, sizes_mib: Sequence[float] | None = None,
                      quick: bool = False) -> dict[str, Any]:
-    """One process driving the first DEVICES devices: every size measured."""
-    devices = jax.devices()[:DEVICES]
-    if len(devices) < DEVICES:
-        raise RuntimeError(f"{OP}: needs {DEVICES} devices, has {len(devices)}")
+    """One process driving every GPU (MIN_DEVICES devices on the CPU):
+    every size measured."""
+    devices = every_gpu(MIN_DEVICES)
+    if len(devices) < MIN_DEVICES:
+        raise RuntimeError(f"{OP}: needs {MIN_DEVICES} devices, has {len(devices)}")
     mesh = Mesh(np.array(devices), ("i",))
     repetitions = 1 if quick else REPETITIONS
     # As scripts/gpu_check.sh runs NCCL (and the process mode's workers):
@@ -496,7 +497,7 @@ def bench_all_to_all(s: Session, sizes_mib: Sequence[float] | None = None,
     with processes.Lowerings(with_op=True).watching() as lowerings:
         rows = [_row(measure(s, mesh, mib, repetitions))
                 for mib in _sizes(s, sizes_mib, quick)]
-    return {"op": OP, **_common(quick, repetitions, has_ragged()), "n": DEVICES,
+    return {"op": OP, **_common(quick, repetitions, has_ragged()), "n": len(devices),
             "devices": [d.device_kind for d in devices], "rows": rows,
             "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"),
             "lowerings": list(lowerings.seen), "topology": topology()}
@@ -523,24 +524,26 @@ def worker(spec: dict[str, Any]) -> None:
 
 def bench_all_to_all_processes(s: Session, sizes_mib: Sequence[float] | None = None,
                                quick: bool = False) -> dict[str, Any]:
-    """DEVICES worker processes, one GPU each (every GPU visible, each
-    process given its own by jax.distributed's local_device_ids): every
-    size measured; worker 0's clocks, the other's busy time beside."""
+    """A worker process per GPU (every GPU visible, each process given its
+    own by jax.distributed's local_device_ids; MIN_DEVICES on the CPU):
+    every size measured; worker 0's clocks, the last one's busy time
+    beside."""
     gpus = [] if s.smoke else processes.visible_gpus()
-    if not s.smoke and len(gpus) < DEVICES:
-        raise RuntimeError(f"{OP_PROCESSES}: {len(gpus)} GPU(s) visible, it needs {DEVICES} "
-                           f"(nvidia-smi -L, CUDA_VISIBLE_DEVICES)")
-    totals = [m[0] for g in gpus[:DEVICES] if (m := processes.memory_mib(g))]
+    if not s.smoke and len(gpus) < MIN_DEVICES:
+        raise RuntimeError(f"{OP_PROCESSES}: {len(gpus)} GPU(s) visible, it needs "
+                           f"{MIN_DEVICES} (nvidia-smi -L, CUDA_VISIBLE_DEVICES)")
+    n = len(gpus) or MIN_DEVICES
+    totals = [m[0] for g in gpus if (m := processes.memory_mib(g))]
     sizes, left_out = processes.fitting(
         _sizes(s, sizes_mib, quick), min(totals) if totals else None, MEM_FRACTION,
         lambda b: b * (_BUFFERS_HELD + wall_calls(b)), "buffers")
-    for gpu in gpus[:DEVICES]:
+    for gpu in gpus:
         processes.check_free(OP_PROCESSES, gpu, 1, MEM_FRACTION)
     repetitions = 1 if quick else REPETITIONS
     spec = {"smoke": s.smoke, "sizes_mib": sizes, "repetitions": repetitions,
             "own_gpu": True}
-    visible = [",".join(gpus[:DEVICES])] * DEVICES if gpus else [None] * DEVICES
-    s.log(f"{OP_PROCESSES}: {DEVICES} processes, " + ("on the CPU" if s.smoke else
+    visible = [",".join(gpus)] * n if gpus else [None] * n
+    s.log(f"{OP_PROCESSES}: {n} processes, " + ("on the CPU" if s.smoke else
                                                       f"CUDA_VISIBLE_DEVICES {visible[0]}"))
     workers = processes.run_workers(s, OP_PROCESSES, __file__, "per_gpu", visible, spec, {},
                                     timeout_s=LAYOUT_TIMEOUT_S, fraction=MEM_FRACTION)
@@ -548,8 +551,8 @@ def bench_all_to_all_processes(s: Session, sizes_mib: Sequence[float] | None = N
         s.checked.extend(f"process {pid}: {label}" for label in w["checked"])
         s.differs.update({f"process {pid}: {label}": why for label, why in w["differs"].items()})
     ragged = all(w["has_ragged"] for w in workers)
-    return {"op": OP_PROCESSES, **_common(quick, repetitions, ragged), "n": DEVICES,
-            "devices": workers[0]["devices"], "processes": DEVICES,
+    return {"op": OP_PROCESSES, **_common(quick, repetitions, ragged), "n": n,
+            "devices": workers[0]["devices"], "processes": n,
             "cuda_visible_devices": visible, "mem_fraction": MEM_FRACTION,
             "sizes_left_out": left_out,
             "clocks": "worker 0's clocks of its own GPU's activity (harness.Session: busy, span, "
@@ -567,10 +570,12 @@ def _quick(args: Any) -> bool:
 
 BENCHMARKS = {
     OP: Benchmark(lambda s, args: bench_all_to_all(s, args.sizes_mib, _quick(args)),
-                  budget_s=240, in_all=False, devices=DEVICES, group="a2a"),
+                  budget_s=240, in_all=False, devices=MIN_DEVICES, every_device=True,
+                  group="a2a"),
     OP_PROCESSES: Benchmark(
         lambda s, args: bench_all_to_all_processes(s, args.sizes_mib, _quick(args)),
-        budget_s=240, in_all=False, devices=DEVICES, own_processes=True, group="a2a"),
+        budget_s=240, in_all=False, devices=MIN_DEVICES, every_device=True,
+        own_processes=True, group="a2a"),
 }
 
 

@@ -18,14 +18,20 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_tma
 import provenance
-from harness import MIB, Benchmark, Session, rotate_all
+from harness import MIB, Benchmark, Session, every_gpu, rotate_all
 
 OP = "ppermute"
 BYTES = ("per direction: the block bytes each GPU sends per op (what crosses the link each "
-         "way; the two GPUs swap blocks, both directions at once), not read + write")
+         "way; every GPU sends its block to the next around a ring, all at once: on two GPUs "
+         "they swap blocks, both directions at once), not read + write")
 FULL = [1 / 16, 1, 4, 16, 64, 256, 1024]  # MiB per GPU
 SMOKE = [1 / 64, 1 / 16]
-PERM = [(0, 1), (1, 0)]  # the two devices swap blocks
+
+
+def ring(n: int) -> list[tuple[int, int]]:
+    """Each of n devices to the next (on two, a swap)."""
+    return [(i, (i + 1) % n) for i in range(n)]
+
 # The permutations timed, by case name: jax_tma's methods and directions, and
 # lax.ppermute (NCCL on GPUs).
 PPERMUTES: dict[str, Callable[..., jax.Array]] = {
@@ -66,16 +72,19 @@ def chained(pp: Callable[..., jax.Array], mesh: Mesh, perm: Sequence[tuple[int, 
 def bench_ppermute(s: Session, sizes_mib: Sequence[float] | None = None,
                    chain: int = 8) -> dict[str, Any]:
     """jax_tma.ppermute (TMA bulk pull and push, SIMT pull, auto) against
-    lax.ppermute (NCCL) on the first two devices, swapping blocks (both
-    directions at once), interleaved, each checked bit for bit against NCCL's
-    first. Each jitted program chains `chain` permutations; the time per op
-    is the program's span (or busy time) over both GPUs, over `chain`."""
-    mesh = Mesh(np.array(jax.devices()[:2]), ("i",))
-    impls = {name: chained(pp, mesh, PERM, chain) for name, pp in PPERMUTES.items()}
+    lax.ppermute (NCCL) on every GPU (two devices on the CPU), each sending its block to the next
+    around a ring (two swap blocks, both directions at once), interleaved,
+    each checked bit for bit against NCCL's first. Each jitted program
+    chains `chain` permutations; the time per op is the program's span (or
+    busy time) over every GPU, over `chain`."""
+    devices = every_gpu(2)
+    mesh = Mesh(np.array(devices), ("i",))
+    perm = ring(len(devices))
+    impls = {name: chained(pp, mesh, perm, chain) for name, pp in PPERMUTES.items()}
     rows = []
     for mib in sizes_mib or (SMOKE if s.smoke else FULL):
         block = int(mib * MIB)
-        inputs = [(jax.device_put(jax.random.bits(k, (2 * block // 4,), jnp.uint32),
+        inputs = [(jax.device_put(jax.random.bits(k, (len(devices) * block // 4,), jnp.uint32),
                                   NamedSharding(mesh, P("i"))),)
                   for k in jax.random.split(jax.random.key(block), 2)]
         want = impls["nccl"](*inputs[0])
@@ -96,9 +105,9 @@ def bench_ppermute(s: Session, sizes_mib: Sequence[float] | None = None,
         del inputs
         s.log(f"ppermute {mib:g} MiB per device, GB/s per direction: " + ", ".join(
             f"{name} {row[name + '_gbps']:.1f}" for name in impls))
-    return {"op": OP, "bytes_convention": BYTES, "rows": rows, "chain": chain, "perm": PERM,
+    return {"op": OP, "bytes_convention": BYTES, "rows": rows, "chain": chain, "perm": perm,
             "topology": topology()}
 
 
 BENCHMARKS = {"ppermute": Benchmark(lambda s, args: bench_ppermute(s, args.sizes_mib),
-                                    budget_s=120, devices=2, group="multi")}
+                                    budget_s=120, devices=2, every_device=True, group="multi")}

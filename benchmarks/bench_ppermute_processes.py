@@ -35,7 +35,7 @@ from jax.sharding import Mesh
 
 import processes
 import references
-from bench_ppermute import PERM, PPERMUTES, chained, topology
+from bench_ppermute import PPERMUTES, chained, ring, topology
 from harness import MIB, WALL_CALLS, Benchmark, Session, rotate, rotate_all
 from processes import barrier as _barrier, clean as _clean, global_input, local_block
 
@@ -45,6 +45,7 @@ BYTES = ("per direction: the block bytes each process's device sends per op (the
          "same block bytes once, though it reads and writes them")
 FULL = [1 / 16, 1, 16, 64, 256, 1024]  # MiB per device
 SMOKE = [1 / 64, 1 / 16]
+PERM = ring(2)  # the two processes swap blocks
 HOST_BLOCK = 64 << 10  # bytes per device of the un-chained call whose host time is measured
 ROUNDS = 10
 # Each worker's share of its GPU's memory (XLA_PYTHON_CLIENT_MEM_FRACTION):

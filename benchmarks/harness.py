@@ -124,6 +124,13 @@ def rotate(fn: Callable[..., Any], inputs: Sequence[tuple]) -> Callable[[], Any]
     return rotate_all({"fn": fn}, inputs)["fn"]
 
 
+def every_gpu(on_cpu: int) -> list[jax.Device]:
+    """Every GPU JAX sees; without one (a smoke run), its first `on_cpu`
+    devices."""
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    return gpus or jax.devices()[:on_cpu]
+
+
 def rotate_all(fns: dict[str, Callable[..., Any]],
                inputs: Sequence[tuple]) -> dict[str, Callable[[], Any]]:
     """Zero-argument calls of each of `fns` that share one turn through
@@ -266,6 +273,7 @@ class Benchmark:
     budget_s: float          # what it should take on one H100 (all of them: under 10 minutes)
     in_all: bool = True      # whether `run.py all` runs it
     devices: int = 1         # the devices it measures across (more: skipped in `all` without)
+    every_device: bool = False  # across every GPU there is (at least `devices`; CPU: `devices`)
     not_in_smoke: str = ""   # why a smoke run (the CPU) cannot run it
     timing_method: str = ""  # how it is timed, where not by the session (e.g. "ncu")
     # It runs its cases in processes of its own, which need the GPUs' memory:

@@ -167,8 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 timing_method=bench.timing_method or s.timing_method,
                 checked_bit_exact=s.checked, comparator_differs=s.differs, smoke=args.smoke,
                 # Printed only, a dirty tree's result is marked, not refused.
-                provenance=provenance.collect(devices[:bench.devices],
-                                              args.allow_dirty or not args.out_dir))
+                provenance=provenance.collect(
+                    gpus if bench.every_device and gpus else devices[:bench.devices],
+                    args.allow_dirty or not args.out_dir))
         except Exception:  # noqa: BLE001  (the other ops still run)
             traceback.print_exc()
             failed.append(op)
