@@ -77,6 +77,15 @@ def range_text(values: list[float], fmt: str = "{:.3f}") -> str:
         f"{fmt.format(lo)}–{fmt.format(hi)}"
 
 
+def behind_text(ratios: list[float], versus: str) -> str:
+    """How many of the cases jax_tma loses to `versus` (ratios: its time ÷
+    jax_tma's), with their range: "below XLA in all 12 cases, 0.79–1.00×"."""
+    behind = sum(v < 1 for v in ratios)
+    count = "all" if behind == len(ratios) else f"{behind} of"
+    return (f"below {versus} in {count} {len(ratios)} case{'s' * (len(ratios) != 1)}, "
+            f"{range_text(ratios, '{:.2f}')}×")
+
+
 def size_text(nbytes: float) -> str:
     """nbytes in its largest binary unit that it reaches: 128 B, 32 KiB, 1 GiB."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1 << 10)):
