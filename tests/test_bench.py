@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -690,12 +691,17 @@ def test_no_page_says_auto_is_the_fastest_where_the_results_disagree():
 def test_committed_results_match_the_code():
     # No change to the measured code (report.WATCHED) since the results'
     # commit: after one, the benchmarks run again (scripts/gpu_check.sh
-    # bench) and report.py renders their results.
+    # bench) and report.py renders their results. Without the history to
+    # tell, it says which results it could not check (a warning in pytest's
+    # summary, and the skip's reason), not a bare skip.
     results = report.load_results(report.RESULTS)
-    for commit in report._commits(results):
-        if report.changed_since(commit) is None:
-            pytest.skip(f"no git history here to compare {commit[:10]} with HEAD (a copy "
-                        f"without .git, or a shallow clone)")
+    missing = report.unchecked(results)
+    if missing:
+        why = ("could not check whether these benchmark results are those of the code (a copy "
+               "without .git, or a shallow clone; `git fetch --unshallow` gives the history): "
+               + "; ".join(missing))
+        warnings.warn(why)
+        pytest.skip(why)
     report.check_fresh(results)
 
 
@@ -802,6 +808,112 @@ def test_check_judges_the_working_tree_not_head(tmp_path, monkeypatch):
     _git(repo, "checkout", "-q", "--", "jax_tma/_copy.py")
     (repo / "jax_tma" / "_jax_tma.so").write_bytes(b"\x7fELF\x02\x80")
     assert report.main(args) == 0
+
+
+def test_check_counts_a_new_source_that_git_does_not_track_yet(tmp_path, monkeypatch):
+    # Issue 44: an uncommitted change must fail the check. A changed tracked
+    # file did (above); a new source file not yet added to git did not,
+    # though it is code of the checkout. A build's module is not (untracked
+    # and no source), nor is a file git ignores.
+    repo, measured, args = _measured_checkout(tmp_path, monkeypatch, _CODE)
+    (repo / ".gitignore").write_text("*.log\nscratch/\n")
+    (repo / "jax_tma" / "_jax_tma.so").write_bytes(b"\x7fELF\x02\x80")
+    (repo / "ffi" / "copy" / "build.log").write_text("int x;\n")
+    (repo / "ffi" / "scratch").mkdir()
+    (repo / "ffi" / "scratch" / "try.cu").write_text("int Try();\n")
+    assert report.changed_since(measured) == []
+    assert report.main(args) == 0
+    (repo / "ffi" / "copy" / "bulk_pipeline.cuh").write_text("int Stages() { return 4; }\n")
+    assert report.changed_since(measured) == ["ffi/copy/bulk_pipeline.cuh"]
+    assert report.main(args) == 1
+    _git(repo, "add", "ffi/copy/bulk_pipeline.cuh")  # staged, not committed: the same
+    assert report.changed_since(measured) == ["ffi/copy/bulk_pipeline.cuh"]
+    assert report.main(args) == 1
+    with pytest.raises(report.StaleResults, match="commit its change first"):
+        report.record_unmeasured(report.load_results(str(repo / "benchmarks" / "results")),
+                                 "ffi/copy/bulk_pipeline.cuh", "a test")
+
+
+_BUILD_CODE = {
+    **_CODE,
+    "CMakeLists.txt": 'project(jax_tma)\nset(CMAKE_CUDA_ARCHITECTURES "90a-real")\n',
+    "pyproject.toml": '[build-system]\nrequires = ["scikit-build-core>=0.10", "jaxlib==0.10.2"]\n'
+                      '\n[project]\nname = "jax-tma"\ndependencies = ["jax>=0.10.2"]\n'
+                      '[project.optional-dependencies]\ntest = ["pytest>=8", "hypothesis>=6"]\n'
+                      '\n[tool.scikit-build.cmake.define]\nJAX_TMA_CUDA = "AUTO"\n'
+                      '\n[tool.pytest.ini_options]\ntestpaths = ["tests"]\n',
+    "tests/cuda/copy_selftest.cu": '#include "copy/bulk_copy.cu"\nint main() { return 0; }\n',
+}
+
+
+def test_check_watches_the_selftests_and_the_build_settings(tmp_path, monkeypatch):
+    # Issue 44: the kernels' self-tests (tests/cuda/, what the sanitizer's
+    # result runs) and the build's settings (compiler flags and
+    # architectures: CMakeLists.txt, pyproject.toml's build tables) are code
+    # of the results. A self-test is the sanitizer's alone; pyproject.toml's
+    # dependencies and test settings are nobody's.
+    repo, measured = _committed_repo(tmp_path, _BUILD_CODE)
+    for op in ("tune-bulk", "sanitizer"):
+        _write_measured(repo, op, measured)
+    monkeypatch.setattr(report, "ROOT", str(repo))
+    results = report.load_results(str(repo / "benchmarks" / "results"))
+
+    def commit(path, text):
+        (repo / path).write_text(text)
+        _git(repo, "commit", "-qam", f"change {path}")
+        return report.changed_since(measured), report.changed_since(measured, "copy")
+
+    report.check_fresh(results)
+    pyproject = _BUILD_CODE["pyproject.toml"]
+    assert commit("pyproject.toml", pyproject.replace(', "hypothesis>=6"', "").replace(
+        'testpaths = ["tests"]', 'testpaths = ["tests"]\nmarkers = ["gpu: a GPU"]')) == ([], [])
+    report.check_fresh(results)
+    assert commit("tests/cuda/copy_selftest.cu",
+                  "// The self-test.\n" + _BUILD_CODE["tests/cuda/copy_selftest.cu"]) == ([], [])
+    assert commit("tests/cuda/copy_selftest.cu", _BUILD_CODE["tests/cuda/copy_selftest.cu"]
+                  .replace("return 0", "return 1")) == (["tests/cuda/copy_selftest.cu"], [])
+    with pytest.raises(report.StaleResults, match=r"\(benchmarks/results/sanitizer_h100_2026-11-25"
+                                                  r"\.json\) are stale: tests/cuda/copy_selftest"):
+        report.check_fresh(results)
+    _git(repo, "checkout", "-q", measured, "--", "tests/cuda/copy_selftest.cu")
+    _git(repo, "commit", "-qm", "back")
+    report.check_fresh(results)
+    for path, text in (
+            ("pyproject.toml", pyproject.replace('JAX_TMA_CUDA = "AUTO"', 'JAX_TMA_CUDA = "ON"')),
+            ("pyproject.toml", pyproject.replace("jaxlib==0.10.2", "jaxlib==0.12.0")),
+            ("CMakeLists.txt", _BUILD_CODE["CMakeLists.txt"].replace("90a-real", "90a-real;100a"))):
+        assert commit(path, text) == ([path], [path]), text
+        with pytest.raises(report.StaleResults, match=rf"tune-bulk.*are stale: {path}"):
+            report.check_fresh(results)
+        _git(repo, "checkout", "-q", measured, "--", path)
+        _git(repo, "commit", "-qm", "back")
+    report.check_fresh(results)
+
+
+def test_without_history_the_check_says_what_it_could_not_check(tmp_path, monkeypatch, capsys):
+    # Issue 44: where the checkout has no history (no .git, a shallow clone),
+    # the freshness check cannot be made: --check fails, --allow-stale says
+    # which results it left unchecked, and the test of the committed results
+    # warns with the same before it skips.
+    results = tmp_path / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    commit = "c0ffee" + "0" * 34
+    _write_measured(tmp_path, "tune-bulk", commit)
+    (tmp_path / "README.md").write_text("no sections\n")
+    monkeypatch.setattr(report, "ROOT", str(tmp_path))
+    args = ["--check", "--results", str(results), "--readme", str(tmp_path / "README.md"),
+            "--docs", str(tmp_path / "docs")]
+    for extra, rc in (([], 1), (["--allow-stale"], 0)):
+        assert report.main(args + extra) == rc
+        err = capsys.readouterr().err
+        assert re.search(r"cannot tell whether these results match the code: c0ffee0000 "
+                         r"\(benchmarks/results/tune-bulk_h100_2026-11-25\.json\): no git "
+                         r"history here", err), err
+    monkeypatch.setattr(report, "RESULTS", str(results))
+    with pytest.warns(UserWarning, match=r"could not check .*c0ffee0000 \(benchmarks/results/"
+                                         r"tune-bulk_h100_2026-11-25.json\): no git history"):
+        with pytest.raises(pytest.skip.Exception):
+            test_committed_results_match_the_code()
 
 
 def test_an_unmeasured_change_is_named_and_bounded(tmp_path, monkeypatch):
