@@ -1118,6 +1118,43 @@ def test_a_hand_edit_of_a_section_is_caught(tmp_path):
         assert report.main(args) == 1, page
 
 
+# A measured quantity in a page's text: a time, a bandwidth, a ratio (0.85×;
+# not a shape, 3×3, nor a count, 2 × H100) or a percentage.
+_MEASURED = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:×(?![\d²])|\s?(?:ns|µs|ms|[KMGT]i?B/s)"
+                       r"(?!\w)|\s?%)")
+_FENCED = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+_INLINE_CODE = re.compile(r"`[^`\n]*`")
+
+
+def _measured_outside_sections(text: str) -> list[str]:
+    """The measured quantities (_MEASURED) of a page's prose: not in a
+    rendered section, a code block or inline code."""
+    for rx in (report._SECTION, _FENCED, _INLINE_CODE):
+        text = rx.sub(" ", text)
+    text = " ".join(text.split())
+    return [text[max(0, m.start() - 50):m.end() + 20] for m in _MEASURED.finditer(text)]
+
+
+def test_every_measured_number_of_a_page_is_rendered():
+    # Issue 44: docs/ops/ppermute.md kept numbers by hand outside any
+    # rendered section (3.5 ms where the result says 2.41 ms, 0.65× where it
+    # says 0.51×). Every time, bandwidth, ratio or percentage of the README
+    # and of an op page stands in a section that report.py renders from a
+    # result file.
+    old = ("one call of 64 KiB blocks took 3.5 ms by span, and 256 MiB blocks moved at 59 GB/s "
+           "per direction: 0.85× a `cudaMemcpyAsync` (0.65× at 16 MiB), 4–8% faster")
+    assert [m.split()[-1] for m in _MEASURED.findall(old)] == ["ms", "GB/s", "0.85×", "0.65×",
+                                                               "8%"]
+    assert _measured_outside_sections("3×3 SAME patches of 8192² on 2 × H100, 64 KiB, "
+                                      "`(i - 1) % 4`, 30 s\n```\nx = 2.5×\n```\n") == []
+    pages = [report.README, *sorted(glob.glob(os.path.join(_ROOT, "docs", "ops", "*.md")))]
+    found = [f"{os.path.relpath(path, _ROOT)}: ...{hit}..." for path in pages
+             for hit in _measured_outside_sections(open(path).read())]
+    assert not found, ("measured numbers outside a rendered section (render them from the "
+                       "results: a DERIVED section of the op's render module):\n"
+                       + "\n".join(found))
+
+
 def test_report_refuses_two_results_of_one_op(tmp_path):
     for name in ("copy_a_2026-01-01.json", "copy_b_2026-01-02.json"):
         (tmp_path / name).write_text(json.dumps({"op": "copy"}))
