@@ -595,6 +595,25 @@ def render_sanitizer(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_versions(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None:
+    """Which jax, jaxlib and Python the GPU results ran on, and on which
+    GPUs (from their provenance); None without results that record it."""
+    runs = [r["provenance"] for _, r in results.values() if r.get("provenance")]
+    if not runs:
+        return None
+
+    def each(values) -> str:
+        values = sorted(set(values))
+        return " and ".join(values) if len(values) < 3 else \
+            ", ".join(values[:-1]) + " and " + values[-1]
+
+    return (f"Every result in `benchmarks/results/` (the benchmarks, compute-sanitizer) ran "
+            f"with jax {each(str(p['versions'].get('jax')) for p in runs)}, jaxlib "
+            f"{each(str(p['versions'].get('jaxlib', '?')) for p in runs)} and Python "
+            f"{each(str(p['versions'].get('python', '?')) for p in runs)}, on "
+            f"{each(p['devices'][0] for p in runs)}.")
+
+
 def render_headline(results: dict[str, tuple[str, dict[str, Any]]]) -> str:
     """The README's table of ops, one headline number each from the results,
     and where and how they were measured."""
@@ -655,7 +674,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = _merged(
     "RENDERERS", {"sanitizer": render_sanitizer})
 # Sections drawn from several results (None: nothing to draw from).
 DERIVED: dict[str, Callable[[dict[str, tuple[str, dict[str, Any]]]], str | None]] = _merged(
-    "DERIVED", {"build": render_build, "headline": render_headline})
+    "DERIVED", {"build": render_build, "headline": render_headline,
+                "versions": render_versions})
 HEADLINES: list[Headline] = sorted((row for module in _MODULES
                                     for row in getattr(module, "HEADLINES", ())),
                                    key=lambda row: row.rank)

@@ -590,6 +590,23 @@ def _headlines() -> tuple[dict[str, tuple[str, dict]], dict[str, str]]:
                      if row.result in results}
 
 
+def test_readme_says_which_jax_the_gpu_results_ran_on():
+    # Issue 44: every GPU result is from the GPU machine's jax (0.11.2),
+    # while the README claimed 0.10.2 to 0.12.x with no word of what ran
+    # where. Its versions section names the jax, jaxlib and Python of every
+    # result, and the GPUs.
+    results = report.load_results(report.RESULTS)
+    text = open(report.README).read()
+    section = re.search(r"<!-- bench:versions -->\n(.*?)<!-- /bench:versions -->", text, re.S)
+    assert section, "the README has no versions section"
+    for _, r in results.values():
+        prov = r.get("provenance")
+        if prov:
+            for want in (f"jax {prov['versions']['jax']}", prov["versions"]["jaxlib"],
+                         prov["versions"]["python"], prov["devices"][0]):
+                assert want in section.group(1), want
+
+
 def test_headlines_name_the_hinted_and_the_plain_xla_forms():
     # Issue 44: the scatter headline gave 6.38x the plain x.at[i].set alone;
     # against the hinted form (unique_indices=True), measured in the same

@@ -108,3 +108,22 @@ def test_every_test_requirement_is_used():
         unused.append(name)
     assert not unused, (f"pyproject.toml's test extra lists {unused}, which no test imports "
                         f"or uses: use it or drop it")
+
+
+def test_readme_says_which_jax_ci_tests_on_which_python():
+    """The README names each (Python, jax) pair that CI's wheel stages
+    (.ci/run's test_wheel lines) test on, as it tests it: "jax 0.10.2 on
+    Python 3.11", "the newest jax on Python 3.12"."""
+    root = README.parent
+    ci = root / ".ci" / "run"
+    if not ci.is_file():
+        import pytest
+
+        pytest.skip("no .ci/run here")
+    pairs = re.findall(r'^test_wheel (3\.\d+) "jax(?:==([\d.]+))?"', ci.read_text(), re.M)
+    assert pairs, ".ci/run tests no wheel"
+    text = " ".join(README.read_text().split())
+    for python, version in pairs:
+        said = f"jax {version} on Python {python}" if version else \
+            f"the newest jax on Python {python}"
+        assert said in text, f"the README does not say CI tests {said}"
