@@ -71,5 +71,5 @@ def _col2im_headline(r: dict[str, Any]) -> str:
 RENDERERS = {"im2col": render_im2col}
 HEADLINES = (Headline(3, "im2col", "convolution patches, GEMM-ready (`col2im`: their transpose)",
                       "im2col", _im2col_headline),
-             Headline(3, "col2im", "the transpose of `im2col` (its gradient): patches summed "
+             Headline(3.5, "col2im", "the transpose of `im2col` (its gradient): patches summed "
                       "back into the image", "im2col", _col2im_headline, page="im2col"))

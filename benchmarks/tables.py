@@ -24,7 +24,8 @@ UNRECORDED = "not recorded"
 @dataclasses.dataclass(frozen=True)
 class Headline:
     """A row of the README's table of ops (report.render_headline)."""
-    rank: int                 # the table's rows go by rank, those of every render module
+    rank: float               # the table's rows go by rank, those of every render module
+                              # (a row between two others: 3.5 between 3 and 4)
     op: str                   # the op, linked to its page docs/ops/<page>.md
     what: str                 # what it does
     result: str               # the result (op) its number is drawn from
