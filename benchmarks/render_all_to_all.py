@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tables import WALL_MIN_US, Headline, size_text
+from tables import MIB, WALL_MIN_US, Headline, range_text, size_text
 
 # The family whose code these results measure (report.py's staleness):
 # all_to_all runs on ppermute's transport, and is of its family.
@@ -157,7 +157,126 @@ def _headline(r: dict[str, Any]) -> str:
     return f"{text}, by span: {size_text(row['buffer_bytes'])} per GPU, bf16, in one process"
 
 
+# Issue 42's targets: from this size a single call's clocks count (below
+# it, the loop clock: a call's wall clock measures dispatch), and the GB/s
+# target, a fraction of what NVLink 4 carries per direction in practice.
+LARGE_BYTES = 16 * MIB
+LINK_GBPS = 370
+LINK_TARGET = 0.9
+LINK_TARGET_FROM = 128 * MIB
+# ragged_all_to_all with equal slices: at least this fraction of all_to_all's GB/s.
+RAGGED_TARGET = 0.9
+
+
+def _ratios(rows: list[dict[str, Any]], key: str, clocks: tuple[str, ...]) -> list[float]:
+    return [row["ratios"][key][c] for row in rows if key in row["ratios"] for c in clocks
+            if row["ratios"][key].get(c) is not None]
+
+
+def _span(rows: list[dict[str, Any]], case: str) -> list[float]:
+    return [row["gbps"][case]["span"] for row in rows if case in row["gbps"]]
+
+
+def _and(values: list[str]) -> str:
+    return values[0] if len(values) == 1 else ", ".join(values[:-1]) + " and " + values[-1]
+
+
+def _range(values: list[float], digits: int = 2) -> str:
+    return range_text(values, f"{{:.{digits}f}}") if values else "—"
+
+
+def render_targets(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None:
+    """The all_to_all page's account of issue 42's targets, every number from
+    the two results (one process, one process per GPU); None without both."""
+    if "all_to_all" not in results or "all_to_all_processes" not in results:
+        return None
+    one, procs = results["all_to_all"][1], results["all_to_all_processes"][1]
+    prov = one.get("provenance") or {}
+    big = {name: [row for row in r["rows"] if row["buffer_bytes"] >= LARGE_BYTES]
+           for name, r in (("one", one), ("procs", procs))}
+    small = {name: [row for row in r["rows"] if row["buffer_bytes"] < LARGE_BYTES]
+             for name, r in (("one", one), ("procs", procs))}
+    clocks = ("busy", "span", "wall")
+    first = size_text(big["one"][0]["buffer_bytes"]) if big["one"] else "?"
+    lines = [f"From the two result files above ({one['n']} × {one['devices'][0]}, "
+             f"{str(prov.get('date', '?'))[:10]}, {str(prov.get('commit', '?'))[:7]}; a ratio "
+             f"holds where busy time, span and, below {size_text(LARGE_BYTES)}, the loop clock "
+             f"agree):", ""]
+    text = (f"- **From {first}**, `all_to_all` is "
+            f"{_range(_ratios(big['one'], 'jax_tma_vs_nccl', clocks))}× NCCL in one process and "
+            f"{_range(_ratios(big['procs'], 'jax_tma_vs_nccl', clocks))}× across processes, by "
+            f"busy time, span and wall clock, and at the link's one-peer ceiling measured beside "
+            f"it ({_range(_ratios(big['one'], 'jax_tma_vs_ceiling', ('busy',)))}× in one "
+            f"process; {_range(_ratios(big['procs'], 'jax_tma_vs_ceiling', ('busy',)))}× across "
+            f"processes, by busy time).")
+    at = {name: next((row for row in big[name] if row["buffer_bytes"] >= LINK_TARGET_FROM), None)
+          for name in big}
+    if at["one"] and at["procs"] and "ceiling" in at["one"]["gbps"]:
+        target = LINK_TARGET * LINK_GBPS
+        ceilings = [at[n]["gbps"]["ceiling"]["span"] for n in ("one", "procs")]
+        later = [row for n in big for row in big[n]
+                 if row["buffer_bytes"] > at["one"]["buffer_bytes"]]
+        text += (f" The target of {LINK_TARGET:g} × {LINK_GBPS} GB/s = {target:.0f} GB/s from "
+                 f"{size_text(LINK_TARGET_FROM)}: at {size_text(at['one']['buffer_bytes'])} the "
+                 f"ceiling is itself {ceilings[0]:.0f} GB/s (one process) and {ceilings[1]:.0f} "
+                 f"GB/s (processes), {'below' if max(ceilings) < target else 'not all below'} "
+                 f"it, and the exchange reaches {at['one']['gbps']['jax_tma']['span']:.0f} and "
+                 f"{at['procs']['gbps']['jax_tma']['span']:.0f} GB/s there")
+        if later:
+            text += (f", and {_range(_span(later, 'jax_tma'), 0)} GB/s from "
+                     f"{size_text(min(row['buffer_bytes'] for row in later))}")
+        text += " (by span)."
+    lines.append(text)
+    if small["one"]:
+        sizes = _and([size_text(row["buffer_bytes"]) for row in small["one"]])
+        losing = all(row["ratios"]["jax_tma_vs_nccl"]["span"] < 1 for row in small["one"])
+        head = f"At {sizes} it does not beat NCCL." if losing else f"At {sizes}:"
+
+        def each(rows, key, clock, suffix="×", digits=2):
+            return _and([f"{row['ratios'][key][clock]:.{digits}f}" for row in rows]) + suffix
+
+        def loop_us(rows, case):
+            return _and([f"{row['times'][case]['loop_us']:.1f}" for row in rows])
+
+        lines.append(
+            f"- **{head}** In one process: {each(small['one'], 'jax_tma_vs_nccl', 'span')} by "
+            f"span, {each(small['one'], 'jax_tma_vs_nccl', 'loop')} by the loop clock "
+            f"({loop_us(small['one'], 'jax_tma')} µs a call, against "
+            f"{loop_us(small['one'], 'nccl')} µs). Across processes the loop clock says "
+            f"{each(small['procs'], 'jax_tma_vs_nccl', 'loop')}. A call costs two cross-GPU "
+            f"handshakes in a row (each device publishes its output and waits for its "
+            f"destinations' before copying, then signals them when done): its floor is the "
+            f"one-peer ceiling's own loop time, {loop_us(small['one'], 'ceiling')} µs in one "
+            f"process, while NCCL's all-to-all lands data and flag together in buffers "
+            f"registered beforehand.")
+    ragged_big = _ratios(big["one"], "ragged_vs_lax_ragged", ("busy", "span"))
+    if ragged_big:
+        below = _ratios(small["one"], "ragged_vs_lax_ragged", ("busy", "span", "loop"))
+        lax_fails = all("lax_ragged" in row["failed"] for row in procs["rows"])
+        equal = _ratios(big["one"] + big["procs"], "ragged_vs_jax_tma", ("busy", "span"))
+        loop = _ratios(small["one"] + small["procs"], "ragged_vs_jax_tma", ("loop",))
+        text = (f"- **ragged_all_to_all** is {_range(ragged_big, 0)}× `lax.ragged_all_to_all` "
+                f"from {first} in one process, by busy time and span"
+                + (f" (and {_range(below, 1)}× below, by busy time, span and the loop clock)"
+                   if below else "")
+                + (", runs across processes where lax's raises" if lax_fails else "")
+                + f", and with equal slices keeps {_range(equal)}× `all_to_all`'s GB/s from "
+                  f"{first} (busy time and span)")
+        if loop:
+            text += (f"; below {first} the loop clock gives {_range(loop)}× (the target is "
+                     f"{RAGGED_TARGET:g}×)")
+            busy = [(row["ratios"]["ragged_vs_jax_tma"]["busy"], row["buffer_bytes"])
+                    for row in small["procs"] if "ragged_vs_jax_tma" in row["ratios"]]
+            worst = min(busy) if busy else None
+            if worst and worst[0] < RAGGED_TARGET:
+                text += (f", but across processes busy time ({worst[0]:.2f}× at "
+                         f"{size_text(worst[1])}) does not agree")
+        lines.append(text + ".")
+    return "\n".join(lines)
+
+
 RENDERERS = {"all_to_all": render_all_to_all, "all_to_all_processes": render_all_to_all}
+DERIVED = {"all_to_all-targets": render_targets}
 HEADLINES = (Headline(8, "all_to_all", "each device's chunk `j` to device `j`, GPU to GPU",
                       "all_to_all", _headline,
                       no_result="no result at this commit (it needs two GPUs)"),)

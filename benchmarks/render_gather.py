@@ -24,6 +24,8 @@ _GATHER_SWEEP = {"auto": "jax_tma.gather", "tma": "jax_tma.gather(method='tma')"
                  "simt": "jax_tma.gather(method='simt')", "xla": "XLA jnp.take",
                  "xla_hinted": "XLA x.at[i].get, hinted",
                  "memcpy": "cudaMemcpyAsync (copy ceiling)"}
+# The XLA formulations' names in a headline: the plain form and the hinted one.
+_FORM = {"xla": "plain", "xla_hinted": "hinted"}
 _GATHER_TARGET_TEXT = {"pages": "gather of pages", "set": "in-place page set",
                        "rows 512": "gather of 512 B rows", "rows 128": "gather of 128 B rows",
                        "add": "row scatter-add", "decode": "paged decode step"}
@@ -234,20 +236,24 @@ def render_gather_limits(results: dict[str, tuple[str, dict[str, Any]]]) -> str 
     if fits and pages:
         parts.append(f"{use or 'its'} rows of 128–512 B at "
                      f"{range_text([x['vs']['auto']['memcpy'] for x in fits], '{:.2f}')}× the "
-                     f"copy ceiling, pages at {vs(pages, 'memcpy')}× and {vs(pages, 'xla')}× "
+                     f"copy ceiling, pages at {vs(pages, 'memcpy')}× the copy ceiling, "
+                     f"{vs(pages, 'xla_hinted')}× the hinted gather and {vs(pages, 'xla')}× "
                      f"`jnp.take`")
     page_set = _find(rows, "set", use)
     if page_set:
-        parts.append(f"the in-place page set at {vs(page_set, 'xla')}× XLA's `.at[].set` and "
-                     f"{vs(page_set, 'xla_hinted')}× its hinted form")
+        parts.append(f"the in-place page set at {vs(page_set, 'xla_hinted')}× XLA's hinted "
+                     f"`.at[].set(..., unique_indices=True)` and {vs(page_set, 'xla')}× its "
+                     f"plain form")
     small = {(_gather_key(x).split()[-1], x.get("dtype")): x for x in r.get("small_gathers", [])}
     for count in ("64", "1024"):
         x = small.get((count, use)) or small.get((count, None))
         if x:
             t = x["times"]
+            hinted = (f" and its hinted form's {t['xla_hinted']['busy_us']:.2f}"
+                      if "xla_hinted" in t else "")
             parts.append(f"a gather of {int(count):,} rows of 2 KiB ({x.get('dtype', 'uint32')}, "
                          f"index sets rotated: {_rotation(x)}) takes {t['auto']['busy_us']:.2f} "
-                         f"µs against XLA's {t['xla']['busy_us']:.2f}")
+                         f"µs against `jnp.take`'s {t['xla']['busy_us']:.2f}{hinted}")
     c = r["chained_tiny_gathers"]
     parts.append(f"one {size_text(c['bytes'])} page chained {c['ops']} times costs "
                  f"{c['gap_us']:+.2f} µs per call over a minimal FFI kernel (by span, L2-warm)")
@@ -274,17 +280,24 @@ def render_gather_limits(results: dict[str, tuple[str, dict[str, Any]]]) -> str 
             "layout of XLA's own gather kernel, in 32-bit arithmetic where the table allows.")
 
 
-def _slab_headline(key: str, xla: str) -> Callable[[dict[str, Any]], str]:
+def _slab_headline(key: str, kind: str) -> Callable[[dict[str, Any]], str]:
+    """The headline of the `key` case at the use case's dtype: `auto`'s TB/s,
+    its ratio to each XLA formulation of `kind` that the result measured
+    (plain and hinted, the faster of them first: the strongest baseline
+    leads) and to the copy ceiling."""
     def headline(r: dict[str, Any]) -> str:
         row = _find(r["rows"], key, r.get("use_dtype")) or _find(r["rows"], key)
         pages = _find(r["rows"], "pages", row.get("dtype"))
         t = row["times"]
+        forms = {k: code for k, code in r["xla_formulations"][kind].items() if k in t}
+        versus = [f"{ratio_text(t, 'auto', k, 'busy_us')}× {_FORM[k]} `{forms[k]}`"
+                  for k in sorted(forms, key=lambda k: t[k]["busy_us"])]
         # The in-place case names "those pages" of the gather case before it.
         case = re.sub(r"those [\d,]+ pages", bare_case(pages).split(" ", 1)[1],
                       bare_case(row)) if pages else bare_case(row)
         return tbps_headline(row["busy_tbps"]["auto"],
-                             f"{ratio_text(t, 'auto', 'xla', 'busy_us')}× {xla}, "
-                             f"{ratio_text(t, 'auto', 'memcpy', 'busy_us')}× the copy ceiling",
+                             ", ".join(versus) + f", {ratio_text(t, 'auto', 'memcpy', 'busy_us')}"
+                                                 f"× the copy ceiling",
                              f"{case} ({row.get('dtype', 'uint32')})")
     return headline
 
@@ -342,8 +355,8 @@ RENDERERS = {"gather": render_gather, "wheel": render_wheel}
 DERIVED = {"gather-limits": render_gather_limits, "wheel": render_wheel_build}
 HEADLINES = (
     Headline(5, "gather", "whole slabs (rows, pages) picked by index", "gather",
-             _slab_headline("pages", "`jnp.take`")),
+             _slab_headline("pages", "gather")),
     Headline(6, "scatter", "slabs set or added by index, in place", "gather",
-             _slab_headline("set", "`x.at[i].set`"), page="gather"),
+             _slab_headline("set", "scatter set"), page="gather"),
 )
 PLOTS = (Plot("gather", "gather_gbps.png", _plot),)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tables import WALL_NOTE, Headline, tbps_headline, us_text
+from tables import WALL_NOTE, Headline, behind_text, tbps_headline, us_text
 
 
 def _im2col_rows(r: dict[str, Any], ours: tuple[str, ...], xla: tuple[str, ...],
@@ -36,7 +36,13 @@ def render_im2col(r: dict[str, Any]) -> str:
               "slice-concat | col2im vs ceiling |", "|---|---|---|---|---|---|---|---|"]
     lines += _im2col_rows(r, ("col2im",), ("xla_grad_patches", "xla_grad_slice_concat"),
                           "memcpy_col2im_run", "col2im_vs")
+    lines += ["", f"`col2im` is {_col2im_behind(r)} (busy time)."]
     return "\n".join(lines)
+
+
+def _col2im_behind(r: dict[str, Any],
+                   versus: str = "XLA's transpose of slice-and-concatenate") -> str:
+    return behind_text([row["col2im_vs"]["xla_grad_slice_concat"] for row in r["rows"]], versus)
 
 
 def _im2col_headline(r: dict[str, Any]) -> str:
@@ -48,6 +54,22 @@ def _im2col_headline(r: dict[str, Any]) -> str:
                          f"3×3 SAME patches of {tuple(row['shape'])} {row['dtype']}")
 
 
+def _col2im_headline(r: dict[str, Any]) -> str:
+    """col2im on the im2col headline's case, against XLA's transposes of
+    both formulations, and how many cases it loses to the faster one."""
+    row = r["rows"][0]
+    vs = row["col2im_vs"]
+    return tbps_headline(row["busy_tbps"]["col2im"],
+                         f"{vs['xla_grad_slice_concat']:.2f}× XLA's transpose of "
+                         f"slice-and-concatenate ({_col2im_behind(r, 'it')}), "
+                         f"{vs['xla_grad_patches']:.2f}× that of "
+                         f"`lax.conv_general_dilated_patches`",
+                         f"the transpose of 3×3 SAME patches of {tuple(row['shape'])} "
+                         f"{row['dtype']}")
+
+
 RENDERERS = {"im2col": render_im2col}
 HEADLINES = (Headline(3, "im2col", "convolution patches, GEMM-ready (`col2im`: their transpose)",
-                      "im2col", _im2col_headline),)
+                      "im2col", _im2col_headline),
+             Headline(3.5, "col2im", "the transpose of `im2col` (its gradient): patches summed "
+                      "back into the image", "im2col", _col2im_headline, page="im2col"))

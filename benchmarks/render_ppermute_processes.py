@@ -100,7 +100,51 @@ def render_ppermute_processes(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _time_text(us: float) -> str:
+    """A time in µs, or in ms from a millisecond."""
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} µs"
+
+
+def _row(layout: dict[str, Any], mib: float) -> dict[str, Any] | None:
+    return next((row for row in layout["rows"] if row["block_mib"] == mib), None)
+
+
+def render_mps(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None:
+    """The ppermute page's paragraph on MPS: a call and a large block, both
+    processes on one GPU without MPS and under it, from the
+    ppermute_processes result; None without its `shared` and `shared_mps`
+    layouts."""
+    if "ppermute_processes" not in results:
+        return None
+    r = results["ppermute_processes"][1]
+    plain, mps = r["layouts"].get("shared"), r["layouts"].get("shared_mps")
+    if plain is None or mps is None:
+        return None
+    prov = r.get("provenance") or {}
+    where = (f"on an {prov.get('devices', ['?'])[0]} ({str(prov.get('date', '?'))[:10]}, "
+             f"`benchmarks/run.py ppermute_processes` at {str(prov.get('commit', '?'))[:10]}, "
+             f"the result below)")
+    block = size_text(plain["host_time"]["block_bytes"])
+    big = 256 if _row(plain, 256) and _row(mps, 256) else plain["rows"][-1]["block_mib"]
+    # A middle block and the smallest, where a call's fixed costs show.
+    small = [row for row in (_row(mps, 16), mps["rows"][0]) if row and row["block_mib"] < big]
+    t_plain, t_mps = plain["host_time"]["cases"]["auto"], mps["host_time"]["cases"]["auto"]
+    return (f"Without MPS the GPU time-slices the processes' contexts, and a call's kernels wait "
+            f"a time slice for the peer's: {where} one un-chained call of {block} blocks took "
+            f"{_time_text(t_plain['span_us'])} by span ({_time_text(t_plain['wall_us'])} of host "
+            f"wall clock a call), and {size_text(big * MIB)} blocks moved at "
+            f"{_row(plain, big)['auto_gbps']:.1f} GB/s per direction. Under MPS the same call "
+            f"took {_time_text(t_mps['span_us'])} ({_time_text(t_mps['wall_us'])} wall) and "
+            f"{size_text(big * MIB)} blocks {_row(mps, big)['auto_gbps']:.1f} GB/s per "
+            f"direction, both processes copying at once through the same memory: "
+            f"{_row(mps, big)['auto_vs_memcpy']:.2f}× a `cudaMemcpyAsync` of the two blocks ("
+            + ", ".join(f"{row['auto_vs_memcpy']:.2f}× at {size_text(row['block_mib'] * MIB)}"
+                        for row in small)
+            + ", where a call's three kernels and two waits across processes dominate).")
+
+
 RENDERERS = {"ppermute_processes": render_ppermute_processes}
+DERIVED = {"ppermute-mps": render_mps}
 # The command that writes the result (it is not in `run.py all`).
 WRITTEN_BY = {"ppermute_processes": "`python benchmarks/run.py ppermute_processes --out-dir "
                                      "benchmarks/results` (one GPU or more; not in `all`; "

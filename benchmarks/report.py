@@ -15,9 +15,11 @@ everything between them is this script's output. The results must be one
 file per op, clean and not smoke runs, and the code that
 a result measures (comments and docstrings aside) must be, at the result's
 own commit, the checkout's,
-its working tree's (an uncommitted change counts, and a copy whose git HEAD
+its working tree's (an uncommitted change counts, so does a new source file
+git does not track yet, and a copy whose git HEAD
 lags its files is judged by its files): its op family's (runs_through), the
-shared core's, and its benchmark module's; a
+shared core's (the build's settings too), and its benchmark module's (the
+kernels' self-tests: the sanitizer's); a
 file written before results recorded their provenance is rendered as such.
 
 What an op's section, headline row and plot say comes from the
@@ -40,6 +42,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -55,12 +58,27 @@ UNMEASURED = "benchmarks/unmeasured_changes.json"
 # The code the results measure: a change to its code (comments, docstrings
 # and layout aside) after the results' commit makes stale the results that
 # run through it (changed_since), (git pathspecs, from the checkout's root).
+# The build's settings are code too: CMakeLists.txt, and pyproject.toml's
+# build tables (code_of). The kernels' self-tests (SELFTESTS) are the
+# sanitizer result's code alone.
 # This script and the modules it renders with (tables.py, render_*.py) only
 # render results, and --check compares their rendering with the committed
 # README, so they are not watched.
+SELFTESTS = "tests/cuda"
 WATCHED = ("ffi", "jax_tma", "benchmarks/*.py", "benchmarks/ffi", "CMakeLists.txt",
+           "pyproject.toml", SELFTESTS,
            ":(exclude)benchmarks/report.py", ":(exclude)benchmarks/tables.py",
            ":(exclude)benchmarks/render_*.py")
+# The result whose code SELFTESTS is (no family's: _owners).
+SANITIZER = "sanitizer"
+# pyproject.toml's tables that set how the extension is compiled (the build
+# requirements: jaxlib's FFI headers, nanobind; scikit-build's CMake
+# defines, ABI and build options); its dependencies and test settings are no
+# code of a result.
+PYPROJECT_BUILD = ("build-system", "tool.scikit-build")
+# The untracked files that are sources (a new file not yet added to git is
+# code of the checkout); others (a build's module, an editor's file) are not.
+_SOURCE_FILE = re.compile(r"\.(py|c|cc|cpp|cu|cuh|h|hpp|inc|map|cmake|toml)$|(^|/)CMakeLists\.txt$")
 _SECTION = re.compile(r"(<!-- bench:(?P<op>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=op) -->)",
                       re.S)
 
@@ -115,7 +133,20 @@ _CMAKE_COMMENT = re.compile(r'#\[(=*)\[.*?\]\1\]|#[^\n]*|("(?:\\.|[^"\\])*")', r
 def code_of(path: str, text: str) -> str:
     """`text` of the file at `path` as far as it runs: Python as its syntax
     tree without docstrings, C/C++/CUDA and CMake without comments, all with
-    runs of white space as one space; other files as they are."""
+    runs of white space as one space; pyproject.toml as its build tables
+    (PYPROJECT_BUILD); other files as they are."""
+    if path.endswith("pyproject.toml"):
+        try:
+            toml = tomllib.loads(text)
+        except tomllib.TOMLDecodeError:
+            return text
+        build = {}
+        for name in PYPROJECT_BUILD:
+            table = toml
+            for key in name.split("."):
+                table = table.get(key, {}) if isinstance(table, dict) else {}
+            build[name] = table
+        return json.dumps(build, sort_keys=True)
     if path.endswith(".py"):
         try:
             tree = ast.parse(text)
@@ -289,12 +320,15 @@ def runs_through(family: str) -> set[str]:
 
 @_memoized
 def _owners(path: str) -> set[str]:
-    """The families whose code `path` is (none: the shared core): ffi/<family>/,
+    """The families whose code `path` is (none: the shared core; SANITIZER:
+    the kernels' self-tests, the sanitizer result's alone): ffi/<family>/,
     a layer's ffi/<layer>/ that the shared core's own sources do not include
     (the families that run through it: ffi/peer/ is ppermute's), the modules
     a family's descriptor names, the bench_<name>.py of a family's results."""
     known = families()
     parts = path.split("/")
+    if path.startswith(SELFTESTS + "/"):
+        return {SANITIZER}
     if parts[0] == "ffi" and len(parts) > 2 and parts[1] in known:
         return {parts[1]}
     if parts[0] == "ffi" and len(parts) > 2 and parts[1] in layers():
@@ -344,18 +378,21 @@ def _family_view(path: str, text: str, kept: set[str] | None) -> str:
 
 @_reads_once
 def changed_since(commit: str, family: str | None = None) -> list[str] | None:
-    """The WATCHED paths that git tracks whose code (code_of) differs between
-    `commit` and the working tree of the checkout at ROOT, as far as the
-    results of `family` run through them (the shared core and
-    runs_through(family); None: every family's); None where git or that
-    commit is not there. A file moved is a change at both paths (no rename
-    detection: each path's code is judged on its own)."""
+    """The WATCHED paths whose code (code_of) differs between `commit` and
+    the working tree of the checkout at ROOT, as far as the results of
+    `family` run through them (the shared core and runs_through(family);
+    None: every family's, the sanitizer's); None where git or that commit
+    is not there. The working tree's files count, committed or not, and so
+    does a source file that git does not track yet (not one it ignores). A
+    file moved is a change at both paths (no rename detection: each path's
+    code is judged on its own)."""
     names = _git_out("diff", "--name-only", "--no-renames", commit, "--", *WATCHED)
-    if names is None:
+    new = _git_out("ls-files", "--others", "--exclude-standard", "--", *WATCHED)
+    if names is None or new is None:
         return None
     kept = None if family is None else runs_through(family)
     changed = []
-    for path in names.split():
+    for path in names.split() + [p for p in new.split() if _SOURCE_FILE.search(p)]:
         owners = _owners(path)
         if kept is not None and owners and not owners & kept:
             continue
@@ -441,11 +478,12 @@ def check_fresh(results: dict[str, tuple[str, dict[str, Any]]]) -> None:
         if commit not in commits:
             raise StaleResults(f"{UNMEASURED} lists changes after {str(commit)[:10]}, but no "
                                f"results are of that commit: take them out")
-    for commit, paths in commits.items():
+    missing = unchecked(results)
+    if missing:
+        raise StaleResults(f"cannot tell whether these results match the code: "
+                           f"{'; '.join(missing)}")
+    for commit in commits:
         changed = changed_since(commit)
-        if changed is None:
-            raise StaleResults(f"cannot tell whether the results of {commit[:10]} ({paths[0]}, "
-                               f"...) match the code: git or that commit is missing here")
         entries = listed.get(commit, [])
         leftover = [c["path"] for c in entries if c["path"] not in changed]
         if leftover:
@@ -465,6 +503,17 @@ def check_fresh(results: dict[str, tuple[str, dict[str, Any]]]) -> None:
                 f"the results of {commit[:10]} ({', '.join(stale)}) are stale: "
                 f"{', '.join(why[:12])}{' ...' if len(why) > 12 else ''} changed since; "
                 f"run the benchmarks again (scripts/gpu_check.sh bench) and benchmarks/report.py")
+
+
+def unchecked(results: dict[str, tuple[str, dict[str, Any]]]) -> list[str]:
+    """What check_fresh cannot judge here: one line for each results' commit
+    that the checkout's history lacks (no git, a copy without .git, a
+    shallow clone), naming the commit and the result files left unchecked."""
+    have_git = _git_out("rev-parse", "--git-dir") is not None
+    return [f"{commit[:10]} ({', '.join(paths)}): "
+            f"{'the commit is not in the history here' if have_git else 'no git history here'}"
+            for commit, paths in _commits(results).items()
+            if _git_out("cat-file", "-e", f"{commit}^{{commit}}") is None]
 
 
 def _commits(results: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, list[str]]:
@@ -549,6 +598,25 @@ def render_sanitizer(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_versions(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None:
+    """Which jax, jaxlib and Python the GPU results ran on, and on which
+    GPUs (from their provenance); None without results that record it."""
+    runs = [r["provenance"] for _, r in results.values() if r.get("provenance")]
+    if not runs:
+        return None
+
+    def each(values) -> str:
+        values = sorted(set(values))
+        return " and ".join(values) if len(values) < 3 else \
+            ", ".join(values[:-1]) + " and " + values[-1]
+
+    return (f"Every result in `benchmarks/results/` (the benchmarks, compute-sanitizer) ran "
+            f"with jax {each(str(p['versions'].get('jax')) for p in runs)}, jaxlib "
+            f"{each(str(p['versions'].get('jaxlib', '?')) for p in runs)} and Python "
+            f"{each(str(p['versions'].get('python', '?')) for p in runs)}, on "
+            f"{each(p['devices'][0] for p in runs)}.")
+
+
 def render_headline(results: dict[str, tuple[str, dict[str, Any]]]) -> str:
     """The README's table of ops, one headline number each from the results,
     and where and how they were measured."""
@@ -609,7 +677,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = _merged(
     "RENDERERS", {"sanitizer": render_sanitizer})
 # Sections drawn from several results (None: nothing to draw from).
 DERIVED: dict[str, Callable[[dict[str, tuple[str, dict[str, Any]]]], str | None]] = _merged(
-    "DERIVED", {"build": render_build, "headline": render_headline})
+    "DERIVED", {"build": render_build, "headline": render_headline,
+                "versions": render_versions})
 HEADLINES: list[Headline] = sorted((row for module in _MODULES
                                     for row in getattr(module, "HEADLINES", ())),
                                    key=lambda row: row.rank)
@@ -733,6 +802,8 @@ def main(argv: list[str] | None = None) -> int:
         if stale and not args.allow_stale:
             print(f"benchmarks/report.py: {stale}", file=sys.stderr)
             failed = 1
+        elif stale:  # allowed, and said all the same: what was not checked, or is stale
+            print(f"benchmarks/report.py: warning (--allow-stale): {stale}", file=sys.stderr)
         return failed
     if stale:
         print(f"benchmarks/report.py: warning: {stale}", file=sys.stderr)

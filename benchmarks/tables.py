@@ -24,7 +24,8 @@ UNRECORDED = "not recorded"
 @dataclasses.dataclass(frozen=True)
 class Headline:
     """A row of the README's table of ops (report.render_headline)."""
-    rank: int                 # the table's rows go by rank, those of every render module
+    rank: float               # the table's rows go by rank, those of every render module
+                              # (a row between two others: 3.5 between 3 and 4)
     op: str                   # the op, linked to its page docs/ops/<page>.md
     what: str                 # what it does
     result: str               # the result (op) its number is drawn from
@@ -75,6 +76,15 @@ def range_text(values: list[float], fmt: str = "{:.3f}") -> str:
     lo, hi = min(values), max(values)
     return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else \
         f"{fmt.format(lo)}–{fmt.format(hi)}"
+
+
+def behind_text(ratios: list[float], versus: str) -> str:
+    """How many of the cases jax_tma loses to `versus` (ratios: its time ÷
+    jax_tma's), with their range: "below XLA in all 12 cases, 0.79–1.00×"."""
+    behind = sum(v < 1 for v in ratios)
+    count = "all" if behind == len(ratios) else f"{behind} of"
+    return (f"below {versus} in {count} {len(ratios)} case{'s' * (len(ratios) != 1)}, "
+            f"{range_text(ratios, '{:.2f}')}×")
 
 
 def size_text(nbytes: float) -> str:

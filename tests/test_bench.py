@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -581,15 +582,143 @@ def test_every_section_is_on_a_page():
         assert text.count(f"<!-- bench:{op} -->") == 1, op
 
 
+def _headlines() -> tuple[dict[str, tuple[str, dict]], dict[str, str]]:
+    """The committed results, and the README's headline cell of each op
+    rendered from them."""
+    results = report.load_results(report.RESULTS)
+    return results, {row.op: row.number(results[row.result][1]) for row in report.HEADLINES
+                     if row.result in results}
+
+
+def test_readme_says_which_jax_the_gpu_results_ran_on():
+    # Issue 44: every GPU result is from the GPU machine's jax (0.11.2),
+    # while the README claimed 0.10.2 to 0.12.x with no word of what ran
+    # where. Its versions section names the jax, jaxlib and Python of every
+    # result, and the GPUs.
+    results = report.load_results(report.RESULTS)
+    text = open(report.README).read()
+    section = re.search(r"<!-- bench:versions -->\n(.*?)<!-- /bench:versions -->", text, re.S)
+    assert section, "the README has no versions section"
+    for _, r in results.values():
+        prov = r.get("provenance")
+        if prov:
+            for want in (f"jax {prov['versions']['jax']}", prov["versions"]["jaxlib"],
+                         prov["versions"]["python"], prov["devices"][0]):
+                assert want in section.group(1), want
+
+
+def test_headlines_name_the_hinted_and_the_plain_xla_forms():
+    # Issue 44: the scatter headline gave 6.38x the plain x.at[i].set alone;
+    # against the hinted form (unique_indices=True), measured in the same
+    # run, jax_tma is 1.19x. Every form the result measured stands in the
+    # headline, the strongest (fastest) first.
+    results, cells = _headlines()
+    if "gather" not in results:
+        pytest.skip("no gather result")
+    r = results["gather"][1]
+    for op, kind, key in (("gather", "gather", "pages"), ("scatter", "scatter set", "set")):
+        row = render_gather._find(r["rows"], key, r.get("use_dtype"))
+        forms = r["xla_formulations"][kind]
+        assert set(forms) == {"xla", "xla_hinted"}, kind
+        at = {k: cells[op].index(f"`{code}`") for k, code in forms.items()}
+        strongest = min(forms, key=lambda k: row["times"][k]["busy_us"])
+        assert at[strongest] == min(at.values()), (op, cells[op])
+        for k in forms:
+            ratio = tables.ratio_text(row["times"], "auto", k, "busy_us")
+            assert f"{ratio}× {render_gather._FORM[k]} `{forms[k]}`" in cells[op], (op, k)
+
+
+def test_headlines_hide_no_case_lost_to_xla():
+    # Issue 44: window loses to XLA in every case, and its headline showed
+    # the f32 row (0.94x) where bf16's is 0.79x; col2im loses to XLA's
+    # transpose of slice-and-concatenate in every case and no headline said so.
+    results, cells = _headlines()
+    if "window" in results:
+        ratios = [row["vs_xla"]["auto"] for row in results["window"][1]["rows"]]
+        assert f"{min(ratios):.2f}× XLA" in cells["window"]
+        assert tables.behind_text(ratios, "XLA") in cells["window"]
+    if "im2col" in results:
+        rows = results["im2col"][1]["rows"]
+        ratios = [row["col2im_vs"]["xla_grad_slice_concat"] for row in rows]
+        assert f"{ratios[0]:.2f}× XLA's transpose of slice-and-concatenate" in cells["col2im"]
+        assert tables.behind_text(ratios, "it") in cells["col2im"]
+    assert tables.behind_text([0.79, 0.998], "XLA") == "below XLA in all 2 cases, 0.79–1.00×"
+    assert tables.behind_text([0.9, 1.2, 1.1], "NCCL") == "below NCCL in 1 of 3 cases, 0.90–1.20×"
+
+
+# The committed results in which `auto` is timed beside methods a user can
+# force: op -> the (case, times) of each of its rows, `auto`'s times under
+# "auto", those of forced methods under their names (FORCED).
+_TIMED_METHODS = {
+    "window": lambda r: [(row["case"], row["times"]) for row in r["rows"]],
+    "gather": lambda r: [(row["case"], row["times"])
+                         for row in r["rows"] + r.get("small_gathers", []) + r["sweep"]["rows"]],
+    "im2col": lambda r: [(f"{tuple(row['shape'])} {row['dtype']}",
+                          {k.removeprefix("im2col_"): t for k, t in row["times"].items()
+                           if k.startswith("im2col_")}) for row in r["rows"]],
+    "copy": lambda r: [(f"{row['bytes']} B {row['dtype']}, {clock}", row[clock])
+                       for row in r["rows"] for clock in ("repeat", "after_write") if clock in row],
+    "broadcast": lambda r: [(row["case"], row["times"]) for row in r["rows"]],
+}
+_FORCED = re.compile(r"tma|simt|bulk|tiled|store|(multicast|dsmem)(/\d+)?")
+# A forced method beats `auto` where it takes 3 % less time by busy time and
+# span alike (less is within a run's noise).
+_BEAT = 0.97
+# A sentence that says `auto` picks (takes, chooses) the fastest kernel.
+_FASTEST_CLAIM = re.compile(r"auto\W[^.]{0,120}?\b(pick|take|choose|select)s?\b[^.]{0,30}?"
+                            r"\bfastest\b", re.I)
+
+
+def _auto_beaten(results) -> list[str]:
+    out = []
+    for op, rows in _TIMED_METHODS.items():
+        for case, times in rows(results[op][1]) if op in results else ():
+            for method, t in times.items():
+                if _FORCED.fullmatch(method) and all(
+                        t[c] < _BEAT * times["auto"][c] for c in ("busy_us", "span_us")):
+                    out.append(f"{op}: {case}: method {method!r} {t['busy_us']:.1f} µs against "
+                               f"auto's {times['auto']['busy_us']:.1f}")
+    return out
+
+
+def test_no_page_says_auto_is_the_fastest_where_the_results_disagree():
+    # Issue 44: docs/getting_started.md said `auto` picks the fastest
+    # kernel measured, but on the bf16 window at an aligned traced start
+    # `auto` took 30.6 µs and `method="tma"` 27.9. Where the committed
+    # results have a forced method beat `auto`, no page (the README, docs/,
+    # the docstrings; the rendered sections aside) may say it is the fastest.
+    assert _FASTEST_CLAIM.search('`method="auto"` (the default everywhere) picks the fastest '
+                                 'kernel measured for the call')
+    assert not _FASTEST_CLAIM.search('`method="auto"` picks a kernel by a rule. The fastest')
+    beaten = _auto_beaten(report.load_results(report.RESULTS))
+    if not beaten:
+        return
+    paths = [report.README, *glob.glob(os.path.join(_ROOT, "docs", "**", "*.md"), recursive=True),
+             *glob.glob(os.path.join(_ROOT, "jax_tma", "*.py"))]
+    claims = []
+    for path in paths:
+        text = " ".join(report._SECTION.sub("", open(path).read()).split())
+        claims += [f"{os.path.relpath(path, _ROOT)}: ...{m.group(0)}..."
+                   for m in _FASTEST_CLAIM.finditer(text)]
+    assert not claims, ("these say `auto` takes the fastest kernel, but in the committed results "
+                        "a forced method beat it:\n" + "\n".join(beaten) + "\nthe claims:\n"
+                        + "\n".join(claims))
+
+
 def test_committed_results_match_the_code():
     # No change to the measured code (report.WATCHED) since the results'
     # commit: after one, the benchmarks run again (scripts/gpu_check.sh
-    # bench) and report.py renders their results.
+    # bench) and report.py renders their results. Without the history to
+    # tell, it says which results it could not check (a warning in pytest's
+    # summary, and the skip's reason), not a bare skip.
     results = report.load_results(report.RESULTS)
-    for commit in report._commits(results):
-        if report.changed_since(commit) is None:
-            pytest.skip(f"no git history here to compare {commit[:10]} with HEAD (a copy "
-                        f"without .git, or a shallow clone)")
+    missing = report.unchecked(results)
+    if missing:
+        why = ("could not check whether these benchmark results are those of the code (a copy "
+               "without .git, or a shallow clone; `git fetch --unshallow` gives the history): "
+               + "; ".join(missing))
+        warnings.warn(why)
+        pytest.skip(why)
     report.check_fresh(results)
 
 
@@ -696,6 +825,112 @@ def test_check_judges_the_working_tree_not_head(tmp_path, monkeypatch):
     _git(repo, "checkout", "-q", "--", "jax_tma/_copy.py")
     (repo / "jax_tma" / "_jax_tma.so").write_bytes(b"\x7fELF\x02\x80")
     assert report.main(args) == 0
+
+
+def test_check_counts_a_new_source_that_git_does_not_track_yet(tmp_path, monkeypatch):
+    # Issue 44: an uncommitted change must fail the check. A changed tracked
+    # file did (above); a new source file not yet added to git did not,
+    # though it is code of the checkout. A build's module is not (untracked
+    # and no source), nor is a file git ignores.
+    repo, measured, args = _measured_checkout(tmp_path, monkeypatch, _CODE)
+    (repo / ".gitignore").write_text("*.log\nscratch/\n")
+    (repo / "jax_tma" / "_jax_tma.so").write_bytes(b"\x7fELF\x02\x80")
+    (repo / "ffi" / "copy" / "build.log").write_text("int x;\n")
+    (repo / "ffi" / "scratch").mkdir()
+    (repo / "ffi" / "scratch" / "try.cu").write_text("int Try();\n")
+    assert report.changed_since(measured) == []
+    assert report.main(args) == 0
+    (repo / "ffi" / "copy" / "bulk_pipeline.cuh").write_text("int Stages() { return 4; }\n")
+    assert report.changed_since(measured) == ["ffi/copy/bulk_pipeline.cuh"]
+    assert report.main(args) == 1
+    _git(repo, "add", "ffi/copy/bulk_pipeline.cuh")  # staged, not committed: the same
+    assert report.changed_since(measured) == ["ffi/copy/bulk_pipeline.cuh"]
+    assert report.main(args) == 1
+    with pytest.raises(report.StaleResults, match="commit its change first"):
+        report.record_unmeasured(report.load_results(str(repo / "benchmarks" / "results")),
+                                 "ffi/copy/bulk_pipeline.cuh", "a test")
+
+
+_BUILD_CODE = {
+    **_CODE,
+    "CMakeLists.txt": 'project(jax_tma)\nset(CMAKE_CUDA_ARCHITECTURES "90a-real")\n',
+    "pyproject.toml": '[build-system]\nrequires = ["scikit-build-core>=0.10", "jaxlib==0.10.2"]\n'
+                      '\n[project]\nname = "jax-tma"\ndependencies = ["jax>=0.10.2"]\n'
+                      '[project.optional-dependencies]\ntest = ["pytest>=8", "hypothesis>=6"]\n'
+                      '\n[tool.scikit-build.cmake.define]\nJAX_TMA_CUDA = "AUTO"\n'
+                      '\n[tool.pytest.ini_options]\ntestpaths = ["tests"]\n',
+    "tests/cuda/copy_selftest.cu": '#include "copy/bulk_copy.cu"\nint main() { return 0; }\n',
+}
+
+
+def test_check_watches_the_selftests_and_the_build_settings(tmp_path, monkeypatch):
+    # Issue 44: the kernels' self-tests (tests/cuda/, what the sanitizer's
+    # result runs) and the build's settings (compiler flags and
+    # architectures: CMakeLists.txt, pyproject.toml's build tables) are code
+    # of the results. A self-test is the sanitizer's alone; pyproject.toml's
+    # dependencies and test settings are nobody's.
+    repo, measured = _committed_repo(tmp_path, _BUILD_CODE)
+    for op in ("tune-bulk", "sanitizer"):
+        _write_measured(repo, op, measured)
+    monkeypatch.setattr(report, "ROOT", str(repo))
+    results = report.load_results(str(repo / "benchmarks" / "results"))
+
+    def commit(path, text):
+        (repo / path).write_text(text)
+        _git(repo, "commit", "-qam", f"change {path}")
+        return report.changed_since(measured), report.changed_since(measured, "copy")
+
+    report.check_fresh(results)
+    pyproject = _BUILD_CODE["pyproject.toml"]
+    assert commit("pyproject.toml", pyproject.replace(', "hypothesis>=6"', "").replace(
+        'testpaths = ["tests"]', 'testpaths = ["tests"]\nmarkers = ["gpu: a GPU"]')) == ([], [])
+    report.check_fresh(results)
+    assert commit("tests/cuda/copy_selftest.cu",
+                  "// The self-test.\n" + _BUILD_CODE["tests/cuda/copy_selftest.cu"]) == ([], [])
+    assert commit("tests/cuda/copy_selftest.cu", _BUILD_CODE["tests/cuda/copy_selftest.cu"]
+                  .replace("return 0", "return 1")) == (["tests/cuda/copy_selftest.cu"], [])
+    with pytest.raises(report.StaleResults, match=r"\(benchmarks/results/sanitizer_h100_2026-11-25"
+                                                  r"\.json\) are stale: tests/cuda/copy_selftest"):
+        report.check_fresh(results)
+    _git(repo, "checkout", "-q", measured, "--", "tests/cuda/copy_selftest.cu")
+    _git(repo, "commit", "-qm", "back")
+    report.check_fresh(results)
+    for path, text in (
+            ("pyproject.toml", pyproject.replace('JAX_TMA_CUDA = "AUTO"', 'JAX_TMA_CUDA = "ON"')),
+            ("pyproject.toml", pyproject.replace("jaxlib==0.10.2", "jaxlib==0.12.0")),
+            ("CMakeLists.txt", _BUILD_CODE["CMakeLists.txt"].replace("90a-real", "90a-real;100a"))):
+        assert commit(path, text) == ([path], [path]), text
+        with pytest.raises(report.StaleResults, match=rf"tune-bulk.*are stale: {path}"):
+            report.check_fresh(results)
+        _git(repo, "checkout", "-q", measured, "--", path)
+        _git(repo, "commit", "-qm", "back")
+    report.check_fresh(results)
+
+
+def test_without_history_the_check_says_what_it_could_not_check(tmp_path, monkeypatch, capsys):
+    # Issue 44: where the checkout has no history (no .git, a shallow clone),
+    # the freshness check cannot be made: --check fails, --allow-stale says
+    # which results it left unchecked, and the test of the committed results
+    # warns with the same before it skips.
+    results = tmp_path / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    commit = "c0ffee" + "0" * 34
+    _write_measured(tmp_path, "tune-bulk", commit)
+    (tmp_path / "README.md").write_text("no sections\n")
+    monkeypatch.setattr(report, "ROOT", str(tmp_path))
+    args = ["--check", "--results", str(results), "--readme", str(tmp_path / "README.md"),
+            "--docs", str(tmp_path / "docs")]
+    for extra, rc in (([], 1), (["--allow-stale"], 0)):
+        assert report.main(args + extra) == rc
+        err = capsys.readouterr().err
+        assert re.search(r"cannot tell whether these results match the code: c0ffee0000 "
+                         r"\(benchmarks/results/tune-bulk_h100_2026-11-25\.json\): no git "
+                         r"history here", err), err
+    monkeypatch.setattr(report, "RESULTS", str(results))
+    with pytest.warns(UserWarning, match=r"could not check .*c0ffee0000 \(benchmarks/results/"
+                                         r"tune-bulk_h100_2026-11-25.json\): no git history"):
+        with pytest.raises(pytest.skip.Exception):
+            test_committed_results_match_the_code()
 
 
 def test_an_unmeasured_change_is_named_and_bounded(tmp_path, monkeypatch):
@@ -904,6 +1139,43 @@ def test_a_hand_edit_of_a_section_is_caught(tmp_path):
         start = text.index(f"<!-- bench:{section} -->\n") + len(f"<!-- bench:{section} -->\n")
         (root / page).write_text(text[:start] + "| 1 MiB | 9.99 |\n" + text[start:])
         assert report.main(args) == 1, page
+
+
+# A measured quantity in a page's text: a time, a bandwidth, a ratio (0.85×;
+# not a shape, 3×3, nor a count, 2 × H100) or a percentage.
+_MEASURED = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:×(?![\d²])|\s?(?:ns|µs|ms|[KMGT]i?B/s)"
+                       r"(?!\w)|\s?%)")
+_FENCED = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+_INLINE_CODE = re.compile(r"`[^`\n]*`")
+
+
+def _measured_outside_sections(text: str) -> list[str]:
+    """The measured quantities (_MEASURED) of a page's prose: not in a
+    rendered section, a code block or inline code."""
+    for rx in (report._SECTION, _FENCED, _INLINE_CODE):
+        text = rx.sub(" ", text)
+    text = " ".join(text.split())
+    return [text[max(0, m.start() - 50):m.end() + 20] for m in _MEASURED.finditer(text)]
+
+
+def test_every_measured_number_of_a_page_is_rendered():
+    # Issue 44: docs/ops/ppermute.md kept numbers by hand outside any
+    # rendered section (3.5 ms where the result says 2.41 ms, 0.65× where it
+    # says 0.51×). Every time, bandwidth, ratio or percentage of the README
+    # and of an op page stands in a section that report.py renders from a
+    # result file.
+    old = ("one call of 64 KiB blocks took 3.5 ms by span, and 256 MiB blocks moved at 59 GB/s "
+           "per direction: 0.85× a `cudaMemcpyAsync` (0.65× at 16 MiB), 4–8% faster")
+    assert [m.split()[-1] for m in _MEASURED.findall(old)] == ["ms", "GB/s", "0.85×", "0.65×",
+                                                               "8%"]
+    assert _measured_outside_sections("3×3 SAME patches of 8192² on 2 × H100, 64 KiB, "
+                                      "`(i - 1) % 4`, 30 s\n```\nx = 2.5×\n```\n") == []
+    pages = [report.README, *sorted(glob.glob(os.path.join(_ROOT, "docs", "ops", "*.md")))]
+    found = [f"{os.path.relpath(path, _ROOT)}: ...{hit}..." for path in pages
+             for hit in _measured_outside_sections(open(path).read())]
+    assert not found, ("measured numbers outside a rendered section (render them from the "
+                       "results: a DERIVED section of the op's render module):\n"
+                       + "\n".join(found))
 
 
 def test_report_refuses_two_results_of_one_op(tmp_path):

@@ -74,3 +74,56 @@ def test_readme_links_exist():
     missing = [link for link in links if "://" not in link
                and not (README.parent / link).is_file()]
     assert not missing, f"the README links to files that do not exist: {missing}"
+
+
+# The test extra's requirements that no test imports, and where each is used
+# instead (a file of the checkout and a text in it that shows the use).
+_USED_WITHOUT_IMPORT = {
+    "pytest": ("README.md", "pytest tests"),                     # the runner itself
+    "pytest-xdist": ("README.md", "-n auto"),                    # a worker per core
+    "flatbuffers": ("tests/test_mode_export.py", ".serialize()"),  # jax.export's serialize()
+}
+
+
+def test_every_test_requirement_is_used():
+    """`pip install ".[test]"` (the README's test command) installs only what
+    the tests use: each requirement of the `test` extra is imported by a test
+    module, or used as _USED_WITHOUT_IMPORT says (and that use is there)."""
+    import tomllib
+
+    root = README.parent
+    extra = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["test"]
+    names = [re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower() for req in extra]
+    sources = "\n".join(p.read_text() for p in (root / "tests").rglob("*.py"))
+    imported = set(re.findall(r"^\s*(?:import|from)\s+([A-Za-z0-9_]+)", sources, re.M))
+    unused = []
+    for name in names:
+        if name.replace("-", "_") in imported:
+            continue
+        if name in _USED_WITHOUT_IMPORT:
+            path, text = _USED_WITHOUT_IMPORT[name]
+            assert text in (root / path).read_text(), f"{name}: {path} no longer has {text!r}"
+            continue
+        unused.append(name)
+    assert not unused, (f"pyproject.toml's test extra lists {unused}, which no test imports "
+                        f"or uses: use it or drop it")
+
+
+def test_readme_says_which_jax_ci_tests_on_which_python():
+    """The README names each (Python, jax) pair that CI's wheel stages
+    (.ci/run's test_wheel lines) test on, as it tests it: "jax 0.10.2 on
+    Python 3.11", "the newest jax on Python 3.12"."""
+    root = README.parent
+    ci = root / ".ci" / "run"
+    if not ci.is_file():
+        import pytest
+
+        pytest.skip("no .ci/run here")
+    pairs = re.findall(r'^test_wheel (3\.\d+) "jax(?:==([\d.]+))?"', ci.read_text(), re.M)
+    assert pairs, ".ci/run tests no wheel"
+    text = " ".join(README.read_text().split())
+    for python, version in pairs:
+        said = f"jax {version} on Python {python}" if version else \
+            f"the newest jax on Python {python}"
+        assert said in text, f"the README does not say CI tests {said}"
