@@ -176,7 +176,7 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
     _check_known_ids(expert_ids, num_experts)
     tokens, k = ids.shape
     rows = n * tokens * k if capacity is None else num_experts // n * capacity
-    sends = _plan_sends(ids, num_experts, capacity, names, n)
+    sends = _planned(ids, num_experts, capacity, names, n)
     x, meta, routes, pair_token, choice_row, dropped, group_sizes = _checks.align_varying(
         x, sends.meta, sends.routes, sends.pair_token, sends.choice_row, sends.dropped,
         sends.group_sizes)
@@ -216,8 +216,7 @@ def moe_combine(y: Any, plan: MoePlan, weights: Any) -> jax.Array:
     cotangent is the dispatch of the output's cotangent, each row scaled by
     its weight; ``weights[t, j]``'s is ``⟨ct_out[t], y[row of (t, j)]⟩``,
     reduced where ``y`` lives, so ``k`` floats a token and device go home
-    rather than rows. Second-order derivatives in ``y`` and ``weights``
-    raise ``NotImplementedError``.
+    rather than rows.
 
     Args:
       y: ``(S, H)`` of a real floating dtype: the experts' outputs, a row
@@ -374,6 +373,11 @@ def _plan_sends(ids, num_experts: int, capacity: int | None, names, n: int) -> _
     return _Sends(group[me], valid & ~kept, routes, pair_token, choice_row, meta)
 
 
+# One program for the routing's many small steps, also where shard_map runs
+# eagerly (op by op); inside jit it is inlined.
+_planned = jax.jit(_plan_sends, static_argnums=(1, 2, 3, 4))
+
+
 class _Routes(NamedTuple):
     """The plan's arrays that the data movement reads, in the order the
     primitives take them after their own operands."""
@@ -399,6 +403,22 @@ def _take(a: jax.Array, index: jax.Array) -> jax.Array:
         return jnp.zeros(index.shape + a.shape[1:], a.dtype)
     return jnp.take(a, jnp.where(index >= 0, index, a.shape[0]), axis=0, mode="fill",
                     fill_value=0)
+
+
+def _after(rows: jax.Array, index: jax.Array, *values: jax.Array) -> jax.Array:
+    """`rows`, computed from `values` too, so that an exchange of them runs
+    after whatever made `values`: XLA's runtime orders calls by the buffers
+    they read and runs the others side by side, and two exchanges side by
+    side can starve each other on the CPU (docs/limits.md). Each value's
+    first element is read where `index` (the plan's, one per row: pair_token
+    or source) is negative, which it never is, and which XLA cannot know.
+    (An optimization barrier orders nothing at run time: its results are
+    its operands' buffers.)"""
+    never = (index < 0).reshape((-1,) + (1,) * (rows.ndim - 1))
+    for v in values:
+        if rows.size and v.size:
+            rows = jnp.where(never, v.reshape(-1)[0].astype(rows.dtype), rows)
+    return rows
 
 
 def _bytes(a: jax.Array) -> jax.Array:
@@ -445,38 +465,56 @@ def _accumulator(dtype) -> np.dtype:
     return np.dtype(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
 
 
+def _accumulate(out, started, here, term):
+    """`out` plus `term` where `here` (`term` itself where `out` holds no term
+    yet), `out` elsewhere; and where `out` now holds a term."""
+    return jnp.where(here, jnp.where(started, out + term, term), out), started | here
+
+
+def _rounded(product: jax.Array, index: jax.Array) -> jax.Array:
+    """`product` as it is, rounded on its own before any sum takes it: its
+    bits pass through an integer or with `index < -1` (the plan's slots are
+    never below -1), which is zero at run time and which no compiler can
+    know. Else XLA fuses a multiply and the add after it into one
+    multiply-add, rounding once, wherever one of its fusions holds both (on
+    CPUs and GPUs alike), and a sum's bits would depend on its fusions."""
+    ints = np.dtype(f"int{8 * product.dtype.itemsize}")
+    zero = (index < -1).astype(ints).reshape((-1,) + (1,) * (product.ndim - 1))
+    return lax.bitcast_convert_type(lax.bitcast_convert_type(product, ints) | zero,
+                                    product.dtype)
+
+
 def _per_pair(terms, slots: jax.Array, acc) -> jax.Array:
-    """On the experts' device, one row per received row: the sum over its
-    choices here (slot >= 0) in ascending j, from +0.0 in `acc`, of each
-    term's `values[slot] * weights[row, j]` (weights None: 1), terms in
-    their order. Each product is rounded before it is added: the select
-    between them keeps XLA from fusing the two into one multiply-add, which
-    it does on CPUs and GPUs as its fusion happens to fall (a sum from +0.0
-    is never -0.0, so adding +0.0 for a choice not here changes nothing)."""
+    """On the experts' device, one row per received row: the sum in `acc`
+    over its choices here (slot >= 0) in ascending j of each term's
+    `values[slot] * weights[row, j]` (weights None: 1), terms in their
+    order; +0.0 where there are none."""
     rows, k = slots.shape
     out = jnp.zeros((rows,) + terms[0][0].shape[1:], acc)
+    started = jnp.zeros((rows,) + (1,) * (out.ndim - 1), bool)
     for j in range(k):
-        here = (slots[:, j] >= 0)[:, None]
+        here = (slots[:, j] >= 0).reshape(started.shape)
         for values, weights in terms:
             term = _take(values, slots[:, j]).astype(acc)
             if weights is not None:
-                term = term * weights[:, j, None].astype(acc)
-            out = out + jnp.where(here, term, 0)
+                term = _rounded(term * weights[:, j, None].astype(acc), slots[:, j])
+            out, started = _accumulate(out, started, here, term)
     return out
 
 
 def _per_token(home: jax.Array, r: _Routes, acc) -> jax.Array:
-    """At home, one row per token: the sum from +0.0 in `acc` of the rows
-    of its pairs that hold a kept choice, each added at the first kept
-    choice of its device."""
+    """At home, one row per token: the sum in `acc` of the rows of its pairs
+    that hold a kept choice, each added at the first kept choice of its
+    device; +0.0 where there are none."""
     k = r.choice_row.shape[1]
     kept = (r.choice_row >= 0) & ~r.dropped
     same = (r.choice_row[:, :, None] == r.choice_row[:, None, :]) & kept[:, None, :]
     first = kept & ~jnp.any(same & jnp.tri(k, k, -1, dtype=bool), axis=2)
     out = jnp.zeros((r.choice_row.shape[0],) + home.shape[1:], acc)
+    started = jnp.zeros((out.shape[0],) + (1,) * (out.ndim - 1), bool)
     for j in range(k):
         term = _take(home, jnp.where(first[:, j], r.choice_row[:, j], -1)).astype(acc)
-        out = jnp.where(first[:, j, None], out + term, out)
+        out, started = _accumulate(out, started, first[:, j].reshape(started.shape), term)
     return out
 
 
@@ -551,7 +589,7 @@ def _rows(v, *route, toward, **ex):
     dispatch's transpose."""
     r = _Routes(*route)
     if toward == "experts":
-        rows, _ = lax.optimization_barrier((_take(v, r.pair_token), r.source))
+        rows = _after(_take(v, r.pair_token), r.pair_token, r.source)
         return _take(_to_experts(rows, r, 0, **ex), r.source // r.slots.shape[1])
     acc = _accumulator(v.dtype)
     pairs = _per_pair([(v, None)], r.slots, acc).astype(v.dtype)
@@ -563,8 +601,7 @@ def _combine(y, weights, *route, **ex):
     done), each pair's weighted sum home, each token's sum there."""
     r = _Routes(*route)
     acc = _accumulator(y.dtype)
-    sent, _ = lax.optimization_barrier((_take(weights, r.pair_token), r.source))
-    got = _to_experts(sent, r, 0, **ex)
+    got = _to_experts(_after(_take(weights, r.pair_token), r.pair_token, y), r, 0, **ex)
     pairs = _per_pair([(y, got)], r.slots, acc).astype(y.dtype)
     return _per_token(_home(pairs, r, **ex), r, acc).astype(y.dtype)
 
@@ -576,8 +613,8 @@ def _combine_tangent(dy, dweights, y, weights, after, *route, **ex):
     r = _Routes(*route)
     acc = _accumulator(y.dtype)
     k = weights.shape[1]
-    sent, *_ = lax.optimization_barrier(
-        (_take(jnp.concatenate([weights, dweights], 1), r.pair_token), dy, after))
+    sent = _after(_take(jnp.concatenate([weights, dweights], 1), r.pair_token), r.pair_token,
+                  dy, after)
     got = _to_experts(sent, r, 0, **ex)
     pairs = _per_pair([(dy, got[:, :k]), (y, got[:, k:])], r.slots, acc).astype(dy.dtype)
     return _per_token(_home(pairs, r, **ex), r, acc).astype(dy.dtype)
@@ -611,8 +648,8 @@ def _combine_transpose(ct, y, weights, r: _Routes, want_y: bool, want_weights: b
         kept = (r.choice_row >= 0) & ~r.dropped
         at = jnp.where(kept, r.choice_row * k + jnp.arange(k, dtype=_I32), -1)
         ct_weights = _take(home.reshape(-1), at).astype(weights.dtype)
-    if want_y and want_weights:
-        ct_y, ct_weights = lax.optimization_barrier((ct_y, ct_weights))
+        if want_y:
+            ct_y = _after(ct_y, r.source, home)
     return ct_y, ct_weights
 
 
@@ -669,15 +706,22 @@ def _combine_jvp(primals, tangents, **ex):
 
 
 def _combine_tangent_jvp(primals, tangents, **ex):
-    if any(type(t) is not ad.Zero for t in tangents[2:4]):
-        raise NotImplementedError(f"{_COMBINE}: derivatives of second order in y and weights "
-                                  "are not implemented")
-    out = _combine_tangent_p.bind(*primals, **ex)
-    ddy, ddweights = tangents[:2]
-    if type(ddy) is ad.Zero and type(ddweights) is ad.Zero:
+    """t(dy, dw; y, w) = combine(dy, w) + combine(y, dw) is symmetric,
+    t(a, b; c, d) = t(c, d; a, b), so its derivative in (y, w) along (ty, tw)
+    is t(ty, tw; dy, dw): each term one more bind, linear in its first two,
+    each after the one before."""
+    dy, dweights, y, weights, _, *route = primals
+    after = out = _combine_tangent_p.bind(*primals, **ex)
+    terms = []
+    for a, b, c, d in ((tangents[0], tangents[1], y, weights),
+                       (tangents[2], tangents[3], dy, dweights)):
+        if type(a) is not ad.Zero or type(b) is not ad.Zero:
+            after = _combine_tangent_p.bind(ad.instantiate_zeros(a), ad.instantiate_zeros(b), c,
+                                            d, after, *route, **ex)
+            terms.append(after)
+    if not terms:
         return out, _zero_like(out)
-    return out, _combine_tangent_p.bind(ad.instantiate_zeros(ddy),
-                                        ad.instantiate_zeros(ddweights), *primals[2:], **ex)
+    return out, functools.reduce(jnp.add, terms)
 
 
 def _combine_tangent_transpose(ct, dy, dweights, y, weights, after, *route, **ex):
