@@ -112,7 +112,8 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
     Works under ``jit``, ``grad``, ``jvp``/``linearize`` (linear in ``x``;
     the transpose brings the cotangents' rows home and sums each token's in
     float32, as :func:`moe_combine` does with unit weights) and ``vmap``
-    (each member its own exchanges).
+    (each member its own exchanges, whose derivatives are then jax's of the
+    composition).
 
     Args:
       x: ``(T, H)``, this device's tokens, of a real floating dtype.
@@ -193,24 +194,25 @@ def moe_combine(y: Any, plan: MoePlan, weights: Any) -> jax.Array:
     where masked and dropped choices contribute 0.
 
     Each device first sums, for every token it received, the weighted rows
-    of that token's choices it holds, so that one row a token and device
-    goes home, in ``y``'s dtype; home adds the rows of the token's devices.
-    Both sums accumulate in float32 (float64 for float64 ``y``) and are then
-    cast to ``y``'s dtype:
+    of that token's choices it holds, and sends that one row home in
+    ``y``'s dtype (as DeepEP's combine does); home adds the rows of the
+    token's devices. Both sums run in float32 (float64 for float64 ``y``),
+    each product rounded before it is added, each sum from its first term,
+    and each is then cast to ``y``'s dtype:
 
     - on the expert's device, over the token's choices there in ascending
-      ``j``, from +0.0;
+      ``j``;
     - at home, over the token's devices in the order of each one's first
-      kept choice, from +0.0.
+      kept choice (+0.0 for a token without one).
 
     Where each device holds at most one kept choice of a token (top-k
     routing over distinct devices), that is the float32 sum in order ``j =
-    0 … k−1`` of the rounded products. The weights travel to the experts'
+    0 … k−1``, each device's term rounded to ``y``'s dtype on its way home
+    (no rounding for float32 ``y``). The weights travel to the experts'
     devices first (one ``ragged_all_to_all`` of ``(rows, k)``), then the
-    summed rows home (a second one). The CPU and the GPU run this same
-    composition; the order of every sum is fixed, but on a GPU XLA may
-    fuse a product and a sum into one multiply-add, which rounds once
-    where the CPU rounds twice.
+    summed rows home (a second one). CPUs and GPUs run this composition,
+    every sum in this order; where a float32 product or sum is subnormal,
+    XLA's CPU code flushes it to zero.
 
     Derivatives in both modes, bilinear in ``(y, weights)``: ``y``'s
     cotangent is the dispatch of the output's cotangent, each row scaled by
