@@ -326,10 +326,11 @@ def _exclusive(a: jax.Array, axis: int = 0) -> jax.Array:
 
 
 def _plan_sends(ids, num_experts: int, capacity: int | None, names, n: int) -> _Sends:
-    """The sending device's half of the plan: integer work at trace time and
-    one all_to_all, which gives every device every device's count per expert
-    (so that each sender places, and drops, its own choices) and per
-    destination (so that each knows what it receives)."""
+    """The sending device's half of the plan, and the slots its rows carry:
+    integer work and one all_to_all, which gives every device every
+    device's count per expert (so that each sender places, and drops, its
+    own choices) and per destination (so that each knows what it
+    receives)."""
     tokens, k = ids.shape
     local = num_experts // n
     pairs_max = tokens * min(k, n)
