@@ -426,6 +426,7 @@ _W = np.zeros((N * 2, 2), np.float32)
     (lambda y, plan, w: (y, plan, w.astype(jnp.int32)), TypeError,
      r"weights must be of a real floating dtype, got int32"),
     (lambda y, plan, w: (y, plan, [w]), TypeError, r"weights must be an array"),
+    (lambda y, plan, w: ({"y": y}, plan, w), TypeError, r"y must be an array"),
 ])
 def test_combine_refuses_by_name(change, error, match):
     def body(x, ids, w):
@@ -449,3 +450,7 @@ def test_combine_refuses_a_plan_of_another_axis():
     with pytest.raises(ValueError, match=r"jax_tma\.moe_combine: the plan is of 4 positions, but "
                                          r"\('x',\) has 8 here"):
         _trace(body, dataclasses.replace(plan, axis_name=("x",)), _W)
+    batched = jax.tree.map(lambda a: a[None], dataclasses.replace(plan, axis_name=("v",)))
+    with pytest.raises(NotImplementedError, match=r"jax_tma\.moe_combine: axis \('v',\) is not "
+                                                  r"a mesh axis"):
+        jax.vmap(body, axis_name="v")(batched, _W[None])
