@@ -154,7 +154,13 @@ def test_every_real_float_dtype(rng, dtype):
     rows = np.asarray(recv).reshape(N, -1, 6)
     for d in range(N):
         assert_bits_equal(rows[d, :len(want[d]), :3], want[d])
-    assert_bits_equal(out, moe_combine_reference(np.asarray(recv)[:, 3:], weights, placed, N))
+    # A sum past the dtype's range is NaN in the float8 types without an
+    # infinity, of either sign: XLA's conversions to them keep it in some
+    # programs and not in others (IEEE leaves a NaN's sign open).
+    want = moe_combine_reference(np.asarray(recv)[:, 3:], weights, placed, N)
+    nan = np.isnan(want.astype(np.float64))
+    assert_bits_equal(np.isnan(np.asarray(out).astype(np.float64)), nan)
+    assert_bits_equal(np.asarray(out)[~nan], want[~nan])
 
 
 def test_over_two_mesh_axes_and_over_one(rng):
