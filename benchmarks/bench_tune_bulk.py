@@ -36,7 +36,7 @@ def shapes(shipped: dict[str, tuple]) -> list[tuple[int, int, int, bool]]:
            for rounds in (1, 2, 4, 8, 32)
            if chunk * stages <= 200 * 1024]
     out += [(chunk, stages, static, True)  # `static` chunks each, then claims
-            for chunk, stages in ((8192, 8), (8192, 16), (16384, 8), (16384, 12))
+            for chunk, stages in ((8192, 8), (8192, 16), (16384, 8), (16384, 12), (4096, 16), (8192, 12), (16384, 6), (16384, 4), (32768, 3), (32768, 6), (12288, 16))
             for static in (4, stages)]
     for config in shipped.values():
         if tuple(config) not in out:
@@ -52,7 +52,7 @@ def _label(shape: Sequence) -> str:
 
 def tune_bulk(s: Session) -> dict[str, Any]:
     ext = s.refs.ext
-    shipped = {k: tuple(v) for k, v in ext.shipped_bulk_configs.items()}
+    shipped = {k: tuple(v) for k, v in ext.shipped_bulk_configs(0).items()}
     swept = shapes(shipped)
 
     def launch(shape, dst, src, nbytes):

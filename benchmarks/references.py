@@ -67,8 +67,11 @@ class CpuHook:
     """The raw launch hook's stand-in in a smoke run: host memmove of the
     bytes, the shapes and threshold of the real module."""
 
-    shipped_bulk_configs = {"static": (32768, 4, 4, False), "dynamic": (8192, 16, 4, True)}
     dynamic_bulk_min_bytes = _ffi.rules()["copy.dynamic_bulk_min_bytes"]
+
+    @staticmethod
+    def shipped_bulk_configs(device):
+        return {"static": (32768, 4, 4, False), "dynamic": (8192, 16, 4, True)}
 
     @staticmethod
     def raw_copy(method, device, dst, src, nbytes, *config):

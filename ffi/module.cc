@@ -17,6 +17,8 @@
 #if JAX_TMA_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include "copy/copy_plan.h"
+#include "cuda/device_info.h"
 #include "cuda/handlers.h"
 #endif
 
@@ -150,5 +152,13 @@ NB_MODULE(_jax_tma, m) {
 
 #if JAX_TMA_WITH_CUDA
   m.attr("cuda_runtime_version") = CUDART_VERSION;
+  // The measured device whose tuned plans CUDA device `device` runs
+  // (copy/copy_plan.h: the nearest in peak memory bandwidth); "" where the
+  // device cannot be queried.
+  m.def("device_plan", [](int device) -> std::string {
+    jax_tma::DeviceInfo info;
+    if (jax_tma::GetDeviceInfo(device, &info).failure()) return "";
+    return jax_tma::CopyDevicePlanFor(info.memory_tbps).measured_on;
+  }, nb::arg("device"));
 #endif
 }

@@ -23,9 +23,11 @@ def build_info() -> dict[str, Any]:
       of the XLA FFI headers built against), ``ffi_targets`` (the names of
       jax_tma's FFI targets, which ``jax.export`` must be told are safe),
       ``jax_version`` and ``gpus``: per visible CUDA device its id, name,
-      compute capability and whether TMA is usable (compute capability >= 9.0;
+      compute capability, whether TMA is usable (compute capability >= 9.0;
       on older GPUs ``method="auto"`` takes the SIMT kernels, with the same
-      results).
+      results) and ``plans_from``: the GPU the tuned plans it runs were
+      measured on (the measured GPU nearest to it in peak memory bandwidth;
+      None for another process's GPU).
 
     Examples:
       >>> import jax_tma
@@ -44,6 +46,7 @@ def build_info() -> dict[str, Any]:
                 "name": d.device_kind,
                 "compute_capability": f"{major}.{minor}",
                 "tma": (major, minor) >= _ffi.rules()["tma_min_compute_capability"],
+                "plans_from": _plans_from(ext, d),
             }
         )
     return {
@@ -55,3 +58,11 @@ def build_info() -> dict[str, Any]:
         "gpus": gpus,
         "jax_version": jax.__version__,
     }
+
+
+def _plans_from(ext, device) -> str | None:
+    """The measured GPU whose plans `device` runs: None where this process
+    cannot query it (another process's, or a build without CUDA)."""
+    if device.process_index != jax.process_index() or not hasattr(ext, "device_plan"):
+        return None
+    return ext.device_plan(device.local_hardware_id) or None

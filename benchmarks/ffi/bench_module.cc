@@ -88,14 +88,20 @@ NB_MODULE(_jax_tma_bench, m) {
         nb::arg("chunks_per_cta") = d.chunks_per_cta, nb::arg("dynamic") = false,
         nb::arg("stream") = 0);
   m.def("synchronize", &Synchronize, nb::arg("device"));
-  // The shapes jax_tma.copy launches, for the sweep to rank (bench_tune_bulk.py).
-  const auto as_tuple = [](const jax_tma::BulkCopyConfig& c) {
-    return nb::make_tuple(c.chunk_bytes, c.stages, c.chunks_per_cta, c.dynamic);
-  };
-  nb::dict shipped;
-  shipped["static"] = as_tuple(d);
-  shipped["dynamic"] = as_tuple(jax_tma::kDynamicBulkCopyConfig);
-  m.attr("shipped_bulk_configs") = shipped;
+  // The shapes jax_tma.copy launches on `device`, for the sweep to rank
+  // (bench_tune_bulk.py).
+  m.def("shipped_bulk_configs", [](int device) {
+    jax_tma::DeviceInfo info;
+    const xla::ffi::Error err = jax_tma::GetDeviceInfo(device, &info);
+    if (err.failure()) throw std::runtime_error(err.message());
+    const auto as_tuple = [](const jax_tma::BulkCopyConfig& c) {
+      return nb::make_tuple(c.chunk_bytes, c.stages, c.chunks_per_cta, c.dynamic);
+    };
+    nb::dict shipped;
+    shipped["static"] = as_tuple(jax_tma::kDefaultBulkCopyConfig);
+    shipped["dynamic"] = as_tuple(jax_tma::CopyDevicePlanFor(info.memory_tbps).dynamic);
+    return shipped;
+  }, nb::arg("device"));
   m.attr("dynamic_bulk_min_bytes") = jax_tma::kDynamicBulkMinBytes;
   m.attr("ffi_api_version") = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
 }

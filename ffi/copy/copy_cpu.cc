@@ -23,9 +23,8 @@ static ffi::Error CopyCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
 }
 
 void CopyRules(Rules* rules) {
-  // The sizes from which the CUDA planner takes the bulk kernel under auto
-  // and its dynamic schedule (the GPU tests predict the path from them).
-  rules->Int("copy.auto_bulk_min_bytes", static_cast<int64_t>(kAutoBulkMinBytes));
+  // The size from which the CUDA planner's bulk kernel takes its dynamic
+  // schedule (the GPU tests reach it).
   rules->Int("copy.dynamic_bulk_min_bytes", static_cast<int64_t>(kDynamicBulkMinBytes));
 }
 

@@ -2,6 +2,7 @@
 #include "copy/copy_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <vector>
 
@@ -46,9 +47,7 @@ void ReleaseBulkCounterSlot(int slot) {
 CopyKernel ChooseCopyKernel(Method method, std::size_t bytes, bool has_tma,
                             const void* src, const void* dst) {
   if (bytes == 0) return CopyKernel::kNone;
-  const bool simt = method == Method::kSimt || !has_tma ||
-                    (method == Method::kAuto && bytes < kAutoBulkMinBytes) ||
-                    !HasBulkBody(src, dst);
+  const bool simt = method != Method::kTma || !has_tma || !HasBulkBody(src, dst);
   return simt ? CopyKernel::kSimt : CopyKernel::kTma;
 }
 
@@ -62,14 +61,27 @@ ffi::Error PlanCopy(std::string_view op, Method method, const ByteCopy& c, const
     return InvalidArgument(op, info.NeedsTma("tma", device));
   }
   plan->kernel = ChooseCopyKernel(method, c.bytes, info.has_tma(), c.src, c.dst);
-  plan->config = config != nullptr ? *config : ChooseBulkCopyConfig(c.bytes, counter_slot);
+  plan->config = config != nullptr ? *config
+                                   : ChooseBulkCopyConfig(c.bytes, counter_slot,
+                                                          CopyDevicePlanFor(info.memory_tbps).dynamic);
   plan->counter_slot = counter_slot;
   return ffi::Error::Success();
 }
 
-const BulkCopyConfig& ChooseBulkCopyConfig(std::size_t bytes, int counter_slot) {
-  const bool dynamic = counter_slot != kNoCounterSlot && bytes >= kDynamicBulkMinBytes;
-  return dynamic ? kDynamicBulkCopyConfig : kDefaultBulkCopyConfig;
+const CopyDevicePlan& CopyDevicePlanFor(double memory_tbps) {
+  const CopyDevicePlan* nearest = &kCopyDevicePlans[0];
+  for (const CopyDevicePlan& p : kCopyDevicePlans) {
+    if (std::abs(p.memory_tbps - memory_tbps) < std::abs(nearest->memory_tbps - memory_tbps)) {
+      nearest = &p;
+    }
+  }
+  return memory_tbps > 0 ? *nearest : kCopyDevicePlans[0];
+}
+
+const BulkCopyConfig& ChooseBulkCopyConfig(std::size_t bytes, int counter_slot,
+                                           const BulkCopyConfig& dynamic) {
+  const bool use_dynamic = counter_slot != kNoCounterSlot && bytes >= kDynamicBulkMinBytes;
+  return use_dynamic ? dynamic : kDefaultBulkCopyConfig;
 }
 
 bool CheckBulkCopyConfig(const BulkCopyConfig& config, int counter_slot, std::string* why) {

@@ -34,16 +34,27 @@ struct BulkCopyConfig {
 inline constexpr BulkCopyConfig kDefaultBulkCopyConfig{32 * 1024, 4, 4};
 // The dynamic schedule, from kDynamicBulkMinBytes up where a counter slot is
 // available: many small stages keep every SM's pipeline full to the end of
-// large copies (benchmarks/bench_copy.py, results in benchmarks/results/).
-inline constexpr BulkCopyConfig kDynamicBulkCopyConfig{8 * 1024, 16, 4, true};
+// large copies. Its shape is the device's: each entry below is the shape that
+// benchmarks/bench_tune_bulk.py ranked first on the device it names
+// (benchmarks/TUNING.md), with that device's peak memory bandwidth; a device
+// takes the entry nearest to its own bandwidth (CopyDevicePlanFor), so that
+// one measured on neither gets the nearest measured plan.
+struct CopyDevicePlan {
+  const char* measured_on;  // the device's name, as CUDA reports it
+  double memory_tbps;       // its peak: DeviceInfo::memory_tbps
+  BulkCopyConfig dynamic;
+};
+inline constexpr CopyDevicePlan kCopyDevicePlans[] = {
+    {"NVIDIA H100 80GB HBM3", 3.35, {8 * 1024, 16, 4, true}},
+    {"NVIDIA H200", 4.8, {12 * 1024, 16, 4, true}},
+};
+// The entry of kCopyDevicePlans nearest to `memory_tbps` (the first for 0,
+// a device that did not report its memory).
+const CopyDevicePlan& CopyDevicePlanFor(double memory_tbps);
 inline constexpr std::size_t kDynamicBulkMinBytes = std::size_t{32} << 20;
 inline constexpr int kMaxBulkStages = 16;
 // cp.async.bulk moves 16-B aligned addresses and sizes.
 inline constexpr std::size_t kBulkAlign = kTmaAlignBytes;
-
-// method="auto" uses the bulk kernel from this size up and the SIMT kernel
-// below it, where SIMT is as fast (benchmarks/bench_copy.py).
-inline constexpr std::size_t kAutoBulkMinBytes = kDynamicBulkMinBytes;
 
 // Work counters of the dynamic schedule. A launch that uses a slot must not
 // overlap in time with another launch on the same slot and device: each FFI
@@ -69,16 +80,19 @@ inline bool HasBulkBody(const void* src, const void* dst) {
 enum class CopyKernel { kNone, kTma, kSimt };
 
 // The kernel that copies `bytes` from `src` to `dst` for `method` (kTma was
-// checked to have TMA): SIMT without TMA, for Method::kSimt, for kAuto below
-// kAutoBulkMinBytes, and where the buffers have no common aligned body
-// (HasBulkBody); else the TMA bulk pipeline. kNone for an empty copy.
+// checked to have TMA): SIMT without TMA, for Method::kSimt, for kAuto (at
+// every size SIMT ran at least as fast as the bulk pipeline's best shape on an
+// H100 and faster on an H200: benchmarks/TUNING.md), and where the buffers
+// have no common aligned body (HasBulkBody); else the TMA bulk pipeline.
+// kNone for an empty copy.
 CopyKernel ChooseCopyKernel(Method method, std::size_t bytes, bool has_tma,
                             const void* src, const void* dst);
 
 // The bulk configuration of a copy of `bytes` that names none: the dynamic
-// schedule from kDynamicBulkMinBytes up when the call site has a counter
-// slot, else the default static one.
-const BulkCopyConfig& ChooseBulkCopyConfig(std::size_t bytes, int counter_slot);
+// schedule (`dynamic`, the device's) from kDynamicBulkMinBytes up when the
+// call site has a counter slot, else the default static one.
+const BulkCopyConfig& ChooseBulkCopyConfig(std::size_t bytes, int counter_slot,
+                                           const BulkCopyConfig& dynamic);
 
 // What one copy runs: the kernel and, for kTma, the pipeline configuration
 // and the work-counter slot of its dynamic schedule.
@@ -90,7 +104,7 @@ struct CopyPlan {
 
 // Plans the copy `c` for `method` on `device` (`info`): the kernel
 // (ChooseCopyKernel) and the bulk configuration, `config` where given, else
-// ChooseBulkCopyConfig's. Method::kTma on a device without TMA is an error
+// ChooseBulkCopyConfig's with the device's dynamic shape (CopyDevicePlanFor). Method::kTma on a device without TMA is an error
 // naming `op` (an empty copy plans kNone on any device).
 ffi::Error PlanCopy(std::string_view op, Method method, const ByteCopy& c, const DeviceInfo& info,
                     int device, int counter_slot, const BulkCopyConfig* config, CopyPlan* plan);

@@ -19,6 +19,9 @@ struct DeviceInfo {
   int sm_count = 0;
   int smem_per_block_optin = 0;  // bytes
   int smem_per_sm = 0;           // bytes
+  // Peak memory bandwidth, TB/s: 2 x memory clock x bus width (0 where the
+  // device reports neither); picks the tuned plans (copy/copy_plan.h).
+  double memory_tbps = 0;
   bool has_tma() const { return cc_major >= kTmaMinComputeMajor; }
   // The error of a method that cannot run here, spelled as Python's
   // jax_tma/_checks.py require_tma spells it: "method='tma' needs TMA, but

@@ -19,9 +19,8 @@ void TestKernelChoice() {
   const void* s = Addr(0x100000);
   const void* d = Addr(0x200000);
   CHECK(ChooseCopyKernel(Method::kAuto, 0, true, s, d) == CopyKernel::kNone);
-  CHECK(ChooseCopyKernel(Method::kAuto, kAutoBulkMinBytes - 1, true, s, d) ==
-        CopyKernel::kSimt);
-  CHECK(ChooseCopyKernel(Method::kAuto, kAutoBulkMinBytes, true, s, d) == CopyKernel::kTma);
+  CHECK(ChooseCopyKernel(Method::kAuto, 1, true, s, d) == CopyKernel::kSimt);
+  CHECK(ChooseCopyKernel(Method::kAuto, 4096 * kMiB, true, s, d) == CopyKernel::kSimt);
   CHECK(ChooseCopyKernel(Method::kAuto, 64 * kMiB, false, s, d) == CopyKernel::kSimt);
   CHECK(ChooseCopyKernel(Method::kTma, 1, true, s, d) == CopyKernel::kTma);
   CHECK(ChooseCopyKernel(Method::kSimt, 64 * kMiB, true, s, d) == CopyKernel::kSimt);
@@ -34,10 +33,11 @@ void TestKernelChoice() {
 }
 
 void TestConfigChoice() {
-  CHECK_EQ(ChooseBulkCopyConfig(64 * kMiB, 5).dynamic, true);
-  CHECK_EQ(ChooseBulkCopyConfig(kDynamicBulkMinBytes - 1, 5).dynamic, false);
-  CHECK_EQ(ChooseBulkCopyConfig(64 * kMiB, kNoCounterSlot).dynamic, false);
-  CHECK_EQ(ChooseBulkCopyConfig(64 * kMiB, kNoCounterSlot).chunk_bytes,
+  const BulkCopyConfig& dynamic = kCopyDevicePlans[1].dynamic;
+  CHECK_EQ(&ChooseBulkCopyConfig(64 * kMiB, 5, dynamic), &dynamic);
+  CHECK_EQ(ChooseBulkCopyConfig(kDynamicBulkMinBytes - 1, 5, dynamic).dynamic, false);
+  CHECK_EQ(ChooseBulkCopyConfig(64 * kMiB, kNoCounterSlot, dynamic).dynamic, false);
+  CHECK_EQ(ChooseBulkCopyConfig(64 * kMiB, kNoCounterSlot, dynamic).chunk_bytes,
            kDefaultBulkCopyConfig.chunk_bytes);
 }
 
@@ -48,7 +48,7 @@ std::string ConfigWhy(BulkCopyConfig c, int slot = kRawCounterSlot) {
 
 void TestConfigRules() {
   CHECK_EQ(ConfigWhy(kDefaultBulkCopyConfig), "ok");
-  CHECK_EQ(ConfigWhy(kDynamicBulkCopyConfig), "ok");
+  CHECK_EQ(ConfigWhy(kCopyDevicePlans[0].dynamic), "ok");
   CHECK_EQ(ConfigWhy({32768, 1, 4}),
            "bad pipeline config: chunk_bytes=32768 (a multiple of 128 in [1024, 2^20)) "
            "stages=1 (2..16) chunks_per_cta=4 (>= 1)");
@@ -58,10 +58,25 @@ void TestConfigRules() {
   CHECK(ConfigWhy({1u << 20, 4, 4}) != "ok");
   CHECK(ConfigWhy({32768, 4, 0}) != "ok");
   CHECK_EQ(ConfigWhy({(1u << 20) - 128, 2, 1}), "ok");
-  CHECK_EQ(ConfigWhy(kDynamicBulkCopyConfig, kNoCounterSlot),
+  CHECK_EQ(ConfigWhy(kCopyDevicePlans[0].dynamic, kNoCounterSlot),
            "the dynamic schedule needs a counter slot in [0, 1024), got -1");
-  CHECK(ConfigWhy(kDynamicBulkCopyConfig, kBulkCounterSlots) != "ok");
+  CHECK(ConfigWhy(kCopyDevicePlans[0].dynamic, kBulkCounterSlots) != "ok");
   CHECK_EQ(ConfigWhy(kDefaultBulkCopyConfig, kNoCounterSlot), "ok");  // static needs none
+}
+
+// Each measured device gets its own plan; others the nearest in memory
+// bandwidth; a device that reports none the first.
+void TestDevicePlans() {
+  for (const CopyDevicePlan& p : kCopyDevicePlans) {
+    CHECK_EQ(&CopyDevicePlanFor(p.memory_tbps), &p);
+    CHECK_EQ(ConfigWhy(p.dynamic), "ok");
+    CHECK(p.dynamic.dynamic);
+  }
+  CHECK_EQ(std::string(CopyDevicePlanFor(3.36).measured_on), "NVIDIA H100 80GB HBM3");
+  CHECK_EQ(std::string(CopyDevicePlanFor(2.0).measured_on), "NVIDIA H100 80GB HBM3");
+  CHECK_EQ(std::string(CopyDevicePlanFor(4.92).measured_on), "NVIDIA H200");
+  CHECK_EQ(std::string(CopyDevicePlanFor(8.0).measured_on), "NVIDIA H200");
+  CHECK_EQ(&CopyDevicePlanFor(0), &kCopyDevicePlans[0]);
 }
 
 void TestStaticLayout() {
@@ -105,15 +120,15 @@ void TestDynamicLayout() {
   // One CTA per free slot (132 SMs x 3 resident), whatever the size.
   BulkCopyPlan p;
   std::string why;
-  CHECK(PlanBulkCopy(kDynamicBulkCopyConfig, 7, 1024 * kMiB, Addr(0x100000), 132, 3, &p, &why));
-  CHECK_EQ(p.chunk, kDynamicBulkCopyConfig.chunk_bytes);
-  CHECK_EQ(p.chunks_per_cta, kDynamicBulkCopyConfig.chunks_per_cta);
+  CHECK(PlanBulkCopy(kCopyDevicePlans[0].dynamic, 7, 1024 * kMiB, Addr(0x100000), 132, 3, &p, &why));
+  CHECK_EQ(p.chunk, kCopyDevicePlans[0].dynamic.chunk_bytes);
+  CHECK_EQ(p.chunks_per_cta, kCopyDevicePlans[0].dynamic.chunks_per_cta);
   CHECK_EQ(p.blocks, int64_t{132 * 3});
   CHECK_EQ(p.smem, std::size_t{16 * 8192});
   // Fewer chunks than slots: one static round covers them.
-  CHECK(PlanBulkCopy(kDynamicBulkCopyConfig, 7, 64 * 8192, Addr(0x100000), 132, 3, &p, &why));
+  CHECK(PlanBulkCopy(kCopyDevicePlans[0].dynamic, 7, 64 * 8192, Addr(0x100000), 132, 3, &p, &why));
   CHECK_EQ(p.blocks, int64_t{16});
-  CHECK(!PlanBulkCopy(kDynamicBulkCopyConfig, kNoCounterSlot, kMiB, Addr(0x100000), 132, 3, &p,
+  CHECK(!PlanBulkCopy(kCopyDevicePlans[0].dynamic, kNoCounterSlot, kMiB, Addr(0x100000), 132, 3, &p,
                       &why));
   CHECK_EQ(why, "the dynamic schedule needs a counter slot in [0, 1024), got -1");
 }
@@ -142,6 +157,7 @@ void TestSlotPool() {
 int main() {
   jax_tma::TestKernelChoice();
   jax_tma::TestConfigChoice();
+  jax_tma::TestDevicePlans();
   jax_tma::TestConfigRules();
   jax_tma::TestStaticLayout();
   jax_tma::TestDynamicLayout();

@@ -96,7 +96,7 @@ int CheckDynamicNeedsSlot() {
   uint8_t* buf = nullptr;
   if (!Check(cudaMalloc(&buf, 1 << 16), "cudaMalloc")) return 1;
   const xla::ffi::Error err = jax_tma::LaunchBulkCopy(
-      buf, buf + (1 << 15), 1 << 15, nullptr, 0, jax_tma::kDynamicBulkCopyConfig,
+      buf, buf + (1 << 15), 1 << 15, nullptr, 0, jax_tma::kCopyDevicePlans[0].dynamic,
       jax_tma::kNoCounterSlot);
   cudaFree(buf);
   const std::string want = "the dynamic schedule needs a counter slot in [0, 1024), got -1";
@@ -113,7 +113,8 @@ int main() {
   std::mt19937_64 gen(std::random_device{}());
   const jax_tma::BulkCopyConfig configs[] = {
       jax_tma::kDefaultBulkCopyConfig, {1024, 2, 1}, {4096, 3, 7}, {65536, 4, 100},
-      jax_tma::kDynamicBulkCopyConfig, {1024, 2, 1, true}, {4096, 4, 1, true}};
+      jax_tma::kCopyDevicePlans[0].dynamic, jax_tma::kCopyDevicePlans[1].dynamic,
+      {1024, 2, 1, true}, {4096, 4, 1, true}};
   const std::size_t sizes[] = {0, 1, 15, 16, 17, 4099, 1 << 20, (3 << 20) + 48, (9 << 20) + 5};
   int cases = 0, failures = 0;
   for (auto method : {jax_tma::Method::kTma, jax_tma::Method::kSimt, jax_tma::Method::kAuto}) {
