@@ -134,7 +134,7 @@ def window(
     strides = (1,) * rank if strides is None else _checks.per_dim_ints(
         _OP, "strides", strides, rank, dims)
     start_arr, static = _start_array(start, x.shape, shape, strides)
-    fill_element = _fill(fill, x.dtype)
+    fill_element = _checks.fill_bytes(_OP, fill, x.dtype)
     _ffi.register()
     src, start_arr = _checks.align_varying(_checks.widen(x), start_arr)
     y = window_p.bind(src, start_arr, shape=shape, strides=strides, fill=fill_element,
@@ -224,21 +224,6 @@ def _start_array(start: Any, x_shape, shape, strides) -> tuple[jax.Array, tuple]
     parts = [jnp.asarray(s, dtype) if s is not None else _as_start(v, dtype)
              for s, v in zip(static, start)]
     return jnp.stack(parts), tuple(static)
-
-
-def _fill(fill: Any, dtype: np.dtype) -> bytes:
-    """The fill element's bytes. The string "nan" is NaN in both parts of a
-    complex dtype (a number converts as jnp.pad converts it: NaN + 0j)."""
-    if isinstance(fill, str) and fill.lower() != "nan":
-        raise ValueError(f"{_OP}: fill must be a number or 'nan', got {fill!r}")
-    nan = isinstance(fill, str) or (isinstance(fill, (float, np.floating)) and math.isnan(fill))
-    if nan and not jnp.issubdtype(dtype, jnp.inexact):
-        raise ValueError(f"{_OP}: fill=NaN needs a floating dtype, x has dtype {dtype}")
-    if isinstance(fill, str):
-        if not jnp.issubdtype(dtype, jnp.inexact):
-            raise ValueError(f"{_OP}: fill=NaN needs a floating dtype, x has dtype {dtype}")
-        fill = complex(np.nan, np.nan) if jnp.issubdtype(dtype, jnp.complexfloating) else np.nan
-    return _checks.fill_bytes(_OP, fill, dtype)
 
 
 # ---- primitives -------------------------------------------------------------
