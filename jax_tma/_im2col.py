@@ -160,7 +160,10 @@ def col2im(
     value), in the element type otherwise (integers wrap, sub-byte ones at
     their width; subnormals kept); a NaN result is stored as ``np.nan``'s
     bits in the element type, so CPU and GPU results are identical bit for
-    bit. ``jax.grad`` of ``im2col`` is this op, and this op's is ``im2col``.
+    bit. A float sum starts from -0.0 (IEEE's additive identity): an element
+    whose entries are all -0.0 is -0.0 (as XLA's grad of a lone slice gives
+    a -0.0 cotangent back), one that no patch reads is +0.0. ``jax.grad`` of ``im2col`` is this op, and
+    this op's is ``im2col``.
     An empty ``patches`` (an output dim of 0: the dilated kernel is larger
     than the padded input) gives zeros (``float8_e8m0fnu``: its NaN, jnp's
     zero there). Works under ``jit``, ``vmap``, ``grad``, ``shard_map`` and

@@ -150,6 +150,28 @@ def test_tma_refuses_channel_major_on_every_platform():
         jax_tma.im2col(x, 2, order="channel_major", method=method)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "complex64",
+                                   "complex128", "float8_e4m3fn"])
+def test_col2im_sums_start_from_negative_zero(dtype):
+    """A float sum starts from -0.0, IEEE's additive identity: a pixel whose
+    patch entries are all -0.0 is -0.0 (as XLA's grad of a lone slice gives
+    the cotangent's -0.0 back), one that no patch reads is +0.0 (jnp's
+    zeros)."""
+    x = jnp.ones((1, 5, 1), dtype)
+    # kernel 2 at stride 2 over 5 pixels: pixels 0..3 read once, pixel 4 never
+    p = -jnp.zeros((1, 2, 2), dtype)
+    got = np.asarray(jax_tma.col2im(p, x.shape, 2, strides=2)).reshape(-1)
+    grad = jax.vjp(lambda a: jax_tma.im2col(a, 2, strides=2), x)[1](p)[0]
+    signs = np.signbit(got.real.astype(np.float64))
+    assert (got == 0).all() and signs.tolist() == [True] * 4 + [False], got
+    if got.dtype.kind == "c":
+        assert np.signbit(got.imag).tolist() == [True] * 4 + [False]
+    assert_bits_equal(grad, got.reshape(x.shape))
+    # the same entries through a lone slice: XLA's grad has the same bits
+    want = jax.vjp(lambda a: a[:, :4], x)[1](p.reshape(1, 4, 1))[0]
+    assert_bits_equal(got.reshape(x.shape), want)
+
+
 @pytest.mark.parametrize("r", [1, 2, 3])
 def test_patches_times_weights_is_the_convolution(rng, r):
     shape = (3,) + (9, 8, 6)[:r] + (4,)

@@ -242,15 +242,17 @@ JAX_TMA_HOST_DEVICE inline typename ElementSum<K>::T Col2imElement(
     const Im2colGeometry& g, const typename ElementSum<K>::T* patches, int64_t n, int64_t p,
     int64_t c, int j) {
   using S = ElementSum<K>;
-  typename S::Acc acc = 0;
+  typename S::Acc acc = SumStart<K>();
+  bool any = false;
   const int64_t row = g.taps * g.channels;
   for (int64_t t = 0; t < g.taps; ++t) {
     const int64_t m = TapTarget(g, p, t);
     if (m < 0) continue;
     const int64_t e = (n * g.out_pixels + m) * row + PatchColumn(g, t, c);
     acc = static_cast<typename S::Acc>(acc + S::Load(patches[e * g.components + j]));
+    any = true;
   }
-  return S::Store(acc);
+  return S::Store(any ? acc : EmptySum<K>());
 }
 
 }  // namespace jax_tma
