@@ -1,6 +1,7 @@
 """jax_tma.window: a strided box of an array with out-of-bounds fill, as a JAX
 primitive (jit, vmap with batched starts, linear AD with a kernel transpose,
-partitioning of batch and fully-covered leading dimensions)."""
+partitioning that keeps the split of batch dims and of every dim the box
+takes whole)."""
 
 from __future__ import annotations
 
