@@ -598,7 +598,7 @@ def test_bad_fill(fill):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16, np.complex64, np.int32, np.uint8,
-                                   np.bool_], ids=str)
+                                   np.bool_], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("fill", ["nan", "NaN", float("nan"), np.float16("nan"),
                                   jnp.array(float("nan"))], ids=repr)
 def test_nan_fill_is_one_rule_for_gather_and_window(rng, dtype, fill):
