@@ -17,13 +17,14 @@ from jax_tma._build_info import build_info
 from jax_tma._copy import copy
 from jax_tma._gather import gather
 from jax_tma._im2col import col2im, im2col
+from jax_tma._moe import MoePlan, moe_combine, moe_dispatch
 from jax_tma._ppermute import ppermute
 from jax_tma._ragged_all_to_all import ragged_all_to_all
 from jax_tma._scatter import scatter
 from jax_tma._window import window
 
 __version__ = "0.1.0"
-__all__ = ["all_to_all", "broadcast", "build_info", "col2im", "copy", "gather", "im2col", "ppermute",
-           "ragged_all_to_all", "scatter", "window"]
+__all__ = ["all_to_all", "broadcast", "build_info", "col2im", "copy", "gather", "im2col",
+           "moe_combine", "moe_dispatch", "ppermute", "ragged_all_to_all", "scatter", "window"]
 
 _ffi.register()

@@ -167,7 +167,7 @@ def ragged_all_to_all(operand: Any, output: Any, input_offsets: Any, send_sizes:
         y = composed(*args, axis_name=names, axis_index_groups=groups)
     else:
         _ffi.register()
-        y = _bind(operand, output, *indices, axis_name=names, size=size, site=site)
+        y = bind(operand, output, *indices, axis_name=names, size=size, site=site)
     return _checks.narrow(y, dtype)
 
 
@@ -328,7 +328,7 @@ def composed(operand, output, input_offsets, send_sizes, output_offsets, recv_si
 ragged_all_to_all_p = Primitive("jax_tma_ragged_all_to_all")
 
 
-def _bind(operand, output, *indices, axis_name, size, site):
+def bind(operand, output, *indices, axis_name, size, site):
     """The primitive bound on operands varying over `axis_name` and over each
     other's axes, as lax's collectives do: the result varies as they do."""
     args = _checks.align_varying(*(make_varying(a, axis_name)
@@ -380,7 +380,7 @@ def _batcher(args, dims, *, axis_name, size, site):
     sent = jnp.maximum(ss, 0)  # a negative size the handler names itself
     io = jnp.where((io >= 0) & (io <= rows - sent), io + b * rows, -1)
     oo = jnp.where((oo >= 0) & (oo <= out_rows - sent), oo + b * out_rows, -1)
-    y = _bind(operand.reshape((-1,) + operand.shape[2:]),
+    y = bind(operand.reshape((-1,) + operand.shape[2:]),
               output.reshape((-1,) + output.shape[2:]),
               *(a.reshape(-1) for a in (io, ss, oo, rs)),
               axis_name=axis_name, size=size, site=site)
@@ -419,7 +419,7 @@ def _transpose(ct, operand, output, input_offsets, send_sizes, output_offsets, r
     operand_ct = output_ct = None
     if want_operand:
         zero = ad.zeros_like_aval(operand.aval)
-        operand_ct = _bind(ct, zero, landed, recv_sizes, both[:, 1], send_sizes,
+        operand_ct = bind(ct, zero, landed, recv_sizes, both[:, 1], send_sizes,
                            axis_name=axis_name, size=size, site=site)
     if want_output:
         out_rows = ct.shape[0]

@@ -323,3 +323,66 @@ def cpu_mesh(shape, names, axis_type=None):
 def use_mesh(mesh):
     """jax.set_mesh where this jax has it (0.12), else jax.sharding.use_mesh."""
     return (getattr(jax, "set_mesh", None) or jax.sharding.use_mesh)(mesh)
+
+
+# ---- moe_dispatch / moe_combine: issue 43's contract, device by device -------
+
+def moe_dispatch_reference(x, expert_ids, n: int, num_experts: int, capacity: int | None = None):
+    """The contract of jax_tma.moe_dispatch for `x` (n·T, H) and `expert_ids`
+    (n·T, k) split into `n` blocks along dim 0 (a 1-D mesh): device d owns
+    experts d·E/n on and receives, expert by expert, the rows of every
+    choice of them in (source, token, choice) order, the first `capacity`
+    of each expert (all for None). Returns (recv, group_sizes, dropped,
+    placed): recv[d] the rows device d receives (its received total of
+    them), group_sizes (n, E/n), dropped (n·T, k) bool, and placed {(s, t,
+    j): (d, row)} for every kept choice (ids outside [0, E) are masked)."""
+    ids = np.asarray(expert_ids).astype(np.int64).reshape(n, -1, np.shape(expert_ids)[1])
+    blocks = np.asarray(x).reshape((n, -1) + np.shape(x)[1:])
+    local = num_experts // n
+    tokens, k = ids.shape[1:]
+    recv, sizes = [], np.zeros((n, local), np.int32)
+    dropped, placed = np.zeros(ids.shape, bool), {}
+    for d in range(n):
+        rows = []
+        for e in range(d * local, (d + 1) * local):
+            for s, t, j in zip(*np.nonzero(ids == e)):  # row-major: (source, token, choice)
+                if capacity is not None and sizes[d, e - d * local] == capacity:
+                    dropped[s, t, j] = True
+                    continue
+                placed[(s, t, j)] = (d, len(rows))
+                rows.append(blocks[s, t])
+                sizes[d, e - d * local] += 1
+        recv.append(np.array(rows, blocks.dtype).reshape((len(rows),) + blocks.shape[2:]))
+    return recv, sizes, dropped.reshape(n * tokens, k), placed
+
+
+def moe_combine_reference(y, weights, placed, n: int) -> np.ndarray:
+    """The sums of jax_tma.moe_combine for `y` (n·S, H) and `weights` (n·T,
+    k), each split into `n` blocks, and `placed` of moe_dispatch_reference,
+    in the order its docstring fixes: on each expert's device, the rounded
+    products of the token's choices there in ascending j, summed in float32
+    (float64 for float64 y), rounded to y's dtype; at home, those rows in
+    the order of each device's first kept choice, summed, then rounded
+    (+0.0 for a token with no kept choice). Rounding to y's dtype is XLA's
+    conversion on the CPU."""
+    y = np.asarray(y)
+    acc = np.float64 if y.dtype == np.float64 else np.float32
+    rows = np.asarray(jax.device_put(y, cpu_device()).astype(acc)).reshape((n, -1) + y.shape[1:])
+    w = np.asarray(weights).astype(acc)
+    w = w.reshape(n, -1, w.shape[1])
+
+    def rounded(a):  # both conversions XLA's (ml_dtypes gives NaNs another sign)
+        return np.asarray(jax.device_put(a, cpu_device()).astype(y.dtype).astype(acc))
+
+    out = np.zeros((n, w.shape[1]) + y.shape[1:], acc)
+    for s in range(n):
+        for t in range(w.shape[1]):
+            partial: dict[int, np.ndarray] = {}  # insertion order: first kept choice
+            for j in range(w.shape[2]):
+                if (s, t, j) in placed:
+                    d, row = placed[(s, t, j)]
+                    term = w[s, t, j] * rows[d, row]
+                    partial[d] = partial[d] + term if d in partial else term
+            for i, p in enumerate(partial.values()):
+                out[s, t] = out[s, t] + rounded(p) if i else rounded(p)
+    return np.asarray(jax.device_put(out.reshape((-1,) + y.shape[1:]), cpu_device()).astype(y.dtype))

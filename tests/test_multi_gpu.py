@@ -2,7 +2,8 @@
 version is tests/test_sharding.py): every op of the family descriptors
 (families.OPS) under jit over NamedSharding inputs and shard_map gives the
 NumPy result bit for bit, and the compiled program has no collectives for
-the dims the op splits; then ppermute's peer copies between real GPUs.
+the dims the op splits; then ppermute's peer copies between real GPUs, and
+the MoE ops composed on the exchanges.
 Needs >= 2 GPUs; JAX_TMA_REQUIRE_MULTI_GPU=1 turns the skip into a failure."""
 
 import functools
@@ -21,7 +22,8 @@ import jax_tma
 from families import LOCAL_OPS, build
 from families.ppermute import ppermute_reference
 from paths import run_on_path
-from reference import assert_bits_equal, assert_no_collectives, random_array
+from reference import (assert_bits_equal, assert_no_collectives, moe_combine_reference,
+                       moe_dispatch_reference, random_array)
 
 pytestmark = pytest.mark.gpu
 
@@ -359,3 +361,66 @@ def test_ragged_all_to_all_traced_sizes_that_break_a_rule_trap_by_name(mesh, tmp
     assert "jax_tma.ragged_all_to_all at " in out, out[-4000:]
     assert message in out, out[-4000:]
     assert "no copy ran out of bounds" in out, out[-4000:]
+
+
+# ---- jax_tma.moe_dispatch / moe_combine: composed on the exchanges above ----
+
+def _moe_pair(mesh):
+    return Mesh(np.array(list(mesh.devices.flat)[:2]), ("x",), axis_types=(AxisType.Auto,))
+
+
+@pytest.mark.parametrize("capacity", [None, 40])
+def test_moe_dispatch_and_combine_match_the_reference(mesh, rng, capacity):
+    """2 GPUs: recv row for row, group sizes and drops, and combine's sums
+    bit for bit, as the NumPy reference has them (tests/test_moe.py runs the
+    same on host devices). One dispatch carries each token's random bf16
+    bits, then normal values that combine sums (no subnormal sum)."""
+    tokens, k, experts, width = 64, 4, 8, 128
+    ids = rng.integers(-1, experts, (2 * tokens, k)).astype(np.int32)
+    bits = random_array(rng, (2 * tokens, width), jax.numpy.bfloat16)
+    values = rng.standard_normal((2 * tokens, width)).astype(jax.numpy.bfloat16)
+    weights = rng.standard_normal((2 * tokens, k)).astype(np.float32)
+
+    def body(x, ids, weights):
+        recv, plan = jax_tma.moe_dispatch(x, ids, num_experts=experts, axis_name="x",
+                                          capacity=capacity)
+        out = jax_tma.moe_combine(recv[:, width:], plan, weights)
+        return recv, plan.group_sizes, plan.dropped, out
+
+    f = jax.jit(jax.shard_map(body, mesh=_moe_pair(mesh), in_specs=P("x"), out_specs=P("x")))
+    args = (np.concatenate([bits, values], axis=1), ids, weights)
+    assert "jax_tma_ragged_all_to_all" in f.lower(*args).compile().as_text()
+    recv, sizes, dropped, out = f(*args)
+    want, want_sizes, want_dropped, placed = moe_dispatch_reference(bits, ids, 2, experts,
+                                                                    capacity)
+    rows = np.asarray(recv).reshape(2, -1, 2 * width)
+    for d in range(2):
+        assert_bits_equal(rows[d, :len(want[d]), :width], want[d])
+    assert_bits_equal(sizes, want_sizes.reshape(-1))
+    assert_bits_equal(dropped, want_dropped)
+    assert_bits_equal(out, moe_combine_reference(np.asarray(recv)[:, width:], weights, placed, 2))
+
+
+def test_moe_layer_grads_on_gpus_match_the_host_devices(mesh, rng):
+    """grad of a layer (top-2 routing, ragged_dot experts) on 2 GPUs and on
+    2 host devices: the same within float32 rounding (the weights'
+    cotangents are dot products, which XLA sums in its own order)."""
+    tokens, dim, experts = 32, 64, 8
+    x = rng.standard_normal((2 * tokens, dim)).astype(np.float32)
+    w_router = rng.standard_normal((dim, experts)).astype(np.float32)
+    w_experts = (rng.standard_normal((experts, dim, dim)) / 8).astype(np.float32)
+
+    def layer(x, w_router, w_experts):
+        gates, ids = jax.lax.top_k(jax.nn.softmax(x @ w_router), 2)
+        recv, plan = jax_tma.moe_dispatch(x, ids, num_experts=experts, axis_name="x")
+        y = jax.numpy.tanh(jax.lax.ragged_dot(recv, w_experts, plan.group_sizes))
+        return jax_tma.moe_combine(y, plan, gates)
+
+    def grads(pair):
+        f = jax.shard_map(layer, mesh=pair, in_specs=(P("x"), P(), P("x")), out_specs=P("x"))
+        return jax.jit(jax.grad(lambda *a: (f(*a) ** 2).sum(), argnums=(0, 1, 2)))(
+            x, w_router, w_experts)
+
+    host = Mesh(np.array(jax.devices("cpu")[:2]), ("x",), axis_types=(AxisType.Auto,))
+    for got, want in zip(grads(_moe_pair(mesh)), grads(host)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -1,7 +1,10 @@
 """The ppermute family's descriptor (tests/families/__init__.py says what
 each name is for): jax_tma.ppermute, whose copies are the copy family's
 kernels, jax_tma.all_to_all and jax_tma.ragged_all_to_all, which run on
-ppermute's transport, and their NumPy references."""
+ppermute's transport, and their NumPy references. jax_tma.moe_dispatch and
+moe_combine, Python compositions of those two exchanges with no targets of
+their own, are this family's code too (MODULES); tests/test_moe.py tests
+them."""
 
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ from ops_table import (BATCH, MESH_AXES, SUB_BYTE_WIDE, Case, Op, dim_size, dims
 from paths import CpuCall
 from reference import ALL_DTYPES, random_array
 
-MODULES = ("jax_tma._ppermute", "jax_tma._all_to_all", "jax_tma._ragged_all_to_all")
+MODULES = ("jax_tma._ppermute", "jax_tma._all_to_all", "jax_tma._ragged_all_to_all",
+           "jax_tma._moe")
 
 
 # ---- references -------------------------------------------------------------------

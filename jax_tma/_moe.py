@@ -1,0 +1,755 @@
+"""jax_tma.moe_dispatch and jax_tma.moe_combine: expert parallelism inside
+``shard_map``, composed in Python on jax_tma's exchanges (``all_to_all`` of
+the counts, ``ragged_all_to_all`` of the rows), each token sent once to each
+device that holds one of its experts; derivatives in both modes, whose sums
+run in float32 in one order on every platform."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, mlir
+
+from jax_tma import _checks, _lowering
+from jax_tma._all_to_all import all_to_all
+from jax_tma._ppermute import bound_axes, call_site
+from jax_tma._ragged_all_to_all import bind as ragged_bind
+
+_DISPATCH = "jax_tma.moe_dispatch"
+_COMBINE = "jax_tma.moe_combine"
+_I32 = np.dtype(np.int32)
+# A dispatched row on the wire is the token's bytes, then its slots, padded
+# to a multiple of 16 bytes: the alignment the GPU transport's bulk copies
+# take whole rows at.
+_ROW_ALIGN = 16
+
+
+# ---- the public ops -----------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class MoePlan:
+    """What :func:`moe_dispatch` decided, for :func:`moe_combine`: a pytree of
+    one device's int32 and bool arrays (inside ``shard_map``), with the axis
+    names as static data. It passes through ``jit``, ``shard_map``'s
+    ``out_specs`` (each array has this device's rows first: ``P(axis)``
+    stacks them), ``custom_vjp`` residuals and ``scan`` carries.
+
+    ``T`` tokens with ``k`` choices each on each of ``n`` devices, ``E``
+    experts, ``S`` rows of ``recv``. ``group_sizes`` and ``dropped`` are the
+    contract; the other arrays are how the rows travel, for
+    :func:`moe_combine` and the derivatives, and may change.
+
+    Attributes:
+      group_sizes: ``(E/n,)`` int32, the rows of ``recv`` of each local
+        expert after drops, as ``lax.ragged_dot`` takes them.
+      dropped: ``(T, k)`` bool on the sending device: True where a choice
+        was dropped for ``capacity`` (masked choices are False).
+      routes: ``(n, 5)`` int32: for each position along the axis, where this
+        device's rows for it start in its send order and how many there
+        are, where they land there (``T`` rows a source), how many it
+        receives from there, and where its rows sent home land there.
+      pair_token: ``(T·min(k, n),)`` int32: the token of each
+        (token, device) pair in send order (device-major, then token),
+        ``T`` past the pairs.
+      choice_row: ``(T, k)`` int32: the pair of each choice (its token and
+        its expert's device) in send order, -1 where masked.
+      slots: ``(n·T, k)`` int32: for each row received (``T`` rows from each
+        source position), the row of ``recv`` of each of its choices, -1
+        where the choice is not placed here.
+      source: ``(S,)`` int32: for each row of ``recv``, the row received and
+        the choice it holds, as ``row·k + choice``; ``n·T·k`` where empty.
+      axis_name: the mesh axes the tokens were dispatched over.
+    """
+
+    group_sizes: jax.Array
+    dropped: jax.Array
+    routes: jax.Array
+    pair_token: jax.Array
+    choice_row: jax.Array
+    slots: jax.Array
+    source: jax.Array
+    axis_name: tuple[str, ...]
+
+
+MoePlan.__module__ = "jax_tma"  # its public name, which the API reference documents
+jax.tree_util.register_dataclass(
+    MoePlan, data_fields=["group_sizes", "dropped", "routes", "pair_token", "choice_row",
+                          "slots", "source"], meta_fields=["axis_name"])
+
+
+def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | Sequence[str],
+                 capacity: int | None = None) -> tuple[jax.Array, MoePlan]:
+    """Sends each token to the devices that own its experts, inside
+    ``shard_map``: the rows each device receives come back grouped by its
+    local expert, ready for ``lax.ragged_dot``, with the plan that
+    :func:`moe_combine` takes to bring the experts' outputs home.
+
+    With ``n`` positions along ``axis_name``, device ``d`` owns experts
+    ``d·E/n`` to ``(d+1)·E/n − 1`` (``E = num_experts``). The rows of
+    ``recv`` are grouped by local expert, expert-major, packed from row 0;
+    within an expert they are in the order of (source position, token,
+    choice). Rows past the received total are unspecified (zeros here).
+
+    A token crosses to each device once, whatever number of its choices
+    that device holds: one ``all_to_all`` of the counts (every device learns
+    every device's count per expert and per destination), then one
+    ``ragged_all_to_all`` of the token rows, each carrying the rows of
+    ``recv`` its choices take there; the receiver copies each row into its
+    slots. The sender knows every count, so it decides the drops itself
+    (``plan.dropped``) and no count comes back. With a ``capacity``, a token
+    whose choices on a device are all dropped still crosses to it (and is
+    not placed): knowing in advance would take one more exchange.
+
+    Works under ``jit``, ``grad``, ``jvp``/``linearize`` (linear in ``x``;
+    the transpose brings the cotangents' rows home and sums each token's in
+    float32, as :func:`moe_combine` does with unit weights) and ``vmap``
+    (each member its own exchanges, whose derivatives are then jax's of the
+    composition).
+
+    Args:
+      x: ``(T, H)``, this device's tokens, of a real floating dtype.
+      expert_ids: ``(T, k)`` integers: each token's ``k`` experts in
+        ``[0, num_experts)``; ``-1`` masks a choice (nothing is sent for
+        it). Traced ids outside ``[0, num_experts)`` are masked too; ids
+        known at trace time must be in range or -1.
+      num_experts: ``E``, a multiple of ``n``.
+      axis_name: a mesh axis name of the enclosing ``shard_map`` or a tuple
+        of them in the mesh's order.
+      capacity: ``None`` (dropless: ``recv`` has ``n·T·k`` rows) or ``c >=
+        0``: each local expert keeps its first ``c`` rows in the order
+        above, and ``recv`` has ``(E/n)·c`` rows.
+
+    Returns:
+      ``(recv, plan)``: ``recv`` in ``x``'s dtype with ``x``'s row shape,
+      and the :class:`MoePlan` (``plan.group_sizes``, ``plan.dropped``).
+
+    Raises:
+      TypeError: ``x`` or ``expert_ids`` is not an array, ``x`` is not of a
+        real floating dtype or ``expert_ids`` not of integers,
+        ``num_experts`` or ``capacity`` is not an int, ``axis_name`` is not
+        a name or a tuple of names.
+      NameError: ``axis_name`` is not bound here.
+      NotImplementedError: ``axis_name`` is not a mesh axis (a ``vmap``
+        axis).
+      ValueError: ``x`` not of rank 2, ``expert_ids`` not ``(T, k)`` with
+        ``k >= 1``, ``num_experts < 1`` or not a multiple of ``n``,
+        ``capacity < 0``, ids known at trace time out of range.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, jax_tma
+      >>> from jax.sharding import Mesh, PartitionSpec as P
+      >>> mesh = Mesh(jax.devices()[:1], ("i",))
+      >>> def f(x, ids):
+      ...     recv, plan = jax_tma.moe_dispatch(x, ids, num_experts=2, axis_name="i")
+      ...     return recv, plan.group_sizes
+      >>> g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+      >>> recv, sizes = g(jnp.array([[1.0], [2.0], [3.0]]), jnp.array([[1, 0], [1, -1], [0, 1]]))
+      >>> sizes.tolist(), recv[:5, 0].tolist()
+      ([2, 3], [1.0, 3.0, 1.0, 2.0, 3.0])
+
+    Expert 0 got tokens 0 and 2, expert 1 tokens 0, 1 and 2; token 1's
+    second choice is masked.
+    """
+    x = _checks.as_array(_DISPATCH, "x", x)
+    ids = _checks.as_array(_DISPATCH, "expert_ids", expert_ids)
+    names, n = _axes(_DISPATCH, axis_name)
+    _check_count(_DISPATCH, "num_experts", num_experts, 1)
+    if capacity is not None:
+        _check_count(_DISPATCH, "capacity", capacity, 0)
+    _check_rows(_DISPATCH, "x", x)
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise TypeError(f"{_DISPATCH}: expert_ids must be integers, got dtype {ids.dtype}")
+    if ids.ndim != 2 or ids.shape[0] != x.shape[0] or ids.shape[1] < 1:
+        raise ValueError(f"{_DISPATCH}: expert_ids must be (T, k) with k >= 1 for x of T = "
+                         f"{x.shape[0]} tokens, got shape {ids.shape}")
+    if num_experts % n:
+        raise ValueError(f"{_DISPATCH}: num_experts = {num_experts} is not a multiple of the {n} "
+                         f"positions along {names} (each device owns num_experts / {n} experts)")
+    _check_known_ids(expert_ids, num_experts)
+    tokens, k = ids.shape
+    rows = n * tokens * k if capacity is None else num_experts // n * capacity
+    sends = _planned(ids, num_experts, capacity, names, n)
+    x, meta, routes, pair_token, choice_row, dropped, group_sizes = _checks.align_varying(
+        x, sends.meta, sends.routes, sends.pair_token, sends.choice_row, sends.dropped,
+        sends.group_sizes)
+    recv, slots, source = _dispatch_p.bind(x, meta, routes, pair_token, choice_row, dropped,
+                                           rows=rows, axis_name=names, size=n, site=call_site())
+    return recv, MoePlan(group_sizes=group_sizes, dropped=dropped, routes=routes,
+                         pair_token=pair_token, choice_row=choice_row, slots=slots,
+                         source=source, axis_name=names)
+
+
+def moe_combine(y: Any, plan: MoePlan, weights: Any) -> jax.Array:
+    """Brings the experts' output rows home, inside ``shard_map``, as each
+    token's weighted sum: ``out[t] = Σ_j weights[t, j] · y[row of (t, j)]``,
+    where masked and dropped choices contribute 0.
+
+    Each device first sums, for every token it received, the weighted rows
+    of that token's choices it holds, and sends that one row home in
+    ``y``'s dtype (as DeepEP's combine does); home adds the rows of the
+    token's devices. Both sums run in float32 (float64 for float64 ``y``),
+    each product rounded before it is added, each sum from its first term,
+    and each is then cast to ``y``'s dtype:
+
+    - on the expert's device, over the token's choices there in ascending
+      ``j``;
+    - at home, over the token's devices in the order of each one's first
+      kept choice (+0.0 for a token without one).
+
+    Where each device holds at most one kept choice of a token (top-k
+    routing over distinct devices), that is the float32 sum in order ``j =
+    0 … k−1``, each device's term rounded to ``y``'s dtype on its way home
+    (no rounding for float32 ``y``). The weights travel to the experts'
+    devices first (one ``ragged_all_to_all`` of ``(rows, k)``), then the
+    summed rows home (a second one). CPUs and GPUs run this composition,
+    every sum in this order; where a float32 product or sum is subnormal,
+    XLA's CPU code flushes it to zero.
+
+    Derivatives in both modes, bilinear in ``(y, weights)``: ``y``'s
+    cotangent is the dispatch of the output's cotangent, each row scaled by
+    its weight; ``weights[t, j]``'s is ``⟨ct_out[t], y[row of (t, j)]⟩``,
+    reduced where ``y`` lives, so ``k`` floats a token and device go home
+    rather than rows.
+
+    Args:
+      y: ``(S, H)`` of a real floating dtype: the experts' outputs, a row
+        for each row of :func:`moe_dispatch`'s ``recv``.
+      plan: the :class:`MoePlan` of that dispatch.
+      weights: ``(T, k)`` of a real floating dtype, on the tokens' device.
+
+    Returns:
+      ``(T, H)`` in ``y``'s dtype, on the tokens' device.
+
+    Raises:
+      TypeError: ``plan`` is not a :class:`MoePlan`; ``y`` or ``weights``
+        is not an array of a real floating dtype.
+      NameError: the plan's axis is not bound here.
+      NotImplementedError: the plan's axis is not a mesh axis.
+      ValueError: ``y`` does not have the rows of ``recv``, ``weights`` not
+        the shape of ``expert_ids``, or the plan is of another number of
+        positions.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, jax_tma
+      >>> from jax.sharding import Mesh, PartitionSpec as P
+      >>> mesh = Mesh(jax.devices()[:1], ("i",))
+      >>> def layer(x, ids, w):
+      ...     recv, plan = jax_tma.moe_dispatch(x, ids, num_experts=2, axis_name="i")
+      ...     return jax_tma.moe_combine(recv * 10, plan, w)
+      >>> g = jax.jit(jax.shard_map(layer, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+      >>> g(jnp.array([[1.0], [2.0], [3.0]]), jnp.array([[1, 0], [1, -1], [0, 1]]),
+      ...   jnp.array([[0.5, 0.5], [1.0, 0.0], [0.25, 0.75]]))[:, 0].tolist()
+      [10.0, 20.0, 30.0]
+    """
+    if not isinstance(plan, MoePlan):
+        raise TypeError(f"{_COMBINE}: plan must be the MoePlan that moe_dispatch returned, got "
+                        f"{type(plan).__name__}")
+    y = _checks.as_array(_COMBINE, "y", y)
+    weights = _checks.as_array(_COMBINE, "weights", weights)
+    names, n = _axes(_COMBINE, plan.axis_name)
+    _check_rows(_COMBINE, "y", y)
+    _check_rows(_COMBINE, "weights", weights)
+    if plan.routes.shape[0] != n:
+        raise ValueError(f"{_COMBINE}: the plan is of {plan.routes.shape[0]} positions, but "
+                         f"{names} has {n} here")
+    if y.shape[0] != plan.source.shape[0]:
+        raise ValueError(f"{_COMBINE}: y has {y.shape[0]} rows but the dispatch's recv has "
+                         f"{plan.source.shape[0]} (y.shape={y.shape})")
+    if weights.shape != plan.dropped.shape:
+        raise ValueError(f"{_COMBINE}: weights has shape {weights.shape} but expert_ids had "
+                         f"{plan.dropped.shape}")
+    args = _checks.align_varying(y, weights, *_routes(plan))
+    return _combine_p.bind(*args, axis_name=names, size=n, site=call_site())
+
+
+# ---- checks -------------------------------------------------------------------
+
+def _axes(op: str, axis_name) -> tuple[tuple[str, ...], int]:
+    names, n = bound_axes(op, axis_name)
+    mesh_axes = jax.sharding.get_abstract_mesh().axis_names
+    if not set(names) <= set(mesh_axes):
+        raise NotImplementedError(
+            f"{op}: axis {names} is not a mesh axis of the enclosing shard_map (mesh axes "
+            f"{tuple(mesh_axes)}); its exchanges run over mesh axes only")
+    return names, n
+
+
+def _check_count(op: str, name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{op}: {name} must be an int, got {value!r}")
+    if value < low:
+        raise ValueError(f"{op}: {name} = {value} is below {low}")
+
+
+def _check_rows(op: str, name: str, a: jax.Array) -> None:
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+        raise TypeError(f"{op}: {name} must be of a real floating dtype, got {a.dtype}")
+    if a.ndim != 2:
+        raise ValueError(f"{op}: {name} must have rank 2, got shape {a.shape}")
+
+
+def _check_known_ids(expert_ids: Any, num_experts: int) -> None:
+    """Ids known at trace time are in range or -1 (traced ones out of range
+    are masked)."""
+    if isinstance(expert_ids, jax.core.Tracer):
+        return
+    values = np.asarray(expert_ids)
+    bad = np.argwhere((values < -1) | (values >= num_experts))
+    if bad.size:
+        t, j = bad[0]
+        raise ValueError(f"{_DISPATCH}: expert_ids[{t}, {j}] = {values[t, j]} is neither in "
+                         f"[0, {num_experts}) nor -1 (the mask)")
+
+
+# ---- the plan: who sends what where -----------------------------------------------
+
+class _Sends(NamedTuple):
+    group_sizes: jax.Array
+    dropped: jax.Array
+    routes: jax.Array
+    pair_token: jax.Array
+    choice_row: jax.Array
+    meta: jax.Array  # (pairs, k): the slot of each choice on the pair's device, -1 elsewhere
+
+
+def _exclusive(a: jax.Array, axis: int = 0) -> jax.Array:
+    return jnp.cumsum(a, axis, dtype=_I32) - a
+
+
+def _plan_sends(ids, num_experts: int, capacity: int | None, names, n: int) -> _Sends:
+    """The sending device's half of the plan, and the slots its rows carry:
+    integer work and one all_to_all, which gives every device every
+    device's count per expert (so that each sender places, and drops, its
+    own choices) and per destination (so that each knows what it
+    receives)."""
+    tokens, k = ids.shape
+    local = num_experts // n
+    pairs_max = tokens * min(k, n)
+    me = lax.axis_index(names)
+    valid = (ids >= 0) & (ids < num_experts)
+    expert = jnp.where(valid, ids, num_experts).astype(_I32)  # num_experts: none
+    device = jnp.where(valid, expert // local, n)  # n: none
+    per_expert = jnp.zeros(num_experts + 1, _I32).at[expert.reshape(-1)].add(1)[:num_experts]
+    has = jnp.any(device[:, :, None] == jnp.arange(n, dtype=_I32), axis=1)  # (T, n)
+    per_device = jnp.sum(has, 0, dtype=_I32)
+    table = all_to_all(jnp.broadcast_to(jnp.concatenate([per_expert, per_device]),
+                                        (n, num_experts + n)), names, 0, 0, tiled=True)
+    counts, pairs = table[:, :num_experts], table[:, num_experts:]  # [source, expert / device]
+
+    # Each choice's place among its expert's rows: those of lower positions
+    # first, then this device's in (token, choice) order.
+    flat = expert.reshape(-1)
+    order = jnp.argsort(flat, stable=True).astype(_I32)
+    run_start = jnp.concatenate([jnp.zeros(1, _I32), jnp.cumsum(per_expert, dtype=_I32)])
+    rank = jnp.zeros(tokens * k, _I32).at[order].set(
+        jnp.arange(tokens * k, dtype=_I32) - run_start[flat[order]]).reshape(tokens, k)
+    before = jnp.concatenate([_exclusive(counts)[me], jnp.zeros(1, _I32)])
+    place = before[expert] + rank
+    total = jnp.sum(counts, 0, dtype=_I32)
+    kept_total = total if capacity is None else jnp.minimum(total, capacity)
+    kept = valid if capacity is None else valid & (place < capacity)
+    group = kept_total.reshape(n, local)
+    group_start = jnp.concatenate([_exclusive(group, 1).reshape(-1), jnp.zeros(1, _I32)])
+    slot = jnp.where(kept, group_start[expert] + place, -1)
+
+    # The (token, device) pairs in send order: device-major, then token.
+    send_start = _exclusive(per_device)
+    pair_row = jnp.where(has, send_start + _exclusive(has.astype(_I32)), pairs_max)  # (T, n)
+    pair_token = jnp.full(pairs_max, tokens, _I32).at[pair_row.reshape(-1)].set(
+        jnp.repeat(jnp.arange(tokens, dtype=_I32), n), mode="drop")
+    choice_row = jnp.where(valid, jnp.take_along_axis(pair_row, jnp.minimum(device, n - 1), 1),
+                           -1)
+    on = device[:, None, :] == jnp.arange(n, dtype=_I32)[None, :, None]  # (T, n, k)
+    meta = jnp.full((pairs_max, k), -1, _I32).at[pair_row.reshape(-1)].set(
+        jnp.where(on, slot[:, None, :], -1).reshape(tokens * n, k), mode="drop")
+    routes = jnp.stack([send_start, per_device, jnp.full(n, me * tokens, _I32), pairs[:, me],
+                        _exclusive(pairs, 1)[:, me]], axis=1)
+    return _Sends(group[me], valid & ~kept, routes, pair_token, choice_row, meta)
+
+
+# One program for the routing's many small steps, also where shard_map runs
+# eagerly (op by op); inside jit it is inlined.
+_planned = jax.jit(_plan_sends, static_argnums=(1, 2, 3, 4))
+
+
+class _Routes(NamedTuple):
+    """The plan's arrays that the data movement reads, in the order the
+    primitives take them after their own operands."""
+    routes: jax.Array
+    pair_token: jax.Array
+    choice_row: jax.Array
+    dropped: jax.Array
+    slots: jax.Array
+    source: jax.Array
+
+
+def _routes(plan: MoePlan) -> _Routes:
+    return _Routes(plan.routes, plan.pair_token, plan.choice_row, plan.dropped, plan.slots,
+                   plan.source)
+
+
+# ---- moving rows ----------------------------------------------------------------
+
+def _take(a: jax.Array, index: jax.Array) -> jax.Array:
+    """Rows `index` of `a`; negative indices and those past the end read as
+    zeros."""
+    if a.shape[0] == 0:  # jnp.take refuses an empty table
+        return jnp.zeros(index.shape + a.shape[1:], a.dtype)
+    return jnp.take(a, jnp.where(index >= 0, index, a.shape[0]), axis=0, mode="fill",
+                    fill_value=0)
+
+
+def _after(rows: jax.Array, index: jax.Array, *values: jax.Array) -> jax.Array:
+    """`rows`, computed from `values` too, so that an exchange of them runs
+    after whatever made `values`: XLA's runtime orders calls by the buffers
+    they read and runs the others side by side, and two exchanges side by
+    side can starve each other on the CPU (docs/limits.md). Each value's
+    first element is read where `index` (the plan's, one per row: pair_token
+    or source) is negative, which it never is, and which XLA cannot know.
+    (An optimization barrier orders nothing at run time: its results are
+    its operands' buffers.)"""
+    never = (index < 0).reshape((-1,) + (1,) * (rows.ndim - 1))
+    for v in values:
+        if rows.size and v.size:
+            rows = jnp.where(never, v.reshape(-1)[0].astype(rows.dtype), rows)
+    return rows
+
+
+def _bytes(a: jax.Array) -> jax.Array:
+    """The bytes of each row of `a` (sub-byte dtypes widened): (rows, bytes)
+    uint8."""
+    wide = _checks.widen(a)
+    return lax.bitcast_convert_type(wide, jnp.uint8).reshape(
+        a.shape[0], math.prod(a.shape[1:]) * wide.dtype.itemsize)
+
+
+def _from_bytes(b: jax.Array, dtype, shape: tuple[int, ...]) -> jax.Array:
+    """The inverse of _bytes: rows of bytes as an array of `dtype` and `shape`."""
+    wide = _checks.widen_dtype(dtype)
+    b = b.reshape(tuple(shape) + ((wide.itemsize,) if wide.itemsize > 1 else ()))
+    return _checks.narrow(lax.bitcast_convert_type(b, wide), np.dtype(dtype))
+
+
+def _exchange(operand, output, *indices, axis_name, size, site) -> jax.Array:
+    dtype = operand.dtype
+    got = ragged_bind(_checks.widen(operand), _checks.widen(output), *indices,
+                      axis_name=axis_name, size=size, site=site)
+    return _checks.narrow(got, dtype)
+
+
+def _to_experts(rows: jax.Array, r: _Routes, fill, **ex) -> jax.Array:
+    """Rows in send order (one per pair) into their devices' regions, `T`
+    rows a source position (the rows of a region past what it sent keep
+    `fill`)."""
+    regions = (r.routes.shape[0] * r.choice_row.shape[0],) + rows.shape[1:]
+    return _exchange(rows, jnp.full(regions, fill, rows.dtype), *r.routes.T[:4], **ex)
+
+
+def _home(regions: jax.Array, r: _Routes, **ex) -> jax.Array:
+    """The inverse route: each region's rows back to its source position,
+    into the rows of its pairs (send order)."""
+    n, tokens = r.routes.shape[0], r.choice_row.shape[0]
+    out = jnp.zeros((r.pair_token.shape[0],) + regions.shape[1:], regions.dtype)
+    return _exchange(regions, out, jnp.arange(n, dtype=_I32) * tokens, r.routes[:, 3],
+                     r.routes[:, 4], r.routes[:, 1], **ex)
+
+
+def _accumulator(dtype) -> np.dtype:
+    """float32, but float64 for float64 rows."""
+    return np.dtype(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
+
+
+def _accumulate(out, started, here, term):
+    """`out` plus `term` where `here` (`term` itself where `out` holds no term
+    yet), `out` elsewhere; and where `out` now holds a term."""
+    return jnp.where(here, jnp.where(started, out + term, term), out), started | here
+
+
+def _rounded(product: jax.Array, index: jax.Array) -> jax.Array:
+    """`product` as it is, rounded on its own before any sum takes it: its
+    bits pass through an integer or with `index < -1` (the plan's slots are
+    never below -1), which is zero at run time and which no compiler can
+    know. Else XLA fuses a multiply and the add after it into one
+    multiply-add, rounding once, wherever one of its fusions holds both (on
+    CPUs and GPUs alike), and a sum's bits would depend on its fusions."""
+    ints = np.dtype(f"int{8 * product.dtype.itemsize}")
+    zero = (index < -1).astype(ints).reshape((-1,) + (1,) * (product.ndim - 1))
+    return lax.bitcast_convert_type(lax.bitcast_convert_type(product, ints) | zero,
+                                    product.dtype)
+
+
+def _per_pair(terms, slots: jax.Array, acc) -> jax.Array:
+    """On the experts' device, one row per received row: the sum in `acc`
+    over its choices here (slot >= 0) in ascending j of each term's
+    `values[slot] * weights[row, j]` (weights None: 1), terms in their
+    order; +0.0 where there are none."""
+    rows, k = slots.shape
+    out = jnp.zeros((rows,) + terms[0][0].shape[1:], acc)
+    started = jnp.zeros((rows,) + (1,) * (out.ndim - 1), bool)
+    for j in range(k):
+        here = (slots[:, j] >= 0).reshape(started.shape)
+        for values, weights in terms:
+            term = _take(values, slots[:, j]).astype(acc)
+            if weights is not None:
+                term = _rounded(term * weights[:, j, None].astype(acc), slots[:, j])
+            out, started = _accumulate(out, started, here, term)
+    return out
+
+
+def _per_token(home: jax.Array, r: _Routes, acc) -> jax.Array:
+    """At home, one row per token: the sum in `acc` of the rows of its pairs
+    that hold a kept choice, each added at the first kept choice of its
+    device; +0.0 where there are none."""
+    k = r.choice_row.shape[1]
+    kept = (r.choice_row >= 0) & ~r.dropped
+    same = (r.choice_row[:, :, None] == r.choice_row[:, None, :]) & kept[:, None, :]
+    first = kept & ~jnp.any(same & jnp.tri(k, k, -1, dtype=bool), axis=2)
+    out = jnp.zeros((r.choice_row.shape[0],) + home.shape[1:], acc)
+    started = jnp.zeros((out.shape[0],) + (1,) * (out.ndim - 1), bool)
+    for j in range(k):
+        term = _take(home, jnp.where(first[:, j], r.choice_row[:, j], -1)).astype(acc)
+        out, started = _accumulate(out, started, first[:, j].reshape(started.shape), term)
+    return out
+
+
+def _sources(slots: jax.Array, rows: int) -> jax.Array:
+    """For each of `rows` rows of recv, the received row and choice that
+    fill it (row * k + choice); n·T·k where none does."""
+    flat = slots.reshape(-1)
+    return jnp.full(rows, flat.shape[0], _I32).at[jnp.where(flat >= 0, flat, rows)].set(
+        jnp.arange(flat.shape[0], dtype=_I32), mode="drop")
+
+
+# ---- the primitives -----------------------------------------------------------
+# jax_tma_moe_dispatch: the dispatch (the routing is traced before it); its
+# tangent is jax_tma_moe_rows toward "experts", whose transpose is the same
+# primitive toward "home". jax_tma_moe_combine: the combine; its tangent is
+# jax_tma_moe_combine_tangent, linear in (dy, dweights), whose transpose is
+# _combine_transpose. Each lowers to its composition of exchanges.
+
+_dispatch_p = Primitive("jax_tma_moe_dispatch")
+_dispatch_p.multiple_results = True
+_rows_p = Primitive("jax_tma_moe_rows")
+_combine_p = Primitive("jax_tma_moe_combine")
+_combine_tangent_p = Primitive("jax_tma_moe_combine_tangent")
+
+
+def _aval(like, shape, dtype=None):
+    return _lowering.out_aval(like, shape, dtype, spec=(None,) * len(shape))
+
+
+def _dispatch_abstract_eval(x, meta, routes, *_, rows, **__):
+    slots = (routes.shape[0] * x.shape[0], meta.shape[1])
+    return (_aval(x, (rows,) + x.shape[1:]), _aval(x, slots, _I32), _aval(x, (rows,), _I32))
+
+
+def _rows_abstract_eval(v, *route, toward, **_):
+    r = _Routes(*route)
+    rows = r.source.shape[0] if toward == "experts" else r.choice_row.shape[0]
+    return _aval(v, (rows,) + v.shape[1:])
+
+
+def _combine_abstract_eval(y, weights, *_, **__):
+    return _aval(y, (weights.shape[0],) + y.shape[1:])
+
+
+def _combine_tangent_abstract_eval(dy, dweights, y, weights, after, *_, **__):
+    return _aval(after, after.shape)
+
+
+def _dispatch(x, meta, routes, pair_token, choice_row, dropped, *, rows, **ex):
+    """Each pair's row, the token's bytes and its slots there, in one exchange
+    into the regions (unwritten rows read as slots -1); then the rows
+    copied into their slots."""
+    r = _Routes(routes, pair_token, choice_row, dropped, None, None)
+    token, slot = _bytes(x), _bytes(meta)
+    pad = -(token.shape[1] + slot.shape[1]) % _ROW_ALIGN
+    send = jnp.concatenate([_take(token, pair_token), slot,
+                            jnp.zeros((pair_token.shape[0], pad), jnp.uint8)], axis=1)
+    got = _to_experts(send, r, 0xFF, **ex)
+    k = meta.shape[1]
+    slots = _from_bytes(got[:, token.shape[1]:token.shape[1] + slot.shape[1]], _I32,
+                        (got.shape[0], k))
+    source = _sources(slots, rows)
+    recv = _from_bytes(_take(got[:, :token.shape[1]], source // k), x.dtype,
+                       (rows,) + x.shape[1:])
+    return recv, slots, source
+
+
+def _rows(v, *route, toward, **ex):
+    """toward "experts": token rows to their slots, as the dispatch moves
+    them (after the dispatch's own exchange, on which the slots wait);
+    toward "home": slot rows summed into their tokens (unit weights), the
+    dispatch's transpose."""
+    r = _Routes(*route)
+    if toward == "experts":
+        rows = _after(_take(v, r.pair_token), r.pair_token, r.source)
+        return _take(_to_experts(rows, r, 0, **ex), r.source // r.slots.shape[1])
+    acc = _accumulator(v.dtype)
+    pairs = _per_pair([(v, None)], r.slots, acc).astype(v.dtype)
+    return _per_token(_home(pairs, r, **ex), r, acc).astype(v.dtype)
+
+
+def _combine(y, weights, *route, **ex):
+    """The weights to the experts' devices (once the dispatch's exchange is
+    done), each pair's weighted sum home, each token's sum there."""
+    r = _Routes(*route)
+    acc = _accumulator(y.dtype)
+    got = _to_experts(_after(_take(weights, r.pair_token), r.pair_token, y), r, 0, **ex)
+    pairs = _per_pair([(y, got)], r.slots, acc).astype(y.dtype)
+    return _per_token(_home(pairs, r, **ex), r, acc).astype(y.dtype)
+
+
+def _combine_tangent(dy, dweights, y, weights, after, *route, **ex):
+    """combine(dy, weights) + combine(y, dweights) in one pass: both weights
+    in one exchange (after the primal combine's result `after`), the terms
+    of choice j in that order."""
+    r = _Routes(*route)
+    acc = _accumulator(y.dtype)
+    k = weights.shape[1]
+    sent = _after(_take(jnp.concatenate([weights, dweights], 1), r.pair_token), r.pair_token,
+                  dy, after)
+    got = _to_experts(sent, r, 0, **ex)
+    pairs = _per_pair([(dy, got[:, :k]), (y, got[:, k:])], r.slots, acc).astype(dy.dtype)
+    return _per_token(_home(pairs, r, **ex), r, acc).astype(dy.dtype)
+
+
+def _combine_transpose(ct, y, weights, r: _Routes, want_y: bool, want_weights: bool, **ex):
+    """The cotangents of y and weights: ct's rows and the weights to the
+    experts' devices in one exchange; y's, each slot's row scaled by its
+    weight; the weights', ⟨ct, y⟩ of each choice there, (rows, k) sent home.
+    y's waits for the weights', so that no later exchange of the step runs
+    beside that one."""
+    acc = _accumulator(y.dtype)
+    k = weights.shape[1]
+    rows, w = _bytes(ct), _bytes(weights)
+    pad = -(rows.shape[1] + w.shape[1]) % _ROW_ALIGN
+    send = jnp.concatenate([_take(rows, r.pair_token), _take(w, r.pair_token),
+                            jnp.zeros((r.pair_token.shape[0], pad), jnp.uint8)], axis=1)
+    got = _to_experts(send, r, 0, **ex)
+    ct_got = _from_bytes(got[:, :rows.shape[1]], ct.dtype, (got.shape[0],) + ct.shape[1:])
+    ct_y = ct_weights = None
+    if want_y:
+        w_got = _from_bytes(got[:, rows.shape[1]:rows.shape[1] + w.shape[1]], weights.dtype,
+                            (got.shape[0], k))
+        scale = _take(w_got.reshape(-1), r.source).astype(acc)
+        ct_y = (_take(ct_got, r.source // k).astype(acc) * scale[:, None]).astype(y.dtype)
+    if want_weights:
+        wide = ct_got.astype(acc)
+        dots = jnp.stack([jnp.where(r.slots[:, j] >= 0, jnp.sum(
+            _take(y, r.slots[:, j]).astype(acc) * wide, axis=1), 0) for j in range(k)], axis=1)
+        home = _home(dots, r, **ex)
+        kept = (r.choice_row >= 0) & ~r.dropped
+        at = jnp.where(kept, r.choice_row * k + jnp.arange(k, dtype=_I32), -1)
+        ct_weights = _take(home.reshape(-1), at).astype(weights.dtype)
+        if want_y:
+            ct_y = _after(ct_y, r.source, home)
+    return ct_y, ct_weights
+
+
+# ---- vmap ---------------------------------------------------------------------
+
+def _vmapped(impl, outputs: int | None):
+    """A vmap rule that maps the primitive's composition over the batch (each
+    member its own exchanges, which batch as theirs do); `outputs`: the
+    number of results, None for one."""
+    def rule(args, dims, **params):
+        out = jax.vmap(functools.partial(impl, **params), in_axes=tuple(dims))(*args)
+        return out, (0 if outputs is None else (0,) * outputs)
+    return rule
+
+
+# ---- AD -----------------------------------------------------------------------
+
+def _zero_like(x):
+    return ad.Zero(jax.typeof(x).to_tangent_aval())
+
+
+def _dispatch_jvp(primals, tangents, *, rows, **ex):
+    x, meta, routes, pair_token, choice_row, dropped = primals
+    recv, slots, source = _dispatch_p.bind(*primals, rows=rows, **ex)
+    dx = tangents[0]
+    d_recv = _zero_like(recv) if type(dx) is ad.Zero else _rows_p.bind(
+        dx, routes, pair_token, choice_row, dropped, slots, source, toward="experts", **ex)
+    return (recv, slots, source), (d_recv, _zero_like(slots), _zero_like(source))
+
+
+def _rows_jvp(primals, tangents, **params):
+    out = _rows_p.bind(*primals, **params)
+    dv = tangents[0]
+    if type(dv) is ad.Zero:
+        return out, _zero_like(out)
+    return out, _rows_p.bind(dv, *primals[1:], **params)
+
+
+def _rows_transpose(ct, v, *route, toward, **ex):
+    if type(ct) is ad.Zero:
+        return [ad.Zero(v.aval)] + [None] * len(route)
+    back = "home" if toward == "experts" else "experts"
+    return [_rows_p.bind(ct, *route, toward=back, **ex)] + [None] * len(route)
+
+
+def _combine_jvp(primals, tangents, **ex):
+    y, weights, *route = primals
+    out = _combine_p.bind(*primals, **ex)
+    dy, dweights = tangents[:2]
+    if type(dy) is ad.Zero and type(dweights) is ad.Zero:
+        return out, _zero_like(out)
+    return out, _combine_tangent_p.bind(ad.instantiate_zeros(dy), ad.instantiate_zeros(dweights),
+                                        y, weights, out, *route, **ex)
+
+
+def _combine_tangent_jvp(primals, tangents, **ex):
+    """t(dy, dw; y, w) = combine(dy, w) + combine(y, dw) is symmetric,
+    t(a, b; c, d) = t(c, d; a, b), so its derivative in (y, w) along (ty, tw)
+    is t(ty, tw; dy, dw): each term one more bind, linear in its first two,
+    each after the one before."""
+    dy, dweights, y, weights, _, *route = primals
+    after = out = _combine_tangent_p.bind(*primals, **ex)
+    terms = []
+    for a, b, c, d in ((tangents[0], tangents[1], y, weights),
+                       (tangents[2], tangents[3], dy, dweights)):
+        if type(a) is not ad.Zero or type(b) is not ad.Zero:
+            after = _combine_tangent_p.bind(ad.instantiate_zeros(a), ad.instantiate_zeros(b), c,
+                                            d, after, *route, **ex)
+            terms.append(after)
+    if not terms:
+        return out, _zero_like(out)
+    return out, functools.reduce(jnp.add, terms)
+
+
+def _combine_tangent_transpose(ct, dy, dweights, y, weights, after, *route, **ex):
+    want_y, want_weights = ad.is_undefined_primal(dy), ad.is_undefined_primal(dweights)
+    rest = [None] * (3 + len(route))
+    if type(ct) is ad.Zero:
+        return [ad.Zero(dy.aval) if want_y else None,
+                ad.Zero(dweights.aval) if want_weights else None] + rest
+    ct_y, ct_weights = _combine_transpose(ct, y, weights, _Routes(*route), want_y, want_weights,
+                                          **ex)
+    return [ct_y, ct_weights] + rest
+
+
+# ---- registration ---------------------------------------------------------------
+
+for _prim, _eval, _impl, _outputs in (
+        (_dispatch_p, _dispatch_abstract_eval, _dispatch, 3),
+        (_rows_p, _rows_abstract_eval, _rows, None),
+        (_combine_p, _combine_abstract_eval, _combine, None),
+        (_combine_tangent_p, _combine_tangent_abstract_eval, _combine_tangent, None)):
+    _lowering.register(_prim, _eval, mlir.lower_fun(_impl, multiple_results=_outputs is not None),
+                       batcher=_vmapped(_impl, _outputs), jitted=False)
+ad.primitive_jvps[_dispatch_p] = _dispatch_jvp
+ad.primitive_jvps[_rows_p] = _rows_jvp
+ad.primitive_transposes[_rows_p] = _rows_transpose
+ad.primitive_jvps[_combine_p] = _combine_jvp
+ad.primitive_jvps[_combine_tangent_p] = _combine_tangent_jvp
+ad.primitive_transposes[_combine_tangent_p] = _combine_tangent_transpose

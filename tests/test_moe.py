@@ -1,0 +1,462 @@
+"""jax_tma.moe_dispatch and jax_tma.moe_combine on 8 host devices: issue
+43's contract row for row against the NumPy reference (recv's order, group
+sizes, capacity drops and plan.dropped, masked and out-of-range ids, skewed
+routing and empty experts), combine's sums bit for bit in the documented
+order, every real float dtype; a whole MoE layer (router, top-k, ragged_dot
+experts) against the dense formulation, forward, grads and linearize,
+with and without drops; each op's jvp and vjp alone; the plan through jit,
+out_specs, scan carries and a custom_vjp; vmap and eager shard_map; two mesh
+axes; every validation rule's message."""
+
+import dataclasses
+import functools
+import logging
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import jax_tma
+import ops_table
+from reference import (assert_bits_equal, cpu_mesh, moe_combine_reference,
+                       moe_dispatch_reference, random_array)
+
+N = 8
+MESH = cpu_mesh((N,), ("x",))
+GRID = cpu_mesh((2, 4), ("a", "b"))
+
+
+def _on_mesh(fn, mesh=MESH, specs=P("x"), out=P("x"), jit=True):
+    f = jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=out)
+    return jax.jit(f) if jit else f
+
+
+def _body(num_experts: int, capacity: int | None, axes=("x",)):
+    """dispatch, then combine of the received rows times 2 (the rows are
+    recv's as dispatched, so that combine's reference sees them)."""
+    def body(x, ids, weights):
+        recv, plan = jax_tma.moe_dispatch(x, ids, num_experts=num_experts, axis_name=axes,
+                                          capacity=capacity)
+        return recv, plan.group_sizes, plan.dropped, jax_tma.moe_combine(recv * 2, plan, weights)
+    return body
+
+
+@functools.cache
+def _layer(num_experts: int, capacity: int | None, axes=("x",), mesh=MESH, spec=P("x")):
+    return _on_mesh(_body(num_experts, capacity, axes), mesh, spec, spec)
+
+
+def _routing(rng, kind: str, tokens: int, k: int, num_experts: int) -> np.ndarray:
+    """(N·tokens, k) int32 ids: "random" (with -1 masks and traced ids out of
+    range, which mask too), "skewed" (every token's first choice expert 3,
+    the rest random: most experts of the other devices stay empty) or
+    "masked" (every choice -1)."""
+    if kind == "masked":
+        return np.full((N * tokens, k), -1, np.int32)
+    ids = rng.integers(-1, num_experts, (N * tokens, k)).astype(np.int32)
+    if kind == "skewed":
+        ids[:, 0] = 3
+        ids[:, 1:] = rng.choice([-1, 3, num_experts - 1], ids[:, 1:].shape)
+    else:
+        ids[rng.random(ids.shape) < 0.05] = num_experts + 7
+        ids[rng.random(ids.shape) < 0.05] = -5
+    return ids
+
+
+def _normal(rng, shape, dtype=np.float32) -> np.ndarray:
+    """Values to compute with: normal, so that no sum or product is
+    subnormal (XLA flushes those to zero on the CPU), positive where the
+    dtype has no sign."""
+    values = rng.standard_normal(shape)
+    if not ml_dtypes.finfo(dtype).min < 0:
+        values = np.abs(values)
+    return values.astype(dtype)
+
+
+def _check(got, x, ids, weights, num_experts, capacity, n=N):
+    recv, sizes, dropped, out = (np.asarray(a) for a in got)
+    want_recv, want_sizes, want_dropped, placed = moe_dispatch_reference(
+        x, ids, n, num_experts, capacity)
+    rows = recv.reshape((n, -1) + recv.shape[1:])
+    assert rows.shape[1] == (ids.shape[0] * ids.shape[1] if capacity is None
+                             else num_experts // n * capacity)
+    for d in range(n):
+        assert_bits_equal(rows[d, :len(want_recv[d])], want_recv[d])
+    assert_bits_equal(sizes, want_sizes.reshape(-1))
+    assert_bits_equal(dropped, want_dropped)
+    y = np.concatenate([np.concatenate([2 * want_recv[d], np.zeros(
+        (rows.shape[1] - len(want_recv[d]),) + recv.shape[1:], recv.dtype)]) for d in range(n)])
+    assert_bits_equal(out, moe_combine_reference(y, weights, placed, n))
+
+
+# ---- the contract ---------------------------------------------------------------
+
+@pytest.mark.parametrize("capacity", [None, 3, 0])
+def test_dispatch_and_combine_match_the_numpy_contract(rng, capacity):
+    """Random routing (masked and out-of-range ids), every token's first
+    choice to one expert (the others of its devices empty, drops with a
+    capacity), every choice masked; one compiled program for the three."""
+    num_experts, tokens, k = 16, 6, 3
+    f = _layer(num_experts, capacity)
+    for kind in ("random", "skewed", "masked"):
+        x = _normal(rng, (N * tokens, 5))
+        ids = _routing(rng, kind, tokens, k, num_experts)
+        weights = _normal(rng, (N * tokens, k))
+        _check(f(x, ids, weights), x, ids, weights, num_experts, capacity)
+
+
+def test_the_plan_says_what_it_dropped_where_a_device_holds_several_choices(rng):
+    """Top-k over distinct experts of one device (experts 0 and 1 of device
+    0, 4 a device): the token crosses once, both choices land, the
+    capacity drops the later sources' rows first."""
+    ids = np.tile(np.array([[0, 1]], np.int32), (N * 4, 1))
+    x = _normal(rng, (N * 4, 2))
+    weights = _normal(rng, (N * 4, 2))
+    got = _layer(32, 5)(x, ids, weights)
+    _check(got, x, ids, weights, 32, 5)
+    dropped = np.asarray(got[2]).reshape(N, 4, 2)
+    assert not dropped[:1].any() and dropped[2:].all() and dropped[1, 1:].all()
+
+
+# The float8 types each cost a compile: a run takes the common two, e8m0
+# (no zero, no sign) and one of the others, drawn with the run's seed.
+_FLOATS = [d.name for d in ops_table.FLOAT_DTYPES if d.kind != "c"]
+_FIXED = [d for d in _FLOATS if not d.startswith("float8")] + [
+    "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu"]
+
+
+@pytest.mark.parametrize("dtype", _FIXED + ["another-float8"])
+def test_every_real_float_dtype(rng, dtype):
+    """dispatch moves any bits (NaNs, infinities, subnormals); combine rounds
+    as the reference does. One dispatch carries both: each token's random
+    bits, then the same values tamed (1 where not finite or far from 1, so
+    that no sum is subnormal), which combine sums."""
+    if dtype == "another-float8":
+        dtype = str(rng.choice([d for d in _FLOATS if d.startswith("float8") and d not in _FIXED]))
+    dtype = np.dtype(getattr(jnp, dtype))
+    ids = _routing(rng, "random", 4, 2, 8)
+    weights = _normal(rng, (N * 4, 2))
+    x = random_array(rng, (N * 4, 3), dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = np.abs(x.astype(np.float64))
+        tame = np.where((v == 0) | ((v >= 2.0 ** -20) & (v <= 2.0 ** 20)), x, np.ones_like(x))
+
+    def body(x, ids, weights):
+        recv, plan = jax_tma.moe_dispatch(x, ids, num_experts=8, axis_name="x")
+        return recv, jax_tma.moe_combine(recv[:, 3:], plan, weights)
+
+    recv, out = _on_mesh(body)(np.concatenate([x, tame], axis=1), ids, weights)
+    want, _, _, placed = moe_dispatch_reference(x, ids, N, 8)
+    rows = np.asarray(recv).reshape(N, -1, 6)
+    for d in range(N):
+        assert_bits_equal(rows[d, :len(want[d]), :3], want[d])
+    # A sum past the dtype's range is NaN in the float8 types without an
+    # infinity, of either sign: XLA's conversions to them keep it in some
+    # programs and not in others (IEEE leaves a NaN's sign open).
+    want = moe_combine_reference(np.asarray(recv)[:, 3:], weights, placed, N)
+    nan = np.isnan(want.astype(np.float64))
+    assert_bits_equal(np.isnan(np.asarray(out).astype(np.float64)), nan)
+    assert_bits_equal(np.asarray(out)[~nan], want[~nan])
+
+
+def test_over_two_mesh_axes_and_over_one(rng):
+    """Over ("a", "b") the 8 devices are one group; over "b" each row of 4
+    dispatches on its own."""
+    tokens, k = 4, 2
+    x = _normal(rng, (N * tokens, 3))
+    ids = _routing(rng, "random", tokens, k, 8)
+    weights = _normal(rng, (N * tokens, k))
+    both = P(("a", "b"))
+    _check(_layer(8, None, ("a", "b"), GRID, both)(x, ids, weights), x, ids, weights, 8, None)
+    got = _layer(8, 2, ("b",), GRID, both)(x, ids, weights)
+    for row in range(2):
+        part = [np.split(np.asarray(a), 2)[row] for a in got]
+        _check(part, *(np.split(a, 2)[row] for a in (x, ids, weights)), 8, 2, n=4)
+
+
+# ---- a whole layer against the dense formulation --------------------------------
+
+TOKENS, DIM, HIDDEN, EXPERTS, TOP_K = 6, 8, 4, 16, 2
+
+
+def _router(x, w_router):
+    gates, experts = lax.top_k(jax.nn.softmax(x @ w_router, axis=-1), TOP_K)
+    return gates, experts
+
+
+def _moe(capacity):
+    def body(x, w_router, w1, w2):
+        gates, experts = _router(x, w_router)
+        recv, plan = jax_tma.moe_dispatch(x, experts, num_experts=EXPERTS, axis_name="x",
+                                          capacity=capacity)
+        h = jnp.tanh(lax.ragged_dot(recv, w1, plan.group_sizes))
+        return jax_tma.moe_combine(lax.ragged_dot(h, w2, plan.group_sizes), plan, gates)
+    return jax.shard_map(body, mesh=MESH, in_specs=(P("x"), P(), P("x"), P("x")),
+                         out_specs=P("x"))
+
+
+def _dense(keep):
+    def layer(x, w_router, w1, w2):
+        gates, experts = _router(x, w_router)
+        mask = (jax.nn.one_hot(experts, EXPERTS) * (gates * keep)[..., None]).sum(1)
+        h = jnp.tanh(jnp.einsum("td,edh->teh", x, w1))
+        return jnp.einsum("te,teh,ehd->td", mask, h, w2)
+    return layer
+
+
+def _assert_close(got, want):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        scale = float(np.abs(w).max())
+        assert float(np.abs(np.asarray(g) - w).max()) <= 1e-4 * scale, (g, w)
+
+
+@pytest.mark.parametrize("capacity", [None, 2])
+def test_a_layer_matches_the_dense_one_forward_grads_and_linearize(rng, capacity):
+    keys = jax.random.split(jax.random.key(int(rng.integers(1 << 31))), 8)
+    args = (jax.random.normal(keys[0], (N * TOKENS, DIM)),
+            jax.random.normal(keys[1], (DIM, EXPERTS)),
+            jax.random.normal(keys[2], (EXPERTS, DIM, HIDDEN)) / np.sqrt(DIM),
+            jax.random.normal(keys[3], (EXPERTS, HIDDEN, DIM)) / np.sqrt(HIDDEN))
+    _, experts = _router(*args[:2])
+    dropped = moe_dispatch_reference(args[0], experts, N, EXPERTS, capacity)[2]
+    if capacity is not None:
+        assert dropped.any() and not dropped.all()
+    moe, dense = _moe(capacity), jax.jit(_dense(jnp.asarray(~dropped, jnp.float32)))
+    ct = jax.random.normal(keys[4], (N * TOKENS, DIM))
+    tangents = tuple(jax.random.normal(kk, a.shape) for kk, a in zip(keys[4:], args))
+    # Forward mode through linearize, whose programs each hold one chain of
+    # exchanges (a jvp's holds the primal's and the tangent's: docs/ops/moe.md).
+    out, linear = jax.linearize(jax.jit(moe), *args)
+    _assert_close((out, linear(*tangents)), jax.jvp(dense, args, tangents))
+
+    def loss(f):
+        return lambda *a: (f(*a) * ct).sum()
+
+    _assert_close(jax.jit(jax.grad(loss(moe), argnums=(0, 1, 2, 3)))(*args),
+                  jax.jit(jax.grad(loss(dense), argnums=(0, 1, 2, 3)))(*args))
+
+
+def test_each_op_alone_forward_and_reverse(rng):
+    """dispatch's tangent is the dispatch of dx, bit for bit; weights'
+    cotangent is ⟨ct_out, y[row]⟩ (0 where masked), y's the dispatched
+    cotangent times the weight; the derivative in y of the derivative in
+    weights is combine itself, bit for bit. Each program holds one chain of
+    exchanges."""
+    ids = _routing(rng, "random", 4, 2, 8)
+    x, dx = _normal(rng, (N * 4, 3)), _normal(rng, (N * 4, 3))
+    weights, ct = _normal(rng, (N * 4, 2)), _normal(rng, (N * 4, 3))
+
+    def forward(x, dx, ids):
+        (recv, plan), (d_recv, _) = jax.jvp(
+            lambda v: jax_tma.moe_dispatch(v, ids, num_experts=8, axis_name="x"), (x,), (dx,))
+        return recv, d_recv, plan
+
+    recv, d_recv, plan = _on_mesh(forward)(x, dx, ids)
+    want = moe_dispatch_reference(dx, ids, N, 8)[0]
+    rows = np.asarray(d_recv).reshape(N, -1, 3)
+    for d in range(N):
+        assert_bits_equal(rows[d, :len(want[d])], want[d])
+
+    def reverse(y, plan, weights, ct):
+        out, vjp = jax.vjp(lambda y, w: jax_tma.moe_combine(y, plan, w), y, weights)
+        ct_y, ct_w = vjp(ct)
+        return out, ct_w, jnp.sum(ct_y * y)[None]
+
+    out, ct_w, dot = _on_mesh(reverse)(recv, plan, weights, ct)
+    valid = (ids >= 0) & (ids < 8)
+    want = np.where(valid, np.einsum("th,th->t", ct, x)[:, None], 0)
+    np.testing.assert_allclose(ct_w, want, rtol=1e-5, atol=1e-5)
+    # Σ over the slots of ⟨weight · ct, y⟩ = Σ_t Σ_j weights[t, j] ⟨ct[t], x[t]⟩
+    np.testing.assert_allclose(np.asarray(dot).sum(), (weights * want).sum(), rtol=1e-5)
+
+    def second(y, plan, weights):
+        return jax.jvp(lambda v: jax.jvp(lambda w: jax_tma.moe_combine(v, plan, w),
+                                         (weights,), (weights,))[1], (y,), (y,))[1]
+
+    assert_bits_equal(_on_mesh(second)(recv, plan, weights), out)
+
+
+# ---- the plan as a value -------------------------------------------------------------
+
+def test_the_plan_passes_out_specs_jit_scan_and_custom_vjp(rng):
+    ids = _routing(rng, "random", 4, 2, 8)
+    x = _normal(rng, (N * 4, 3))
+    weights = _normal(rng, (N * 4, 2))
+    want = _layer(8, None)(x, ids, weights)[3]
+    dispatch = _on_mesh(lambda x, ids: jax_tma.moe_dispatch(x, ids, num_experts=8,
+                                                            axis_name="x"))
+    recv, plan = dispatch(x, ids)
+    assert isinstance(plan, jax_tma.MoePlan) and plan.group_sizes.shape == (8,)
+    plan = jax.jit(lambda p: p)(plan)
+    combine = _on_mesh(lambda y, p, w: jax_tma.moe_combine(y * 2, p, w))
+    assert_bits_equal(combine(recv, plan, weights), want)
+
+    def scanned(x, ids, weights):
+        recv, plan = jax_tma.moe_dispatch(x, ids, num_experts=8, axis_name="x")
+
+        def step(carry, _):
+            rows, plan = carry
+            return (rows, plan), jax_tma.moe_combine(rows * 2, plan, weights)
+        return lax.scan(step, (recv, plan), None, length=2)[1]
+
+    out = _on_mesh(scanned, out=P(None, "x"))(x, ids, weights)
+    assert_bits_equal(out[1], want)
+
+    @jax.custom_vjp
+    def moved(x, ids):
+        return jax_tma.moe_dispatch(x, ids, num_experts=8, axis_name="x")[0]
+
+    def moved_fwd(x, ids):
+        recv, plan = jax_tma.moe_dispatch(x, ids, num_experts=8, axis_name="x")
+        return recv, plan
+
+    def moved_bwd(plan, ct):
+        unit = jnp.ones(plan.dropped.shape, jnp.float32)
+        return jax_tma.moe_combine(ct, plan, unit), None
+
+    moved.defvjp(moved_fwd, moved_bwd)
+    ct = _normal(rng, recv.shape)
+
+    def grads(dispatch):
+        return _on_mesh(lambda x, ids, ct: jax.vjp(lambda v: dispatch(v, ids), x)[1](ct)[0])
+
+    plain = grads(lambda v, ids: jax_tma.moe_dispatch(v, ids, num_experts=8,
+                                                      axis_name="x")[0])
+    # the dispatch's transpose is combine with unit weights, bit for bit
+    assert_bits_equal(grads(moved)(x, ids, ct), plain(x, ids, ct))
+
+
+# ---- modes ---------------------------------------------------------------------------
+
+def test_vmap_gives_each_member_its_own_dispatch(rng):
+    ids = np.stack([_routing(rng, "random", 4, 2, 8) for _ in range(2)])
+    x = _normal(rng, (2, N * 4, 3))
+    weights = _normal(rng, (2, N * 4, 2))
+    got = jax.jit(jax.vmap(_on_mesh(_body(8, 1), jit=False)))(x, ids, weights)
+    for b in range(2):
+        _check([a[b] for a in got], x[b], ids[b], weights[b], 8, 1)
+
+
+def test_eager(rng):
+    """Without jit, shard_map runs each primitive on its own."""
+    ids = _routing(rng, "random", 2, 2, 8)
+    x = _normal(rng, (N * 2, 3))
+    weights = _normal(rng, (N * 2, 2))
+    _check(_on_mesh(_body(8, None), jit=False)(x, ids, weights), x, ids, weights, 8, None)
+
+
+def test_the_debug_log_names_the_exchanges_and_the_call_site(rng, caplog):
+    ids = _routing(rng, "random", 2, 2, 8)
+    x = _normal(rng, (N * 2, 3))
+    f = _on_mesh(lambda x, ids: jax_tma.moe_dispatch(x, ids, num_experts=8, axis_name="x")[0])
+    with caplog.at_level(logging.DEBUG, logger="jax_tma"):
+        f.lower(x, ids).compile()
+    assert f"jax_tma.ragged_all_to_all over ('x',) at {__file__}:" in caplog.text
+    assert f"jax_tma.all_to_all over ('x',) at {__file__}:" in caplog.text
+
+
+# ---- validation ----------------------------------------------------------------------
+
+def _trace(body, *args):
+    return _on_mesh(body).trace(*args)
+
+
+_X = np.zeros((N * 2, 3), np.float32)
+_IDS = np.zeros((N * 2, 2), np.int32)
+
+
+@pytest.mark.parametrize("kwargs,args,error,match", [
+    (dict(num_experts=12), (), ValueError,
+     r"num_experts = 12 is not a multiple of the 8 positions along \('x',\)"),
+    (dict(num_experts=0), (), ValueError, r"num_experts = 0 is below 1"),
+    (dict(num_experts=8.0), (), TypeError, r"num_experts must be an int, got 8\.0"),
+    (dict(num_experts=True), (), TypeError, r"num_experts must be an int, got True"),
+    (dict(capacity=-1), (), ValueError, r"capacity = -1 is below 0"),
+    (dict(capacity=2.5), (), TypeError, r"capacity must be an int, got 2\.5"),
+    (dict(), (_X.astype(np.int32), _IDS), TypeError,
+     r"x must be of a real floating dtype, got int32"),
+    (dict(), (_X.astype(np.complex64), _IDS), TypeError,
+     r"x must be of a real floating dtype, got complex64"),
+    (dict(), (_X[:, 0], _IDS), ValueError, r"x must have rank 2, got shape \(2,\)"),
+    (dict(), (_X, _IDS.astype(np.float32)), TypeError,
+     r"expert_ids must be integers, got dtype float32"),
+    (dict(), (_X, _IDS[:8]), ValueError,
+     r"expert_ids must be \(T, k\) with k >= 1 for x of T = 2 tokens, got shape \(1, 2\)"),
+    (dict(), (_X, _IDS[:, :0]), ValueError,
+     r"expert_ids must be \(T, k\) with k >= 1 for x of T = 2 tokens, got shape \(2, 0\)"),
+    (dict(axis_name="y"), (), NameError, r"axis name 'y' is not bound here"),
+    (dict(axis_name=3), (), TypeError, r"axis_name must be a mesh axis name"),
+])
+def test_dispatch_refuses_by_name(kwargs, args, error, match):
+    kw = dict(num_experts=8, axis_name="x") | kwargs
+    with pytest.raises(error, match=r"jax_tma\.moe_dispatch: " + match):
+        _trace(lambda x, ids: jax_tma.moe_dispatch(x, ids, **kw), *(args or (_X, _IDS)))
+
+
+def test_dispatch_refuses_known_ids_out_of_range_and_non_arrays():
+    ids = _IDS[:2].copy()
+    ids[1, 0] = 8
+    with pytest.raises(ValueError, match=r"jax_tma\.moe_dispatch: expert_ids\[1, 0\] = 8 is "
+                                         r"neither in \[0, 8\) nor -1 \(the mask\)"):
+        _trace(lambda x: jax_tma.moe_dispatch(x, ids, num_experts=8, axis_name="x"), _X)
+    with pytest.raises(TypeError, match=r"jax_tma\.moe_dispatch: x must be an array"):
+        _trace(lambda ids: jax_tma.moe_dispatch([1.0], ids, num_experts=8, axis_name="x"), _IDS)
+    with pytest.raises(TypeError, match=r"jax_tma\.moe_dispatch: expert_ids must be an array"):
+        _trace(lambda x: jax_tma.moe_dispatch(x, {"ids": 1}, num_experts=8, axis_name="x"), _X)
+
+
+def test_dispatch_over_a_vmap_axis_is_not_implemented():
+    with pytest.raises(NotImplementedError, match=r"jax_tma\.moe_dispatch: axis \('v',\) is "
+                                                  r"not a mesh axis"):
+        jax.vmap(lambda x, ids: jax_tma.moe_dispatch(x, ids, num_experts=2, axis_name="v"),
+                 axis_name="v")(_X[:2, None], _IDS[:2, None])
+
+
+_W = np.zeros((N * 2, 2), np.float32)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (lambda y, plan, w: (y, "plan", w), TypeError,
+     r"plan must be the MoePlan that moe_dispatch returned, got str"),
+    (lambda y, plan, w: (y[:-1], plan, w), ValueError,
+     r"y has 31 rows but the dispatch's recv has 32 \(y\.shape=\(31, 3\)\)"),
+    (lambda y, plan, w: (y.astype(jnp.int32), plan, w), TypeError,
+     r"y must be of a real floating dtype, got int32"),
+    (lambda y, plan, w: (y[:, 0], plan, w), ValueError, r"y must have rank 2, got shape \(32,\)"),
+    (lambda y, plan, w: (y, plan, w[:, :1]), ValueError,
+     r"weights has shape \(2, 1\) but expert_ids had \(2, 2\)"),
+    (lambda y, plan, w: (y, plan, w.astype(jnp.int32)), TypeError,
+     r"weights must be of a real floating dtype, got int32"),
+    (lambda y, plan, w: (y, plan, [w]), TypeError, r"weights must be an array"),
+    (lambda y, plan, w: ({"y": y}, plan, w), TypeError, r"y must be an array"),
+])
+def test_combine_refuses_by_name(change, error, match):
+    def body(x, ids, w):
+        recv, plan = jax_tma.moe_dispatch(x, ids, num_experts=8, axis_name="x")
+        return jax_tma.moe_combine(*change(recv, plan, w))
+    with pytest.raises(error, match=r"jax_tma\.moe_combine: " + match):
+        _trace(body, _X, _IDS, _W)
+
+
+def test_combine_refuses_a_plan_of_another_axis():
+    """A plan made over "b" (4 positions) of the 2 x 4 mesh, in a shard_map
+    over the 8 devices of "x"."""
+    dispatch = jax.shard_map(
+        lambda x, ids: jax_tma.moe_dispatch(x, ids, num_experts=4, axis_name="b"), mesh=GRID,
+        in_specs=P(("a", "b")), out_specs=P(("a", "b")))
+    plan = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), jax.eval_shape(dispatch, _X, _IDS)[1])
+    body = lambda p, w: jax_tma.moe_combine(jnp.zeros((p.source.shape[0], 3)), p, w)  # noqa: E731
+    with pytest.raises(NameError, match=r"jax_tma\.moe_combine: axis name \('b',\) is not "
+                                        r"bound here"):
+        _trace(body, plan, _W)
+    with pytest.raises(ValueError, match=r"jax_tma\.moe_combine: the plan is of 4 positions, but "
+                                         r"\('x',\) has 8 here"):
+        _trace(body, dataclasses.replace(plan, axis_name=("x",)), _W)
+    batched = jax.tree.map(lambda a: a[None], dataclasses.replace(plan, axis_name=("v",)))
+    with pytest.raises(NotImplementedError, match=r"jax_tma\.moe_combine: axis \('v',\) is not "
+                                                  r"a mesh axis"):
+        jax.vmap(body, axis_name="v")(batched, _W[None])
