@@ -150,6 +150,27 @@ template <> struct ElementSum<SumKind::kF64> {
   }
 };
 
+// What a sum of one or more addends starts from: -0.0 for floats, IEEE's
+// additive identity (-0.0 + v is v for every v, -0.0 included, where +0.0 +
+// -0.0 is +0.0), so that a sum whose addends are all -0.0 is -0.0, as the
+// sum of one -0.0 is (XLA's transpose of a lone slice gives it back); 0 for
+// integers. A sum of no addends is +0 (zeros, as XLA's transposes write
+// where nothing lands): callers store EmptySum<K>() there.
+template <SumKind K>
+JAX_TMA_HOST_DEVICE constexpr typename ElementSum<K>::Acc SumStart() {
+  using Acc = typename ElementSum<K>::Acc;
+  if constexpr (std::is_floating_point_v<Acc>) {
+    return static_cast<Acc>(-0.0);
+  } else {
+    return Acc{0};
+  }
+}
+
+template <SumKind K>
+JAX_TMA_HOST_DEVICE constexpr typename ElementSum<K>::Acc EmptySum() {
+  return typename ElementSum<K>::Acc{0};
+}
+
 // Runs fn.template operator()<K>() for `kind`.
 template <typename Fn>
 auto DispatchSumKind(SumKind kind, Fn&& fn) {

@@ -128,6 +128,7 @@ NB_MODULE(_jax_tma, m) {
     for (const auto& [name, value] : rules.ints) d[name.c_str()] = value;
     for (const auto& [name, values] : rules.tuples) d[name.c_str()] = nb::tuple(nb::cast(values));
     for (const auto& [name, names] : rules.dtypes) d[name.c_str()] = nb::tuple(nb::cast(names));
+    for (const auto& [name, words] : rules.texts) d[name.c_str()] = words;
     return d;
   });
 

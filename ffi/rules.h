@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -23,10 +24,16 @@ struct Rules {
   std::vector<std::pair<std::string, std::vector<int64_t>>> tuples;
   // Named sets of element types, by NumPy's names, e.g. {"summed_dtypes", {"int8", ...}}.
   std::vector<std::pair<std::string, std::vector<std::string>>> dtypes;
+  // Named words of a rule that Python states as the handlers do, e.g.
+  // {"<family>.<rule>", "order='channel_major' has no TMA path ..."}.
+  std::vector<std::pair<std::string, std::string>> texts;
 
   void Int(std::string name, int64_t value) { ints.emplace_back(std::move(name), value); }
   void Tuple(std::string name, std::vector<int64_t> values) {
     tuples.emplace_back(std::move(name), std::move(values));
+  }
+  void Text(std::string name, std::string_view words) {
+    texts.emplace_back(std::move(name), std::string(words));
   }
   // The element types for which keep(type) holds.
   template <typename Keep>

@@ -2,7 +2,10 @@
 
 ``import jax_tma`` registers every FFI target once; every op runs under
 ``jit``, ``vmap``, ``grad`` and ``shard_map`` and has a CPU implementation
-with identical results.
+with the GPU's results bit for bit, but for float sums of
+``scatter(mode="add")`` without ``deterministic=True`` (``gather``'s
+gradient among them): the GPU adds those in hardware order and may flush
+float32 subnormals, so they agree with the CPU's to rounding only.
 """
 
 from __future__ import annotations

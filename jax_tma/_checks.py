@@ -49,13 +49,24 @@ def fill_bytes(op: str, fill: Any, dtype: Any) -> bytes:
     (float8_e8m0fnu's 0 is 0xFF; a NaN of float8_e5m2 is 0x7F, as jnp.pad
     and jnp.take write it, where NumPy's conversion gives 0x7E). `fill` is a
     concrete scalar: a Python or NumPy number or a 0-d array that is not
-    traced."""
+    traced; or the string "nan" (any case), NaN in both parts of a complex
+    dtype (a NaN number converts as jnp.pad converts it: NaN + 0j). One rule
+    for every op with a fill: NaN needs a floating or complex dtype (an
+    integer has no NaN, and NaN's conversion to one is platform-defined)."""
     dtype = np.dtype(dtype)
     if isinstance(fill, jax.core.Tracer):
         raise TypeError(f"{op}: fill must be a concrete scalar (it sets the bits written out "
                         f"of bounds when the call is compiled), got a traced value {fill}")
-    if isinstance(fill, str) or np.ndim(fill) != 0:
+    if isinstance(fill, str):
+        if fill.lower() != "nan":
+            raise ValueError(f"{op}: fill must be a number or 'nan', got {fill!r:.80}")
+        fill = complex(np.nan, np.nan) if dtype.kind == "c" else np.nan
+    if np.ndim(fill) != 0:
         raise TypeError(f"{op}: fill must be a scalar number, got {fill!r:.80}")
+    number = np.asarray(fill)
+    if (jax.numpy.issubdtype(number.dtype, jax.numpy.inexact) and np.isnan(number)
+            and not jax.numpy.issubdtype(dtype, jax.numpy.inexact)):
+        raise ValueError(f"{op}: fill=NaN needs a floating dtype, x has dtype {dtype}")
     if isinstance(fill, int) and not isinstance(fill, bool) and not \
             np.iinfo(np.int64).min <= fill <= np.iinfo(np.uint64).max:
         if not jax.numpy.issubdtype(dtype, jax.numpy.inexact):

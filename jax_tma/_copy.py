@@ -108,9 +108,11 @@ def tiled_copy(x: jax.Array) -> jax.Array:
     if (row * itemsize) % align:
         row = x.size
     rows = src.reshape(-1, row)
-    # Bound directly (not through window()): a 2-D box, no batch folding.
+    # Bound directly (not through window()): a 2-D box. Its starts are given
+    # as unknown (static=None), so that no dim folds into a batch dim of the
+    # call; the forced method does not read the innermost start.
     y = window_p.bind(rows, jnp.zeros(2, jnp.int32), shape=rows.shape, strides=(1, 1),
-                      fill=_lowering.ZERO_BITS, method="tma", inner_start=0)
+                      fill=_lowering.ZERO_BITS, method="tma", static=(None, None))
     return _checks.narrow(y.reshape(x.shape), x.dtype)
 
 

@@ -32,11 +32,17 @@ def gather(
     indices: jax.Array | np.ndarray | int,
     *,
     axis: int = 0,
-    fill: float | int | complex = 0,
+    fill: float | int | complex | str = 0,
     method: GatherMethod = "auto",
 ) -> jax.Array | tuple[jax.Array, ...]:
     """The slabs of ``x`` along ``axis`` picked by ``indices``: bit for bit
     ``jnp.take(x, indices, axis, mode="fill", fill_value=fill)``.
+
+    The default ``fill`` is 0 for every dtype, where ``jnp.take``'s
+    ``fill_value=None`` is NaN for floats (the most negative value for
+    signed integers, the largest for unsigned ones, True for bool): porting
+    ``jnp.take(..., mode="fill")`` without a ``fill_value``, pass
+    ``fill="nan"`` for floats to keep its NaN.
 
     A slab is the block of ``x`` at one position of ``axis``: all dims after
     ``axis``, contiguous in memory (a row of a table, a page of a KV cache).
@@ -71,10 +77,12 @@ def gather(
         neither wrapped nor reinterpreted (jnp.take wraps both).
       axis: the dim of ``x`` that the indices pick along, in
         ``[-x.ndim, x.ndim)``.
-      fill: the value of slabs picked by out-of-range indices: a Python or
-        NumPy scalar or a concrete 0-d array, converted to ``x``'s dtype (to
-        each table's) as jnp converts a scalar (float8_e8m0fnu's default 0
-        is 0xFF, its NaN).
+      fill: the value of slabs picked by out-of-range indices (default 0,
+        not jnp.take's NaN): a Python or NumPy scalar or a concrete 0-d
+        array, converted to ``x``'s dtype (to each table's) as jnp converts
+        a scalar (float8_e8m0fnu's default 0 is 0xFF, its NaN); ``"nan"``
+        is NaN (NaN in both parts for complex). A NaN fill needs a floating
+        or complex table, as for :func:`window`.
       method: ``"auto"`` (the rule above), ``"tma"`` (one bulk copy per
         slab) or ``"simt"`` (the vectorised kernel, any geometry). On the
         CPU every method gives the same host copy.
@@ -88,7 +96,9 @@ def gather(
         scalar; ``indices`` are not integers; ``axis`` is not an int;
         ``fill`` is not a concrete number (a traced value, a non-numeric
         object, a complex fill of a real table).
-      ValueError: a 0-d ``x``; ``axis`` out of range; ``x`` a sequence of
+      ValueError: ``fill`` is a string other than ``"nan"`` or a NaN for a
+        table that is not floating or complex; a 0-d ``x``; ``axis`` out of
+        range; ``x`` a sequence of
         no or more than 8 tables, or tables that disagree in
         ``x.shape[:axis + 1]``; ``method`` is not one of the three names;
         ``method="tma"`` with slabs that are not a multiple of 16 bytes;

@@ -127,8 +127,7 @@ def bind_scatter(indices, *operands, **params):
     return scatter_p.bind(*_checks.align_varying(indices, *operands), **params)
 
 
-def mesh_axes(entry) -> tuple:
-    return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+mesh_axes = _lowering.mesh_axes
 
 
 def like(*avals):
@@ -180,9 +179,7 @@ def distinct(op: str, spec: list, *operands) -> tuple:
 
 # ---- partitioning: every dim but axis keeps its sharding ---------------------
 
-def _spec(sharding, ndim: int) -> list:
-    spec = tuple(sharding.spec) if isinstance(sharding, NamedSharding) else ()
-    return list(spec) + [None] * (ndim - len(spec))
+_spec = _lowering.sharding_spec
 
 
 def factors(x_ndims, idx_ndim, axis, batch):
@@ -230,9 +227,7 @@ def shardings(mesh, x_shapes, idx_shape, axis, batch, split_indices):
     return named(xs), NamedSharding(mesh, P(*idx)), named(slabs)
 
 
-def sharding_rule(*operands, results) -> str:
-    join = lambda groups: ", ".join(" ".join(g) for g in groups)  # noqa: E731
-    return f"{join(operands)} -> {join(results)}"
+sharding_rule = _lowering.sharding_rule
 
 
 def with_tma_check(op: str, rule):
@@ -245,13 +240,7 @@ def with_tma_check(op: str, rule):
     return cuda
 
 
-def partitioned(ctx) -> bool:
-    """Whether the call is lowered through custom_partitioning: a program on
-    several devices, with static shapes (symbolic dims of a
-    shape-polymorphic export have no partitioning rule; XLA keeps such
-    operands whole)."""
-    return not _lowering.single_device(ctx) and _lowering.static_shape(*ctx.avals_in,
-                                                                         *ctx.avals_out)
+partitioned = _lowering.partitioned
 
 
 # ---- vmap -------------------------------------------------------------------

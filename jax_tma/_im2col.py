@@ -73,9 +73,10 @@ def im2col(
       kernel_size: the kernel's spatial size: an int or one int >= 1 per
         spatial dim.
       strides: convolution strides >= 1 (an int or one per spatial dim).
-      padding: ``"VALID"``, ``"SAME"`` (lax's convention) or one
-        ``(low, high)`` pair of ints >= 0 per spatial dim (asymmetric, larger
-        than the kernel allowed).
+      padding: ``"VALID"``, ``"SAME"`` or ``"SAME_LOWER"`` (lax's
+        conventions: ``SAME`` pads an odd excess more on the high side,
+        ``SAME_LOWER`` on the low side) or one ``(low, high)`` pair of ints
+        >= 0 per spatial dim (asymmetric, larger than the kernel allowed).
       dilation: kernel dilation >= 1 (an int or one per spatial dim).
       order: ``"tap_major"`` or ``"channel_major"``.
       method: ``"auto"`` (the rule above), ``"tma"`` (the TMA im2col mode:
@@ -95,11 +96,13 @@ def im2col(
         spatial dim or ``C`` is symbolic.
       ValueError: ``x`` is not of rank 3, 4 or 5; ``kernel_size``,
         ``strides`` or ``dilation`` has not one entry per spatial dim or an
-        entry below 1; ``padding`` is not ``"VALID"``, ``"SAME"`` or one
-        pair of ints >= 0 per spatial dim; a patch row would exceed
+        entry below 1; ``padding`` is not ``"VALID"``, ``"SAME"``,
+        ``"SAME_LOWER"`` or one pair of ints >= 0 per spatial dim; a patch row would exceed
         2^63 - 1 entries; ``order`` or ``method`` is not one of its names;
         under an explicit mesh, ``x``'s channel dim is split, or a spatial
-        split does not divide the output.
+        split does not divide the output; ``method="tma"`` with
+        ``order="channel_major"`` (no TMA path on any device: refused on the
+        CPU too, as on a GPU).
       jax.errors.JaxRuntimeError: on a GPU, ``method="tma"`` where a
         hardware rule is broken or the GPU has no TMA; the message names
         the rule.
@@ -125,6 +128,9 @@ def im2col(
     kernel, strides, pads, dilation, _ = _geometry(_OP, x.shape, kernel_size, strides,
                                                    padding, dilation)
     _options(_OP, order, method)
+    if method == "tma" and order == "channel_major":  # on every platform, as the handlers
+        raise ValueError(f"{_OP}: method='tma' cannot run this im2col: "
+                         f"{_ffi.rules()['im2col.tma_channel_major']}")
     _ffi.register()
     y = im2col_p.bind(_checks.widen(x), kernel=kernel, strides=strides, padding=pads,
                       dilation=dilation, order=order, method=method)
@@ -154,7 +160,10 @@ def col2im(
     value), in the element type otherwise (integers wrap, sub-byte ones at
     their width; subnormals kept); a NaN result is stored as ``np.nan``'s
     bits in the element type, so CPU and GPU results are identical bit for
-    bit. ``jax.grad`` of ``im2col`` is this op, and this op's is ``im2col``.
+    bit. A float sum starts from -0.0 (IEEE's additive identity): an element
+    whose entries are all -0.0 is -0.0 (as XLA's grad of a lone slice gives
+    a -0.0 cotangent back), one that no patch reads is +0.0. ``jax.grad`` of ``im2col`` is this op, and
+    this op's is ``im2col``.
     An empty ``patches`` (an output dim of 0: the dilated kernel is larger
     than the padded input) gives zeros (``float8_e8m0fnu``: its NaN, jnp's
     zero there). Works under ``jit``, ``vmap``, ``grad``, ``shard_map`` and
@@ -238,18 +247,20 @@ def _pads(op: str, padding: Any, spatial, kernel, strides, dilation) -> tuple[tu
         mode = padding.upper()
         if mode == "VALID":
             return ((0, 0),) * r
-        if mode == "SAME":
-            # lax's SAME: output ceil(S / s), the excess split low-first.
+        if mode in ("SAME", "SAME_LOWER"):
+            # lax's SAME: output ceil(S / s), the excess split with the
+            # smaller half low; SAME_LOWER puts the larger half low.
             out = []
             for s, k, st, d in zip(spatial, kernel, strides, dilation):
                 total = max((-(-s // st) - 1) * st + d * (k - 1) + 1 - s, 0)
-                out.append((total // 2, total - total // 2))
+                small, large = total // 2, total - total // 2
+                out.append((small, large) if mode == "SAME" else (large, small))
             return tuple(out)
-        raise ValueError(f"{op}: padding must be 'VALID', 'SAME' or {r} (low, high) pairs, "
-                         f"got {padding!r}")
+        raise ValueError(f"{op}: padding must be 'VALID', 'SAME', 'SAME_LOWER' or {r} "
+                         f"(low, high) pairs, got {padding!r}")
     if not isinstance(padding, Sequence) or len(padding) != r:
-        raise ValueError(f"{op}: padding must be 'VALID', 'SAME' or {r} (low, high) pairs, "
-                         f"got {padding!r}")
+        raise ValueError(f"{op}: padding must be 'VALID', 'SAME', 'SAME_LOWER' or {r} "
+                         f"(low, high) pairs, got {padding!r}")
     out = []
     for i, pair in enumerate(padding):
         if (not isinstance(pair, Sequence) or isinstance(pair, str) or len(pair) != 2

@@ -105,6 +105,34 @@ def single_device(ctx) -> bool:
     return devices is None or len(devices) <= 1
 
 
+def partitioned(ctx) -> bool:
+    """Whether a call is lowered through custom_partitioning: a program on
+    several devices, with static shapes (symbolic dims of a
+    shape-polymorphic export have no partitioning rule; XLA keeps such
+    operands whole)."""
+    return not single_device(ctx) and static_shape(*ctx.avals_in, *ctx.avals_out)
+
+
+def mesh_axes(entry) -> tuple:
+    """The mesh axes of one PartitionSpec entry (None, a name or a tuple)."""
+    return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+
+
+def sharding_spec(sharding, ndim: int) -> list:
+    """A custom_partitioning operand's PartitionSpec as one entry per dim
+    (None where unsharded); a sharding that is not a NamedSharding counts as
+    replicated."""
+    spec = tuple(sharding.spec) if isinstance(sharding, jax.sharding.NamedSharding) else ()
+    return list(spec) + [None] * (ndim - len(spec))
+
+
+def sharding_rule(*operands, results) -> str:
+    """A custom_partitioning sharding_rule: each operand and result a list of
+    factor names, one per dim."""
+    join = lambda groups: ", ".join(" ".join(g) for g in groups)  # noqa: E731
+    return f"{join(operands)} -> {join(results)}"
+
+
 def _sdy_rule(shapes_in: Sequence[Sequence[int]],
               shapes_out: Sequence[Sequence[int]], batch: int):
     """An sdy.op_sharding_rule where the first `batch` dims of every operand

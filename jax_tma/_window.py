@@ -1,9 +1,11 @@
 """jax_tma.window: a strided box of an array with out-of-bounds fill, as a JAX
 primitive (jit, vmap with batched starts, linear AD with a kernel transpose,
-partitioning of batch and fully-covered leading dimensions)."""
+partitioning that keeps the split of batch dims and of every dim the box
+takes whole)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -11,9 +13,11 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
-from jax.extend.mlir.dialects import stablehlo as hlo
 from jax.interpreters import ad, mlir
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jax_tma import _checks, _ffi, _lowering
 
@@ -49,12 +53,14 @@ def window(
     same result. Works under ``jit`` (also with ``jax.disable_jit()``),
     ``vmap`` (batched ``x`` and/or ``start`` become one call), ``grad`` (the
     transpose writes the cotangent back into zeros shaped like ``x``),
-    inside ``shard_map``, on sharded arrays (batch dims, and leading dims
-    the box covers in full, split without collectives; on an Explicit mesh
-    a dim keeps its sharding where the box's extent still divides among its
-    devices, as for ``lax.dynamic_slice``, and is unsharded where it does
-    not, which ``lax.dynamic_slice`` refuses) and in ``jax.export`` with
-    symbolic dims.
+    inside ``shard_map``, on sharded arrays (batch dims, and every dim the
+    box takes whole: static start 0, the whole extent, stride 1, keep their
+    split in the result and the grad, with no collectives, as
+    ``lax.dynamic_slice`` keeps it; a split dim the box crops or pads is
+    gathered first; on an Explicit mesh a dim of the result keeps its
+    sharding where the box's extent still divides among its devices, as for
+    ``lax.dynamic_slice``, and is unsharded where it does not, which
+    ``lax.dynamic_slice`` refuses) and in ``jax.export`` with symbolic dims.
 
     ``method="auto"`` hands a traced innermost start to the SIMT kernel (it
     may be anything, and a TMA box starts 16-byte aligned); otherwise the
@@ -67,11 +73,12 @@ def window(
     Args:
       x: an array of rank >= 1, any dtype (sub-byte types are widened
         around the call).
-      start: one integer per dim of ``x``: Python ints, traced integer
-        scalars of any integer dtype (a ``fori_loop`` index), or an integer
-        array of shape ``(x.ndim,)``; negative values and values past the
-        end are allowed (an unsigned start past the end reads fill, never
-        wraps). A static start beyond int32 needs ``jax_enable_x64``.
+      start: one integer per dim of ``x``: Python or NumPy ints (static),
+        traced integer scalars of any integer dtype (a ``fori_loop`` index),
+        or an integer array of shape ``(x.ndim,)`` (a NumPy array is read as
+        its static ints); negative values and values past the end are
+        allowed (an unsigned start past the end reads fill, never wraps). A
+        static start beyond int32 needs ``jax_enable_x64``.
       shape: the output shape, one int >= 1 (and < 2^31) per dim; in a
         shape-polymorphic export also x's own symbolic dim (taken whole).
       strides: element strides >= 1 (and < 2^31) per dim (default all 1).
@@ -128,29 +135,12 @@ def window(
     strides = (1,) * rank if strides is None else _checks.per_dim_ints(
         _OP, "strides", strides, rank, dims)
     start_arr, static = _start_array(start, x.shape, shape, strides)
-    fill_element = _fill(fill, x.dtype)
+    fill_element = _checks.fill_bytes(_OP, fill, x.dtype)
     _ffi.register()
-    src = _checks.widen(x)
-    sharded = [axes is not None for axes in _lowering.spec_of(jax.typeof(x))]
-    # Leading dims that the box covers in full (static start 0, the whole
-    # extent, stride 1) become batch dims of the call: XLA may then split them
-    # across devices without collectives.
-    lead = 0
-    while lead < rank - 1 and _covers(static, x.shape, shape, strides, lead):
-        lead += 1
-    groups = _mergeable_groups(x.shape, shape, strides, static, sharded, lead)
-    if len(groups) < rank - lead:
-        src, start_arr, m_shape, m_strides = _merge_dims(src, start_arr, shape, strides,
-                                                         static, lead, groups)
-    else:
-        m_shape, m_strides = shape[lead:], strides[lead:]
-        start_arr = start_arr[lead:]
-    if lead:
-        start_arr = jnp.broadcast_to(start_arr, x.shape[:lead] + start_arr.shape)
-    src, start_arr = _checks.align_varying(src, start_arr)
-    y = window_p.bind(src, start_arr, shape=m_shape, strides=m_strides, fill=fill_element,
-                      method=method, inner_start=_inner_start(x.shape, static, groups[-1][0]))
-    return _checks.narrow(y.reshape(x.shape[:lead] + shape[lead:]), x.dtype)
+    src, start_arr = _checks.align_varying(_checks.widen(x), start_arr)
+    y = window_p.bind(src, start_arr, shape=shape, strides=strides, fill=fill_element,
+                      method=method, static=static)
+    return _checks.narrow(y, x.dtype)
 
 
 # ---- checks and the call's geometry -----------------------------------------
@@ -201,21 +191,26 @@ def _clamp_static(v: int, x_dim, size, stride: int) -> int:
 
 def _start_array(start: Any, x_shape, shape, strides) -> tuple[jax.Array, tuple]:
     """start as one integer array, and per dim its static value (None where
-    traced; empty for a start array). int64 where a start needs it (an int64
-    start, or a static one past int32), else int32."""
+    traced). A NumPy start (an array, or NumPy scalars) is static. int64
+    where a start needs it (a traced int64 start, or a static one past
+    int32), else int32."""
     rank = len(x_shape)
     if isinstance(start, (jax.Array, np.ndarray)) and np.ndim(start) == 1:
         _check_length("start", start.shape[0], rank, x_shape)
         if not jnp.issubdtype(start.dtype, jnp.integer):
             raise TypeError(f"{_OP}: start must be integers, got dtype {start.dtype}")
-        dtype = jnp.int64 if start.dtype == jnp.int64 else jnp.int32
-        return _as_start(start, dtype), ()
+        if isinstance(start, np.ndarray):  # concrete: as a sequence of its ints
+            start = [int(v) for v in start]
+        else:
+            dtype = jnp.int64 if start.dtype == jnp.int64 else jnp.int32
+            return _as_start(start, dtype), (None,) * rank
     if not isinstance(start, Sequence) or isinstance(start, str):
         raise TypeError(f"{_OP}: start must be a sequence of {rank} integers, got {start!r}")
     _check_length("start", len(start), rank, x_shape)
     static: list[int | None] = []
     for i, v in enumerate(start):
-        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        concrete = isinstance(v, np.ndarray) and v.ndim == 0 and v.dtype.kind in "iu"
+        if (isinstance(v, (int, np.integer)) and not isinstance(v, bool)) or concrete:
             static.append(_clamp_static(int(v), x_shape[i], shape[i], strides[i]))
         elif hasattr(v, "dtype") and np.ndim(v) == 0 and jnp.issubdtype(v.dtype, jnp.integer):
             static.append(None)
@@ -223,89 +218,13 @@ def _start_array(start: Any, x_shape, shape, strides) -> tuple[jax.Array, tuple]
             raise TypeError(f"{_OP}: start[{i}] must be an integer scalar, got {v!r}")
     wide = [v for v in static if v is not None and not -_INT32_MAX - 1 <= v <= _INT32_MAX]
     if wide and not jax.config.jax_enable_x64:
-        raise ValueError(f"{_OP}: start {tuple(start)} needs int64; enable jax_enable_x64")
+        shown = tuple(int(v) if s is not None else v for s, v in zip(static, start))
+        raise ValueError(f"{_OP}: start {shown} needs int64; enable jax_enable_x64")
     dtype = jnp.int64 if wide or any(
         s is None and v.dtype == jnp.int64 for s, v in zip(static, start)) else jnp.int32
     parts = [jnp.asarray(s, dtype) if s is not None else _as_start(v, dtype)
              for s, v in zip(static, start)]
     return jnp.stack(parts), tuple(static)
-
-
-def _fill(fill: Any, dtype: np.dtype) -> bytes:
-    """The fill element's bytes. The string "nan" is NaN in both parts of a
-    complex dtype (a number converts as jnp.pad converts it: NaN + 0j)."""
-    if isinstance(fill, str) and fill.lower() != "nan":
-        raise ValueError(f"{_OP}: fill must be a number or 'nan', got {fill!r}")
-    nan = isinstance(fill, str) or (isinstance(fill, (float, np.floating)) and math.isnan(fill))
-    if nan and not jnp.issubdtype(dtype, jnp.inexact):
-        raise ValueError(f"{_OP}: fill=NaN needs a floating dtype, x has dtype {dtype}")
-    if isinstance(fill, str):
-        if not jnp.issubdtype(dtype, jnp.inexact):
-            raise ValueError(f"{_OP}: fill=NaN needs a floating dtype, x has dtype {dtype}")
-        fill = complex(np.nan, np.nan) if jnp.issubdtype(dtype, jnp.complexfloating) else np.nan
-    return _checks.fill_bytes(_OP, fill, dtype)
-
-
-def _inner_start(x_shape, static, first) -> int | None:
-    """The start of the innermost (merged) dim, whose first original dim is
-    `first`, in elements, where it is static; None where it is traced or
-    symbolic. The CUDA planner's kernel choice reads it (ffi/window/window_plan.h,
-    InnerStartAligned)."""
-    inner = x_shape[first + 1:]
-    if first >= len(static) or static[first] is None or not all(isinstance(d, int) for d in inner):
-        return None
-    return static[first] * math.prod(inner)
-
-
-def _covers(static, x_shape, shape, strides, d) -> bool:
-    """Whether the box takes all of dim d (static start 0, stride 1)."""
-    return (d < len(static) and static[d] == 0 and shape[d] == x_shape[d]
-            and strides[d] == 1)
-
-
-def _mergeable_groups(x_shape, shape, strides, static, sharded, lead):
-    """Runs of dims [first, last] (from `lead` on) that fold into one: a dim
-    d+1 the box covers in full folds into dim d when strides[d] == 1, since
-    then x[.., s + i, j, ..] over all j is x viewed with the two dims merged,
-    at start s * dim(d+1) (in bounds exactly when s + i is). Dims of an
-    explicit sharding and symbolic dims stay apart. This is what lets ranks
-    over 5 reach the TMA path."""
-    groups = [[len(x_shape) - 1] * 2]
-    for d in range(len(x_shape) - 2, lead - 1, -1):
-        first, last = groups[-1]
-        run = range(d, last + 1)
-        if (all(_covers(static, x_shape, shape, strides, k) for k in range(first, last + 1))
-                and strides[d] == 1 and all(isinstance(v, int) for v in x_shape[d:last + 1])
-                and not any(sharded[k] for k in run)
-                and max(x_shape[d], shape[d]) * math.prod(x_shape[first:last + 1])
-                <= _checks.MAX_DIM):
-            groups[-1][0] = d
-        else:
-            groups.append([d, d])
-    return [tuple(g) for g in reversed(groups)]
-
-
-def _merge_dims(src, start_arr, shape, strides, static, lead, groups):
-    """src, start, shape and strides of the window over dims `lead` on, with
-    each group of dims folded into its first (see _mergeable_groups). A
-    traced start of a folded dim is clamped to [-shape, dim] first (as
-    _clamp_static does a static one: beyond that the box reads only fill),
-    so that the scaled start stays within the merged extent's bounds."""
-    x_shape = src.shape
-    starts, m_shape, m_strides, m_dims = [], [], [], []
-    for first, last in groups:
-        inner = math.prod(x_shape[first + 1:last + 1])
-        s = start_arr[first]
-        if first < last:
-            if first >= len(static) or static[first] is None:
-                s = jnp.clip(s, -shape[first], x_shape[first])
-            s = s * inner
-        starts.append(s)
-        m_shape.append(shape[first] * inner)
-        m_strides.append(strides[first])
-        m_dims.append(x_shape[first] * inner)
-    src = src.reshape(x_shape[:lead] + tuple(m_dims))
-    return src, jnp.stack(starts), tuple(m_shape), tuple(m_strides)
 
 
 # ---- primitives -------------------------------------------------------------
@@ -314,9 +233,15 @@ def _merge_dims(src, start_arr, shape, strides, static, lead, groups):
 # optionally batch dims before; start is (r,) or (*batch, r). The output is
 # (*batch, *shape). window_transpose_p(ct, start) is its linear transpose:
 # ct is (*batch, *shape), the result (*batch, *x_shape), zeros where no
-# window element lands.
+# window element lands. Both carry the box as the user gave it and
+# `static`, each dim's start where it is known at trace time (None where
+# traced). Each lowers to window_local_p, the same geometry on one device's
+# operands (its shard, under custom_partitioning), whose lowering folds dims
+# and lowers window_call_p, the FFI call.
 window_p = Primitive("jax_tma_window")
 window_transpose_p = Primitive("jax_tma_window_transpose")
+window_local_p = Primitive("jax_tma_window_local")
+window_call_p = Primitive("jax_tma_window_call")
 
 
 def _batch_shape(x_aval, start_aval, r):
@@ -352,51 +277,237 @@ def _spatial_abstract(x, start, out_shape, r):
     return _lowering.out_aval(x, out_shape, spec=list(batch) + spatial)
 
 
-def _window_abstract(x, start, *, shape, strides, fill, method, inner_start):
+def _window_abstract(x, start, *, shape, strides, fill, method, static):
     return _spatial_abstract(x, start, _batch_shape(x, start, len(shape)) + tuple(shape),
                              len(shape))
 
 
-def _transpose_abstract(ct, start, *, x_shape, strides, method, inner_start):
+def _transpose_abstract(ct, start, *, x_shape, strides, method, static):
     r = len(x_shape)
     return _spatial_abstract(ct, start, tuple(ct.shape[: ct.ndim - r]) + tuple(x_shape), r)
 
 
+def _local_abstract(src, start, *, transpose, box, x_shape, **_):
+    shape = _batch_shape(src, start, len(box)) + tuple(x_shape if transpose else box)
+    return _lowering.out_aval(src, shape, spec=(None,) * len(shape))
+
+
+def _call_abstract(src, *starts, out_shape, **_):
+    return _lowering.out_aval(src, out_shape, spec=(None,) * len(out_shape))
+
+
 # ---- lowering and partitioning ----------------------------------------------
 
-def _ffi_rule(ctx, src, start, *, strides, fill, transpose, method, inner_start):
-    src_aval, start_aval = ctx.avals_in
-    out_aval = ctx.avals_out[0]
-    r = len(strides)
-    nb = len(out_aval.shape) - r
-    rule = jax.ffi.ffi_lowering("jax_tma_window")
-    if nb and src_aval.ndim == nb + r:
-        # The batch partitioner splits the leading dims of every operand, so
-        # a shared start is broadcast to (*batch, r) (it is tiny); then the
-        # batch dims shard freely. A shared src stays replicated.
-        if start_aval.ndim == 1:
-            batch = tuple(out_aval.shape[:nb])
-            start_aval = _lowering.out_aval(start_aval, batch + (r,), spec=(None,) * (nb + 1))
-            start, = mlir.lower_fun(lambda s: jnp.broadcast_to(s, batch + (r,)),
-                                    multiple_results=False)(
-                ctx.replace(avals_in=[ctx.avals_in[1]], avals_out=[start_aval]), start)
-            ctx = ctx.replace(avals_in=[src_aval, start_aval])
-        rule = _lowering.batch_partitioned_lowering("jax_tma_window", nb)
-        starts = [start]
-    elif start_aval.ndim == 1:
-        # One scalar operand per dim: XLA folds these slices of the stacked
-        # start back into the scalars it was built from, so traced starts
-        # reach the call as they are, with no kernel to stack them first.
-        scalar = _lowering.out_aval(start_aval, (), spec=())
-        scalar_type = mlir.aval_to_ir_type(ctx.module_context, scalar)
-        starts = [hlo.reshape(scalar_type, hlo.slice(start, mlir.dense_int_array([d]),
-                                                     mlir.dense_int_array([d + 1]),
-                                                     mlir.dense_int_array([1])))
-                  for d in range(r)]
-        ctx = ctx.replace(avals_in=[src_aval] + [scalar] * r)
+def _covers(static, x_shape, shape, strides, d) -> bool:
+    """Whether the box takes all of dim d (static start 0, stride 1)."""
+    return static[d] == 0 and shape[d] == x_shape[d] and strides[d] == 1
+
+
+def _covered(static, x_shape, shape, strides) -> tuple[int, ...]:
+    """The spatial dims the box takes whole: each device may window its own
+    shard of them (start 0 there too), so they keep their sharding."""
+    return tuple(d for d in range(len(strides)) if _covers(static, x_shape, shape, strides, d))
+
+
+def _bind_local(src, start, *, transpose, box, x_shape, covered, **params):
+    """window_local_p on src as this device has it: the dims the box covers
+    take their extent from src (from the cotangent in the transpose)."""
+    spatial = tuple(src.shape[src.ndim - len(params["strides"]):])
+    if transpose:
+        box, x_shape = spatial, tuple(spatial[d] if d in covered else v
+                                      for d, v in enumerate(x_shape))
     else:
-        starts = [start]
-    return rule(
+        x_shape, box = spatial, tuple(spatial[d] if d in covered else v
+                                      for d, v in enumerate(box))
+    return window_local_p.bind(src, start, transpose=transpose, box=box, x_shape=x_shape,
+                               **params)
+
+
+def _shardings(mesh, src, start, out_ndim: int, r: int, covered):
+    """The shardings of src, start and the result of one partitioned call:
+    the batch dims keep src's split (or start's, where src has none) and the
+    dims the box covers keep src's; every other dim is whole. A dim keeps a
+    split only where it divides among the devices."""
+    nb, src_b = out_ndim - r, len(src.shape) - r
+    src_spec = _lowering.sharding_spec(src.sharding, len(src.shape))
+    start_spec = _lowering.sharding_spec(start.sharding, len(start.shape))
+    used: set = set()
+
+    def kept(entry, size):
+        axes = _lowering.mesh_axes(entry)
+        if not axes or used & set(axes) or size % math.prod(mesh.shape[a] for a in axes):
+            return None
+        used.update(axes)
+        return entry
+
+    if src_b:
+        batch = [kept(e, n) for e, n in zip(src_spec[:nb], src.shape[:nb])]
+    else:
+        batch = [kept(e, n) for e, n in zip(start_spec[:nb], start.shape[:nb])]
+    spatial = [kept(src_spec[src_b + d], src.shape[src_b + d]) if d in covered else None
+               for d in range(r)]
+    src_out = (batch if src_b else []) + spatial
+    start_out = (batch if len(start.shape) > 1 else []) + [None]
+    named = lambda spec: NamedSharding(mesh, P(*spec))  # noqa: E731
+    return named(src_out), named(start_out), named(batch + spatial)
+
+
+@functools.cache
+def _partitioned(params: tuple, src_ndim: int, start_ndim: int, out_ndim: int):
+    """_bind_local (with `params`) under custom_partitioning: batch dims and
+    the dims the box covers keep their split, so that XLA moves no data for
+    them; the other spatial dims are whole on every device."""
+    params = dict(params)
+
+    def local(src, start):
+        return _bind_local(src, start, **params)
+
+    r, covered = len(params["strides"]), params["covered"]
+    nb = out_ndim - r
+
+    def infer(mesh, arg_shapes, result_shape):
+        return _shardings(mesh, *arg_shapes, out_ndim, r, covered)[2]
+
+    def partition(mesh, arg_shapes, result_shape):
+        src, start, out = _shardings(mesh, *arg_shapes, out_ndim, r, covered)
+        return mesh, local, out, (src, start)
+
+    batch = [f"b{i}" for i in range(nb)]
+    src = (batch if src_ndim > r else []) + [f"c{d}" if d in covered else f"i{d}"
+                                             for d in range(r)]
+    start = (batch if start_ndim > 1 else []) + ["s"]
+    out = batch + [f"c{d}" if d in covered else f"o{d}" for d in range(r)]
+    # Shardy wants these in the order the rule names them.
+    whole = [f for f in src + start + out if f[0] in "ios"]
+    f = custom_partitioning(local)
+    f.def_partition(infer_sharding_from_operands=infer, partition=partition,
+                    sharding_rule=_lowering.sharding_rule(src, start, results=[out]),
+                    need_replication_factors=tuple(whole))
+    return f
+
+
+def _lower(ctx, src, start, **params):
+    """window_p / window_transpose_p: window_local_p on the whole operands
+    (one device, or symbolic dims), or per device under custom_partitioning."""
+    if _lowering.partitioned(ctx):
+        fn = _partitioned(tuple(sorted(params.items())), ctx.avals_in[0].ndim,
+                          ctx.avals_in[1].ndim, ctx.avals_out[0].ndim)
+    else:
+        fn = functools.partial(_bind_local, **params)
+    return mlir.lower_fun(fn, multiple_results=False)(ctx, src, start)
+
+
+def _window_lowering(ctx, x, start, *, shape, strides, static, **params):
+    covered = _covered(static, ctx.avals_in[0].shape[-len(shape):], shape, strides)
+    return _lower(ctx, x, start, transpose=False, box=shape, x_shape=None, covered=covered,
+                  strides=strides, static=static, **params)
+
+
+def _transpose_lowering(ctx, ct, start, *, x_shape, strides, static, **params):
+    covered = _covered(static, x_shape, ctx.avals_in[0].shape[-len(x_shape):], strides)
+    return _lower(ctx, ct, start, transpose=True, box=None, x_shape=x_shape, covered=covered,
+                  strides=strides, static=static, fill=_lowering.ZERO_BITS, **params)
+
+
+def _inner_start(x_shape, static, first) -> int | None:
+    """The start of the innermost (merged) dim, whose first original dim is
+    `first`, in elements, where it is static; None where it is traced or
+    symbolic. The CUDA planner's kernel choice reads it (ffi/window/window_plan.h,
+    InnerStartAligned)."""
+    inner = x_shape[first + 1:]
+    if static[first] is None or not all(isinstance(d, int) for d in inner):
+        return None
+    return static[first] * math.prod(inner)
+
+
+def _mergeable_groups(x_shape, shape, strides, static, lead):
+    """Runs of dims [first, last] (from `lead` on) that fold into one: a dim
+    d+1 the box covers in full folds into dim d when strides[d] == 1, since
+    then x[.., s + i, j, ..] over all j is x viewed with the two dims merged,
+    at start s * dim(d+1) (in bounds exactly when s + i is). Symbolic dims
+    stay apart. This is what lets ranks over 5 reach the TMA path."""
+    groups = [[len(x_shape) - 1] * 2]
+    for d in range(len(x_shape) - 2, lead - 1, -1):
+        first, last = groups[-1]
+        if (all(_covers(static, x_shape, shape, strides, k) for k in range(first, last + 1))
+                and strides[d] == 1 and all(isinstance(v, int) for v in x_shape[d:last + 1])
+                and max(x_shape[d], shape[d]) * math.prod(x_shape[first:last + 1])
+                <= _checks.MAX_DIM):
+            groups[-1][0] = d
+        else:
+            groups.append([d, d])
+    return [tuple(g) for g in reversed(groups)]
+
+
+def _call(src, start, *, transpose, box, x_shape, strides, fill, method, static):
+    """window_local_p as the FFI call: src is x (window; with batch dims, or
+    the spatial dims alone) or the cotangent (transpose; with every batch
+    dim); box and x_shape are the spatial dims of the window and of x.
+    Leading dims the box covers become batch dims of the call, inner ones
+    fold into the dim outside them (_mergeable_groups); the start of a
+    folded dim is clamped to [-box, dim] first where it is traced (as
+    _clamp_static clamps a static one: beyond that the box reads only
+    fill), so that the scaled start stays within the merged extent."""
+    zero = _checks.fill_bytes(_OP, 0, src.dtype)
+    if transpose and any(zero):
+        # float8_e8m0fnu has no zero (jnp's 0 is 0xFF) and the handlers write
+        # zero bytes where nothing lands: the cotangent's bits XOR jnp's zero
+        # map that zero to zero bytes and back, every other value distinct.
+        bits = np.frombuffer(zero, f"<u{len(zero)}")[0]
+        y = _call(jax.lax.bitcast_convert_type(src, bits.dtype) ^ bits, start,
+                  transpose=True, box=box, x_shape=x_shape, strides=strides, fill=fill,
+                  method=method, static=static)
+        return jax.lax.bitcast_convert_type(y ^ bits, src.dtype)
+    r = len(strides)
+    batch = tuple(start.shape[:-1]) if start.ndim > 1 else tuple(src.shape[:src.ndim - r])
+    # Covered leading dims become batch dims where the starts are shared
+    # (batched starts would need broadcasting over them).
+    lead = 0
+    while start.ndim == 1 and lead < r - 1 and _covers(static, x_shape, box, strides, lead):
+        lead += 1
+    groups = _mergeable_groups(x_shape, box, strides, static, lead)
+    starts, m_box, m_x = [], [], []
+    for first, last in groups:
+        inner = math.prod(x_shape[first + 1:last + 1])
+        s = start[..., first]
+        if first < last:
+            if static[first] is None:
+                s = jnp.clip(s, -box[first], x_shape[first])
+            s = s * inner
+        starts.append(s)
+        m_box.append(box[first] * inner)
+        m_x.append(x_shape[first] * inner)
+    lead_dims = tuple(x_shape[:lead])
+    src_dims, out_dims = (m_box, m_x) if transpose else (m_x, m_box)
+    src = src.reshape(tuple(src.shape[:src.ndim - r]) + lead_dims + tuple(src_dims))
+    if start.ndim > 1:  # one (*batch, r) array; else one scalar per dim
+        starts = [jnp.stack(starts, axis=-1)]
+    y = window_call_p.bind(src, *starts, out_shape=batch + lead_dims + tuple(out_dims),
+                           strides=tuple(strides[first] for first, _ in groups), fill=fill,
+                           transpose=transpose, method=method,
+                           inner_start=_inner_start(x_shape, static, groups[-1][0]))
+    return y.reshape(batch + tuple(x_shape if transpose else box))
+
+
+def _local_lowering(ctx, src, start, **params):
+    # The folding (_call) is this device's own: under custom_partitioning its
+    # operands are shards, and their reshapes and start arithmetic must not
+    # carry the program's mesh, whose sharding annotations (an Explicit mesh
+    # in context) would stay in the per-device module. So they are traced
+    # with plain avals and no mesh.
+    plain = lambda avals: [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]  # noqa: E731
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+        return mlir.lower_fun(functools.partial(_call, **params), multiple_results=False)(
+            ctx.replace(avals_in=plain(ctx.avals_in), avals_out=plain(ctx.avals_out)),
+            src, start)
+
+
+def _call_lowering(ctx, src, *starts, out_shape, strides, fill, transpose, method, inner_start):
+    # One scalar operand per start where the starts are shared: XLA folds
+    # these slices of the stacked start back into the scalars it was built
+    # from, so traced starts reach the call as they are, with no kernel to
+    # stack them first.
+    return jax.ffi.ffi_lowering("jax_tma_window")(
         ctx,
         src,
         *starts,
@@ -407,27 +518,6 @@ def _ffi_rule(ctx, src, start, *, strides, fill, transpose, method, inner_start)
         inner_start=np.int64(_ffi.rules()["window.unknown_start"] if inner_start is None
                              else inner_start),
     )
-
-
-def _window_lowering(ctx, x, start, *, shape, **params):
-    return _ffi_rule(ctx, x, start, transpose=False, **params)
-
-
-def _transpose_lowering(ctx, ct, start, *, x_shape, **params):
-    zero = _checks.fill_bytes(_OP, 0, ctx.avals_in[0].dtype)
-    if any(zero):
-        # float8_e8m0fnu has no zero (jnp's 0 is 0xFF) and the handlers write
-        # zero bytes where nothing lands: the cotangent's bits XOR jnp's zero
-        # map that zero to zero bytes and back, every other value distinct.
-        bits = np.frombuffer(zero, f"<u{len(zero)}")[0]
-
-        def flipped(c, s):  # moved as unsigned ints of the same width
-            c = jax.lax.bitcast_convert_type(c, bits.dtype) ^ bits
-            y = window_transpose_p.bind(c, s, x_shape=x_shape, **params)
-            return jax.lax.bitcast_convert_type(y ^ bits, ctx.avals_in[0].dtype)
-
-        return mlir.lower_fun(flipped, multiple_results=False)(ctx, ct, start)
-    return _ffi_rule(ctx, ct, start, fill=_lowering.ZERO_BITS, transpose=True, **params)
 
 
 # ---- vmap: the batch becomes a leading batch dim of the call ---------------
@@ -529,6 +619,10 @@ def _transpose_transpose_rule(ct, ct_in, start, *, x_shape, **params):
 _lowering.register(window_p, _window_abstract, _window_lowering, batcher=_window_batcher)
 _lowering.register(window_transpose_p, _transpose_abstract, _transpose_lowering,
                    batcher=_transpose_batcher)
+_lowering.register(window_local_p, _local_abstract, _local_lowering, jitted=False)
+_lowering.register(window_call_p, _call_abstract, _call_lowering, jitted=False)
+_lowering.require_devices_during_lowering(window_p)
+_lowering.require_devices_during_lowering(window_transpose_p)
 ad.primitive_jvps[window_p] = _window_jvp
 ad.primitive_transposes[window_p] = _window_transpose_rule
 ad.primitive_jvps[window_transpose_p] = _transpose_jvp

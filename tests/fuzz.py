@@ -54,8 +54,14 @@ class Spec:
     keep: tuple[str, ...] = ()                            # attributes never mutated
     waits_for_peer: Callable[[Call], bool] = lambda call: False  # would block until a timeout
     # Whether an accepted call's results are defined bit for bit on the
-    # platform (else only: no crash, inputs unchanged, the right shapes).
+    # platform (else: no crash, inputs unchanged, the right shapes, and the
+    # values within `bounds`).
     exact: Callable[[str, Call], bool] = lambda platform, call: True
+    # For results not defined bit for bit (an order of float sums the
+    # hardware picks): raises AssertionError where a value lies outside what
+    # any order allows. It also runs on the bits of platforms where they are
+    # defined, wherever the GPU's would not be, so that the CPU runs it.
+    bounds: Callable[[Call, list[np.ndarray]], None] | None = None
 
 
 def random_fill(rng, dtypes) -> np.ndarray:

@@ -246,6 +246,7 @@ def _check(platform: str, target: str, spec: Spec, call: Call, what: str,
         want = [np.zeros(r.shape, r.dtype) for r in call.results]
     elif not spec.exact(platform, call):
         assert [g.shape for g in got] == [tuple(r.shape) for r in call.results], what
+        _check_bounds(spec, call, got, what)
         return
     else:
         want = spec.reference(call)
@@ -255,6 +256,17 @@ def _check(platform: str, target: str, spec: Spec, call: Call, what: str,
             assert_bits_equal(g, w)
         except AssertionError as e:
             raise AssertionError(f"{what}: wrong result: {e}") from None
+    if not spec.exact("cuda", call):  # the GPU's check, run here on bits that pass it
+        _check_bounds(spec, call, got, what)
+
+
+def _check_bounds(spec: Spec, call: Call, got: list[np.ndarray], what: str) -> None:
+    if spec.bounds is None:
+        return
+    try:
+        spec.bounds(call, got)
+    except AssertionError as e:
+        raise AssertionError(f"{what}: outside the bounds of any order: {e}") from None
 
 
 # ---- the tests ----------------------------------------------------------------------
@@ -328,3 +340,52 @@ def test_fuzz(platform, target, seed, fuzz_deadline):
         _check(platform, target, spec, call, f"{where}, case {case}: {what}", kind)
     for i, (nasty, rule) in enumerate(spec.nasty):  # from the last baseline, which ran
         _check(platform, target, spec, nasty(base), f"{where}, nasty case {i}", f"nasty:{rule}")
+
+
+def _float_add(values, order=None, dtype=np.float32, flush=False):
+    """A raw scatter-add call: one table row of `values[0]`, the other values
+    its updates, all at index 0 (deterministic=False: the GPU's order), and
+    its result summed in `order` of the updates in `dtype`, subnormal
+    partial sums flushed where `flush`."""
+    x = np.array([[values[0]]], dtype)
+    u = np.array([[v] for v in values[1:]], dtype)
+    call = Call([np.zeros(len(u), np.int32), np.zeros(0, np.int32), x, u], [S(x.shape, dtype)],
+                dict(axis=np.int64(0), batch=np.int64(0), mode="add", deterministic=False,
+                     method="auto"))
+    acc = x[0, 0]
+    for j in order if order is not None else range(len(u)):
+        with np.errstate(over="ignore", invalid="ignore"):
+            acc = dtype(acc + u[j, 0])
+        if flush and abs(acc) < np.finfo(dtype).smallest_normal:
+            acc = dtype(0.0)
+    return call, [np.array([[acc]], dtype)]
+
+
+def test_scatter_add_bounds_hold_any_order_and_nothing_else():
+    """The fuzz's check of float scatter-adds the GPU sums in hardware order
+    (deterministic=False): a sum in any order passes, with subnormals
+    flushed too; a value further from the exact sum than n * eps * sum|terms|
+    (n terms) plus the flushes' share does not, nor a NaN where there is
+    none, nor a finite value where an infinity or NaN must come."""
+    bounds = SPECS["jax_tma_scatter"].bounds
+    values = [1.0, 1e8, -1e8, 3.0, 2.0**-20, 0.1]
+    for order in ([0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [1, 0, 3, 2, 4]):
+        call, got = _float_add(values, order)
+        bounds(call, got)
+    call, got = _float_add([0.0, 1e-39, -1e-39, 2e-39], flush=True)  # float32 subnormals
+    bounds(call, got)
+    call, got = _float_add(values)
+    size = sum(abs(v) for v in values)
+    far = got[0] + np.float32(2 * len(values) * np.finfo(np.float32).eps * size)
+    for wrong in (far, np.full_like(got[0], np.nan)):
+        with pytest.raises(AssertionError, match=r"component 0"):
+            bounds(call, [wrong])
+    for special, want in ((np.inf, np.inf), (np.nan, np.nan)):
+        call, _ = _float_add([1.0, special, 2.0])
+        with pytest.raises(AssertionError, match=r"want"):
+            bounds(call, [np.array([[3.0]], np.float32)])
+    call, _ = _float_add([np.inf, -np.inf])
+    bounds(call, [np.array([[np.nan]], np.float32)])
+    call, _ = _float_add([3e38, 3e38, -3e38])  # may overflow in one order
+    bounds(call, [np.array([[np.inf]], np.float32)])
+    bounds(call, [np.array([[3e38]], np.float32)])

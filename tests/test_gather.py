@@ -591,10 +591,39 @@ def test_unknown_method_and_mode():
         jax_tma.scatter(jnp.ones(3), jnp.array([0]), jnp.ones(1), mode="max")
 
 
-@pytest.mark.parametrize("fill", [jnp.ones(2), "nan", None])
+@pytest.mark.parametrize("fill", [jnp.ones(2), None])
 def test_bad_fill(fill):
     with pytest.raises(TypeError, match=r"jax_tma\.gather: fill must be a"):
         jax_tma.gather(jnp.ones(3), jnp.array([0]), fill=fill)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16, np.complex64, np.int32, np.uint8,
+                                   np.bool_], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("fill", ["nan", "NaN", float("nan"), np.float16("nan"),
+                                  jnp.array(float("nan"))], ids=repr)
+def test_nan_fill_is_one_rule_for_gather_and_window(rng, dtype, fill):
+    """A NaN fill, the string "nan" (any case) or a NaN number, is one rule
+    for both ops with a fill: NaN of a floating x (for complex, "nan" is
+    NaN in both parts, a number NaN + 0j, as jnp.pad converts it), refused
+    with the same message for an integer or bool x."""
+    x = random_array(rng, (3, 4), dtype)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        for op, call in (("gather", lambda: jax_tma.gather(x, jnp.array([5]), fill=fill)),
+                         ("window", lambda: jax_tma.window(x, (2, 0), (2, 4), fill=fill))):
+            with pytest.raises(ValueError, match=rf"^jax_tma\.{op}: fill=NaN needs a floating "
+                                                 rf"dtype, x has dtype {np.dtype(dtype)}$"):
+                call()
+        return
+    got = jax_tma.gather(on_cpu(x), on_cpu(np.array([2, 5])), fill=fill)
+    boxed = jax_tma.window(on_cpu(x), (2, 0), (2, 4), fill=fill)  # x's last row, then fill
+    assert_bits_equal(got, boxed)
+    assert_bits_equal(got[0], x[2])
+    row = np.asarray(got[1])
+    if dtype == np.complex64:
+        assert np.isnan(row.real).all()
+        assert np.isnan(row.imag).all() if isinstance(fill, str) else (row.imag == 0).all()
+    else:
+        assert np.isnan(row.astype(np.float32)).all()
 
 
 def test_complex_fill_for_a_real_x():

@@ -106,7 +106,7 @@ def test_every_dtype(rng, dtype):
 
 
 @pytest.mark.parametrize("r", [1, 2, 3])
-@pytest.mark.parametrize("padding", ["VALID", "SAME", "explicit"])
+@pytest.mark.parametrize("padding", ["VALID", "SAME", "SAME_LOWER", "same_lower", "explicit"])
 def test_matches_conv_general_dilated_patches(rng, r, padding):
     shape = (2,) + (7, 6, 5)[:r] + (3,)
     kernel, strides, dilation = (3, 2, 2)[:r], (2, 1, 2)[:r], (1, 2, 1)[:r]
@@ -118,6 +118,58 @@ def test_matches_conv_general_dilated_patches(rng, r, padding):
     got = jax_tma.im2col(x, kernel, strides=strides, padding=pad, dilation=dilation,
                          order="channel_major")
     np.testing.assert_array_equal(got, want)
+
+
+def test_same_lower_puts_the_odd_pad_low(rng):
+    """padding="SAME_LOWER" is lax's (conv_general_dilated_patches takes
+    it): the output size of "SAME", an odd excess padded on the low side."""
+    x = random_array(rng, (2, 6, 3), np.float32)
+    # a kernel of 3 at stride 2 over 6 pixels: 3 output pixels, 1 padded one
+    assert lax.padtype_to_pads((6,), (3,), (2,), "SAME_LOWER") == [(1, 0)]
+    got = jax_tma.im2col(on_cpu(x), 3, strides=2, padding="SAME_LOWER")
+    assert_bits_equal(got, im2col_reference(x, (3,), (2,), ((1, 0),), (1,), fill=0))
+    p = random_array(rng, got.shape, np.float32)
+    assert_bits_equal(jax_tma.col2im(on_cpu(p), x.shape, 3, strides=2, padding="SAME_LOWER"),
+                      col2im_reference(p, x.shape, (3,), (2,), ((1, 0),), (1,)))
+
+
+def test_tma_refuses_channel_major_on_every_platform():
+    """order="channel_major" has no TMA path on any GPU, so method="tma"
+    refuses it at trace time everywhere, and the handlers (exported HLO
+    reaches them without Python) with the same words, the CPU's included:
+    code tried on a laptop runs on a GPU."""
+    x = jnp.ones((2, 5, 4), jnp.float32)
+    with pytest.raises(ValueError) as python:
+        jax_tma.im2col(x, 2, order="channel_major", method="tma")
+    with pytest.raises(jax.errors.JaxRuntimeError) as handler:
+        _raw(x, (2, 4, 8), kernel=np.full(1, 2, np.int64), channel_major=True, method="tma")
+    assert str(python.value) in str(handler.value)
+    # tap-major runs on the CPU, and channel-major with the other methods
+    _raw(x, (2, 4, 8), kernel=np.full(1, 2, np.int64), method="tma")
+    for method in ("auto", "simt"):
+        jax_tma.im2col(x, 2, order="channel_major", method=method)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "complex64",
+                                   "complex128", "float8_e4m3fn"])
+def test_col2im_sums_start_from_negative_zero(dtype):
+    """A float sum starts from -0.0, IEEE's additive identity: a pixel whose
+    patch entries are all -0.0 is -0.0 (as XLA's grad of a lone slice gives
+    the cotangent's -0.0 back), one that no patch reads is +0.0 (jnp's
+    zeros)."""
+    x = jnp.ones((1, 5, 1), dtype)
+    # kernel 2 at stride 2 over 5 pixels: pixels 0..3 read once, pixel 4 never
+    p = -jnp.zeros((1, 2, 2), dtype)
+    got = np.asarray(jax_tma.col2im(p, x.shape, 2, strides=2)).reshape(-1)
+    grad = jax.vjp(lambda a: jax_tma.im2col(a, 2, strides=2), x)[1](p)[0]
+    signs = np.signbit(got.real.astype(np.float64))
+    assert (got == 0).all() and signs.tolist() == [True] * 4 + [False], got
+    if got.dtype.kind == "c":
+        assert np.signbit(got.imag).tolist() == [True] * 4 + [False]
+    assert_bits_equal(grad, got.reshape(x.shape))
+    # the same entries through a lone slice: XLA's grad has the same bits
+    want = jax.vjp(lambda a: a[:, :4], x)[1](p.reshape(1, 4, 1))[0]
+    assert_bits_equal(got.reshape(x.shape), want)
 
 
 @pytest.mark.parametrize("r", [1, 2, 3])
@@ -639,8 +691,12 @@ def test_errors_name_the_op_rule_and_values():
         (ValueError, r"col2im: a patch row has prod\(kernel_size\) \* C = "
                      r"4611686014132420609 \* 3 entries, over 2\^63 - 1",
          lambda: jax_tma.col2im(p, x.shape, 2**31 - 1)),
-        (ValueError, r"im2col: padding must be 'VALID', 'SAME' or 2 \(low, high\) pairs, "
-                     r"got 'FULL'", lambda: jax_tma.im2col(x, 2, padding="FULL")),
+        (ValueError, r"im2col: padding must be 'VALID', 'SAME', 'SAME_LOWER' or 2 \(low, "
+                     r"high\) pairs, got 'FULL'", lambda: jax_tma.im2col(x, 2, padding="FULL")),
+        (ValueError, r"im2col: method='tma' cannot run this im2col: order='channel_major' has "
+                     r"no TMA path \(the hardware moves whole channel runs; use "
+                     r"order='tap_major'\)$",
+         lambda: jax_tma.im2col(x, 2, order="channel_major", method="tma")),
         (ValueError, r"im2col: padding must be .* got \(\(1, 1\),\)",
          lambda: jax_tma.im2col(x, 2, padding=((1, 1),))),
         (ValueError, r"im2col: padding\[1\] must be a \(low, high\) pair of ints, got \(1, 2, 3\)",

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -58,9 +59,10 @@ def test_random_windows_match_numpy(rng, trial):
 
 
 def _bound_rank(f, *args):
-    """The spatial rank of the window_p call(s) `f` traces to."""
-    jaxpr = jax.make_jaxpr(f)(*args)
-    return [len(e.params["shape"]) for e in jaxpr.eqns if e.primitive.name == "jax_tma_window"]
+    """The spatial rank of the jax_tma_window call(s) `f` lowers to: the
+    length of each call's strides attribute."""
+    text = jax.jit(f).lower(*args).as_text()
+    return [int(n) for n in re.findall(r"strides = dense<[^>]*> : tensor<(\d+)xi64>", text)]
 
 
 @pytest.mark.parametrize("x64", [True, False])
@@ -553,6 +555,32 @@ def test_fill_is_converted_as_jnp_pad_converts_it(rng, dtype, fill):
     assert_bits_equal(got, want)
 
 
+@pytest.mark.parametrize("x64", [False, True])
+def test_a_numpy_start_array_is_static_and_raises_no_warning(rng, x64):
+    """A NumPy start array (int64, NumPy's default) is read as the static
+    ints it holds, as lax.dynamic_slice reads it: no int64-truncation
+    warning without x64 (warnings are errors here), the static innermost
+    start on the call, and a start past int32 refused as a static sequence
+    is."""
+    x = random_array(rng, (5, 32), np.float32)
+    start = np.array([-1, 8])
+    fn = lambda a: jax_tma.window(a, start, (3, 8))  # noqa: E731
+    with jax.enable_x64(x64), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = fn(on_cpu(x))
+        got_jit = jax.jit(fn)(on_cpu(x))
+        text = jax.jit(fn).lower(x).as_text()
+        ref = lax.dynamic_slice(on_cpu(x), np.array([0, 8]), (3, 8))  # silent too
+    assert "inner_start = 8 : i64" in text
+    assert_bits_equal(got, window_reference(x, (-1, 8), (3, 8)))
+    assert_bits_equal(got_jit, got)
+    assert_bits_equal(ref, x[:3, 8:16])
+    if not x64:
+        with jax.enable_x64(False), pytest.raises(
+                ValueError, match=r"start \(-3000000000, 0\) needs int64; enable jax_enable_x64"):
+            jax_tma.window(x, np.array([-3_000_000_000, 0]), (2**31 - 1, 1), strides=(2, 1))
+
+
 def test_python_scalars_and_disable_jit(rng):
     x = random_array(rng, (5, 6), np.float32)
     want = window_reference(x, (-1, 2), (3, 3))
@@ -645,6 +673,39 @@ def test_sharding_of_batch_dims_without_collectives(rng, spec):
         assert_no_collectives(f.lower(x).compile().as_text())
         want = np.stack([window_reference(h, (-1, 3), (5, 9), (2, 1)) for h in host])
         assert_bits_equal(f(x), want)
+
+
+@pytest.mark.parametrize("spec, start, shape", [
+    (P(None, None, "a"), (0, 0, 0), (8, 16, 4)),   # the whole x, split along its last dim
+    (P(None, "a", None), (2, 0, 1), (3, 16, 2)),   # a whole middle dim between crops
+    (P("b", None, "a"), (0, -1, 0), (8, 5, 4)),    # whole outer and inner dims around a pad
+    (P(None, ("a", "b"), None), (5, 0, 0), (2, 16, 4)),  # whole inner dims that fold
+], ids=str)
+def test_dims_the_box_takes_whole_keep_their_sharding(rng, spec, start, shape):
+    """Every dim the box takes whole (static start 0, the whole extent,
+    stride 1), wherever it lies, keeps its sharding in the result and in the
+    grad, with no collective, as lax.dynamic_slice keeps it: each device
+    windows its own shard of those dims."""
+    mesh = cpu_mesh((4, 2), ("a", "b"))
+    host = random_array(rng, (8, 16, 4), np.float32)
+    x = jax.device_put(host, NamedSharding(mesh, spec))
+    fn = lambda a: jax_tma.window(a, start, shape)  # noqa: E731
+    f = jax.jit(fn)
+    assert_no_collectives(f.lower(x).compile().as_text())
+    y = f(x)
+    assert y.sharding.is_equivalent_to(NamedSharding(mesh, spec), 3), y.sharding
+    assert_bits_equal(y, window_reference(host, start, shape))
+    if min(start) >= 0:  # lax.dynamic_slice, where it can say the same, keeps it too
+        ds = jax.jit(lambda a: lax.dynamic_slice(a, start, shape))
+        assert_no_collectives(ds.lower(x).compile().as_text())
+        assert ds(x).sharding.is_equivalent_to(y.sharding, 3)
+    ct_host = random_array(rng, shape, np.float32)
+    ct = jax.device_put(ct_host, NamedSharding(mesh, spec))
+    vjp = jax.jit(lambda a, c: jax.vjp(fn, a)[1](c)[0])
+    assert_no_collectives(vjp.lower(x, ct).compile().as_text())
+    g = vjp(x, ct)
+    assert g.sharding.is_equivalent_to(NamedSharding(mesh, spec), 3), g.sharding
+    assert_bits_equal(g, jax.vjp(fn, on_cpu(host))[1](on_cpu(ct_host))[0])
 
 
 def test_sharding_of_a_split_spatial_dim_replicates_it(rng):

@@ -32,6 +32,13 @@ inline constexpr std::string_view kIm2colOp = "jax_tma.im2col";
 inline constexpr std::string_view kCol2imOp = "jax_tma.col2im";
 inline constexpr int64_t kMaxIm2colValue = (int64_t{1} << 31) - 1;
 inline constexpr int64_t kMaxIm2colTaps = INT64_MAX;  // taps and patch columns fit int64
+// The TMA im2col load moves a pixel's channels as one run per tap, which
+// channel-major patch columns (c * K + t) interleave. A rule of the op, not
+// of a device: every platform's handler refuses method='tma' with it, and
+// Python at trace time with the same words (rules(): "im2col.tma_channel_major").
+inline constexpr std::string_view kIm2colTmaChannelMajor =
+    "order='channel_major' has no TMA path (the hardware moves whole channel runs; use "
+    "order='tap_major')";
 
 struct Im2colGeometry {
   int rank = 0;                        // spatial dims r
@@ -179,6 +186,9 @@ inline ffi::Error DecodeIm2col(const ffi::AnyBuffer& src, ffi::Result<ffi::AnyBu
   if (dst->element_count() != 0 && dst->untyped_data() == nullptr) {
     return InvalidArgument(op, "null output buffer");
   }
+  if (!transpose && channel_major && *parsed == Method::kTma) {
+    return InvalidArgument(op, "method='tma' cannot run this im2col: ", kIm2colTmaChannelMajor);
+  }
   return ffi::Error::Success();
 }
 
@@ -232,15 +242,17 @@ JAX_TMA_HOST_DEVICE inline typename ElementSum<K>::T Col2imElement(
     const Im2colGeometry& g, const typename ElementSum<K>::T* patches, int64_t n, int64_t p,
     int64_t c, int j) {
   using S = ElementSum<K>;
-  typename S::Acc acc = 0;
+  typename S::Acc acc = SumStart<K>();
+  bool any = false;
   const int64_t row = g.taps * g.channels;
   for (int64_t t = 0; t < g.taps; ++t) {
     const int64_t m = TapTarget(g, p, t);
     if (m < 0) continue;
     const int64_t e = (n * g.out_pixels + m) * row + PatchColumn(g, t, c);
     acc = static_cast<typename S::Acc>(acc + S::Load(patches[e * g.components + j]));
+    any = true;
   }
-  return S::Store(acc);
+  return S::Store(any ? acc : EmptySum<K>());
 }
 
 }  // namespace jax_tma

@@ -9,6 +9,7 @@
 #include "im2col/im2col_common.h"
 #include "keep_subnormals.h"
 #include "path_counts.h"
+#include "rules.h"
 
 namespace jax_tma {
 namespace {
@@ -96,6 +97,11 @@ ffi::Error Im2colCpuImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
 }
 
 }  // namespace
+
+void Im2colRules(Rules* rules) {
+  rules->Text("im2col.tma_channel_major", kIm2colTmaChannelMajor);
+}
+
 }  // namespace jax_tma
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTmaIm2colCpu, jax_tma::Im2colCpuImpl,

@@ -12,10 +12,7 @@ namespace jax_tma {
 bool PlanTmaIm2col(const Im2colGeometry& g, const void* x, const void* out, TmaIm2colPlan* p,
                    std::string* why) {
   if (g.transpose) return Reject(why, "col2im has no TMA path");
-  if (g.channel_major) {
-    return Reject(why, "order='channel_major' has no TMA path (the hardware moves whole channel "
-                  "runs; use order='tap_major')");
-  }
+  if (g.channel_major) return Reject(why, kIm2colTmaChannelMajor);
   if (g.batch == 0 || g.out_pixels == 0 || g.channels == 0) {
     p->empty = true;
     return true;

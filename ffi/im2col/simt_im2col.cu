@@ -182,7 +182,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     typename S::Acc acc[L];
 #pragma unroll
-    for (int l = 0; l < L; ++l) acc[l] = 0;
+    for (int l = 0; l < L; ++l) acc[l] = SumStart<K>();
+    bool any = false;  // a pixel no tap reads is +0 (EmptySum)
     const Vec* src = reinterpret_cast<const Vec*>(patches) +
                      n * g.out_pixels * g.taps * per_pixel + v;
     // Taps in increasing order, kSumTapsInFlight loads issued before they are
@@ -219,6 +220,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int u = 0; u < kSumTapsInFlight; ++u) {
         if (!hit[u]) continue;
+        any = true;
 #pragma unroll
         for (int l = 0; l < L; ++l) {
           acc[l] = static_cast<typename S::Acc>(acc[l] + S::Load(e[u].v[l]));
@@ -227,7 +229,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     Vec outv;
 #pragma unroll
-    for (int l = 0; l < L; ++l) outv.v[l] = S::Store(acc[l]);
+    for (int l = 0; l < L; ++l) outv.v[l] = S::Store(any ? acc[l] : EmptySum<K>());
     reinterpret_cast<Vec*>(x)[idx] = outv;
   }
 }

@@ -8,6 +8,7 @@ import functools
 import math
 
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
@@ -178,10 +179,10 @@ def _scatter_call(rng) -> Call:
     idx, xs, attrs, upd_shapes = _slab_call(rng, dtypes)
     axis, batch = int(attrs["axis"]), int(attrs["batch"])
     n = xs[0].shape[axis]
-    # Floats add in a defined order only with deterministic=True.
-    deterministic = (mode == "add" and any(d.kind not in "iu" for d in dtypes)) or \
-        bool(rng.integers(2))
-    if not deterministic:  # one update per row: any winner is the same one
+    # Floats add in a defined order only with deterministic=True; without it
+    # the GPU's sums are held to the bounds of any order (_scatter_bounds).
+    deterministic = bool(rng.integers(2))
+    if not deterministic and mode == "set":  # one update per row: any winner is the same one
         rows = _table_rows(idx, n, batch)
         for row in rows:
             _, first = np.unique(row, return_index=True)
@@ -257,6 +258,90 @@ def _scatter_exact(platform: str, call: Call) -> bool:
     return all(np.unique(r[r >= 0]).size == (r >= 0).sum() for r in rows)
 
 
+def _parts(a: np.ndarray) -> np.ndarray:
+    """A float array as the components its sums add (complex: two parts)."""
+    if a.dtype.kind == "c":
+        return a.view(np.float32 if a.dtype == np.complex64 else np.float64)
+    return a
+
+
+def sum_bound(terms: list[float], dtype) -> tuple[float, float, bool]:
+    """What a sum of `terms` (the float64 values of one component) may give
+    in `dtype` (a float type, or a complex one's part) in
+    any order of adding, each add rounded to `dtype` and its operands and
+    result perhaps flushed to zero where subnormal: (the exact sum, the
+    largest distance from it, whether an add may overflow). Each of the
+    k = len(terms) - 1 adds rounds by at most eps / 2 of a partial sum,
+    which is at most A = sum(|terms|), and the comparison rounds once more:
+    (k + 1) * eps / 2 * A; the bound takes twice that, n * eps * A (n the
+    number of terms). Each add may flush its two operands and its result,
+    each by less than the smallest normal: (2k + 1) * tiny."""
+    info = ml_dtypes.finfo(dtype)
+    total, size = math.fsum(terms), math.fsum(abs(t) for t in terms)
+    k = len(terms) - 1
+    bound = len(terms) * float(info.eps) * size + (2 * k + 1) * float(info.smallest_normal)
+    return total, bound, size * (1 + len(terms) * float(info.eps)) >= float(info.max)
+
+
+def _check_sum(got: float, terms: list[float], dtype, where: str) -> None:
+    """`got` is a sum of `terms` in some order (sum_bound); NaN where a term
+    is NaN or infinities of both signs meet, that infinity where one does."""
+    nan = any(math.isnan(t) for t in terms)
+    infs = {t for t in terms if math.isinf(t)}
+    if nan or len(infs) == 2:
+        assert math.isnan(got), f"{where}: {got}, want NaN (terms {terms})"
+        return
+    if infs:
+        assert got == infs.pop(), f"{where}: {got}, want {terms} summed to an infinity"
+        return
+    total, bound, overflow = sum_bound(terms, dtype)
+    if overflow and math.isinf(got):
+        return
+    assert abs(got - total) <= bound, \
+        f"{where}: {got!r} is {abs(got - total)!r} from the sum {total!r} of {terms} (bound {bound!r})"
+
+
+def _scatter_bounds(call: Call, got: list[np.ndarray]) -> None:
+    """What a scatter whose order the hardware picks may give: a table row
+    no index names is x's row bit for bit; under set, each element of a row
+    is that element of one of its updates (bit for bit); under add, each
+    element is x's plus its updates' in some order, within sum_bound."""
+    idx, xs, upds = _tables_of(call, 2)
+    for t, (x, upd, y) in enumerate(zip(xs, upds, got)):
+        b, p, n, m, s = _slab_geometry(call, x)
+        if s == 0:
+            continue
+        table = np.ascontiguousarray(x).view(np.uint8).reshape(b, p, n, s)
+        slabs = np.ascontiguousarray(upd).view(np.uint8).reshape(b, p, m, s)
+        out = np.ascontiguousarray(y).view(np.uint8).reshape(b, p, n, s)
+        rows = _table_rows(idx, n, int(call.attrs["batch"]))
+        add = call.attrs["mode"] == "add"
+        for i in range(b):
+            for r in range(n):
+                hits = [j for j in range(m) if rows[i, j] == r]
+                where = f"table {t}, batch entry {i}, row {r}"
+                if not hits:
+                    assert np.array_equal(out[i, :, r], table[i, :, r]), f"{where}: not x's row"
+                elif not add:
+                    e = x.dtype.itemsize
+                    mine = out[i, :, r].reshape(p, -1, e)
+                    ok = np.zeros(mine.shape[:2], bool)
+                    for j in hits:
+                        ok |= (mine == slabs[i, :, j].reshape(p, -1, e)).all(axis=-1)
+                    assert ok.all(), f"{where}: an element is none of its updates'"
+                elif x.dtype.kind in "iu":
+                    continue  # exact: the reference checks these bits
+                else:
+                    part = _parts(np.zeros(1, x.dtype)).dtype
+                    view = lambda a: _parts(a.view(x.dtype)).astype(np.float64)  # noqa: E731
+                    mine = view(out[i, :, r].copy())
+                    terms = [view(table[i, :, r].copy())] + [view(slabs[i, :, j].copy())
+                                                             for j in hits]
+                    for e, g in enumerate(mine.reshape(-1)):
+                        _check_sum(float(g), [float(a.reshape(-1)[e]) for a in terms], part,
+                                   f"{where}, component {e}")
+
+
 def _one_table(c: Call) -> Call:
     """Gather call c with its first table alone."""
     idx, xs, _ = _tables_of(c, 1)
@@ -323,7 +408,7 @@ SPECS: dict[str, Spec] = {
         attr_rules={"axis": _SLAB_DIMS + r"|order", "batch": _SLAB_DIMS + r"|order",
                     "deterministic": r"order",
                     "mode": r"summed|\bsum\b|order"},
-        exact=_scatter_exact),
+        exact=_scatter_exact, bounds=_scatter_bounds),
 }
 
 

@@ -82,8 +82,9 @@ def im2col_reference(x, kernel, strides, pads, dilation, order="tap_major",
 def col2im_reference(patches, input_shape, kernel, strides, pads, dilation,
                      order="tap_major") -> np.ndarray:
     """NumPy jax_tma.col2im with the op's exact arithmetic: taps added in
-    increasing order, 16-bit floats in float32 rounded once, integers wrap,
-    NaN sums stored as np.nan (complex: per part)."""
+    increasing order from -0.0 (floats; a pixel no tap reads is +0.0),
+    16-bit floats in float32 rounded once, integers wrap, NaN sums stored
+    as np.nan (complex: per part)."""
     patches = np.asarray(patches)
     n, spatial, c = input_shape[0], tuple(input_shape[1:-1]), input_shape[-1]
     out = out_spatial(spatial, kernel, strides, pads, dilation)
@@ -91,12 +92,18 @@ def col2im_reference(patches, input_shape, kernel, strides, pads, dilation,
     p = patches.reshape((n,) + out + ((c, k) if order == "channel_major" else (k, c)))
     if order == "channel_major":
         p = np.swapaxes(p, -1, -2)
-    acc_dtype = np.float32 if patches.dtype.name in ("float16", "bfloat16") else patches.dtype
-    acc = np.zeros((n,) + tuple(s + lo + hi for s, (lo, hi) in zip(spatial, pads)) + (c,),
-                   acc_dtype)
+    wide = patches.dtype.name in ("float16", "bfloat16")
+    acc_dtype = np.dtype(np.float32) if wide else patches.dtype
+    padded = (n,) + tuple(s + lo + hi for s, (lo, hi) in zip(spatial, pads))
+    floating = jnp.issubdtype(acc_dtype, jnp.inexact)
+    acc = np.full(padded + (c,), complex(-0.0, -0.0) if acc_dtype.kind == "c" else
+                  -0.0 if floating else 0, acc_dtype)
+    hit = np.zeros(padded, bool)
     with np.errstate(over="ignore", invalid="ignore"):
         for t, sl in enumerate(tap_slices(kernel, strides, dilation, out)):
             acc[(slice(None),) + sl] += p[..., t, :].astype(acc_dtype)
+            hit[(slice(None),) + sl] = True
+    acc[~hit] = 0
     crop = acc[(slice(None),) + tuple(slice(lo, lo + s) for s, (lo, _) in zip(spatial, pads))]
     with np.errstate(over="ignore", invalid="ignore"):  # float16 sums may round to inf
         out = crop.astype(patches.dtype)
