@@ -62,6 +62,12 @@ class Spec:
     # any order allows. It also runs on the bits of platforms where they are
     # defined, wherever the GPU's would not be, so that the CPU runs it.
     bounds: Callable[[Call, list[np.ndarray]], None] | None = None
+    # The handler's rules (a pattern of their errors) that the GPU checks in
+    # its kernel, on values on the device, where a broken one traps and ends
+    # the process's CUDA context: a call whose CPU run breaks one of them is
+    # held to the CPU's error instead (the GPU's trap, and its message, are
+    # tested in a process of their own: tests/test_multi_gpu.py).
+    device_checked: str = ""
 
 
 def random_fill(rng, dtypes) -> np.ndarray:
