@@ -21,10 +21,10 @@ PLATFORM "gpu": XLA_FLAGS force command buffers
 --xla_gpu_graph_min_graph_size=1) and dump each case's module into DUMP_DIR.
 A case passes only if (1) XLA's thunk sequence after its thunk passes
 (`*.thunk_sequence_after_thunk_passes.txt`, written by
-CommandBufferConversionPass's pipeline) holds every custom call of the
-module inside a kCommandBuffer thunk (the while loop's body is converted
-when the loop itself is not), no custom call outside one, and at least as
-many as the optimized HLO has jax_tma custom calls; and (2) each of the
+CommandBufferConversionPass's pipeline) holds at least as many custom-call
+thunks inside kCommandBuffer thunks (the while loop's body is converted when
+the loop itself is not) as the optimized HLO has jax_tma custom calls, and
+none outside but XLA's own (check_command_buffers); and (2) each of the
 case's CUDA paths (jax_tma's per-path handler counters) ran, yet fewer times
 than the loop has steps: the other steps ran from the recorded graph, not
 through the handler. PLATFORM "cpu" (two host devices, no command buffers):
@@ -136,12 +136,14 @@ def custom_call_targets(hlo_text: str) -> list[str]:
 
 def check_command_buffers(dump_dir: str, module: str, targets, *, gpu: bool) -> str:
     """That module `module` calls `targets` (its optimized HLO) and, on the
-    GPU, runs every custom call inside a command buffer (its thunk dump);
-    returns a summary. Raises AssertionError naming what is missing.
-
-    The thunk dump names a thunk's kind, not its target, so the module may
-    hold no custom call but jax_tma's: then every kCustomCall thunk is
-    one of ours."""
+    GPU, that its thunk dump has at least as many custom-call thunks inside
+    command buffers as the module has jax_tma custom calls, and outside
+    them no more than it has custom calls of XLA's own (a cub scan or sort
+    that XLA rewrote a jnp op into: the dump names a thunk's kind, not its
+    target). Without those, every custom-call thunk must be inside. Returns
+    a summary; raises AssertionError naming what is missing. (The handler
+    counts, check_paths, tell the rest: a call outside a graph would call
+    its handler every step.)"""
     hlo_files = module_files(dump_dir, module, "after_optimizations.txt")
     assert hlo_files, (f"{module}: no optimized HLO dumped in {dump_dir}: "
                        f"{sorted(os.listdir(dump_dir))[:40]}")
@@ -149,10 +151,7 @@ def check_command_buffers(dump_dir: str, module: str, targets, *, gpu: bool) -> 
     ours = [t for t in calls if t.startswith("jax_tma_")]
     missing = set(targets) - set(ours)
     assert not missing, f"{module}: its optimized HLO has no custom call to {sorted(missing)}"
-    foreign = sorted(set(calls) - set(ours))
-    assert not foreign, (f"{module}: custom calls other than jax_tma's in its optimized HLO "
-                         f"({foreign}), which the thunk dump cannot tell from ours: keep them "
-                         f"out of the case")
+    foreign = sorted(t for t in calls if not t.startswith("jax_tma_"))
     if not gpu:
         return f"{len(ours)} jax_tma custom calls in the optimized HLO"
     converted = module_files(dump_dir, module, "thunk_sequence_after_thunk_passes.txt")
@@ -164,16 +163,18 @@ def check_command_buffers(dump_dir: str, module: str, targets, *, gpu: bool) -> 
                 f"no thunk-sequence dump at all in {dump_dir} (does this XLA name it "
                 f"otherwise?)"))
     assert len(converted) == len(hlo_files), (converted, hlo_files)
-    per_module = len(ours) // len(hlo_files)
+    per_module, others = len(ours) // len(hlo_files), len(foreign) // len(hlo_files)
     for f in converted:
         text = open(f).read()
         inside, outside = custom_calls_in_command_buffers(text)
-        assert outside == 0 and inside >= max(per_module, 1), (
+        assert outside <= others and inside >= max(per_module, 1), (
             f"{module}: {inside} custom-call thunks inside command buffers and {outside} "
-            f"outside ({per_module} jax_tma custom calls in the optimized HLO); "
+            f"outside, for {per_module} jax_tma custom calls and {others} others "
+            f"({sorted(set(foreign))}) in the optimized HLO; "
             f"{os.path.basename(f)}:\n{text[:6000]}")
-    return (f"{inside} custom-call thunks inside command buffers, none outside "
-            f"({per_module} jax_tma custom calls in the optimized HLO)")
+    return (f"{inside} custom-call thunks inside command buffers and {outside} outside, for "
+            f"{per_module} jax_tma custom calls" + (f" and XLA's {sorted(set(foreign))}"
+                                                    if foreign else ""))
 
 
 # ---- what changes with the step --------------------------------------------
