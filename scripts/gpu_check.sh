@@ -19,7 +19,8 @@
 #            (TESTS_BUDGET_S).
 #  quick     after any kernel change: each family's self-test and the tests
 #            marked quick (one GPU call per kernel path, one call across
-#            processes sharing the GPU, both fuzz files under a shared
+#            processes sharing the GPU, every one-GPU kernel path replayed
+#            from command buffers, both fuzz files under a shared
 #            --fuzz-budget of 30 s): budget 120 s (QUICK_BUDGET_S).
 #  sanitize  compute-sanitizer (memcheck, racecheck, synccheck) on the
 #            self-tests, into a result file.
@@ -28,8 +29,10 @@
 #            `run.py wheel`, against the wheel, which must be built from the
 #            same commit; ncu and multi run the benchmarks of run.py's groups
 #            of those names (harness.Benchmark.group): ncu's profiles and
-#            those of two GPUs (multi also runs test_multi_gpu.py and
-#            memcheck over its memcheck-marked tests).
+#            those of two GPUs (multi also runs test_multi_gpu.py, the
+#            exchanges replayed from command buffers in
+#            test_command_buffers.py, and memcheck over test_multi_gpu.py's
+#            memcheck-marked tests).
 # Logs under $OUT, the benchmarks' result JSON and log in
 # $OUT/bench_<ops>.tgz and the sanitizers' result JSON in
 # $OUT/bench_sanitize.tgz (`tar -xzf bench_all.tgz -C benchmarks results` and
@@ -257,7 +260,8 @@ for stage in "${stages[@]}"; do
   quick)
     # After any kernel change: every self-test, then the tests marked quick
     # (one GPU call per kernel path in tests/test_paths.py, one call across
-    # processes sharing the GPU, and both fuzz files sharing 30 s); the whole
+    # processes sharing the GPU, the command-buffer replay of every one-GPU
+    # path, and both fuzz files sharing 30 s); the whole
     # suite (tests) before an issue that changed kernels is resolved.
     start=$SECONDS
     for prog in "${selftests[@]}"; do
@@ -331,15 +335,16 @@ for stage in "${stages[@]}"; do
     tar -czf "$OUT/bench_sanitize.tgz" -C "$sdir" results sanitizer.tsv sanitizer_result.log
     ;;
   multi)
-    # Two or more GPUs: the multi-GPU tests, memcheck over those marked for
-    # it, and the benchmarks of run.py's group multi (their results record
-    # nvidia-smi topo -m).
+    # Two or more GPUs: the multi-GPU tests (and the exchanges' command-buffer
+    # replay), memcheck over those marked for it, and the benchmarks of
+    # run.py's group multi (their results record nvidia-smi topo -m).
     nvidia-smi topo -m
     # A test that the topology rules out (one that needs a GPU pair without
     # peer access, on a host where every pair has it) skips with its reason,
     # which goes to the summary.
     JAX_TMA_REQUIRE_GPU=1 JAX_TMA_REQUIRE_MULTI_GPU=1 timeout 300 python3 -P -m pytest \
-      tests/test_multi_gpu.py -q -rfEs -p no:cacheprovider > "$OUT/multi_tests.log" 2>&1
+      tests/test_multi_gpu.py tests/test_command_buffers.py::test_exchanges_replay_from_command_buffers \
+      -q -rfEs -p no:cacheprovider > "$OUT/multi_tests.log" 2>&1
     rc=$?
     tail -15 "$OUT/multi_tests.log"
     record $rc "multi-GPU tests: $(tail -1 "$OUT/multi_tests.log")"
