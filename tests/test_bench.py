@@ -226,19 +226,22 @@ def test_in_place_cases_update_their_donated_state():
 def test_pallas_kernels_move_the_bits(rng, dtype):
     # The in-JAX peer of the copy, gather, scatter and broadcast benchmarks
     # (through Triton on a GPU, Pallas's interpreter on the CPU), bit for
-    # bit: tables of 64 and 2 KiB rows, counts a block does not divide
-    # evenly, a broadcast along every dim.
+    # bit: tables of 16 B to 2 KiB rows, counts that no block size divides
+    # evenly, a broadcast along every dim. Finite floats: Pallas's
+    # interpreter on jax 0.10 quiets NaNs (the benchmarks record such a
+    # comparator's difference rather than fail).
+    finite = np.dtype(dtype).kind == "f"
     for rows, width, count in ((512, 16, 96), (64, 512, 24)):
-        x = jnp.asarray(random_array(rng, (rows, width), dtype))
+        x = jnp.asarray(random_array(rng, (rows, width), dtype, finite=finite))
         idx = jnp.asarray(rng.permutation(rows)[:count].astype(np.int32))
-        u = jnp.asarray(random_array(rng, (count, width), dtype))
+        u = jnp.asarray(random_array(rng, (count, width), dtype, finite=finite))
         assert_bits_equal(jax.jit(pallas_kernels.copy)(x), x)
         assert_bits_equal(jax.jit(pallas_kernels.gather)(x, idx), np.asarray(x)[np.asarray(idx)])
         want = np.array(x)
         want[np.asarray(idx)] = np.asarray(u)
         assert_bits_equal(jax.jit(pallas_kernels.scatter, donate_argnums=0)(jnp.copy(x), idx, u),
                           want)
-    x = jnp.asarray(random_array(rng, (4, 6, 8), dtype))
+    x = jnp.asarray(random_array(rng, (4, 6, 8), dtype, finite=finite))
     for axis in range(4):
         got = jax.jit(pallas_kernels.broadcast, static_argnums=(1, 2))(x, 3, axis)
         assert_bits_equal(got, np.broadcast_to(np.expand_dims(np.asarray(x), axis),
@@ -588,9 +591,13 @@ def _writes_one_checked_result_per_op(smoke_results):
     assert all("pallas" in row[regime] for row in copy for regime in ("repeat", "after_write"))
     assert all("pallas" in row["times"] and row["auto_vs_pallas"] > 0
                for row in results["broadcast"][1]["rows"])
-    for op in ("copy", "broadcast"):
-        checked = results[op][1]["checked_bit_exact"]
-        assert sum("pallas" in c for c in checked) == len(results[op][1]["rows"]), op
+    assert sum("pallas" in c for c in results["copy"][1]["checked_bit_exact"]) == len(copy)
+    # (broadcast's inputs hold NaNs, which Pallas's interpreter on jax 0.10
+    # quiets: a comparator's difference, recorded)
+    broadcast = results["broadcast"][1]
+    assert all(f"{row['case']} pallas" in broadcast["checked_bit_exact"]
+               or f"{row['case']} pallas" in broadcast["comparator_differs"]
+               for row in broadcast["rows"])
     conv = results["im2col"][1]["conv"]
     assert [(r["dtype"], r["channels_out"]) for r in conv["rows"]] == [("bfloat16", 16),
                                                                        ("float32", 16)]
@@ -689,7 +696,7 @@ def _results_render_into_the_pages_sections(smoke_results):
                      r"direction, [\d.]+× `lax\.ppermute` \(NCCL\), [\d.]+× "
                      r"`cudaMemcpyPeerAsync` \(the link's ceiling\), by span", text)
     assert "Bandwidth counts every byte read plus every byte written" in text
-    assert "XLA comparators whose output differs from the bit-exact reference" not in \
+    assert "whose output differs from the bit-exact reference" not in \
         report.render(results["copy"][1])
 
 
