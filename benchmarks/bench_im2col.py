@@ -234,4 +234,4 @@ def _conv_error(label: str, got: jax.Array, want: jax.Array, tolerance: float) -
     return err
 
 
-BENCHMARKS = {"im2col": Benchmark(lambda s, args: bench_im2col(s), budget_s=60)}
+BENCHMARKS = {"im2col": Benchmark(lambda s, args: bench_im2col(s), budget_s=90)}
