@@ -1,5 +1,6 @@
 """The broadcast benchmark: every jax_tma.broadcast method and cluster size
-against XLA's materialised broadcast_to and the copy ceiling, the dsmem
+against XLA's materialised broadcast_to, the simplest Pallas broadcast and
+the copy ceiling, the dsmem
 path's SM-to-SM push bandwidth, and (for ncu) every variant run once.
 
     python benchmarks/run.py broadcast [--out-dir DIR]
@@ -21,6 +22,7 @@ import numpy as np
 
 import jax_tma
 import ncu
+import pallas_kernels
 from harness import Benchmark, Session, rotate, rotate_all
 
 OP = "broadcast"
@@ -69,8 +71,8 @@ def _random_bits(key: jax.Array, shape, dtype: str = "bfloat16") -> jax.Array:
 
 
 def bench_broadcast(s: Session) -> dict[str, Any]:
-    """Every method and cluster size, XLA's materialised jnp.broadcast_to
-    and the copy ceiling (the reference memcpy of the same bytes),
+    """Every method and cluster size, XLA's materialised jnp.broadcast_to,
+    the Pallas kernel and the copy ceiling (the reference memcpy of the same bytes),
     interleaved, each checked bit for bit first. Then the
     dsmem path's SM-to-SM push bandwidth: n=1 (one store per tile,
     cluster_size - 1 pushes of it)."""
@@ -84,12 +86,14 @@ def bench_broadcast(s: Session) -> dict[str, Any]:
         nbytes = x.size * x.dtype.itemsize * (n + 1)
         fns = {label: _broadcast_fn(n, axis, m, c) for label, m, c in methods()}
         fns["xla"] = _xla_broadcast(shape, n, axis)
+        fns["pallas"] = jax.jit(functools.partial(pallas_kernels.broadcast, n=n, axis=axis))
         # The reference moves the bits as unsigned integers: XLA's float
         # broadcast may flush subnormals (bf16 on the CPU does), so it is
-        # checked as a comparator.
+        # checked as a comparator, as is the Pallas kernel (Pallas's
+        # interpreter on an older jax quiets NaNs).
         want = fns["xla"](x.view(_UINT[dtype])).view(jnp.dtype(dtype))
         for label, fn in fns.items():
-            s.check(f"{name} {label}", fn(x), want, comparator=label == "xla")
+            s.check(f"{name} {label}", fn(x), want, comparator=label in ("xla", "pallas"))
         del want
         ceiling_in = jax.random.bits(jax.random.key(12), (nbytes // 8,), jnp.uint32)
         s.check(f"{name} memcpy ceiling", s.refs.memcpy(ceiling_in), ceiling_in)
@@ -105,7 +109,9 @@ def bench_broadcast(s: Session) -> dict[str, Any]:
                "busy_tbps": {k: nbytes / v["busy_us"] / 1e6 for k, v in t.items()},
                "best": best, "best_vs_xla": t["xla"]["busy_us"] / t[best]["busy_us"],
                "auto_vs_best": t[best]["busy_us"] / t["auto"]["busy_us"],
-               "auto_vs_xla": t["xla"]["busy_us"] / t["auto"]["busy_us"]}
+               "auto_vs_xla": t["xla"]["busy_us"] / t["auto"]["busy_us"],
+               "auto_vs_pallas": t["pallas"]["busy_us"] / t["auto"]["busy_us"],
+               "auto_vs_pallas_span": t["pallas"]["span_us"] / t["auto"]["span_us"]}
         rows.append(row)
         del inputs, x, ceiling_in
         s.log(f"broadcast {name}: best {best} {row['best_vs_xla']:.2f}x XLA, auto at "
@@ -123,6 +129,7 @@ def bench_broadcast(s: Session) -> dict[str, Any]:
              "push_tbps": x.size * 2 * (int(c) - 1) / t["busy_us"] / 1e6}
             for c, t in timed["cases"].items()]
     return {"op": OP, "bytes_convention": BYTES, "rows": rows,
+            "pallas_kernel": pallas_kernels.describe("broadcast"),
             "dsmem_push": {"input": name, "bytes_convention": PUSH_BYTES,
                            "protocol": timed["protocol"], "rows": push}}
 

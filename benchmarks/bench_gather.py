@@ -1,6 +1,7 @@
 """The gather/scatter benchmark: jax_tma.gather and jax_tma.scatter against
 the XLA formulations a user would write (plain, and hinted as a careful user
-would) and the copy ceiling, for the cases of issue 18's target table at the
+would), the simplest Pallas kernel (pages, rows and the page set) and the
+copy ceiling, for the cases of issue 18's target table at the
 dtypes their use cases have (bf16 pages and K/V pools, bf16 and f32 rows and
 scatter-adds, fp8 pages) with uint32 as the control dtype, a chain of tiny
 gathers against a minimal FFI kernel, small gathers (256 KiB to 32 MiB moved,
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_tma
+import pallas_kernels
 from harness import MIB, Benchmark, Session, rotate, rotate_all
 from tables import size_text, target_met
 
@@ -87,6 +89,10 @@ XLA = {
                                   "pool.at[pages].get(mode='promise_in_bounds', "
                                   "unique_indices=True)"},
 }
+# The comparators of each kind of case that are no XLA formulation: the
+# simplest Pallas kernel (pallas_kernels.py), timed on the pages, rows and the
+# page set.
+PALLAS = "pallas"
 # Issue 18's targets, judged at the dtype of the use case (and the adds at
 # f32 too): comparator time ÷ auto's time must reach the ratio by busy time
 # and by span alike (tables.target_met). Keyed by (case key, dtype).
@@ -198,9 +204,10 @@ def _row(s: Session, p: dict[str, Any], rounds: int, key: str, dtype: str, case:
          inputs: int = 1) -> dict[str, Any]:
     """Checks each case (`checks`: zero-argument calls) against `want`, then
     times the `timed` calls of the same cases interleaved with the copy
-    ceiling. The XLA formulations (`xla`, comparators) that XLA rejects for
-    this dtype are recorded and left out. `inputs`: the index sets the
-    timed calls rotate through."""
+    ceiling. The comparators (`xla`: the XLA formulations, and the Pallas
+    kernel where there is one) that fail for this dtype (XLA rejects it,
+    Pallas's lowering does) are recorded and left out. `inputs`: the index
+    sets the timed calls rotate through."""
     rejects = {}
     for name, fn in checks.items():
         if name not in xla:
@@ -210,7 +217,7 @@ def _row(s: Session, p: dict[str, Any], rounds: int, key: str, dtype: str, case:
             got = jax.block_until_ready(fn())
         except Exception as e:  # noqa: BLE001  (XLA's own rejection, recorded)
             rejects[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
-            s.log(f"gather: {case}: XLA rejects {name}: {rejects[name]}")
+            s.log(f"gather: {case}: {name} fails: {rejects[name]}")
             continue
         s.check(f"{case}: {name}", got, want, comparator=True)
     timed = {k: v for k, v in timed.items() if k not in rejects}
@@ -260,16 +267,20 @@ def _index_sets(key: jax.Array, rows: int, count: int, slab: int,
 
 
 def _gather_row(s: Session, p: dict[str, Any], rounds: int, key: str, table: jax.Array,
-                idx_sets: list[jax.Array], case: str,
-                methods: Sequence[str] = ("auto",)) -> dict[str, Any]:
+                idx_sets: list[jax.Array], case: str, methods: Sequence[str] = ("auto",),
+                pallas: bool = False) -> dict[str, Any]:
+    """A gather case: `methods` of jax_tma, the XLA formulations and, with
+    `pallas`, the Pallas kernel."""
     fns = {m: jax.jit(functools.partial(jax_tma.gather, method=m)) for m in methods}
     fns.update(xla=jax.jit(_take), xla_hinted=jax.jit(_take_hinted))
+    if pallas:
+        fns[PALLAS] = jax.jit(pallas_kernels.gather)
     first = idx_sets[0]
     checks = {name: functools.partial(fn, table, first) for name, fn in fns.items()}
     timed = rotate_all(fns, [(table, i) for i in idx_sets])
     nbytes = 2 * first.size * table.shape[1] * table.dtype.itemsize
     return _row(s, p, rounds, key, table.dtype.name, case, "gather", nbytes, checks, timed,
-                ("xla", "xla_hinted"), _gather_ref(table, first), inputs=len(idx_sets))
+                ("xla", "xla_hinted", PALLAS), _gather_ref(table, first), inputs=len(idx_sets))
 
 
 def _methods(dtype: str) -> tuple[str, ...]:
@@ -284,16 +295,17 @@ def _pages(s: Session, p: dict[str, Any], key: jax.Array, dtype: str) -> list[di
     idx = _index_sets(jax.random.fold_in(key, 1), n_rows, count, slab, p)[0]
     out = [_gather_row(s, p, p["rounds"], "pages", table, [idx],
                        f"gather {count:,} random {dtype} pages of {size_text(slab)} of a "
-                       f"{size_text(n_rows * slab)} table", _methods(dtype))]
+                       f"{size_text(n_rows * slab)} table", _methods(dtype), pallas=True)]
     upd = _table(jax.random.fold_in(key, 2), count, slab, dtype)
     args = (idx, upd)
     cases = {m: _Donated(functools.partial(jax_tma.scatter, method=m), table, args)
              for m in _methods(dtype)}
     cases.update(xla=_Donated(_set, table, args), xla_hinted=_Donated(_set_hinted, table, args))
+    cases[PALLAS] = _Donated(pallas_kernels.scatter, table, args)
     out.append(_row(s, p, p["rounds"], "set", dtype,
                     f"scatter set of those {count:,} {dtype} pages in place (table donated)",
                     "scatter set", 2 * upd.size * upd.dtype.itemsize, cases, cases,
-                    ("xla", "xla_hinted"), _set_ref(table, *args)))
+                    ("xla", "xla_hinted", PALLAS), _set_ref(table, *args)))
     return out
 
 
@@ -305,7 +317,7 @@ def _rows(s: Session, p: dict[str, Any], key: jax.Array, dtype: str) -> list[dic
         idx = _index_sets(jax.random.fold_in(k, 1), n_rows, count, slab, p)
         out.append(_gather_row(s, p, p["rounds"], f"rows {slab}", table, idx,
                                f"gather {count:,} random {dtype} rows of {size_text(slab)} of "
-                               f"{n_rows:,}", _methods(dtype)))
+                               f"{n_rows:,}", _methods(dtype), pallas=True))
         del table, idx
     return out
 
@@ -517,6 +529,8 @@ def bench_gather(s: Session) -> dict[str, Any]:
         del table, idx
     return {"op": OP, "bytes_convention": BYTES, "use_dtype": USE_DTYPE,
             "xla_formulations": XLA, "rows": rows, "chained_tiny_gathers": chain,
+            "pallas_kernels": {"gather": pallas_kernels.describe("gather"),
+                               "scatter set": pallas_kernels.describe("scatter")},
             "small_gathers": small, "sweep": sweep}
 
 

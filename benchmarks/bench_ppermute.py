@@ -1,5 +1,7 @@
 """The ppermute benchmark (two GPUs): jax_tma.ppermute's TMA and SIMT
-transports against lax.ppermute (NCCL), with the GPUs' link topology.
+transports against lax.ppermute (NCCL) and the link's ceiling
+(cudaMemcpyPeerAsync of the same bytes, every ring pair at once), with the
+GPUs' link topology.
 
     python benchmarks/run.py ppermute [--out-dir DIR] [--sizes-mib 1 4 ...]
 """
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +29,20 @@ BYTES = ("per direction: the block bytes each GPU sends per op (what crosses the
          "they swap blocks, both directions at once), not read + write")
 FULL = [1 / 16, 1, 4, 16, 64, 256, 1024]  # MiB per GPU
 SMOKE = [1 / 64, 1 / 16]
+CEILING = ("cudaMemcpyPeerAsync of the block bytes from each GPU to the next around the ring, "
+           "every pair at once (on two GPUs both directions), each pair on a stream of its "
+           "source, its copies queued back to back behind a held stream and timed by CUDA "
+           "events (µs per copy: the slowest pair's); `one_way`: the first pair alone; median "
+           "of the samples; measured in the same run, after each size's timing")
+# The ceiling's samples, and the copies each queues per pair: enough that a
+# sample lasts milliseconds, at most 200 (the host queues them behind a held
+# stream, which the device's queue must hold).
+CEILING_SAMPLES = 5
+CEILING_COPY_BYTES = 2 << 30
+
+
+def ceiling_iters(block: int) -> int:
+    return max(4, min(200, CEILING_COPY_BYTES // block))
 
 
 def ring(n: int) -> list[tuple[int, int]]:
@@ -57,6 +74,31 @@ def topology() -> dict[str, Any] | None:
     return {"nvidia_smi_topo_m": text, "gpu0_gpu1": link}
 
 
+def peer_ceiling(s: Session, devices: Sequence[jax.Device], perm: Sequence[tuple[int, int]],
+                 block: int) -> dict[str, Any]:
+    """The link's ceiling at `block` bytes (CEILING): {"ring", "one_way"},
+    each {"us" (the slowest pair's µs per copy), "gbps" (per direction),
+    "us_per_copy" and "peer_access" per pair, "back_to_back" (every sample's
+    copies queued before the stream's hold ended)}, with "pairs" (device
+    ordinals), "iters" and "samples"; or {"not_measured": why}."""
+    if s.refs.peer_copy is None:
+        return {"not_measured": "the benchmarks' module _jax_tma_bench has no peer_copy (built "
+                                "before it had one): rebuild it with JAX_TMA_BENCH=ON"}
+    if len(devices) < 2:
+        return {"not_measured": f"{len(devices)} device: a peer copy needs two"}
+    ids = [d.id if d.local_hardware_id is None else d.local_hardware_id for d in devices]
+    pairs = [(ids[a], ids[b]) for a, b in perm]
+    iters, samples = ceiling_iters(block), 2 if s.smoke else CEILING_SAMPLES
+    out: dict[str, Any] = {"pairs": pairs, "iters": iters, "samples": samples}
+    for name, chosen in (("ring", pairs), ("one_way", pairs[:1])):
+        runs = [s.refs.peer_copy(chosen, block, iters) for _ in range(samples)]
+        us = [statistics.median(r["us_per_copy"][k] for r in runs) for k in range(len(chosen))]
+        out[name] = {"us": max(us), "gbps": block / max(us) / 1e3, "us_per_copy": us,
+                     "peer_access": runs[0]["peer_access"],
+                     "back_to_back": all(r["queue_us"] <= r["hold_us"] for r in runs)}
+    return out
+
+
 def chained(pp: Callable[..., jax.Array], mesh: Mesh, perm: Sequence[tuple[int, int]],
             chain: int) -> Callable[[jax.Array], jax.Array]:
     """One jitted program over `mesh` (axis "i", blocks sharded along it)
@@ -76,7 +118,8 @@ def bench_ppermute(s: Session, sizes_mib: Sequence[float] | None = None,
     around a ring (two swap blocks, both directions at once), interleaved,
     each checked bit for bit against NCCL's first. Each jitted program
     chains `chain` permutations; the time per op is the program's span (or
-    busy time) over every GPU, over `chain`."""
+    busy time) over every GPU, over `chain`. After each size's timing, the
+    link's ceiling at that size (peer_ceiling)."""
     devices = every_gpu(2)
     mesh = Mesh(np.array(devices), ("i",))
     perm = ring(len(devices))
@@ -101,12 +144,19 @@ def bench_ppermute(s: Session, sizes_mib: Sequence[float] | None = None,
             row[f"{name}_gbps"] = block / row[f"{name}_us"] / 1e3
         for name in impls:
             row[f"{name}_vs_nccl"] = row["nccl_us"] / row[f"{name}_us"]
-        rows.append(row)
         del inputs
+        row["ceiling"] = peer_ceiling(s, devices, perm, block)
+        if "ring" in row["ceiling"]:
+            row["ceiling_gbps"] = row["ceiling"]["ring"]["gbps"]
+            for name in impls:
+                row[f"{name}_vs_ceiling"] = row["ceiling"]["ring"]["us"] / row[f"{name}_us"]
+        rows.append(row)
         s.log(f"ppermute {mib:g} MiB per device, GB/s per direction: " + ", ".join(
-            f"{name} {row[name + '_gbps']:.1f}" for name in impls))
+            f"{name} {row[name + '_gbps']:.1f}" for name in impls)
+            + (f", cudaMemcpyPeerAsync {row['ceiling_gbps']:.1f}" if "ceiling_gbps" in row
+               else f"; no ceiling: {row['ceiling']['not_measured']}"))
     return {"op": OP, "bytes_convention": BYTES, "rows": rows, "chain": chain, "perm": perm,
-            "topology": topology()}
+            "ceiling": CEILING, "topology": topology()}
 
 
 BENCHMARKS = {"ppermute": Benchmark(lambda s, args: bench_ppermute(s, args.sizes_mib),

@@ -1,14 +1,16 @@
 """What the benchmarks measure jax_tma against, from the benchmarks' own
 extension module _jax_tma_bench (benchmarks/ffi/, built with
 JAX_TMA_BENCH=ON, never in a jax_tma wheel): cudaMemcpyAsync D2D (the copy
-ceiling), the seed-style TMA copy, read-only and write-only streams, and the
-raw launch hook of jax_tma's copy kernels. A smoke run (CPU) gets jnp
-stand-ins with the same results."""
+ceiling), the seed-style TMA copy, read-only and write-only streams, the
+raw launch hook of jax_tma's copy kernels, and cudaMemcpyPeerAsync between
+devices timed by CUDA events (the link's ceiling). A smoke run (CPU) gets
+jnp stand-ins with the same results, and a host copy for the peer copy."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import time
 import types
 from collections.abc import Callable
 from types import ModuleType
@@ -81,19 +83,37 @@ class CpuHook:
     def synchronize(device):
         pass
 
+    @staticmethod
+    def peer_copy(pairs, nbytes, iters):
+        """_jax_tma_bench.peer_copy's stand-in: host copies between buffers
+        of its own per pair, pairs in turn (the dict of the real one)."""
+        buffers = [(ctypes.create_string_buffer(nbytes), ctypes.create_string_buffer(nbytes))
+                   for _ in pairs]
+        us = []
+        for src, dst in buffers:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                ctypes.memmove(dst, src, nbytes)
+            us.append((time.perf_counter() - t0) / iters * 1e6)
+        return {"us_per_copy": us, "peer_access": [True] * len(pairs), "queue_us": 0.0,
+                "hold_us": 0.0}
+
 
 def load(smoke: bool) -> types.SimpleNamespace:
     """The references: memcpy, seed_copy, read_stream, write_stream (each
-    x -> array) and ext (the raw launch hook's module; CpuHook in a smoke run)."""
+    x -> array), ext (the raw launch hook's module; CpuHook in a smoke run)
+    and peer_copy (ext.peer_copy; None where the module was built before it
+    had one)."""
     if smoke:
         copy = jax.jit(jnp.copy)
         return types.SimpleNamespace(
             memcpy=copy, seed_copy=copy, read_stream=jax.jit(xor_checksum),
             write_stream=jax.jit(lambda x: jnp.full_like(x, 0x5A5A5A5A)),  # uint32 x
-            ext=CpuHook())
+            ext=CpuHook(), peer_copy=CpuHook.peer_copy)
     register()
+    ext = load_extension()
     return types.SimpleNamespace(
         memcpy=ffi_reference("jax_tma_bench_memcpy"),
         seed_copy=ffi_reference("jax_tma_bench_seed_copy"),
         read_stream=read_stream, write_stream=ffi_reference("jax_tma_bench_write"),
-        ext=load_extension())
+        ext=ext, peer_copy=getattr(ext, "peer_copy", None))

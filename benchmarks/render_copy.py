@@ -6,13 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from tables import MIB, WALL_MIN_US, Headline, Plot, range_text, ratio_text, size_text
+from tables import (MIB, WALL_MIN_US, Headline, Plot, behind_text, range_text, ratio_text,
+                    size_text)
+
+
+# Each case's column head; Pallas where the result timed it (results written
+# before it was a case have none).
+_LABELS = {"auto": "auto", "bulk": "bulk", "simt": "simt", "seed_tma": "seed-style TMA",
+           "xla_copy": "XLA `jnp.copy`", "pallas": "Pallas", "memcpy": "cudaMemcpyAsync"}
 
 
 def render_copy(r: dict[str, Any]) -> str:
-    cases = ("auto", "bulk", "simt", "seed_tma", "xla_copy", "memcpy")
-    head = ["size", "dtype", "inputs rotated", "auto", "bulk", "simt", "seed-style TMA",
-            "XLA `jnp.copy`", "cudaMemcpyAsync", "auto vs XLA, repeated: span / wall",
+    cases = [c for c in _LABELS if c != "pallas" or "pallas" in r["rows"][0]["repeat"]]
+    head = ["size", "dtype", "inputs rotated", *(_LABELS[c] for c in cases),
+            "auto vs XLA, repeated: span / wall",
             "after a write: auto vs XLA (bulk vs cudaMemcpyAsync), span"]
     lines = [f"TB/s by span in the repeated regime (vs cudaMemcpyAsync in parentheses), then "
              f"`auto` vs XLA in both regimes (the wall clock from {WALL_MIN_US:g} µs of busy "
@@ -54,16 +61,31 @@ def render_copy(r: dict[str, Any]) -> str:
                       f"XLA and "
                       f"{range_text([row['serial_bound']['bulk_fraction'] for row in bounded])} of "
                       f"the serial bound.")
+    if "pallas" in cases:
+        lines += ["", f"`auto` vs the simplest Pallas copy ({r['pallas_kernel']}), Pallas's "
+                      f"time ÷ auto's by span, repeated / after a write: " + ", ".join(
+                          f"{size_text(row['bytes'])} {row.get('dtype', 'uint32')} "
+                          f"{_vs(row, 'repeat'):.3f} / {_vs(row, 'after_write'):.3f}×"
+                          for row in r["rows"])
+                  + f". Repeated, `auto` is "
+                    f"{behind_text([_vs(row, 'repeat') for row in r['rows']], 'Pallas')}."]
     return "\n".join(lines)
+
+
+def _vs(row: dict[str, Any], regime: str) -> float:
+    """Pallas's span ÷ auto's in one regime of a row."""
+    t = row[regime]
+    return t["pallas"]["span_us"] / t["auto"]["span_us"]
 
 
 def _copy_headline(r: dict[str, Any]) -> str:
     row = max((row for row in r["rows"] if row.get("dtype", "uint32") == "uint32"),
               key=lambda row: row["bytes"])
     auto = row["repeat"]["auto"]
+    pallas = f", {_vs(row, 'repeat'):.2f}× a Pallas copy" if "pallas" in row["repeat"] else ""
     return (f"{auto['tbps']:.2f} TB/s copying {size_text(row['bytes'])}, "
-            f"{auto['vs_memcpy']:.2f}× `cudaMemcpyAsync`, {auto['vs_xla']:.2f}× `jnp.copy` "
-            f"(by span)")
+            f"{auto['vs_memcpy']:.2f}× `cudaMemcpyAsync`, {auto['vs_xla']:.2f}× `jnp.copy`"
+            f"{pallas} (by span)")
 
 
 def _plot(ax: Any, r: dict[str, Any]) -> None:

@@ -1,5 +1,6 @@
 """How the gather/scatter benchmark's results read (bench_gather.py writes
-them): the `gather` section with issue 18's targets, the README's `gather-limits`
+them): the `gather` section with issue 18's targets and the Pallas kernel
+beside `auto`, the README's `gather-limits`
 bullet drawn from it, the headline rows of gather and scatter, and the GB/s
 over slab size plot, which report.py collects from RENDERERS, DERIVED,
 HEADLINES and PLOTS."""
@@ -11,14 +12,15 @@ from collections.abc import Callable
 from typing import Any
 
 from tables import (MIB, UNRECORDED, WALL_MIN_US, WALL_NOTE, Headline, Plot, bare_case,
-                    build_cells, mark, range_text, ratio_text, size_text, target_met,
+                    behind_text, build_cells, mark, range_text, ratio_text, size_text, target_met,
                     tbps_headline, us_text)
 
 
 # What L2 holds on an H100 (50 MiB): calls that rotate through less read
 # their data from L2 (the tables say "L2-warm").
 L2_BYTES = 50 * MIB
-_GATHER_LABELS = {"memcpy": "ceiling", "xla": "XLA", "xla_hinted": "XLA hinted"}
+_GATHER_LABELS = {"memcpy": "ceiling", "xla": "XLA", "xla_hinted": "XLA hinted",
+                  "pallas": "Pallas"}
 # The sweep's cases and their labels in the plot.
 _GATHER_SWEEP = {"auto": "jax_tma.gather", "tma": "jax_tma.gather(method='tma')",
                  "simt": "jax_tma.gather(method='simt')", "xla": "XLA jnp.take",
@@ -26,6 +28,9 @@ _GATHER_SWEEP = {"auto": "jax_tma.gather", "tma": "jax_tma.gather(method='tma')"
                  "memcpy": "cudaMemcpyAsync (copy ceiling)"}
 # The XLA formulations' names in a headline: the plain form and the hinted one.
 _FORM = {"xla": "plain", "xla_hinted": "hinted"}
+# The Pallas kernel's case (bench_gather.PALLAS) and its name in a headline.
+_PALLAS = "pallas"
+_PALLAS_HEADLINE = "the simplest Pallas kernel"
 _GATHER_TARGET_TEXT = {"pages": "gather of pages", "set": "in-place page set",
                        "rows 512": "gather of 512 B rows", "rows 128": "gather of 128 B rows",
                        "add": "row scatter-add", "decode": "paged decode step"}
@@ -109,6 +114,34 @@ def _rotation(row: dict[str, Any]) -> str:
     return f"{sets} ({size_text(read)}{': L2-warm' if read < L2_BYTES else ''})"
 
 
+def _render_pallas(r: dict[str, Any]) -> list[str]:
+    """The Pallas kernel beside `auto` on the cases that timed it: µs and
+    ratios by each clock, every case listed (ties too); none for a result
+    written before Pallas was timed."""
+    rows = [row for row in r["rows"] if _PALLAS in row["times"]]
+    failed = [row for row in r["rows"] if _PALLAS in row.get("xla_rejects", {})]
+    if not rows and not failed:
+        return []
+    kernels = r.get("pallas_kernels", {})
+    lines = ["", "The in-JAX peer: the simplest Pallas kernel a user would write, "
+                 + "; ".join(kernels.values())
+                 + f". GPU {WALL_NOTE}; `auto` vs Pallas is Pallas's time ÷ auto's (above 1, "
+                   f"`auto` is faster; near 1, a tie):", "",
+             "| case | dtype | auto | Pallas | auto vs Pallas: busy | span | wall |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        t = row["times"]
+        lines.append(f"| {bare_case(row)} | {row.get('dtype', UNRECORDED)} | "
+                     f"{us_text(t['auto'])} | {us_text(t[_PALLAS])} | "
+                     + " | ".join(ratio_text(t, "auto", _PALLAS, clock)
+                                  for clock in ("busy_us", "span_us", "wall_us")) + " |")
+    if rows:
+        ratios = [row["times"][_PALLAS]["busy_us"] / row["times"]["auto"]["busy_us"]
+                  for row in rows]
+        lines += ["", f"By busy time `auto` is {behind_text(ratios, 'Pallas')}."]
+    return lines
+
+
 def render_gather(r: dict[str, Any]) -> str:
     cols = ("auto", "tma", "simt", "deterministic", "xla", "xla_hinted", "memcpy")
     comps = ("xla", "xla_hinted", "memcpy")
@@ -151,8 +184,9 @@ def render_gather(r: dict[str, Any]) -> str:
               for kind, f in r["xla_formulations"].items()]
     for row in r["rows"]:
         for name, why in row.get("xla_rejects", {}).items():
-            lines.append(f"- {bare_case(row)} ({row.get('dtype')}): XLA rejects "
-                         f"{_GATHER_LABELS[name]}: `{why}`")
+            fails = "the Pallas kernel fails" if name == _PALLAS else \
+                f"XLA rejects {_GATHER_LABELS[name]}"
+            lines.append(f"- {bare_case(row)} ({row.get('dtype')}): {fails}: `{why}`")
         if "per_pool" in row["times"]:
             lines.append(f"- {row['case'].split(':')[0]}, auto: both pools as the tables of one "
                          f"`jax_tma.scatter` and one `jax_tma.gather`; with a call per pool "
@@ -164,6 +198,7 @@ def render_gather(r: dict[str, Any]) -> str:
             lines.append(f"- {row['case'].split(':')[0]}: XLA's compiled step gathers K and V "
                          f"in {n['xla']} kernel{'s' * (n['xla'] != 1)} (hinted: "
                          f"{n['xla_hinted']}), counted in its optimized HLO")
+    lines += _render_pallas(r)
     c = r["chained_tiny_gathers"]
     g, m = c["per_op"]["gather"], c["per_op"]["minimal_ffi"]
     lines += ["", f"{c['ops']} chained gathers of one {size_text(c['bytes'])} page in one "
@@ -283,14 +318,18 @@ def render_gather_limits(results: dict[str, tuple[str, dict[str, Any]]]) -> str 
 def _slab_headline(key: str, kind: str) -> Callable[[dict[str, Any]], str]:
     """The headline of the `key` case at the use case's dtype: `auto`'s TB/s,
     its ratio to each XLA formulation of `kind` that the result measured
-    (plain and hinted, the faster of them first: the strongest baseline
-    leads) and to the copy ceiling."""
+    (plain and hinted) and to the Pallas kernel where it was timed, the
+    fastest of them first (the strongest baseline leads), and to the copy
+    ceiling."""
     def headline(r: dict[str, Any]) -> str:
         row = _find(r["rows"], key, r.get("use_dtype")) or _find(r["rows"], key)
         pages = _find(r["rows"], "pages", row.get("dtype"))
         t = row["times"]
-        forms = {k: code for k, code in r["xla_formulations"][kind].items() if k in t}
-        versus = [f"{ratio_text(t, 'auto', k, 'busy_us')}× {_FORM[k]} `{forms[k]}`"
+        forms = {k: f"{_FORM[k]} `{code}`" for k, code in r["xla_formulations"][kind].items()
+                 if k in t}
+        if _PALLAS in t:
+            forms[_PALLAS] = _PALLAS_HEADLINE
+        versus = [f"{ratio_text(t, 'auto', k, 'busy_us')}× {forms[k]}"
                   for k in sorted(forms, key=lambda k: t[k]["busy_us"])]
         # The in-place case names "those pages" of the gather case before it.
         case = re.sub(r"those [\d,]+ pages", bare_case(pages).split(" ", 1)[1],

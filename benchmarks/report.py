@@ -696,8 +696,8 @@ def render(r: dict[str, Any], path: str | None = None) -> str:
         text = _provenance_line(path, r) + "\n\n" + text
     differs = r.get("comparator_differs") or {}
     if differs:
-        text += ("\n\nXLA comparators whose output differs from the bit-exact reference "
-                 "(timed all the same): ") + "; ".join(
+        text += ("\n\nComparators (XLA formulations, Pallas kernels) whose output differs from "
+                 "the bit-exact reference (timed all the same): ") + "; ".join(
             f"{k}: {v}" for k, v in differs.items())
     return text
 

@@ -33,6 +33,7 @@ if _BENCHMARKS not in sys.path:
 
 import harness  # noqa: E402
 import ncu  # noqa: E402
+import pallas_kernels  # noqa: E402
 import provenance  # noqa: E402
 import render_gather  # noqa: E402
 import report  # noqa: E402
@@ -203,7 +204,7 @@ def test_in_place_cases_update_their_donated_state():
 
     table = jnp.arange(64 * 4, dtype=jnp.uint32).reshape(64, 4)
     idx, upd = jnp.array([3, 9], jnp.int32), jnp.full((2, 4), 7, jnp.uint32)
-    for fn in (jax_tma.scatter, _set):
+    for fn in (jax_tma.scatter, _set, pallas_kernels.scatter):
         case = _Donated(fn, table, (idx, upd))
         first = case()
         np.testing.assert_array_equal(first, table.at[idx].set(upd))
@@ -219,6 +220,102 @@ def test_in_place_cases_update_their_donated_state():
         case = _Donated(_decode_step(append, take, 4), pools, args, split=True)
         text = case.fn.lower(case.state, *args).compile().as_text()
         assert not _copies(text, (32, 2, 4)), (append, text)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32])
+def test_pallas_kernels_move_the_bits(rng, dtype):
+    # The in-JAX peer of the copy, gather, scatter and broadcast benchmarks
+    # (through Triton on a GPU, Pallas's interpreter on the CPU), bit for
+    # bit: tables of 16 B to 2 KiB rows, counts that no block size divides
+    # evenly, a broadcast along every dim. Finite floats: Pallas's
+    # interpreter on jax 0.10 quiets NaNs (the benchmarks record such a
+    # comparator's difference rather than fail).
+    finite = np.dtype(dtype).kind == "f"
+    for rows, width, count in ((512, 16, 96), (64, 512, 24)):
+        x = jnp.asarray(random_array(rng, (rows, width), dtype, finite=finite))
+        idx = jnp.asarray(rng.permutation(rows)[:count].astype(np.int32))
+        u = jnp.asarray(random_array(rng, (count, width), dtype, finite=finite))
+        assert_bits_equal(jax.jit(pallas_kernels.copy)(x), x)
+        assert_bits_equal(jax.jit(pallas_kernels.gather)(x, idx), np.asarray(x)[np.asarray(idx)])
+        want = np.array(x)
+        want[np.asarray(idx)] = np.asarray(u)
+        assert_bits_equal(jax.jit(pallas_kernels.scatter, donate_argnums=0)(jnp.copy(x), idx, u),
+                          want)
+    x = jnp.asarray(random_array(rng, (4, 6, 8), dtype, finite=finite))
+    for axis in range(4):
+        got = jax.jit(pallas_kernels.broadcast, static_argnums=(1, 2))(x, 3, axis)
+        assert_bits_equal(got, np.broadcast_to(np.expand_dims(np.asarray(x), axis),
+                                               x.shape[:axis] + (3,) + x.shape[axis:]))
+
+
+def test_pallas_kernels_are_the_simplest_a_user_would_write():
+    # Issue 44: the Pallas comparator is what a JAX user would write instead
+    # of jax_tma, a few lines each, so each public kernel stays short.
+    import inspect
+
+    for name in ("copy", "gather", "scatter", "broadcast"):
+        source = inspect.getsource(getattr(pallas_kernels, name))
+        body = [line for line in source.split('"""')[-1].splitlines() if line.strip()]
+        assert len(body) <= 12, (name, len(body))
+        assert "pallas_call" in source and name in pallas_kernels.describe(name)
+
+
+def test_the_ppermute_ceiling_is_peer_copies_of_the_block(monkeypatch):
+    # cudaMemcpyPeerAsync of each ring pair's block bytes at once, and of the
+    # first pair alone; None from the module (built before it had it), or
+    # one device, is recorded as not measured.
+    import types
+
+    import bench_ppermute
+
+    calls = []
+
+    def peer_copy(pairs, nbytes, iters):
+        calls.append((list(pairs), nbytes, iters))
+        return {"us_per_copy": [10.0, 20.0][:len(pairs)], "peer_access": [True] * len(pairs),
+                "queue_us": 5.0, "hold_us": 100.0}
+
+    s = harness.Session(smoke=False, refs=types.SimpleNamespace(peer_copy=peer_copy))
+    devices = [types.SimpleNamespace(id=i, local_hardware_id=3 - i) for i in range(2)]
+    got = bench_ppermute.peer_ceiling(s, devices, bench_ppermute.ring(2), 1 << 20)
+    assert got["pairs"] == [(3, 2), (2, 3)] and got["iters"] == 200
+    assert len(calls) == 2 * bench_ppermute.CEILING_SAMPLES
+    assert {len(c[0]) for c in calls} == {1, 2} and {c[1] for c in calls} == {1 << 20}
+    assert got["ring"]["us"] == 20.0 and got["one_way"]["us"] == 10.0  # the slowest pair
+    assert got["ring"]["gbps"] == pytest.approx((1 << 20) / 20.0 / 1e3)
+    assert got["ring"]["back_to_back"] and got["one_way"]["peer_access"] == [True]
+    assert bench_ppermute.ceiling_iters(1 << 30) == 4
+    s.refs.peer_copy = None
+    assert "no peer_copy" in bench_ppermute.peer_ceiling(s, devices, [(0, 1)], 64)["not_measured"]
+    s.refs.peer_copy = peer_copy
+    assert "needs two" in bench_ppermute.peer_ceiling(s, devices[:1], [(0, 0)], 64)["not_measured"]
+
+
+@pytest.mark.gpu
+def test_peer_copy_times_every_pair(gpu, bench_ext):
+    # _jax_tma_bench.peer_copy (the ppermute benchmark's link ceiling): a
+    # bad argument is a ValueError; on two GPUs, each pair's copies take
+    # time and ran back to back, and the current device is as it was.
+    with pytest.raises(ValueError, match="needs a device pair"):
+        bench_ext.peer_copy([], 1024, 4)
+    gpus = jax.devices("cuda")
+    if len(gpus) < 2:
+        if os.environ.get("JAX_TMA_REQUIRE_MULTI_GPU") == "1":
+            pytest.fail(f"JAX_TMA_REQUIRE_MULTI_GPU=1 but only {len(gpus)} GPU(s) visible")
+        pytest.skip("needs at least 2 GPUs")
+    a, b = gpus[0].local_hardware_id, gpus[1].local_hardware_id
+    got = bench_ext.peer_copy([(a, b), (b, a)], 4 << 20, 8)
+    assert len(got["us_per_copy"]) == 2 and all(us > 0 for us in got["us_per_copy"])
+    assert got["queue_us"] <= got["hold_us"]
+    assert len(got["peer_access"]) == 2
+    # jax_tma's ppermute still runs after it (peer access left as it was)
+    mesh = jax.sharding.Mesh(np.array(gpus[:2]), ("i",))
+    x = jax.device_put(jnp.arange(8, dtype=jnp.uint32),
+                       jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("i")))
+    f = jax.jit(jax.shard_map(lambda v: jax_tma.ppermute(v, "i", [(0, 1), (1, 0)]), mesh=mesh,
+                              in_specs=jax.sharding.PartitionSpec("i"),
+                              out_specs=jax.sharding.PartitionSpec("i")))
+    np.testing.assert_array_equal(f(x), np.array([4, 5, 6, 7, 0, 1, 2, 3], np.uint32))
 
 
 def _run_py(*args, **env):
@@ -271,6 +368,13 @@ def test_smoke_run_of_the_multi_group(tmp_path):
     assert any("blocks over the process link between 2 devices of 2 processes" in line
                for line in shared["lowerings"]), shared["lowerings"]
     assert [row["copies_per_gpu"] for row in shared["rows"]] == [2] * len(shared["rows"])
+    # the link's ceiling beside ppermute: every pair at once, and one way
+    for row in results["ppermute"][1]["rows"]:
+        assert row["ceiling"]["ring"]["us"] > 0 and len(row["ceiling"]["pairs"]) == 2
+        assert len(row["ceiling"]["one_way"]["us_per_copy"]) == 1
+        assert row["auto_vs_ceiling"] > 0
+    text = report.render(results["ppermute"][1])
+    assert "| cudaMemcpyPeerAsync, every pair at once | cudaMemcpyPeerAsync, one way |" in text
 
 
 def test_smoke_run_of_the_a2a_group(tmp_path):
@@ -481,6 +585,26 @@ def _writes_one_checked_result_per_op(smoke_results):
     assert [r["dtype"] for r in results["im2col"][1]["rows"]] == ["bfloat16", "float32"]
     assert [r["dtype"] for r in results["broadcast"][1]["rows"]] == [
         "bfloat16", "float32", "bfloat16"]
+    # Issue 44: the simplest Pallas kernel beside every copy and broadcast
+    # case, checked bit for bit; the convolution through im2col and a GEMM
+    # against cuDNN's and slice-and-concatenate's GEMM.
+    assert all("pallas" in row[regime] for row in copy for regime in ("repeat", "after_write"))
+    assert all("pallas" in row["times"] and row["auto_vs_pallas"] > 0
+               for row in results["broadcast"][1]["rows"])
+    assert sum("pallas" in c for c in results["copy"][1]["checked_bit_exact"]) == len(copy)
+    # (broadcast's inputs hold NaNs, which Pallas's interpreter on jax 0.10
+    # quiets: a comparator's difference, recorded)
+    broadcast = results["broadcast"][1]
+    assert all(f"{row['case']} pallas" in broadcast["checked_bit_exact"]
+               or f"{row['case']} pallas" in broadcast["comparator_differs"]
+               for row in broadcast["rows"])
+    conv = results["im2col"][1]["conv"]
+    assert [(r["dtype"], r["channels_out"]) for r in conv["rows"]] == [("bfloat16", 16),
+                                                                       ("float32", 16)]
+    for row in conv["rows"]:
+        assert set(row["times"]) == set(row["max_error"]) == {
+            "im2col_gemm", "slice_concat_gemm", "xla_conv", "gemm"}
+        assert max(row["max_error"].values()) <= conv["tolerance"][row["dtype"]]
 
 
 def _gather_times_every_case_at_its_dtypes(smoke_results):
@@ -499,6 +623,9 @@ def _gather_times_every_case_at_its_dtypes(smoke_results):
             label = "memcpy ceiling" if name == "memcpy" else name
             assert f"{row['case']}: {label}" in gather["checked_bit_exact"]
         # every jax_tma method at the use case's dtype, auto alone at the others
+        # the Pallas kernel beside the pages, the page set and the rows
+        assert ("pallas" in row["times"]) == (row["key"] in ("pages", "set", "rows 512")), \
+            row["case"]
         ours = {"auto", "tma", "simt"} & set(row["times"])
         assert ours == ({"auto", "tma", "simt"} if row["dtype"] == "bfloat16" or
                         row["kind"] == "scatter add" else {"auto"}) or row["kind"] == "decode step"
@@ -555,13 +682,21 @@ def _results_render_into_the_pages_sections(smoke_results):
     assert "| install | CUDA architectures | FFI API | CUDA runtime |" in text
     assert text.count("| the smoke test's install | `") >= 3  # the build, the wheel's table x2
     assert "- `gather`/`scatter` speed (cpu, GPU busy time" in text  # the limits bullet
+    # the Pallas kernels beside auto (ratios of every case), the convolution
+    assert "The in-JAX peer: the simplest Pallas kernel a user would write" in text
+    assert "| case | dtype | auto | Pallas | auto vs Pallas: busy | span | wall |" in text
+    assert "| auto vs Pallas: busy / span |" in text
+    assert "`auto` vs the simplest Pallas copy (`pallas_kernels.copy` (" in text
+    assert "| input → output channels | `jax_tma.im2col` + GEMM |" in text
+    assert re.search(r"3×3 SAME patches of \(2, 8, 8, 16\) bfloat16; as a convolution", text)
     assert "Blackwell" in text
     # the README's table of ops: one headline each, where and how it was measured
     assert "| [`scatter`](docs/ops/gather.md) | slabs set or added by index, in place | " in text
     assert re.search(r"\| \[`ppermute`\]\(docs/ops/ppermute\.md\) \| .* \| [\d.]+ GB/s per "
-                     r"direction, [\d.]+× `lax\.ppermute` \(NCCL\), by span", text)
+                     r"direction, [\d.]+× `lax\.ppermute` \(NCCL\), [\d.]+× "
+                     r"`cudaMemcpyPeerAsync` \(the link's ceiling\), by span", text)
     assert "Bandwidth counts every byte read plus every byte written" in text
-    assert "XLA comparators whose output differs from the bit-exact reference" not in \
+    assert "whose output differs from the bit-exact reference" not in \
         report.render(results["copy"][1])
 
 

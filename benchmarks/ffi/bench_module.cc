@@ -1,15 +1,21 @@
 // The benchmarks' extension module _jax_tma_bench (built with JAX_TMA_BENCH=ON,
 // never part of a jax_tma wheel): the capsules of the reference targets the
-// benchmarks time jax_tma against, and a raw launch hook of jax_tma's copy
+// benchmarks time jax_tma against, a raw launch hook of jax_tma's copy
 // kernels (the same objects as the product's) for the bulk-pipeline sweep and
-// the GPU tests of addresses that XLA's aligned buffers never have.
+// the GPU tests of addresses that XLA's aligned buffers never have, and the
+// timing of cudaMemcpyPeerAsync between devices (ppermute's link ceiling).
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "bench_reference.h"
 #include "common.h"
@@ -67,6 +73,22 @@ void Synchronize(int device) {
   CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
+// bench::PeerCopyTime as a dict: {"us_per_copy": [per pair], "peer_access":
+// [per pair], "queue_us", "hold_us"}.
+nb::dict PeerCopy(const std::vector<std::pair<int, int>>& pairs, std::size_t nbytes,
+                  int iters) {
+  const jax_tma::bench::PeerCopyTimes t = jax_tma::bench::PeerCopyTime(pairs, nbytes, iters);
+  nb::list us, access;
+  for (double v : t.us_per_copy) us.append(v);
+  for (bool v : t.peer_access) access.append(v);
+  nb::dict d;
+  d["us_per_copy"] = us;
+  d["peer_access"] = access;
+  d["queue_us"] = t.queue_us;
+  d["hold_us"] = t.hold_us;
+  return d;
+}
+
 }  // namespace
 
 NB_MODULE(_jax_tma_bench, m) {
@@ -88,6 +110,9 @@ NB_MODULE(_jax_tma_bench, m) {
         nb::arg("chunks_per_cta") = d.chunks_per_cta, nb::arg("dynamic") = false,
         nb::arg("stream") = 0);
   m.def("synchronize", &Synchronize, nb::arg("device"));
+  // `iters` cudaMemcpyPeerAsync of `nbytes` for each (source, destination)
+  // pair of device ordinals, all pairs at once (bench_reference.h).
+  m.def("peer_copy", &PeerCopy, nb::arg("pairs"), nb::arg("nbytes"), nb::arg("iters"));
   // The shapes jax_tma.copy launches on `device`, for the sweep to rank
   // (bench_tune_bulk.py).
   m.def("shipped_bulk_configs", [](int device) {

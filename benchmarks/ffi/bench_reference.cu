@@ -3,9 +3,14 @@
 // 48 KiB chunk, one cp.async.bulk each way, no pipelining) that the bulk
 // kernel must beat, and a read-only and a write-only stream, whose rates
 // bound what any copy can reach when DRAM serves reads and writes in turn.
+// Besides them, not a target: cudaMemcpyPeerAsync between devices, timed
+// here (the link's ceiling for ppermute).
 #include "bench_reference.h"
 
 #include <algorithm>
+#include <chrono>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 
 #include "cuda/cuda_status.h"
@@ -195,6 +200,154 @@ ffi::Error WriteStreamImpl(cudaStream_t stream, ffi::AnyBuffer x,
 }
 
 }  // namespace
+
+// ---- cudaMemcpyPeerAsync, the link's ceiling (PeerCopyTime) ----------------
+
+namespace bench {
+namespace {
+
+#define JAX_TMA_BENCH_CUDA_OR_THROW(expr)                                        \
+  do {                                                                           \
+    cudaError_t jax_tma_status_ = (expr);                                        \
+    if (jax_tma_status_ != cudaSuccess) {                                        \
+      throw std::runtime_error(                                                  \
+          ::jax_tma::CudaError(#expr, jax_tma_status_, __FILE__, __LINE__).message()); \
+    }                                                                            \
+  } while (0)
+
+// Spins for `ns` of the GPU's global timer. It holds a stream while the host
+// queues the copies behind it, so that they run back to back rather than as
+// fast as the host queues them (a small copy takes less time than queueing
+// one).
+__global__ void HoldStreamKernel(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+// Restores the calling thread's current device on the way out.
+struct CurrentDevice {
+  int saved = 0;
+  CurrentDevice() { cudaGetDevice(&saved); }
+  ~CurrentDevice() { cudaSetDevice(saved); }
+};
+
+// One (source, destination) pair's buffers, stream and events, released on
+// the way out, an error's included (cudaFree waits for the device first).
+struct PeerPair {
+  int src = 0;
+  int dst = 0;
+  void* from = nullptr;  // on src
+  void* to = nullptr;    // on dst
+  cudaStream_t stream = nullptr;  // on src, as are the events
+  cudaEvent_t start = nullptr;
+  cudaEvent_t stop = nullptr;
+
+  PeerPair() = default;
+  PeerPair(const PeerPair&) = delete;
+  PeerPair& operator=(const PeerPair&) = delete;
+  ~PeerPair() {
+    cudaSetDevice(src);
+    if (stop != nullptr) cudaEventDestroy(stop);
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    if (from != nullptr) cudaFree(from);
+    if (to != nullptr) {
+      cudaSetDevice(dst);
+      cudaFree(to);
+    }
+  }
+};
+
+// Lets `from` access `to`'s memory where the hardware can; whether it can.
+// Access that jax_tma or XLA enabled first stays as it is.
+bool EnablePeerAccess(int from, int to) {
+  if (from == to) return true;
+  int can = 0;
+  JAX_TMA_BENCH_CUDA_OR_THROW(cudaDeviceCanAccessPeer(&can, from, to));
+  if (can == 0) return false;
+  JAX_TMA_BENCH_CUDA_OR_THROW(cudaSetDevice(from));
+  const cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
+  if (err == cudaErrorPeerAccessAlreadyEnabled) {
+    cudaGetLastError();  // resets the last error, which this call set
+    return true;
+  }
+  JAX_TMA_BENCH_CUDA_OR_THROW(err);
+  return true;
+}
+
+}  // namespace
+
+PeerCopyTimes PeerCopyTime(const std::vector<std::pair<int, int>>& pairs, std::size_t bytes,
+                           int iters) {
+  if (pairs.empty() || bytes == 0 || iters < 1) {
+    throw std::invalid_argument("_jax_tma_bench.peer_copy: needs a device pair, bytes > 0 and "
+                                "iters >= 1 (got " + std::to_string(pairs.size()) + " pairs, " +
+                                std::to_string(bytes) + " bytes, iters " +
+                                std::to_string(iters) + ")");
+  }
+  const CurrentDevice restore;  // destroyed last: after the pairs' cleanup
+  std::vector<PeerPair> p(pairs.size());
+  PeerCopyTimes out;
+  for (std::size_t k = 0; k < p.size(); ++k) {
+    PeerPair& q = p[k];
+    q.src = pairs[k].first;
+    q.dst = pairs[k].second;
+    const bool there = EnablePeerAccess(q.src, q.dst);
+    const bool back = EnablePeerAccess(q.dst, q.src);
+    out.peer_access.push_back(there && back);
+    JAX_TMA_BENCH_CUDA_OR_THROW(cudaSetDevice(q.dst));
+    JAX_TMA_BENCH_CUDA_OR_THROW(cudaMalloc(&q.to, bytes));
+    JAX_TMA_BENCH_CUDA_OR_THROW(cudaSetDevice(q.src));
+    JAX_TMA_BENCH_CUDA_OR_THROW(cudaMalloc(&q.from, bytes));
+    JAX_TMA_BENCH_CUDA_OR_THROW(cudaMemset(q.from, 0x5a, bytes));
+    JAX_TMA_BENCH_CUDA_OR_THROW(cudaStreamCreateWithFlags(&q.stream, cudaStreamNonBlocking));
+    JAX_TMA_BENCH_CUDA_OR_THROW(cudaEventCreate(&q.start));
+    JAX_TMA_BENCH_CUDA_OR_THROW(cudaEventCreate(&q.stop));
+  }
+  // One copy per pair first, untimed: the link's and the driver's first use.
+  for (PeerPair& q : p) {
+    JAX_TMA_BENCH_CUDA_OR_THROW(
+        cudaMemcpyPeerAsync(q.to, q.dst, q.from, q.src, bytes, q.stream));
+  }
+  for (PeerPair& q : p) JAX_TMA_BENCH_CUDA_OR_THROW(cudaStreamSynchronize(q.stream));
+  // Every stream held for 1 ms plus 20 µs per copy queued (several times what
+  // queueing one takes), then started alike, so that the pairs' copies run
+  // at once.
+  out.hold_us = 1000.0 + 20.0 * static_cast<double>(iters) * static_cast<double>(p.size());
+  for (PeerPair& q : p) {
+    JAX_TMA_BENCH_CUDA_OR_THROW(cudaSetDevice(q.src));
+    HoldStreamKernel<<<1, 1, 0, q.stream>>>(static_cast<uint64_t>(out.hold_us * 1e3));
+    JAX_TMA_BENCH_CUDA_OR_THROW(cudaGetLastError());
+    JAX_TMA_BENCH_CUDA_OR_THROW(cudaEventRecord(q.start, q.stream));
+  }
+  const auto queued = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) {
+    for (PeerPair& q : p) {
+      JAX_TMA_BENCH_CUDA_OR_THROW(
+          cudaMemcpyPeerAsync(q.to, q.dst, q.from, q.src, bytes, q.stream));
+    }
+  }
+  for (PeerPair& q : p) {
+    JAX_TMA_BENCH_CUDA_OR_THROW(cudaSetDevice(q.src));
+    JAX_TMA_BENCH_CUDA_OR_THROW(cudaEventRecord(q.stop, q.stream));
+  }
+  out.queue_us = std::chrono::duration<double, std::micro>(
+                     std::chrono::steady_clock::now() - queued).count();
+  for (PeerPair& q : p) {
+    JAX_TMA_BENCH_CUDA_OR_THROW(cudaEventSynchronize(q.stop));
+    float ms = 0;
+    JAX_TMA_BENCH_CUDA_OR_THROW(cudaEventElapsedTime(&ms, q.start, q.stop));
+    out.us_per_copy.push_back(static_cast<double>(ms) * 1e3 / iters);
+  }
+  return out;
+}
+
+#undef JAX_TMA_BENCH_CUDA_OR_THROW
+
+}  // namespace bench
 }  // namespace jax_tma
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
