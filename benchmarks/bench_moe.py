@@ -623,10 +623,10 @@ def _loops(s: Session, mesh: Mesh, shape: Shape, capacity: int, ids: jax.Array,
 def _check(s: Session, mesh: Mesh, shape: Shape, cases: dict[str, Callable[..., Any]],
            inputs: Sequence[_Inputs], ids_host: Sequence[np.ndarray], capacity: int,
            helpers: dict[str, Callable]) -> dict[str, str]:
-    """Calls each case once on every input set (a dispatch's output feeds its
-    combine's: _continued) and checks its output on the first on each of
-    this process's devices against the references, bit for bit; returns
-    {case: why} of those that raised (on any process)."""
+    """Calls each case once (a dispatch on every input set: its output feeds
+    its combine's, _continued) and checks its output of the first input set
+    on each of this process's devices against the references, bit for bit;
+    returns {case: why} of those that raised (on any process)."""
     devices = list(mesh.devices.flat)
     n, home = len(devices), mesh.local_devices[0]
     local = shape.local(n)
