@@ -56,6 +56,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jax_tma  # noqa: E402
 import processes  # noqa: E402
+# What a case raised, and what the processes told of it: as all_to_all's benchmark says it.
+from bench_all_to_all import _failure, _told  # noqa: E402
 from bench_ppermute import topology  # noqa: E402
 from harness import Benchmark, Session, every_gpu, rotate_all  # noqa: E402
 
@@ -488,22 +490,6 @@ def reference_pair(x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 # ---- one shape ----------------------------------------------------------------------
-
-
-def _failure(e: BaseException) -> str:
-    return " ".join(f"{type(e).__name__}: {e}".split())[:500]
-
-
-def _told(told: dict[int, str]) -> str:
-    """What the processes said of a case (processes.agree), each text once
-    with the processes that said it (none named in one process)."""
-    if jax.process_count() == 1:
-        return "; ".join(told.values())
-    by_text: dict[str, list[str]] = {}
-    for pid, text in told.items():
-        by_text.setdefault(text, []).append(str(pid))
-    return "; ".join(f"process{'es' if len(p) > 1 else ''} {', '.join(p)}: {text}"
-                     for text, p in by_text.items())
 
 
 @dataclasses.dataclass

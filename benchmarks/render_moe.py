@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tables import WALL_MIN_US, Headline
+from tables import WALL_MIN_US, Headline, clocks_text, num_text, ratio_clocks_text
 
 # The family whose code these results measure (report.py's staleness): the
 # MoE ops are compositions of ppermute's exchanges, and of its family.
@@ -54,25 +54,8 @@ LAX_SPEEDUP = 50
 DECODE_SPAN = 2
 
 
-def _num(x: float | None, digits: int = 1) -> str:
-    return "—" if x is None else f"{x:.{digits}f}"
-
-
 def _mb(nbytes: float) -> str:
     return f"{nbytes / 1e6:.1f} MB"
-
-
-def _wall_shown(*times: dict[str, float | None]) -> bool:
-    """Whether these cases' wall clocks mean something (tables.wall_shown,
-    where a clock may be missing: None)."""
-    return all(t.get("wall_us") is not None and t.get("busy_us") is not None
-               and t["busy_us"] >= WALL_MIN_US for t in times)
-
-
-def _us_cell(t: dict[str, float | None]) -> str:
-    """busy / span / wall / loop µs, a missing clock as a dash."""
-    wall = t["wall_us"] if _wall_shown(t) else None
-    return " / ".join(_num(x) for x in (t["busy_us"], t["span_us"], wall, t.get("loop_us")))
 
 
 def _ratio_cell(row: dict[str, Any], key: str) -> str:
@@ -80,8 +63,7 @@ def _ratio_cell(row: dict[str, Any], key: str) -> str:
     if ratio is None:
         return "—"
     a, b = key.split("_vs_")
-    wall = ratio["wall"] if _wall_shown(row["times"][a], row["times"][b]) else None
-    return " / ".join(_num(x, 2) for x in (ratio["busy"], ratio["span"], wall, ratio.get("loop")))
+    return ratio_clocks_text(ratio, row["times"][a], row["times"][b])
 
 
 def _shape_text(row: dict[str, Any]) -> str:
@@ -123,9 +105,9 @@ def render_moe(r: dict[str, Any]) -> str:
             if c in row["failed"]:
                 lines.append(f"| {LABELS[c]} | failed | — | — | — |")
                 continue
-            lines.append(f"| {LABELS[c]} | {_us_cell(row['times'][c])} | "
-                         f"{_num(row['deepep_gbps'][c]['span'])} | "
-                         f"{_mb(row['link_bytes'][c])} | {_num(row['link_gbps'][c]['span'])} |")
+            lines.append(f"| {LABELS[c]} | {clocks_text(row['times'][c])} | "
+                         f"{num_text(row['deepep_gbps'][c]['span'])} | "
+                         f"{_mb(row['link_bytes'][c])} | {num_text(row['link_gbps'][c]['span'])} |")
     ratios = [(k, h) for k, h in RATIOS if any(k in row["ratios"] for row in r["rows"])]
     if ratios:
         lines += ["", "Ratios, busy / span / wall / loop: *A vs B* is B's time ÷ A's (above 1, A "
@@ -190,7 +172,8 @@ def render_targets(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None
             values = [_gbps(row, case, c) for c in ("busy", "span")]
             lines.append(f"| {case} ≥ {target} GB/s per GPU at DeepEP's shape, DeepEP's count "
                          f"(DeepEP: {DEEPEP_GBPS[case]} on 8 × H100) | {mode} | "
-                         f"{' / '.join(_num(v) for v in values)} GB/s | {_met(values, target)} |")
+                         f"{' / '.join(num_text(v) for v in values)} GB/s | "
+                         f"{_met(values, target)} |")
     for shape in ("deepep", "deepep_256"):
         row = _find(one, shape)
         for case in ("dispatch", "combine"):
@@ -198,7 +181,7 @@ def render_targets(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None
             values = [ratio.get(c) if ratio else None for c in ("busy", "span")]
             lines.append(f"| {case} ≥ {LAX_SPEEDUP}× the `lax.ragged_all_to_all` route "
                          f"({shape}) | one process | "
-                         f"{' / '.join(_num(v, 1) for v in values)}× | "
+                         f"{' / '.join(num_text(v, 1) for v in values)}× | "
                          f"{_met(values, LAX_SPEEDUP)} |")
     for mode, r in modes:
         row = _find(r, "decode")
@@ -208,11 +191,11 @@ def render_targets(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None
         values = [1 / ratio[c] if ratio and ratio.get(c) else None for c in ("busy", "span")]
         met = "✓" if values[1] is not None and values[1] <= DECODE_SPAN else "✗"
         times = (row or {}).get("times", {})
-        spans = ", ".join(f"{LABELS[c]} {_num(times[c]['span_us'])} µs by span, "
-                          f"{_num(times[c].get('loop_us'))} by the loop clock"
+        spans = ", ".join(f"{LABELS[c]} {num_text(times[c]['span_us'])} µs by span, "
+                          f"{num_text(times[c].get('loop_us'))} by the loop clock"
                           for c in ("dispatch", "a2a") if c in times)
         lines.append(f"| decode dispatch's span ≤ {DECODE_SPAN}× one `jax_tma.all_to_all` of "
-                     f"the same bytes | {mode} | {' / '.join(_num(v, 2) for v in values)}× "
+                     f"the same bytes | {mode} | {' / '.join(num_text(v, 2) for v in values)}× "
                      f"({spans}) | {met} |")
     return "\n".join(lines)
 
@@ -221,8 +204,8 @@ def _headline(r: dict[str, Any]) -> str:
     row = _find(r, "deepep")
     if row is None or "dispatch" not in row["deepep_gbps"]:
         return f"failed: {(row or {}).get('failed', {}).get('dispatch', 'not measured')}"
-    text = (f"dispatch {_num(_gbps(row, 'dispatch', 'span'))}, combine "
-            f"{_num(_gbps(row, 'combine', 'span'))} GB/s per GPU as DeepEP counts, by span")
+    text = (f"dispatch {num_text(_gbps(row, 'dispatch', 'span'))}, combine "
+            f"{num_text(_gbps(row, 'combine', 'span'))} GB/s per GPU as DeepEP counts, by span")
     ratio = row["ratios"].get("dispatch_vs_lax_dispatch")
     if ratio and ratio.get("span"):
         text += f"; dispatch {ratio['span']:.1f}× the `lax.ragged_all_to_all` route"
