@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tables import MIB, WALL_MIN_US, Headline, range_text, size_text
+from tables import (MIB, WALL_MIN_US, Headline, clocks_text, num_text, range_text,
+                    ratio_clocks_text, size_text)
 
 # The family whose code these results measure (report.py's staleness):
 # all_to_all runs on ppermute's transport, and is of its family.
@@ -43,28 +44,10 @@ _MODES = {
 }
 
 
-def _num(x: float | None, digits: int = 1, suffix: str = "") -> str:
-    return "—" if x is None else f"{x:.{digits}f}{suffix}"
-
-
 def _cases(r: dict[str, Any]) -> list[str]:
     """The cases of the result's rows (measured or failed), in its order."""
     seen = {c for row in r["rows"] for c in [*row["times"], *row["failed"]]}
     return [c for c in r["cases"] if c in seen]
-
-
-def _wall_shown(*times: dict[str, float | None]) -> bool:
-    """Whether these cases' wall clocks mean something (tables.wall_shown,
-    where a clock may be missing: None)."""
-    return all(t.get("wall_us") is not None and t.get("busy_us") is not None
-               and t["busy_us"] >= WALL_MIN_US for t in times)
-
-
-def _us_cell(t: dict[str, float | None]) -> str:
-    """busy / span / wall / loop µs (tables.us_text, a missing clock as a
-    dash)."""
-    wall = t["wall_us"] if _wall_shown(t) else None
-    return " / ".join(_num(x) for x in (t["busy_us"], t["span_us"], wall, t.get("loop_us")))
 
 
 def _ratio_cell(row: dict[str, Any], key: str) -> str:
@@ -74,9 +57,7 @@ def _ratio_cell(row: dict[str, Any], key: str) -> str:
     if ratio is None:
         return "—"
     a, b = key.split("_vs_")
-    wall = ratio["wall"] if _wall_shown(row["times"][a], row["times"][b]) else None
-    return " / ".join(_num(x, 2) for x in (ratio["busy"], ratio["span"], wall,
-                                            ratio.get("loop")))
+    return ratio_clocks_text(ratio, row["times"][a], row["times"][b])
 
 
 def _failures(r: dict[str, Any]) -> list[str]:
@@ -110,7 +91,7 @@ def render_all_to_all(r: dict[str, Any]) -> str:
         "| buffer per GPU | " + " | ".join(LABELS[c] for c in cases) + " |",
         "|---|" + "---|" * len(cases)]
     for row in r["rows"]:
-        cells = ["failed" if c in row["failed"] else _num(row["gbps"].get(c, {}).get("span"))
+        cells = ["failed" if c in row["failed"] else num_text(row["gbps"].get(c, {}).get("span"))
                  for c in cases]
         lines.append(f"| {size_text(row['buffer_bytes'])} | " + " | ".join(cells) + " |")
     ratios = [(k, h) for k, h in RATIOS if any(k in row["ratios"] for row in r["rows"])]
@@ -131,7 +112,7 @@ def render_all_to_all(r: dict[str, Any]) -> str:
               "|---|" + "---|" * len(cases)]
     for row in r["rows"]:
         cells = ["failed" if c in row["failed"] else
-                 _us_cell(row["times"][c]) if c in row["times"] else "—" for c in cases]
+                 clocks_text(row["times"][c]) if c in row["times"] else "—" for c in cases]
         lines.append(f"| {size_text(row['buffer_bytes'])} | " + " | ".join(cells) + " |")
     notes = _failures(r)
     notes += [f"{LABELS[c]} not run: {why}" for c, why in r["not_run"].items()]
@@ -149,11 +130,11 @@ def _headline(r: dict[str, Any]) -> str:
     row = r["rows"][-1]
     if "jax_tma" not in row["gbps"]:
         return f"failed: {row['failed'].get('jax_tma', 'not measured')}"
-    text = f"{_num(row['gbps']['jax_tma']['span'])} GB/s per GPU"
+    text = f"{num_text(row['gbps']['jax_tma']['span'])} GB/s per GPU"
     for key, what in (("jax_tma_vs_nccl", "`lax.all_to_all` (NCCL)"),
                       ("jax_tma_vs_ceiling", "the one-peer ceiling")):
         if key in row["ratios"]:
-            text += f", {_num(row['ratios'][key]['span'], 2)}× {what}"
+            text += f", {num_text(row['ratios'][key]['span'], 2)}× {what}"
     return f"{text}, by span: {size_text(row['buffer_bytes'])} per GPU, bf16, in one process"
 
 

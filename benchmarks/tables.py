@@ -42,10 +42,32 @@ class Plot:
     draw: Callable[[Any, dict[str, Any]], None]  # (matplotlib Axes, the result)
 
 
-def wall_shown(*times: dict[str, float]) -> bool:
-    """Whether these cases' wall clocks mean something: measured, and every
-    case takes at least WALL_MIN_US of GPU busy time."""
-    return all("wall_us" in t and t["busy_us"] >= WALL_MIN_US for t in times)
+def wall_shown(*times: dict[str, float | None]) -> bool:
+    """Whether these cases' wall clocks mean something: measured (a missing
+    clock may be absent or None), and every case takes at least WALL_MIN_US
+    of GPU busy time."""
+    return all(t.get("wall_us") is not None and t.get("busy_us") is not None
+               and t["busy_us"] >= WALL_MIN_US for t in times)
+
+
+def num_text(x: float | None, digits: int = 1, suffix: str = "") -> str:
+    """x with `digits` decimals and `suffix`, or a dash where it is missing."""
+    return "—" if x is None else f"{x:.{digits}f}{suffix}"
+
+
+def clocks_text(t: dict[str, float | None]) -> str:
+    """busy / span / wall / loop µs (us_text's, and the loop clock; a missing
+    clock as a dash)."""
+    wall = t["wall_us"] if wall_shown(t) else None
+    return " / ".join(num_text(x) for x in (t["busy_us"], t["span_us"], wall, t.get("loop_us")))
+
+
+def ratio_clocks_text(ratio: dict[str, float | None], *times: dict[str, float | None]) -> str:
+    """busy / span / wall / loop of a ratio of two cases (`times`: theirs), the
+    wall where wall_shown(*times)."""
+    wall = ratio["wall"] if wall_shown(*times) else None
+    return " / ".join(num_text(x, 2) for x in (ratio["busy"], ratio["span"], wall,
+                                                ratio.get("loop")))
 
 
 def us_text(t: dict[str, float]) -> str:

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 import jax_tma
-from reference import assert_bits_equal, into_poison, random_array
+from reference import (assert_bits_equal, into_poison, moe_combine_reference,
+                       moe_dispatch_reference, random_array)
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _BENCHMARKS = os.path.join(_ROOT, "benchmarks")
@@ -529,6 +530,188 @@ def test_a2a_ragged_plans_and_references():
     # position 1 gets rows 1-3 of block 0, then rows 2-3 of block 1
     np.testing.assert_array_equal(got, np.concatenate([blocks[0][1:4], blocks[1][2:4]]))
     assert a2a.wall_calls(1 << 20) == 100 and a2a.wall_calls(16 << 20) == 20
+
+
+def test_smoke_run_of_the_ep_group(tmp_path):
+    """`run.py ep`: moe_processes first (two workers under jax.distributed,
+    one host device each), then moe (one process, two host devices): every
+    shape, every case checked bit for bit on each device or recorded as
+    failed (the lax.ragged_all_to_all route: XLA:CPU has no
+    ragged-all-to-all), the loop clock at the decode shape, the results
+    rendered with the targets."""
+    import bench_moe
+
+    run = _run_py("ep", "--smoke", "--allow-dirty", "--out-dir", str(tmp_path),
+                  XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    elapsed = run.stdout.split("== elapsed ==")[1]
+    assert elapsed.index("moe_processes") < elapsed.index("moe ")
+    results = report.load_results(str(tmp_path))
+    assert sorted(results) == ["moe", "moe_processes"]
+    for op, (path, r) in results.items():
+        assert r["smoke"] and r["dtype"] == "bfloat16" and r["n"] == 2
+        assert "as DeepEP counts them" in r["bytes_convention"]
+        assert r["repetitions"] == 3 and not r["quick"]
+        assert [row["shape"] for row in r["rows"]] == ["deepep", "deepep_256", "decode"]
+        assert [row["experts"] for row in r["rows"]] == [32, 256, 32]
+        for row in r["rows"]:
+            assert set(row["times"]) | set(row["failed"]) == set(bench_moe.CASES), op
+            assert set(row["failed"]) == set(bench_moe.SPARSE), op
+            assert len(row["runs"]) == 3 and row["sparse_run"] is None
+            token = row["hidden"] * 2
+            assert row["deepep_bytes"]["dispatch"] == sum(row["recv_pairs"]) / 2 * token
+            assert row["deepep_bytes"]["pair"] == 2 * row["deepep_bytes"]["combine"]
+            assert row["deepep_bytes"]["a2a"] == 2 * row["tokens"] * token
+            assert {"dispatch_vs_dense_dispatch", "dispatch_vs_a2a"} <= set(row["ratios"])
+            assert set(row["ratios"]["dispatch_vs_a2a"]) == {"busy", "span", "wall", "loop"}
+            looped = row["shape"] == "decode"
+            assert set(row["loop_us"]) == (set(row["times"]) if looped else set())
+            assert all(((row["times"][c]["loop_us"] or 0) > 0) == looped for c in row["times"])
+            for case in bench_moe.CASES[:7]:
+                for device in (0, 1):
+                    label = f"{case} {row['shape']}: device {device}"
+                    assert any(c.endswith(label) for c in r["checked_bit_exact"]), label
+            assert not r["comparator_differs"]
+        assert any(x.startswith("jax_tma.ragged_all_to_all: jax_tma_ragged_all_to_all")
+                   for x in r["lowerings"]), r["lowerings"]
+        assert not any(": lax." in x for x in r["lowerings"]), r["lowerings"]
+        text = report.render(r, path)
+        assert "(smoke run: measures nothing)" in text
+        assert "| case | µs per call | GB/s per GPU (DeepEP's count) | NVLink per GPU |" in text
+        assert re.search(r"\| `moe_dispatch` \| [\d.]+ / [\d.]+ / [\d.—]+ / — \|", text), text
+        assert "`lax.ragged_all_to_all` route: dispatch failed (deepep, deepep_256, decode)" \
+            in text
+    processes = results["moe_processes"][1]
+    assert processes["processes"] == 2 and set(processes["rows"][0]["peer_busy_us"])
+    assert any("process link between 2 devices of 2 processes" in x
+               for x in processes["lowerings"])
+    page = "".join(f"<!-- bench:{s} -->\nold\n<!-- /bench:{s} -->\n"
+                   for s in ("moe", "moe-targets"))
+    text = report.render_sections(page, results)
+    assert "| target | mode | measured (busy / span) | met |" in text
+    assert "| dispatch ≥ 300 GB/s per GPU at DeepEP's shape" in text
+    assert "one process per GPU |" in text and "old" not in text
+
+
+def test_moe_times_the_lax_route_where_it_runs(monkeypatch):
+    # XLA:CPU has no ragged-all-to-all: jax_tma.ragged_all_to_all, its bit-exact
+    # twin, stands in, so that the route's sort, offsets and permutes run and
+    # are checked against the contract; a wrong one is recorded, not fatal.
+    import bench_moe
+    import render_moe
+
+    monkeypatch.setattr(bench_moe, "lax_ragged_all_to_all", jax_tma.ragged_all_to_all)
+    monkeypatch.setattr(bench_moe, "SMOKE_SHAPES", bench_moe.SMOKE_SHAPES[-1:])  # decode
+    s = harness.Session(smoke=True, refs=None)
+    r = bench_moe.bench_moe(s, quick=True)
+    (row,) = r["rows"]
+    assert not row["failed"] and set(row["times"]) == set(bench_moe.CASES)
+    assert set(row["sparse_run"]["cases"]) == set(bench_moe.SPARSE)
+    assert row["sparse_run"]["protocol"]["wall"] is None
+    assert row["sparse_run"]["protocol"]["counted_calls_per_case"] == bench_moe.SPARSE_ROUNDS
+    assert set(row["loop_us"]) == set(bench_moe.CASES)
+    for case in bench_moe.SPARSE:
+        for device in (0, 1):
+            assert f"{case} decode: device {device}" in s.checked
+    assert not s.differs
+    assert row["link_bytes"]["lax_dispatch"] == sum(row["link_choices"]) / 2 * row["hidden"] * 2
+    assert {"dispatch_vs_lax_dispatch", "combine_vs_lax_combine", "pair_vs_lax_pair"} <= \
+        set(row["ratios"])
+    text = render_moe.render_moe(r)
+    assert "both vs the `lax.ragged_all_to_all` route" in text and "failed" not in text
+    targets = render_moe.render_targets({"moe": ("moe.json", r)})
+    assert re.search(r"\| decode dispatch's span ≤ 2× one `jax_tma.all_to_all` of the same "
+                     r"bytes \| one process \| [\d.]+ / [\d.]+× \(`moe_dispatch` [\d.]+ µs by "
+                     r"span, [\d.]+ by the loop clock, `jax_tma.all_to_all` of n·T rows [\d.]+ "
+                     r"µs by span, [\d.]+ by the loop clock\) \| (✓|✗) \|", targets), targets
+    assert ("| dispatch ≥ 50× the `lax.ragged_all_to_all` route (deepep) | one process | — / —× "
+            "| ✗ |") in targets  # no such shape in this result
+
+    right = bench_moe.expert_major
+    monkeypatch.setattr(bench_moe, "expert_major", lambda here, rows: right(here, rows)[::-1])
+    s = harness.Session(smoke=True, refs=None)
+    bench_moe.bench_moe(s, quick=True)
+    assert {"lax_dispatch decode: device 0", "lax_pair decode: device 1"} <= set(s.differs)
+
+
+def test_moe_references_are_the_contract():
+    # What bench_moe checks every case against, made on one device from every
+    # position's inputs, is tests/reference.py's contract of moe_dispatch and
+    # moe_combine (the experts adding their shift), and the dense route's
+    # buffer holds each expert's rows in its slots.
+    import bench_moe
+
+    n, shape = 2, bench_moe.Shape("t", 6, 16, 3, 8, False, "")
+    tokens, k, experts, local = shape.tokens, shape.k, shape.experts, shape.local(2)
+    cpu = jax.devices()[0]
+    ids = np.stack([bench_moe.routing(shape, p) for p in range(n)])
+    assert all(len(set(row)) == k for row in ids.reshape(-1, k))  # distinct experts
+    xs = np.stack([np.asarray(bench_moe.tokens(cpu, shape, 7, p)) for p in range(n)])
+    w = np.stack([bench_moe.weights(shape, 7, p) for p in range(n)])
+    want, sizes, _, placed = moe_dispatch_reference(xs.reshape(n * tokens, -1),
+                                                    ids.reshape(n * tokens, k), n, experts)
+    rows = n * tokens * k
+    y = np.zeros((n * rows, shape.hidden), np.float32)
+    for p in range(n):
+        recv, group_sizes = bench_moe.reference_recv(xs, ids, p, local)
+        assert_bits_equal(np.asarray(recv)[:len(want[p])], want[p])
+        assert not np.asarray(recv, np.float32)[len(want[p]):].any()
+        np.testing.assert_array_equal(group_sizes, sizes[p])
+        expert = np.repeat(np.arange(local) + p * local, sizes[p])
+        y[p * rows:p * rows + len(want[p])] = want[p].astype(np.float32) + expert[:, None] % 5 - 2
+        capacity = 3
+        dense = np.asarray(bench_moe.reference_dense(xs, ids, p, local, capacity), np.float32)
+        dense = dense.reshape(n, local, capacity, -1)
+        for s in range(n):
+            for e in range(local):
+                hits = np.argwhere(ids[s] == p * local + e)[:capacity]  # (token, choice) order
+                np.testing.assert_array_equal(dense[s, e, :len(hits)], xs[s][hits[:, 0]])
+                assert not dense[s, e, len(hits):].any()
+    combined = moe_combine_reference(y.astype(xs.dtype), w.reshape(n * tokens, k), placed, n)
+    got = np.concatenate([bench_moe.reference_combine(xs[p], ids[p], w[p]) for p in range(n)])
+    assert_bits_equal(got, combined)
+    assert_bits_equal(np.concatenate([bench_moe.reference_pair(xs[p], w[p]) for p in range(n)]),
+                      (xs.reshape(n * tokens, -1).astype(np.float32)
+                       * w.reshape(n * tokens, k).sum(1)[:, None]).astype(xs.dtype))
+
+
+def test_moe_routes_permutes_and_counts():
+    import bench_moe
+
+    rng = np.random.default_rng(0)
+    for n, local in ((2, 3), (4, 1), (3, 4)):
+        here = jnp.asarray(rng.integers(0, 4, (n, local)), jnp.int32)
+        total, rows = int(here.sum()), int(here.sum()) + 5
+        to_expert = np.asarray(bench_moe.expert_major(here, rows))
+        to_source = np.asarray(bench_moe.source_major(here, rows))
+        assert sorted(to_expert[:total]) == list(range(total)) and (to_expert[total:] == rows).all()
+        np.testing.assert_array_equal(to_source[to_expert[:total]], np.arange(total))
+        # expert-major: expert by expert, each its sources' rows in source order
+        at = np.concatenate([[0], np.cumsum(np.asarray(here).reshape(-1))])
+        order = [r for e in range(local) for s in range(n)
+                 for r in range(at[s * local + e], at[s * local + e + 1])]
+        assert to_expert[:total].tolist() == order
+    # Two devices, two experts each: what a routing sends and receives.
+    shape = bench_moe.Shape("t", 2, 8, 2, 4, False, "")
+    c = bench_moe.counts(shape, [np.array([[0, 1], [0, 2]]), np.array([[3, 2], [1, 3]])])
+    assert c == {"recv_pairs": [3, 3], "link_pairs": [1, 1], "recv_choices": [4, 4],
+                 "link_choices": [1, 1], "capacity": 2}
+    deepep, link = bench_moe.nbytes(shape, 2, c)
+    assert deepep["dispatch"] == 3 * 16 and deepep["pair"] == 6 * 16 and deepep["a2a"] == 4 * 16
+    assert link["dispatch"] == 32 and link["combine"] == 8 + 16  # (16 B + 2 slots) padded; w out
+    assert link["dense_dispatch"] == 2 * 2 * 16 and link["lax_pair"] == 2 * 16
+
+
+def test_the_moe_command_line_is_run_pys(monkeypatch):
+    # bench_moe.py as a script: run.py's options, --processes picks the process mode.
+    import bench_moe
+    import run
+
+    seen = []
+    monkeypatch.setattr(run, "main", lambda argv: seen.append(argv) or 0)
+    assert bench_moe.main(["--processes", "--quick", "--smoke"]) == 0
+    assert bench_moe.main(["--out-dir", "x"]) == 0
+    assert seen == [["moe_processes", "--quick", "--smoke"], ["moe", "--out-dir", "x"]]
 
 
 def test_ppermute_processes_sets_no_one_gpu_ceiling_beside_blocks_across_gpus():
