@@ -291,13 +291,14 @@ class Benchmark:
 
 def write_result(result: dict[str, Any], out_dir: str) -> str:
     """Writes `result` as <op>_<devices>_<date>.json under `out_dir`,
-    replacing the op's earlier result files there; returns the path."""
+    replacing the op's earlier result files of the same devices there (those
+    of other GPUs stay: benchmarks/report.py renders each); returns the path."""
     os.makedirs(out_dir, exist_ok=True)
     prov = result["provenance"]
     name = f"{result['op']}_{prov['device_tag']}_{prov['date'][:10]}.json"
     # The op's own files, by the op they record: a name's prefix would also
     # take those of an op that extends it (ppermute_processes for ppermute).
-    for old in glob.glob(os.path.join(out_dir, f"{result['op']}_*.json")):
+    for old in glob.glob(os.path.join(out_dir, f"{result['op']}_{prov['device_tag']}_*.json")):
         with open(old) as f:
             recorded = json.load(f).get("op")
         if recorded == result["op"] and os.path.basename(old) != name:

@@ -79,23 +79,40 @@ PYPROJECT_BUILD = ("build-system", "tool.scikit-build")
 # The untracked files that are sources (a new file not yet added to git is
 # code of the checkout); others (a build's module, an editor's file) are not.
 _SOURCE_FILE = re.compile(r"\.(py|c|cc|cpp|cu|cuh|h|hpp|inc|map|cmake|toml)$|(^|/)CMakeLists\.txt$")
-_SECTION = re.compile(r"(<!-- bench:(?P<op>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=op) -->)",
+_SECTION = re.compile(r"(<!-- bench:(?P<op>[\w@.-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=op) -->)",
                       re.S)
 
 
 def load_results(results_dir: str) -> dict[str, tuple[str, dict[str, Any]]]:
     """op -> (path relative to the checkout, result) of every JSON file in
-    `results_dir`; two files of one op are an error."""
+    `results_dir`: one result per op and GPU kind. The first file of an op
+    (by name) is the op's, rendered by its `bench:<op>` sections; another
+    GPU's is `<op>@<its GPUs>` (the middle of the file's name:
+    copy_h200_2026-11-28.json is copy@h200), rendered by `bench:<op>@<GPUs>`
+    sections. Two files of one op and GPU kind are an error."""
     out: dict[str, tuple[str, dict[str, Any]]] = {}
     for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
         with open(path) as f:
             result = json.load(f)
         rel = os.path.relpath(path, ROOT)
         op = result["op"]
-        if op in out:
-            raise ValueError(f"two results for {op}: {out[op][0]} and {rel} (keep one)")
-        out[op] = (rel, result)
+        key = op if op not in out else f"{op}@{_gpus_of(rel, op)}"
+        if key in out or (key != op and _gpus_of(out[op][0], op) == _gpus_of(rel, op)):
+            raise ValueError(f"two results for {key}: {out.get(key, out[op])[0]} and {rel} "
+                             f"(keep one)")
+        out[key] = (rel, result)
     return out
+
+
+def _gpus_of(path: str, op: str) -> str:
+    """The GPUs part of a result file's name (<op>_<GPUs>_<date>.json)."""
+    name = os.path.basename(path)[:-len(".json")]
+    return name[len(op) + 1:].rpartition("_")[0]
+
+
+def base_op(key: str) -> str:
+    """The op of a results key (`copy@h200` -> `copy`)."""
+    return key.partition("@")[0]
 
 
 def check_results(results: dict[str, tuple[str, dict[str, Any]]],
@@ -708,14 +725,14 @@ def render_sections(text: str, results: dict[str, tuple[str, dict[str, Any]]]) -
         op = m["op"]
         if op in DERIVED:
             body = DERIVED[op](results) or f"No results at this commit to draw `{op}` from."
-        elif op not in RENDERERS:
+        elif base_op(op) not in RENDERERS:
             raise ValueError(f"section bench:{op}: no such benchmark")
         elif op in results:
             body = render(results[op][1], results[op][0])
         else:
             body = (f"No `{op}` result at this commit: "
-                    + _WRITTEN_BY.get(op, "`python benchmarks/run.py all --out-dir "
-                                          "benchmarks/results`") + " writes it.")
+                    + _WRITTEN_BY.get(base_op(op), "`python benchmarks/run.py all --out-dir "
+                                                   "benchmarks/results`") + " writes it.")
         return f"{m.group(1)}{body}\n{m.group(4)}"
     return _SECTION.sub(section, text)
 

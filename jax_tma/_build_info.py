@@ -25,9 +25,9 @@ def build_info() -> dict[str, Any]:
       ``jax_version`` and ``gpus``: per visible CUDA device its id, name,
       compute capability, whether TMA is usable (compute capability >= 9.0;
       on older GPUs ``method="auto"`` takes the SIMT kernels, with the same
-      results) and ``plans_from``: the GPU the tuned plans it runs were
-      measured on (the measured GPU nearest to it in peak memory bandwidth;
-      None for another process's GPU).
+      results) and ``plans_from``: the GPU whose tuned plans it runs (that
+      GPU itself where the plans were tuned on it, else the nearest such GPU
+      in peak memory bandwidth; None for another process's GPU).
 
     Examples:
       >>> import jax_tma
@@ -61,7 +61,7 @@ def build_info() -> dict[str, Any]:
 
 
 def _plans_from(ext, device) -> str | None:
-    """The measured GPU whose plans `device` runs: None where this process
+    """The GPU whose tuned plans `device` runs: None where this process
     cannot query it (another process's, or a build without CUDA)."""
     if device.process_index != jax.process_index() or not hasattr(ext, "device_plan"):
         return None

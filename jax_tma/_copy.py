@@ -32,10 +32,9 @@ def copy(x: jax.Array | np.ndarray, *, method: CopyMethod = "auto") -> jax.Array
     derivative is the identity), ``shard_map`` and on sharded arrays (every
     dimension may be split; the partitioned program has no collectives).
 
-    ``method="auto"`` takes the SIMT copy at every size, on every GPU: it
-    ran as fast as the TMA bulk copy's best pipeline shape on an H100 and
-    faster on an H200 (measured 2026-11-28; ``method="tma"`` runs the bulk
-    copy).
+    ``method="auto"`` takes the SIMT copy at every size, on every GPU: on
+    an H100 it is as fast as the TMA bulk copy, on an H200 faster (the op's
+    page has the numbers); ``method="tma"`` runs the bulk copy.
 
     Args:
       x: an array of any dtype (bool, integers, floats including bfloat16

@@ -988,9 +988,11 @@ _FASTEST_CLAIM = re.compile(r"auto\W[^.]{0,120}?\b(pick|take|choose|select)s?\b[
 
 
 def _auto_beaten(results) -> list[str]:
+    """Where a forced method beat `auto` in the committed results, on any GPU."""
     out = []
-    for op, rows in _TIMED_METHODS.items():
-        for case, times in rows(results[op][1]) if op in results else ():
+    for op, (_, result) in results.items():
+        rows = _TIMED_METHODS.get(report.base_op(op))
+        for case, times in rows(result) if rows else ():
             for method, t in times.items():
                 if _FORCED.fullmatch(method) and all(
                         t[c] < _BEAT * times["auto"][c] for c in ("busy_us", "span_us")):
@@ -1496,10 +1498,23 @@ def test_every_measured_number_of_a_page_is_rendered():
                        + "\n".join(found))
 
 
-def test_report_refuses_two_results_of_one_op(tmp_path):
-    for name in ("copy_a_2026-01-01.json", "copy_b_2026-01-02.json"):
+def test_report_refuses_two_results_of_one_op_on_one_gpu(tmp_path):
+    for name in ("copy_h100_2026-01-01.json", "copy_h100_2026-01-02.json"):
         (tmp_path / name).write_text(json.dumps({"op": "copy"}))
     with pytest.raises(ValueError, match="two results for copy"):
+        report.load_results(str(tmp_path))
+
+
+def test_report_keys_another_gpus_result_by_its_gpus(tmp_path):
+    for name in ("copy_h100_2026-01-01.json", "copy_h200_2026-01-02.json",
+                 "copy_2x-h200_2026-01-02.json"):
+        (tmp_path / name).write_text(json.dumps({"op": "copy"}))
+    results = report.load_results(str(tmp_path))
+    assert sorted(results) == ["copy", "copy@h100", "copy@h200"]
+    assert results["copy"][0].endswith("copy_2x-h200_2026-01-02.json")
+    assert report.base_op("copy@h200") == "copy"
+    (tmp_path / "copy_h200_2026-01-03.json").write_text(json.dumps({"op": "copy"}))
+    with pytest.raises(ValueError, match="two results for copy@h200"):
         report.load_results(str(tmp_path))
 
 
@@ -1514,6 +1529,12 @@ def test_write_result_replaces_only_the_same_ops_results(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["broadcast-ncu_h100_2026-01-01.json",
                                             "broadcast_h100_2026-01-02.json",
                                             "broadcast_more_h100_2026-01-01.json"]
+    # another GPU's result stays beside it
+    harness.write_result(dict(result("broadcast", "2026-01-03T00:00:00"),
+                              provenance={"device_tag": "h200", "date": "2026-01-03T00:00:00"}),
+                         str(tmp_path))
+    assert "broadcast_h100_2026-01-02.json" in os.listdir(tmp_path)
+    assert "broadcast_h200_2026-01-03.json" in os.listdir(tmp_path)
 
 
 def test_a_tree_stamp_names_the_files_changed_since(tmp_path, monkeypatch):

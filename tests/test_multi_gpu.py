@@ -404,26 +404,30 @@ def test_moe_dispatch_and_combine_match_the_reference(mesh, rng, capacity):
 def test_moe_layer_grads_on_gpus_match_the_host_devices(mesh, rng):
     """grad of a layer (top-2 routing, ragged_dot experts) on 2 GPUs and on
     2 host devices: the same within float32 rounding (the weights'
-    cotangents are dot products, which XLA sums in its own order). The dots
-    run in full float32: XLA's GPU default for a float32 dot is TF32, whose
-    10-bit mantissa alone moved a gradient by 1e-3 relative on 2 x H200."""
+    cotangents are dot products, which XLA sums in its own order): 1e-4
+    relative, the contract's bound for a layer against the dense one. Every
+    dot names full float32 precision: XLA's GPU default for a float32 dot
+    is TF32, whose 10-bit mantissa moved a gradient by 1e-3 relative on
+    2 x H200, and a default_matmul_precision context left 3e-4 (ragged_dot's
+    own dots)."""
     tokens, dim, experts = 32, 64, 8
     x = rng.standard_normal((2 * tokens, dim)).astype(np.float32)
     w_router = rng.standard_normal((dim, experts)).astype(np.float32)
     w_experts = (rng.standard_normal((experts, dim, dim)) / 8).astype(np.float32)
 
+    full = jax.lax.Precision.HIGHEST
+
     def layer(x, w_router, w_experts):
-        gates, ids = jax.lax.top_k(jax.nn.softmax(x @ w_router), 2)
+        gates, ids = jax.lax.top_k(jax.nn.softmax(jax.numpy.dot(x, w_router, precision=full)), 2)
         recv, plan = jax_tma.moe_dispatch(x, ids, num_experts=experts, axis_name="x")
-        y = jax.numpy.tanh(jax.lax.ragged_dot(recv, w_experts, plan.group_sizes))
+        y = jax.numpy.tanh(jax.lax.ragged_dot(recv, w_experts, plan.group_sizes, precision=full))
         return jax_tma.moe_combine(y, plan, gates)
 
     def grads(pair):
         f = jax.shard_map(layer, mesh=pair, in_specs=(P("x"), P(), P("x")), out_specs=P("x"))
-        with jax.default_matmul_precision("float32"):
-            return jax.jit(jax.grad(lambda *a: (f(*a) ** 2).sum(), argnums=(0, 1, 2)))(
-                x, w_router, w_experts)
+        return jax.jit(jax.grad(lambda *a: (f(*a) ** 2).sum(), argnums=(0, 1, 2)))(
+            x, w_router, w_experts)
 
     host = Mesh(np.array(jax.devices("cpu")[:2]), ("x",), axis_types=(AxisType.Auto,))
     for got, want in zip(grads(_moe_pair(mesh)), grads(host)):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
