@@ -31,7 +31,8 @@
 #            of those names (harness.Benchmark.group): ncu's profiles and
 #            those of two GPUs (multi also runs test_multi_gpu.py, the
 #            exchanges replayed from command buffers in
-#            test_command_buffers.py, and memcheck over test_multi_gpu.py's
+#            test_command_buffers.py, the processes on GPUs of their own in
+#            test_ppermute_processes.py, and memcheck over test_multi_gpu.py's
 #            memcheck-marked tests).
 # Logs under $OUT, the benchmarks' result JSON and log in
 # $OUT/bench_<ops>.tgz and the sanitizers' result JSON in
@@ -336,14 +337,17 @@ for stage in "${stages[@]}"; do
     ;;
   multi)
     # Two or more GPUs: the multi-GPU tests (and the exchanges' command-buffer
-    # replay), memcheck over those marked for it, and the benchmarks of
-    # run.py's group multi (their results record nvidia-smi topo -m).
-    nvidia-smi topo -m
+    # replay, and the processes of test_ppermute_processes.py on GPUs of their
+    # own), memcheck over those marked for it, and the benchmarks of run.py's
+    # group multi (their results record nvidia-smi topo -m, as topology.txt
+    # records it beside the tests' log).
+    nvidia-smi topo -m | tee "$OUT/topology.txt"
     # A test that the topology rules out (one that needs a GPU pair without
     # peer access, on a host where every pair has it) skips with its reason,
     # which goes to the summary.
-    JAX_TMA_REQUIRE_GPU=1 JAX_TMA_REQUIRE_MULTI_GPU=1 timeout 300 python3 -P -m pytest \
+    JAX_TMA_REQUIRE_GPU=1 JAX_TMA_REQUIRE_MULTI_GPU=1 timeout 420 python3 -P -m pytest \
       tests/test_multi_gpu.py tests/test_command_buffers.py::test_exchanges_replay_from_command_buffers \
+      tests/test_ppermute_processes.py::test_processes_on_gpus_of_their_own \
       -q -rfEs -p no:cacheprovider > "$OUT/multi_tests.log" 2>&1
     rc=$?
     tail -15 "$OUT/multi_tests.log"

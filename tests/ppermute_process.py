@@ -1,8 +1,9 @@
 """One process of tests/test_ppermute_processes.py: process `pid` of `count`
 under jax.distributed with a local coordinator, with 2 host devices
-(PLATFORM cpu, the default) or the one GPU that all the processes share
-(gpu); prints the jax_tma debug log, then "process PID: ok" or the error it
-expects.
+(PLATFORM cpu, the default), the one GPU that all the processes share
+(gpu), or one GPU each (gpus: the caller gives each process its own in
+CUDA_VISIBLE_DEVICES); prints the jax_tma debug log, then "process PID: ok"
+or the error it expects.
 
     usage: python tests/ppermute_process.py MODE PID COUNT PORT SEED [PLATFORM]
 
@@ -29,12 +30,16 @@ MODE:
          rows and offsets every iteration; then a call whose recv_sizes
          differ from what a device of another process sends, which fails
          naming both, and the same call site again with valid sizes.
+  moe    jax_tma.moe_dispatch and moe_combine over the global mesh (masked
+         ids, dropless and with a capacity that drops), recv row for row,
+         group sizes, drops and combine's sums bit for bit against the NumPy
+         reference, fresh tokens and routing every iteration.
   intruded  40 calls around the ring, bit for bit, while a process of the
          test (no part of the job) forges connections to this one's link
          (the folder JAX_TMA_TEST_INTRUSION_DIR is where they meet): each is
          logged once at WARNING, and no descriptor it passed, nor any
          connection, stays open here.
-  (GPU only; after a first call that every process makes:)
+  (GPU only, gpu or gpus; after a first call that every process makes:)
   replay jitted loops of 128 ppermutes and of 200 all_to_alls replay from
          XLA's command buffers: bit-exact, with fewer handler calls than
          loop iterations.
@@ -63,7 +68,8 @@ if platform == "cpu":
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     os.environ["JAX_PLATFORMS"] = "cpu"
 else:
-    os.environ["JAX_PLATFORMS"] = "cuda"
+    # The moe mode's reference rounds on the host: XLA's conversion on the CPU.
+    os.environ["JAX_PLATFORMS"] = "cuda,cpu" if mode == "moe" else "cuda"
     # Command buffers for graphs of any size: the replay mode's loop body
     # holds two thunks.
     os.environ["XLA_FLAGS"] = "--xla_gpu_graph_min_graph_size=1"
@@ -141,6 +147,8 @@ def main():
         run_exchanges()
     elif mode == "ragged":
         run_ragged()
+    elif mode == "moe":
+        run_moe()
     elif mode == "replay":
         run_replay()
     elif mode == "cycles":
@@ -163,7 +171,7 @@ def run_checks():
         check(mesh_1d, "i", ring, dtype, (n * 3, 5), iterations=3)
     for rows in (0, 1, 7, 1 << 20):  # 0 B, 20 B, 140 B and 20 MiB blocks
         check(mesh_1d, "i", ring, np.float32, (n * rows, 5), iterations=1)
-    if platform == "gpu" and count == 2:  # 1 GiB + 3 B per GPU
+    if platform != "cpu" and count == 2:  # 1 GiB + 3 B per GPU
         check(mesh_1d, "i", ring, np.uint8, (n * ((1 << 30) + 3),), iterations=1)
     partial = [(0, n - 1), (n - 1, 1)] if n > 2 else [(0, 1)]
     check(mesh_1d, "i", partial, np.int16, (n * 7,), iterations=2)
@@ -281,6 +289,49 @@ def run_ragged():
     want = ragged_reference(operand, output, *index, n)
     for shard in got.addressable_shards:
         assert_bits_equal(shard.data, want[shard.index])
+
+
+def run_moe():
+    """Tokens carry their random bits through dispatch (row for row against
+    the reference), then normal values that combine sums (no subnormal
+    sum), as tests/test_multi_gpu.py checks them in one process."""
+    from reference import moe_combine_reference, moe_dispatch_reference
+
+    tokens, k, width, experts = 48, 4, 64, 2 * n
+    spec = NamedSharding(mesh_1d, P("i"))
+    put = lambda a: jax.make_array_from_callback(a.shape, spec, lambda i: a[i])  # noqa: E731
+    rng = np.random.default_rng([seed, 43])
+    for capacity in (None, 20):
+        def body(x, ids, weights, capacity=capacity):
+            recv, plan = jax_tma.moe_dispatch(x, ids, num_experts=experts, axis_name="i",
+                                              capacity=capacity)
+            out = jax_tma.moe_combine(recv[:, width:], plan, weights)
+            return recv, plan.group_sizes, plan.dropped, out
+
+        f = jax.jit(jax.shard_map(body, mesh=mesh_1d, in_specs=P("i"), out_specs=P("i")))
+        for _ in range(2):
+            ids = rng.integers(-1, experts, (n * tokens, k)).astype(np.int32)
+            bits = random_array(rng, (n * tokens, width), jax.numpy.bfloat16)
+            values = rng.standard_normal((n * tokens, width)).astype(jax.numpy.bfloat16)
+            weights = rng.standard_normal((n * tokens, k)).astype(np.float32)
+            x = np.concatenate([bits, values], axis=1)
+            recv, sizes, dropped, out = f(put(x), put(ids), put(weights))
+            want, want_sizes, want_dropped, placed = moe_dispatch_reference(
+                x, ids, n, experts, capacity)
+            # The rows past each device's received total are unspecified:
+            # zeros here, which combine never reads.
+            per_device = recv.shape[0] // n
+            y = np.zeros((n, per_device, width), x.dtype)
+            for d in range(n):
+                y[d, :len(want[d])] = want[d][:, width:]
+            want_out = moe_combine_reference(y.reshape(-1, width), weights, placed, n)
+            for shard in recv.addressable_shards:
+                d = shard.index[0].start // per_device
+                assert_bits_equal(np.asarray(shard.data)[:len(want[d])], want[d])
+            for got, want_all in ((sizes, want_sizes.reshape(-1)), (dropped, want_dropped),
+                                  (out, want_out)):
+                for shard in got.addressable_shards:
+                    assert_bits_equal(shard.data, want_all[shard.index])
 
 
 def run_replay():

@@ -305,7 +305,7 @@ def assert_no_collectives(hlo_text: str) -> None:
 
 
 def cpu_device():
-    return jax.devices("cpu")[0]
+    return jax.local_devices(backend="cpu")[0]
 
 
 def cpu_mesh(shape, names, axis_type=None):

@@ -365,21 +365,17 @@ def test_ragged_all_to_all_traced_sizes_that_break_a_rule_trap_by_name(mesh, tmp
 
 # ---- jax_tma.moe_dispatch / moe_combine: composed on the exchanges above ----
 
-def _moe_pair(mesh):
-    return Mesh(np.array(list(mesh.devices.flat)[:2]), ("x",), axis_types=(AxisType.Auto,))
-
-
 @pytest.mark.parametrize("capacity", [None, 40])
 def test_moe_dispatch_and_combine_match_the_reference(mesh, rng, capacity):
-    """2 GPUs: recv row for row, group sizes and drops, and combine's sums
+    """Every GPU (2 or 4): recv row for row, group sizes and drops, and combine's sums
     bit for bit, as the NumPy reference has them (tests/test_moe.py runs the
     same on host devices). One dispatch carries each token's random bf16
     bits, then normal values that combine sums (no subnormal sum)."""
-    tokens, k, experts, width = 64, 4, 8, 128
-    ids = rng.integers(-1, experts, (2 * tokens, k)).astype(np.int32)
-    bits = random_array(rng, (2 * tokens, width), jax.numpy.bfloat16)
-    values = rng.standard_normal((2 * tokens, width)).astype(jax.numpy.bfloat16)
-    weights = rng.standard_normal((2 * tokens, k)).astype(np.float32)
+    n, tokens, k, experts, width = mesh.size, 64, 4, 8, 128
+    ids = rng.integers(-1, experts, (n * tokens, k)).astype(np.int32)
+    bits = random_array(rng, (n * tokens, width), jax.numpy.bfloat16)
+    values = rng.standard_normal((n * tokens, width)).astype(jax.numpy.bfloat16)
+    weights = rng.standard_normal((n * tokens, k)).astype(np.float32)
 
     def body(x, ids, weights):
         recv, plan = jax_tma.moe_dispatch(x, ids, num_experts=experts, axis_name="x",
@@ -387,23 +383,23 @@ def test_moe_dispatch_and_combine_match_the_reference(mesh, rng, capacity):
         out = jax_tma.moe_combine(recv[:, width:], plan, weights)
         return recv, plan.group_sizes, plan.dropped, out
 
-    f = jax.jit(jax.shard_map(body, mesh=_moe_pair(mesh), in_specs=P("x"), out_specs=P("x")))
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
     args = (np.concatenate([bits, values], axis=1), ids, weights)
     assert "jax_tma_ragged_all_to_all" in f.lower(*args).compile().as_text()
     recv, sizes, dropped, out = f(*args)
-    want, want_sizes, want_dropped, placed = moe_dispatch_reference(bits, ids, 2, experts,
+    want, want_sizes, want_dropped, placed = moe_dispatch_reference(bits, ids, n, experts,
                                                                     capacity)
-    rows = np.asarray(recv).reshape(2, -1, 2 * width)
-    for d in range(2):
+    rows = np.asarray(recv).reshape(n, -1, 2 * width)
+    for d in range(n):
         assert_bits_equal(rows[d, :len(want[d]), :width], want[d])
     assert_bits_equal(sizes, want_sizes.reshape(-1))
     assert_bits_equal(dropped, want_dropped)
-    assert_bits_equal(out, moe_combine_reference(np.asarray(recv)[:, width:], weights, placed, 2))
+    assert_bits_equal(out, moe_combine_reference(np.asarray(recv)[:, width:], weights, placed, n))
 
 
 def test_moe_layer_grads_on_gpus_match_the_host_devices(mesh, rng):
-    """grad of a layer (top-2 routing, ragged_dot experts) on 2 GPUs and on
-    2 host devices: the same within float32 rounding (the weights'
+    """grad of a layer (top-2 routing, ragged_dot experts) on every GPU (2
+    or 4) and on as many host devices: the same within float32 rounding (the weights'
     cotangents are dot products, which XLA sums in its own order): 1e-4
     relative, the contract's bound for a layer against the dense one. Every
     dot names full float32 precision: XLA's GPU default for a float32 dot
@@ -411,7 +407,7 @@ def test_moe_layer_grads_on_gpus_match_the_host_devices(mesh, rng):
     2 x H200, and a default_matmul_precision context left 3e-4 (ragged_dot's
     own dots)."""
     tokens, dim, experts = 32, 64, 8
-    x = rng.standard_normal((2 * tokens, dim)).astype(np.float32)
+    x = rng.standard_normal((mesh.size * tokens, dim)).astype(np.float32)
     w_router = rng.standard_normal((dim, experts)).astype(np.float32)
     w_experts = (rng.standard_normal((experts, dim, dim)) / 8).astype(np.float32)
 
@@ -428,6 +424,6 @@ def test_moe_layer_grads_on_gpus_match_the_host_devices(mesh, rng):
         return jax.jit(jax.grad(lambda *a: (f(*a) ** 2).sum(), argnums=(0, 1, 2)))(
             x, w_router, w_experts)
 
-    host = Mesh(np.array(jax.devices("cpu")[:2]), ("x",), axis_types=(AxisType.Auto,))
-    for got, want in zip(grads(_moe_pair(mesh)), grads(host)):
+    host = Mesh(np.array(jax.devices("cpu")[:mesh.size]), ("x",), axis_types=(AxisType.Auto,))
+    for got, want in zip(grads(mesh), grads(host)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

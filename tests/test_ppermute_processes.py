@@ -87,16 +87,21 @@ def _run_on_port(port: int, seed: int, mode: str, count: int, timeout_s: float |
         env["JAX_TMA_PPERMUTE_TIMEOUT_S"] = str(timeout_s)
     if intruder is not None:
         env[_INTRUSION_ENV] = intruder.folder
+    visible = env.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(count)))).split(",")
     if platform == "gpu":  # the processes share one GPU and its memory
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.8 / count:.3f}"
-        env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+        visible = visible[:1] * count
+    # Where each process has a GPU of its own (platform gpus), process i takes
+    # the i-th visible GPU.
+    envs = [env if platform == "cpu" else dict(env, CUDA_VISIBLE_DEVICES=visible[pid])
+            for pid in range(count)]
     # Output to files, not pipes: a process that writes more than a pipe
     # holds (the cycles mode logs 1000 lowerings) would block on its write
     # while this one waits for it to end.
     logs = [tempfile.TemporaryFile("w+") for _ in range(count)]
     procs = [subprocess.Popen([sys.executable, "-P", os.path.join(HERE, "ppermute_process.py"),
                                mode, str(pid), str(count), str(port), str(seed), platform],
-                              env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+                              env=envs[pid], stdout=log, stderr=subprocess.STDOUT, text=True,
                               preexec_fn=_die_with_parent)
              for pid, log in enumerate(logs)]
     if intruder is not None:
@@ -183,6 +188,25 @@ def test_processes_exchange_ragged_all_to_all_over_the_link(rng, count):
                      rf"\(position 1\) differs from send_sizes\[1\] = \d+ on device {last} of "
                      rf"process {count - 1} \(position {2 * count - 1}\), the slice it sends "
                      rf"there", outputs[0][1]), outputs[0][1][-4000:]
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_processes_run_moe_over_the_link(rng, count):
+    outputs = _run("moe", count, rng)
+    _all_moved(outputs, "ragged_all_to_all", f"cpu blocks over the process link between "
+               f"{2 * count} devices of {count} processes")
+
+
+def _all_moved(outputs, op: str, transport: str) -> None:
+    """Every process passed its checks, and jax_tma's debug log names `op`'s
+    transport, never a fallback to lax."""
+    for pid, (status, out) in enumerate(outputs):
+        assert status == 0, _exits(outputs)
+        assert f"process {pid}: ok" in out, out[-4000:]
+        assert f"jax_tma_{op} ({transport}" in out, out[-4000:]
+        assert "lax.ppermute, because" not in out, out[-4000:]
+        assert "lax.all_to_all, because" not in out, out[-4000:]
+        assert "lax.all_to_all of padded slices, because" not in out, out[-4000:]
 
 
 def test_a_peer_that_never_calls_times_out_by_name(rng):
@@ -428,6 +452,43 @@ def test_processes_sharing_a_gpu_exchange_ragged_all_to_all(rng, shared_gpu, cou
         assert (f"jax_tma_ragged_all_to_all (cuda peer copies between {count} devices of "
                 f"{count} processes {list(range(count))}" in out), out[-4000:]
         assert "lax.all_to_all of padded slices, because" not in out, out[-4000:]
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_processes_sharing_a_gpu_run_moe(rng, shared_gpu, count):
+    outputs = _run("moe", count, rng, platform="gpu")
+    _all_moved(outputs, "ragged_all_to_all", f"cuda peer copies between {count} devices of "
+               f"{count} processes {list(range(count))}")
+
+
+# ---- one GPU each ----
+
+
+@pytest.fixture(scope="module")
+def own_gpus() -> int:
+    """The processes of a test on GPUs of their own: as many as the machine
+    has, up to 4 (asked of a child process, as shared_gpu does). Skips with
+    fewer than 2 (JAX_TMA_REQUIRE_MULTI_GPU=1 fails instead)."""
+    probe = subprocess.run([sys.executable, "-P", "-c", "import jax; print(len(jax.devices('cuda')))"],
+                           env=dict(os.environ, JAX_PLATFORMS="cuda"), capture_output=True, text=True)
+    gpus = int(probe.stdout.strip()) if probe.stdout.strip().isdigit() else 0
+    if gpus < 2:
+        if os.environ.get("JAX_TMA_REQUIRE_MULTI_GPU") == "1":
+            pytest.fail(f"JAX_TMA_REQUIRE_MULTI_GPU=1 but JAX sees {gpus} CUDA GPU(s): "
+                        f"{probe.stderr[-2000:]}")
+        pytest.skip("needs at least 2 CUDA GPUs (set JAX_TMA_REQUIRE_MULTI_GPU=1 to fail instead)")
+    return min(gpus, 4)
+
+
+@pytest.mark.parametrize("mode, op", [("check", "ppermute"), ("exchange", "all_to_all"),
+                                      ("ragged", "ragged_all_to_all"),
+                                      ("moe", "ragged_all_to_all")])
+def test_processes_on_gpus_of_their_own(rng, own_gpus, mode, op):
+    """As many processes as GPUs (up to 4), one each: every mode's checks
+    pass over the mapped peer memory of the other GPUs."""
+    outputs = _run(mode, own_gpus, rng, platform="gpus")
+    _all_moved(outputs, op, f"cuda peer copies between {own_gpus} devices of {own_gpus} "
+               f"processes {list(range(own_gpus))}")
 
 
 def test_a_loop_across_processes_replays_from_command_buffers(rng, shared_gpu):
