@@ -345,7 +345,9 @@ for stage in "${stages[@]}"; do
     # A test that the topology rules out (one that needs a GPU pair without
     # peer access, on a host where every pair has it) skips with its reason,
     # which goes to the summary.
-    JAX_TMA_REQUIRE_GPU=1 JAX_TMA_REQUIRE_MULTI_GPU=1 timeout 420 python3 -P -m pytest \
+    # Against the source install (built from this tree, as the benchmarks are).
+    PYTHONPATH=${site[source]}:$bench_site JAX_TMA_REQUIRE_GPU=1 JAX_TMA_REQUIRE_MULTI_GPU=1 \
+      timeout 420 python3 -P -m pytest \
       tests/test_multi_gpu.py tests/test_command_buffers.py::test_exchanges_replay_from_command_buffers \
       tests/test_ppermute_processes.py::test_processes_on_gpus_of_their_own \
       -q -rfEs -p no:cacheprovider > "$OUT/multi_tests.log" 2>&1
@@ -354,13 +356,14 @@ for stage in "${stages[@]}"; do
     record $rc "multi-GPU tests: $(tail -1 "$OUT/multi_tests.log")"
     while read -r line; do summary+=("not run: $line"); done \
       < <(grep -E '^SKIPPED' "$OUT/multi_tests.log")
-    JAX_TMA_REQUIRE_MULTI_GPU=1 timeout 300 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
+    PYTHONPATH=${site[source]}:$bench_site JAX_TMA_REQUIRE_MULTI_GPU=1 timeout 300 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
       python3 -P -m pytest tests/test_multi_gpu.py -q -p no:cacheprovider -m memcheck \
       > /tmp/sanitizer.log 2>&1
     rc=$?
     cat /tmp/sanitizer.log >> "$OUT/sanitizer.log"
     record $rc "compute-sanitizer memcheck on the memcheck-marked multi-GPU tests: $(grep -E 'ERROR SUMMARY|passed|failed' /tmp/sanitizer.log | tr '\n' ' ')"
-    bench multi multi
+    # shellcheck disable=SC2086
+    bench multi ${BENCH_OPS:-multi}
     ;;
   bench)
     # shellcheck disable=SC2086
