@@ -405,7 +405,9 @@ def test_moe_layer_grads_on_gpus_match_the_host_devices(mesh, rng):
     dot names full float32 precision: XLA's GPU default for a float32 dot
     is TF32, whose 10-bit mantissa moved a gradient by 1e-3 relative on
     2 x H200, and a default_matmul_precision context left 3e-4 (ragged_dot's
-    own dots)."""
+    own dots). An element far below the array's largest is held to 1e-4 of
+    that largest (on 4 x H200 a cotangent of 2e-2 moved by 2e-5: 4 devices
+    sum in another order)."""
     tokens, dim, experts = 32, 64, 8
     x = rng.standard_normal((mesh.size * tokens, dim)).astype(np.float32)
     w_router = rng.standard_normal((dim, experts)).astype(np.float32)
@@ -426,4 +428,4 @@ def test_moe_layer_grads_on_gpus_match_the_host_devices(mesh, rng):
 
     host = Mesh(np.array(jax.devices("cpu")[:mesh.size]), ("x",), axis_types=(AxisType.Auto,))
     for got, want in zip(grads(mesh), grads(host)):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
