@@ -37,7 +37,7 @@ RATIOS = (
     ("lax_ragged_vs_nccl", "`lax.ragged_all_to_all` vs NCCL"),
 )
 _MODES = {
-    "all_to_all": "one process drives both GPUs",
+    "all_to_all": "one process drives every GPU",
     "all_to_all_processes": "one process per GPU under `jax.distributed` (every GPU visible, "
                             "each process given its own with `local_device_ids`); worker 0's "
                             "clocks of its own GPU",

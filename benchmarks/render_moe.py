@@ -1,5 +1,5 @@
 """How the MoE benchmark's results read (bench_moe.py writes them, on two
-GPUs): the `moe` section (one process driving both GPUs), the
+GPUs): the `moe` section (one process driving every GPU), the
 `moe_processes` section (one process per GPU), the account of issue 43's
 targets and the README's headline row, which report.py collects from
 RENDERERS, DERIVED, HEADLINES and WRITTEN_BY."""
@@ -37,7 +37,7 @@ RATIOS = (
     ("dispatch_vs_a2a", "dispatch vs `jax_tma.all_to_all` of the same bytes"),
 )
 _MODES = {
-    "moe": "one process drives both GPUs",
+    "moe": "one process drives every GPU",
     "moe_processes": "one process per GPU under `jax.distributed` (every GPU visible, each "
                      "process given its own with `local_device_ids`); worker 0's clocks of its "
                      "own GPU",
@@ -73,7 +73,7 @@ def _shape_text(row: dict[str, Any]) -> str:
     return (f"**{row['what']}** ({row['tokens']} tokens of {row['hidden']} per GPU, "
             f"{row['experts']} experts, {local} per GPU): a GPU receives {pairs:.0f} token "
             f"copies ({_mb(row['deepep_bytes']['dispatch'])}), {link:.0f} of them from the "
-            f"other GPU; the dense route's capacity is {row['capacity']} rows per expert "
+            f"other GPU{'s' if row['n'] > 2 else ''}; the dense route's capacity is {row['capacity']} rows per expert "
             f"({row['capacity_factor']:.2f}× the mean).")
 
 
