@@ -21,6 +21,7 @@ from jax.interpreters import ad, mlir
 
 from jax_tma import _checks, _lowering
 from jax_tma._all_to_all import all_to_all
+from jax_tma._gather import gather
 from jax_tma._ppermute import bound_axes, call_site
 from jax_tma._ragged_all_to_all import bind as ragged_bind
 
@@ -408,6 +409,14 @@ def _take(a: jax.Array, index: jax.Array) -> jax.Array:
                     fill_value=0)
 
 
+def _gather(a: jax.Array, index: jax.Array) -> jax.Array:
+    """_take through jax_tma.gather: rows `index` of `a`, zeros where an
+    index is negative or past the end."""
+    if a.shape[0] == 0:
+        return jnp.zeros(index.shape + a.shape[1:], a.dtype)
+    return gather(a, jnp.where(index >= 0, index, a.shape[0]))
+
+
 def _after(rows: jax.Array, index: jax.Array, *values: jax.Array) -> jax.Array:
     """`rows`, computed from `values` too, so that an exchange of them runs
     after whatever made `values`: XLA's runtime orders calls by the buffers
@@ -580,7 +589,9 @@ def _dispatch(x, meta, routes, pair_token, choice_row, dropped, *, rows, **ex):
     slots = _from_bytes(got[:, token.shape[1]:token.shape[1] + slot.shape[1]], _I32,
                         (got.shape[0], k))
     source = _sources(slots, rows)
-    recv = _from_bytes(_take(got[:, :token.shape[1]], source // k), x.dtype,
+    # jax_tma.gather: its rate does not depend on the element type, where
+    # XLA's gather of these byte rows moves one byte an element.
+    recv = _from_bytes(_gather(got[:, :token.shape[1]], source // k), x.dtype,
                        (rows,) + x.shape[1:])
     return recv, slots, source
 
