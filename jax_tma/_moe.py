@@ -582,18 +582,19 @@ def _dispatch(x, meta, routes, pair_token, choice_row, dropped, *, rows, **ex):
     r = _Routes(routes, pair_token, choice_row, dropped, None, None)
     token, slot = _bytes(x), _bytes(meta)
     pad = -(token.shape[1] + slot.shape[1]) % _ROW_ALIGN
-    send = jnp.concatenate([_take(token, pair_token), slot,
+    send = jnp.concatenate([_gather(token, pair_token), slot,
                             jnp.zeros((pair_token.shape[0], pad), jnp.uint8)], axis=1)
     got = _to_experts(send, r, 0xFF, **ex)
     k = meta.shape[1]
     slots = _from_bytes(got[:, token.shape[1]:token.shape[1] + slot.shape[1]], _I32,
                         (got.shape[0], k))
     source = _sources(slots, rows)
-    # jax_tma.gather: its rate does not depend on the element type, where
-    # XLA's gather of these byte rows moves one byte an element.
-    recv = _from_bytes(_gather(got[:, :token.shape[1]], source // k), x.dtype,
-                       (rows,) + x.shape[1:])
-    return recv, slots, source
+    # The received tokens as x's rows, then each slot's: jax_tma.gather, whose
+    # rate does not depend on the element type (XLA's gather of byte rows
+    # moves one byte an element), of typed rows (rows of bytes would be
+    # converted after the gather, all n·T·k of them, not before).
+    table = _from_bytes(got[:, :token.shape[1]], x.dtype, (got.shape[0],) + x.shape[1:])
+    return _gather(table, source // k), slots, source
 
 
 def _rows(v, *route, toward, **ex):
@@ -603,8 +604,8 @@ def _rows(v, *route, toward, **ex):
     dispatch's transpose."""
     r = _Routes(*route)
     if toward == "experts":
-        rows = _after(_take(v, r.pair_token), r.pair_token, r.source)
-        return _take(_to_experts(rows, r, 0, **ex), r.source // r.slots.shape[1])
+        rows = _after(_gather(v, r.pair_token), r.pair_token, r.source)
+        return _gather(_to_experts(rows, r, 0, **ex), r.source // r.slots.shape[1])
     acc = _accumulator(v.dtype)
     pairs = _per_pair([(v, None)], r.slots, acc).astype(v.dtype)
     return _per_token(_home(pairs, r, **ex), r, acc).astype(v.dtype)
@@ -644,7 +645,7 @@ def _combine_transpose(ct, y, weights, r: _Routes, want_y: bool, want_weights: b
     k = weights.shape[1]
     rows, w = _bytes(ct), _bytes(weights)
     pad = -(rows.shape[1] + w.shape[1]) % _ROW_ALIGN
-    send = jnp.concatenate([_take(rows, r.pair_token), _take(w, r.pair_token),
+    send = jnp.concatenate([_gather(rows, r.pair_token), _take(w, r.pair_token),
                             jnp.zeros((r.pair_token.shape[0], pad), jnp.uint8)], axis=1)
     got = _to_experts(send, r, 0, **ex)
     ct_got = _from_bytes(got[:, :rows.shape[1]], ct.dtype, (got.shape[0],) + ct.shape[1:])
