@@ -576,25 +576,16 @@ def _combine_tangent_abstract_eval(dy, dweights, y, weights, after, *_, **__):
 
 
 def _dispatch(x, meta, routes, pair_token, choice_row, dropped, *, rows, **ex):
-    """Each pair's row, the token's bytes and its slots there, in one exchange
-    into the regions (unwritten rows read as slots -1); then the rows
-    copied into their slots."""
+    """Each pair's token row into the regions, then its slots there (a row
+    of k int32 a pair; unwritten rows read as slots -1) in a second exchange
+    after it; then the rows copied into their slots. Two exchanges, not one
+    of rows that carry both: concatenating the slots onto the rows, and
+    slicing them off again, each copied every row once more."""
     r = _Routes(routes, pair_token, choice_row, dropped, None, None)
-    token, slot = _bytes(x), _bytes(meta)
-    pad = -(token.shape[1] + slot.shape[1]) % _ROW_ALIGN
-    send = jnp.concatenate([_gather(token, pair_token), slot,
-                            jnp.zeros((pair_token.shape[0], pad), jnp.uint8)], axis=1)
-    got = _to_experts(send, r, 0xFF, **ex)
-    k = meta.shape[1]
-    slots = _from_bytes(got[:, token.shape[1]:token.shape[1] + slot.shape[1]], _I32,
-                        (got.shape[0], k))
+    got = _to_experts(_gather(x, pair_token), r, 0, **ex)
+    slots = _to_experts(_after(meta, pair_token, got), r, -1, **ex)
     source = _sources(slots, rows)
-    # The received tokens as x's rows, then each slot's: jax_tma.gather, whose
-    # rate does not depend on the element type (XLA's gather of byte rows
-    # moves one byte an element), of typed rows (rows of bytes would be
-    # converted after the gather, all n·T·k of them, not before).
-    table = _from_bytes(got[:, :token.shape[1]], x.dtype, (got.shape[0],) + x.shape[1:])
-    return _gather(table, source // k), slots, source
+    return _gather(got, source // meta.shape[1]), slots, source
 
 
 def _rows(v, *route, toward, **ex):
