@@ -73,8 +73,8 @@ def _shape_text(row: dict[str, Any]) -> str:
     return (f"**{row['what']}** ({row['tokens']} tokens of {row['hidden']} per GPU, "
             f"{row['experts']} experts, {local} per GPU): a GPU receives {pairs:.0f} token "
             f"copies ({_mb(row['deepep_bytes']['dispatch'])}), {link:.0f} of them from the "
-            f"other GPU{'s' if row['n'] > 2 else ''}; the dense route's capacity is {row['capacity']} rows per expert "
-            f"({row['capacity_factor']:.2f}× the mean).")
+            f"other GPU{'s' * (row['n'] > 2)}; the dense route's capacity is "
+            f"{row['capacity']} rows per expert ({row['capacity_factor']:.2f}× the mean).")
 
 
 def _cases(r: dict[str, Any], row: dict[str, Any]) -> list[str]:
@@ -161,9 +161,13 @@ def render_targets(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None
     one = results["moe"][1]
     procs = results["moe_processes"][1] if "moe_processes" in results else None
     prov = one.get("provenance") or {}
-    modes = [("one process", one)] + ([("one process per GPU", procs)] if procs else [])
-    lines = [f"From the result file(s) above ({one['n']} × {one['devices'][0]}, "
-             f"{str(prov.get('date', '?'))[:10]}, {str(prov.get('commit', '?'))[:7]}); a "
+    def where(mode: str, r: dict[str, Any]) -> str:
+        commit = str((r.get("provenance") or {}).get("commit", "?"))[:7]
+        return f"{mode}, {r['n']} × {r['devices'][0]} ({commit})"
+
+    modes = [(where("one process", one), one)] + (
+        [(where("one process per GPU", procs), procs)] if procs else [])
+    lines = [f"From the result file(s) above ({str(prov.get('date', '?'))[:10]}); a "
              f"target is met where busy time and span both reach it:", "",
              "| target | mode | measured (busy / span) | met |", "|---|---|---|---|"]
     for case, target in (("dispatch", DISPATCH_GBPS), ("combine", COMBINE_GBPS)):
@@ -180,7 +184,7 @@ def render_targets(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None
             ratio = (row or {}).get("ratios", {}).get(f"{case}_vs_lax_{case}")
             values = [ratio.get(c) if ratio else None for c in ("busy", "span")]
             lines.append(f"| {case} ≥ {LAX_SPEEDUP}× the `lax.ragged_all_to_all` route "
-                         f"({shape}) | one process | "
+                         f"({shape}) | {modes[0][0]} | "
                          f"{' / '.join(num_text(v, 1) for v in values)}× | "
                          f"{_met(values, LAX_SPEEDUP)} |")
     for mode, r in modes:
