@@ -103,8 +103,8 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
     A token crosses to each device once, whatever number of its choices
     that device holds: one ``all_to_all`` of the counts (every device learns
     every device's count per expert and per destination), then one
-    ``ragged_all_to_all`` of the token rows, each carrying the rows of
-    ``recv`` its choices take there; the receiver copies each row into its
+    ``ragged_all_to_all`` of the token rows and one of the rows of ``recv``
+    each token's choices take there; the receiver copies each row into its
     slots. The sender knows every count, so it decides the drops itself
     (``plan.dropped``) and no count comes back. With a ``capacity``, a token
     whose choices on a device are all dropped still crosses to it (and is
