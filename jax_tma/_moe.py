@@ -28,10 +28,17 @@ from jax_tma._ragged_all_to_all import bind as ragged_bind
 _DISPATCH = "jax_tma.moe_dispatch"
 _COMBINE = "jax_tma.moe_combine"
 _I32 = np.dtype(np.int32)
-# A dispatched row on the wire is the token's bytes, then its slots, padded
-# to a multiple of 16 bytes: the alignment the GPU transport's bulk copies
-# take whole rows at.
+# The combine's transpose sends rows of the cotangent's bytes, then the
+# weights', padded to a multiple of 16 bytes: the alignment the GPU
+# transport's bulk copies take whole rows at.
 _ROW_ALIGN = 16
+# wire_dtype's format, and the elements a scale covers.
+_FP8 = np.dtype(jnp.float8_e4m3fn)
+_FP8_BLOCK = 128
+# A scale is a block's largest magnitude times this float32 1/448, one
+# rounding wherever it runs (XLA may turn a division by a constant into
+# that multiplication, on one backend and not another).
+_FP8_INV = np.float32(1 / 448)
 
 
 # ---- the public ops -----------------------------------------------------------
@@ -88,7 +95,8 @@ jax.tree_util.register_dataclass(
 
 
 def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | Sequence[str],
-                 capacity: int | None = None) -> tuple[jax.Array, MoePlan]:
+                 capacity: int | None = None, wire_dtype: Any = None,
+                 ) -> tuple[jax.Array | tuple[jax.Array, jax.Array], MoePlan]:
     """Sends each token to the devices that own its experts, inside
     ``shard_map``: the rows each device receives come back grouped by its
     local expert, ready for ``lax.ragged_dot``, with the plan that
@@ -110,6 +118,21 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
     whose choices on a device are all dropped still crosses to it (and is
     not placed): knowing in advance would take one more exchange.
 
+    With ``wire_dtype=jnp.float8_e4m3fn`` the rows cross quantised, ready
+    for an fp8 grouped GEMM: each block of 128 elements of a row has one
+    float32 scale, its largest magnitude times ``float32(1/448)`` (448:
+    the format's largest finite value), and its elements are ``x / scale``
+    rounded to
+    float8_e4m3fn (0 where the scale is 0; a block that holds an infinity
+    or a NaN has a non-finite scale). ``recv`` is then ``(rows, scales)``:
+    ``(R, H)`` float8_e4m3fn and ``(R, H/128)`` float32, ``rows[r, i] ·
+    scales[r, i // 128]`` standing for the row. The scales cross in an
+    exchange of their own. Derivatives pass straight through the
+    quantisation, as if the wire were exact: the tangent of ``rows`` is the
+    dispatched ``dx / scale`` (rounded to float8_e4m3fn, as JAX keeps a
+    tangent in its primal's dtype), that of ``scales`` zero; so the
+    cotangent reaching ``x`` is that of the dequantised rows.
+
     Works under ``jit``, ``grad``, ``jvp``/``linearize`` (linear in ``x``;
     the transpose brings the cotangents' rows home and sums each token's in
     float32, as :func:`moe_combine` does with unit weights) and ``vmap``
@@ -128,10 +151,13 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
       capacity: ``None`` (dropless: ``recv`` has ``n·T·k`` rows) or ``c >=
         0``: each local expert keeps its first ``c`` rows in the order
         above, and ``recv`` has ``(E/n)·c`` rows.
+      wire_dtype: ``None`` (the rows cross as they are) or
+        ``jnp.float8_e4m3fn`` (quantised, above; ``H`` a multiple of 128).
 
     Returns:
-      ``(recv, plan)``: ``recv`` in ``x``'s dtype with ``x``'s row shape,
-      and the :class:`MoePlan` (``plan.group_sizes``, ``plan.dropped``).
+      ``(recv, plan)``: ``recv`` in ``x``'s dtype with ``x``'s row shape
+      (with ``wire_dtype``, the pair ``(rows, scales)``), and the
+      :class:`MoePlan` (``plan.group_sizes``, ``plan.dropped``).
 
     Raises:
       TypeError: ``x`` or ``expert_ids`` is not an array, ``x`` is not of a
@@ -143,7 +169,9 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
         axis).
       ValueError: ``x`` not of rank 2, ``expert_ids`` not ``(T, k)`` with
         ``k >= 1``, ``num_experts < 1`` or not a multiple of ``n``,
-        ``capacity < 0``, ids known at trace time out of range.
+        ``capacity < 0``, ids known at trace time out of range, a
+        ``wire_dtype`` other than ``None`` and ``jnp.float8_e4m3fn``, or
+        ``H`` not a multiple of 128 with it.
 
     Examples:
       >>> import jax, jax.numpy as jnp, jax_tma
@@ -176,14 +204,21 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
         raise ValueError(f"{_DISPATCH}: num_experts = {num_experts} is not a multiple of the {n} "
                          f"positions along {names} (each device owns num_experts / {n} experts)")
     _check_known_ids(expert_ids, num_experts)
+    quantised = _check_wire(wire_dtype, x)
     tokens, k = ids.shape
     rows = n * tokens * k if capacity is None else num_experts // n * capacity
     sends = _planned(ids, num_experts, capacity, names, n)
     x, meta, routes, pair_token, choice_row, dropped, group_sizes = _checks.align_varying(
         x, sends.meta, sends.routes, sends.pair_token, sends.choice_row, sends.dropped,
         sends.group_sizes)
+    ex = dict(axis_name=names, size=n, site=call_site())
+    if quantised:
+        x, scales = _quantise(x)
     recv, slots, source = _dispatch_p.bind(x, meta, routes, pair_token, choice_row, dropped,
-                                           rows=rows, axis_name=names, size=n, site=call_site())
+                                           rows=rows, **ex)
+    if quantised:
+        recv = recv, _rows_p.bind(scales, routes, pair_token, choice_row, dropped, slots, source,
+                                  toward="experts", **ex)
     return recv, MoePlan(group_sizes=group_sizes, dropped=dropped, routes=routes,
                          pair_token=pair_token, choice_row=choice_row, slots=slots,
                          source=source, axis_name=names)
@@ -296,6 +331,51 @@ def _check_rows(op: str, name: str, a: jax.Array) -> None:
         raise TypeError(f"{op}: {name} must be of a real floating dtype, got {a.dtype}")
     if a.ndim != 2:
         raise ValueError(f"{op}: {name} must have rank 2, got shape {a.shape}")
+
+
+def _check_wire(wire_dtype: Any, x: jax.Array) -> bool:
+    """Whether the rows cross quantised (wire_dtype float8_e4m3fn)."""
+    if wire_dtype is None:
+        return False
+    try:
+        fp8 = np.dtype(wire_dtype) == _FP8
+    except TypeError:
+        fp8 = False
+    if not fp8:
+        raise ValueError(f"{_DISPATCH}: wire_dtype must be None or jnp.float8_e4m3fn, got "
+                         f"{wire_dtype!r}")
+    if x.shape[1] % _FP8_BLOCK:
+        raise ValueError(f"{_DISPATCH}: wire_dtype=float8_e4m3fn quantises each row in blocks "
+                         f"of {_FP8_BLOCK} elements with one float32 scale a block, so H must "
+                         f"be a multiple of {_FP8_BLOCK}; x is {x.shape}")
+    return True
+
+
+@jax.custom_jvp
+def _quantise(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(T, H) rows as float8_e4m3fn and (T, H/128) float32 scales, a block's
+    largest magnitude times 1/448: x / scale, rounded (0 where the scale
+    is 0)."""
+    blocks, scales = _blocks(x)
+    rows = jnp.where(scales[..., None] > 0, blocks / scales[..., None], 0).astype(_FP8)
+    return rows.reshape(x.shape), scales
+
+
+def _blocks(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """x as float32 blocks (T, H/128, 128) and their scales (T, H/128)."""
+    blocks = x.astype(np.float32).reshape(x.shape[0], -1, _FP8_BLOCK)
+    return blocks, jnp.max(jnp.abs(blocks), axis=2) * _FP8_INV
+
+
+@_quantise.defjvp
+def _quantise_jvp(primals, tangents):
+    """Straight through: the rows' tangent is dx / scale (the scale held
+    fixed), rounded to the rows' dtype; the scales' is zero."""
+    (x,), (dx,) = primals, tangents
+    rows, scales = _quantise(x)
+    d_blocks = dx.astype(np.float32).reshape(x.shape[0], -1, _FP8_BLOCK)
+    d_rows = jnp.where(scales[..., None] > 0, d_blocks / scales[..., None], 0)
+    return (rows, scales), (d_rows.reshape(x.shape).astype(_FP8), jnp.zeros_like(scales))
 
 
 def _check_known_ids(expert_ids: Any, num_experts: int) -> None:

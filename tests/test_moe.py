@@ -359,6 +359,86 @@ def test_the_debug_log_names_the_exchanges_and_the_call_site(rng, caplog):
     assert f"jax_tma.all_to_all over ('x',) at {__file__}:" in caplog.text
 
 
+# ---- the fp8 wire ----------------------------------------------------------------
+
+def _quantised(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The contract of wire_dtype=float8_e4m3fn in NumPy: per block of 128,
+    the scale is the largest magnitude times float32(1/448), the rows x /
+    scale rounded (0 where the scale is 0)."""
+    blocks = x.astype(np.float32).reshape(x.shape[0], -1, 128)
+    scales = np.abs(blocks).max(axis=2) * np.float32(1 / 448)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rows = np.where(scales[..., None] > 0, blocks / scales[..., None], 0)
+    return rows.astype(ml_dtypes.float8_e4m3fn).reshape(x.shape), scales
+
+
+def _fp8_body(num_experts: int, capacity: int | None):
+    def body(x, ids):
+        (rows, scales), plan = jax_tma.moe_dispatch(x, ids, num_experts=num_experts,
+                                                    axis_name="x", capacity=capacity,
+                                                    wire_dtype=jnp.float8_e4m3fn)
+        return rows, scales, plan.group_sizes, plan.dropped
+    return body
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("capacity", [None, 3])
+def test_fp8_wire_sends_the_quantised_rows_and_their_scales(rng, dtype, capacity):
+    """Rows and scales bit for bit against the NumPy quantisation dispatched
+    by the reference, a block of zeros (scale 0, rows 0) among them; group
+    sizes and drops as without the wire."""
+    num_experts, tokens, k, width = 16, 6, 3, 256
+    x = _normal(rng, (N * tokens, width), dtype)
+    x[1, 128:] = 0
+    ids = _routing(rng, "random", tokens, k, num_experts)
+    rows, scales, sizes, dropped = _on_mesh(_fp8_body(num_experts, capacity))(x, ids)
+    assert rows.dtype == jnp.float8_e4m3fn and rows.shape[1] == width
+    assert scales.dtype == np.float32 and scales.shape == (rows.shape[0], width // 128)
+    q, s = _quantised(x)
+    assert s[1, 1] == 0 and not np.asarray(q[1, 128:], np.float32).any()
+    packed = np.concatenate([q.view(np.uint8), s.view(np.uint8)], axis=1)
+    want, want_sizes, want_dropped, _ = moe_dispatch_reference(packed, ids, N, num_experts,
+                                                               capacity)
+    got_rows = np.asarray(rows).view(np.uint8).reshape(N, -1, width)
+    got_scales = np.asarray(scales).view(np.uint8).reshape(N, -1, width // 32)
+    for d in range(N):
+        assert_bits_equal(got_rows[d, :len(want[d])], want[d][:, :width])
+        assert_bits_equal(got_scales[d, :len(want[d])], want[d][:, width:])
+    assert_bits_equal(sizes, want_sizes.reshape(-1))
+    assert_bits_equal(dropped, want_dropped)
+
+
+def test_fp8_wire_gradients_pass_straight_through(rng):
+    """grad through the dequantised rows (rows · scales) equals grad through
+    the exact dispatch, bit for bit: every block's largest magnitude is 28,
+    so every scale is 1/16 exactly, and the cotangents (multiples of 1/16
+    up to k of them) are exact in float8_e4m3fn. jvp along x itself gives
+    the rows back (x / scale, rounded), and zero for the scales."""
+    num_experts, tokens, k, width = 16, 5, 3, 256
+    x = rng.uniform(-27, 27, (N * tokens, width)).astype(np.float32)
+    x[:, ::128] = 28 * rng.choice([-1, 1], (N * tokens, 2))
+    ids = _routing(rng, "random", tokens, k, num_experts)
+    fp8 = jax.shard_map(_fp8_body(num_experts, None), mesh=MESH, in_specs=P("x"),
+                        out_specs=P("x"))
+    rows, scales, _, _ = jax.jit(fp8)(x, ids)
+    assert set(np.unique(scales)) == {0, 1 / 16}  # 0: the rows past the received
+    c = rng.integers(-1, 2, rows.shape).astype(np.float32)
+
+    def dequantised(x):
+        rows, scales, _, _ = fp8(x, ids)
+        blocks = rows.astype(jnp.float32).reshape(rows.shape[0], -1, 128) * scales[..., None]
+        return jnp.sum(blocks.reshape(rows.shape) * c)
+
+    exact = jax.shard_map(
+        lambda x, ids: jax_tma.moe_dispatch(x, ids, num_experts=num_experts, axis_name="x")[0],
+        mesh=MESH, in_specs=P("x"), out_specs=P("x"))
+    assert_bits_equal(jax.jit(jax.grad(dequantised))(x),
+                      jax.jit(jax.grad(lambda x: jnp.sum(exact(x, ids) * c)))(x))
+    _, (d_rows, d_scales, _, _) = jax.jit(lambda x: jax.jvp(lambda x: fp8(x, ids), (x,), (x,)))(x)
+    assert_bits_equal(d_rows, rows)
+    assert not np.asarray(d_scales).any()
+
+
 # ---- validation ----------------------------------------------------------------------
 
 def _trace(body, *args):
@@ -390,6 +470,15 @@ _IDS = np.zeros((N * 2, 2), np.int32)
      r"expert_ids must be \(T, k\) with k >= 1 for x of T = 2 tokens, got shape \(2, 0\)"),
     (dict(axis_name="y"), (), NameError, r"axis name 'y' is not bound here"),
     (dict(axis_name=3), (), TypeError, r"axis_name must be a mesh axis name"),
+    (dict(wire_dtype=jnp.float8_e5m2), (), ValueError,
+     r"wire_dtype must be None or jnp.float8_e4m3fn, got <class '.*float8_e5m2'>"),
+    (dict(wire_dtype="int8"), (), ValueError,
+     r"wire_dtype must be None or jnp.float8_e4m3fn, got 'int8'"),
+    (dict(wire_dtype=object), (), ValueError,
+     r"wire_dtype must be None or jnp.float8_e4m3fn, got <class 'object'>"),
+    (dict(wire_dtype=jnp.float8_e4m3fn), (), ValueError,
+     r"wire_dtype=float8_e4m3fn quantises each row in blocks of 128 elements with one float32 "
+     r"scale a block, so H must be a multiple of 128; x is \(2, 3\)"),
 ])
 def test_dispatch_refuses_by_name(kwargs, args, error, match):
     kw = dict(num_experts=8, axis_name="x") | kwargs
