@@ -397,6 +397,31 @@ def test_moe_dispatch_and_combine_match_the_reference(mesh, rng, capacity):
     assert_bits_equal(out, moe_combine_reference(np.asarray(recv)[:, width:], weights, placed, n))
 
 
+def test_moe_fp8_wire_on_gpus_matches_the_host_devices(mesh, rng):
+    """wire_dtype=float8_e4m3fn on every GPU and on as many host devices:
+    the quantised rows and their scales bit for bit (the scales'
+    multiplication, the rows' division and rounding alike on both)."""
+    n, tokens, k, experts, width = mesh.size, 64, 4, 8, 256
+    x = rng.standard_normal((n * tokens, width)).astype(jax.numpy.bfloat16)
+    ids = rng.integers(-1, experts, (n * tokens, k)).astype(np.int32)
+
+    def body(x, ids):
+        (rows, scales), plan = jax_tma.moe_dispatch(x, ids, num_experts=experts, axis_name="x",
+                                                    wire_dtype=jax.numpy.float8_e4m3fn)
+        return rows, scales, plan.group_sizes
+
+    host = Mesh(np.array(jax.devices("cpu")[:n]), ("x",), axis_types=(AxisType.Auto,))
+    on = [jax.jit(jax.shard_map(body, mesh=m, in_specs=P("x"), out_specs=P("x")))(x, ids)
+          for m in (mesh, host)]
+    sizes = np.asarray(on[1][2]).reshape(n, -1).sum(1)
+    for got, want in zip(on[0][:2], on[1][:2]):
+        got, want = np.asarray(got).reshape(n, -1, got.shape[1]), np.asarray(want).reshape(
+            n, -1, want.shape[1])
+        for d in range(n):  # the received rows; those past them are unspecified
+            assert_bits_equal(got[d, :sizes[d]], want[d, :sizes[d]])
+    assert_bits_equal(on[0][2], on[1][2])
+
+
 def test_moe_layer_grads_on_gpus_match_the_host_devices(mesh, rng):
     """grad of a layer (top-2 routing, ragged_dot experts) on every GPU (2
     or 4) and on as many host devices: the same within float32 rounding (the weights'
