@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -28,10 +27,6 @@ from jax_tma._ragged_all_to_all import bind as ragged_bind
 _DISPATCH = "jax_tma.moe_dispatch"
 _COMBINE = "jax_tma.moe_combine"
 _I32 = np.dtype(np.int32)
-# The combine's transpose sends rows of the cotangent's bytes, then the
-# weights', padded to a multiple of 16 bytes: the alignment the GPU
-# transport's bulk copies take whole rows at.
-_ROW_ALIGN = 16
 # wire_dtype's format, and the elements a scale covers.
 _FP8 = np.dtype(jnp.float8_e4m3fn)
 _FP8_BLOCK = 128
@@ -513,21 +508,6 @@ def _after(rows: jax.Array, index: jax.Array, *values: jax.Array) -> jax.Array:
     return rows
 
 
-def _bytes(a: jax.Array) -> jax.Array:
-    """The bytes of each row of `a` (sub-byte dtypes widened): (rows, bytes)
-    uint8."""
-    wide = _checks.widen(a)
-    return lax.bitcast_convert_type(wide, jnp.uint8).reshape(
-        a.shape[0], math.prod(a.shape[1:]) * wide.dtype.itemsize)
-
-
-def _from_bytes(b: jax.Array, dtype, shape: tuple[int, ...]) -> jax.Array:
-    """The inverse of _bytes: rows of bytes as an array of `dtype` and `shape`."""
-    wide = _checks.widen_dtype(dtype)
-    b = b.reshape(tuple(shape) + ((wide.itemsize,) if wide.itemsize > 1 else ()))
-    return _checks.narrow(lax.bitcast_convert_type(b, wide), np.dtype(dtype))
-
-
 def _exchange(operand, output, *indices, axis_name, size, site) -> jax.Array:
     dtype = operand.dtype
     got = ragged_bind(_checks.widen(operand), _checks.widen(output), *indices,
@@ -707,23 +687,20 @@ def _combine_tangent(dy, dweights, y, weights, after, *route, **ex):
 
 
 def _combine_transpose(ct, y, weights, r: _Routes, want_y: bool, want_weights: bool, **ex):
-    """The cotangents of y and weights: ct's rows and the weights to the
-    experts' devices in one exchange; y's, each slot's row scaled by its
-    weight; the weights', ⟨ct, y⟩ of each choice there, (rows, k) sent home.
-    y's waits for the weights', so that no later exchange of the step runs
-    beside that one."""
+    """The cotangents of y and weights: where y's is wanted, the weights to
+    the experts' devices (once ct is there), then ct's rows; y's, each
+    slot's row scaled by its weight; the weights', ⟨ct, y⟩ of each choice
+    there, (rows, k) sent home. Each exchange waits for the one before, so
+    that no later exchange of the step runs beside one."""
     acc = _accumulator(y.dtype)
     k = weights.shape[1]
-    rows, w = _bytes(ct), _bytes(weights)
-    pad = -(rows.shape[1] + w.shape[1]) % _ROW_ALIGN
-    send = jnp.concatenate([_gather(rows, r.pair_token), _take(w, r.pair_token),
-                            jnp.zeros((r.pair_token.shape[0], pad), jnp.uint8)], axis=1)
-    got = _to_experts(send, r, 0, **ex)
-    ct_got = _from_bytes(got[:, :rows.shape[1]], ct.dtype, (got.shape[0],) + ct.shape[1:])
+    rows = _gather(ct, r.pair_token)
+    if want_y:
+        w_got = _to_experts(_after(_take(weights, r.pair_token), r.pair_token, ct), r, 0, **ex)
+        rows = _after(rows, r.pair_token, w_got)
+    ct_got = _to_experts(rows, r, 0, **ex)
     ct_y = ct_weights = None
     if want_y:
-        w_got = _from_bytes(got[:, rows.shape[1]:rows.shape[1] + w.shape[1]], weights.dtype,
-                            (got.shape[0], k))
         scale = _take(w_got.reshape(-1), r.source).astype(acc)
         ct_y = (_take(ct_got, r.source // k).astype(acc) * scale[:, None]).astype(y.dtype)
     if want_weights:
