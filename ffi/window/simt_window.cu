@@ -1,13 +1,17 @@
 // The SIMT window kernel and its launcher: any rank, strides, alignment and start, forward
-// and transpose (window_common.h). Warps copy runs of output rows; what
-// lies inside the input moves as one strided copy, the rest is fill. The
-// path for every geometry the TMA tiled kernel cannot take, and for traced
-// or unaligned starts under method="auto" (jax_tma/_window.py says why).
+// and transpose (window_common.h). Two forms: where PlanVectorWindow takes the
+// window (forward, innermost stride 1, rows of whole 16-B vectors), a thread
+// per 16-B output vector over a grid that covers the window; else warps copy
+// runs of output rows, what lies inside the input as one strided copy, the
+// rest as fill. The path for every geometry the TMA tiled kernel cannot take,
+// and for traced or unaligned starts under method="auto" (jax_tma/_window.py
+// says why).
 #include <algorithm>
 #include <cstdint>
 
 #include "cuda/device_info.h"
 #include "window/window_launch.h"
+#include "window/window_plan.h"
 
 namespace jax_tma {
 namespace {
@@ -133,9 +137,92 @@ __global__ void __launch_bounds__(kWindowThreads, kWindowMinBlocks)
   }
 }
 
+// The 16 bytes at `p` (any alignment) from the aligned 16-B vectors that hold
+// them: one load where `p` is aligned, else two, shifted into place.
+__device__ __forceinline__ uint4 LoadUnaligned16(const unsigned char* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  const uint32_t m = static_cast<uint32_t>(a & 15);
+  const uint4* q = reinterpret_cast<const uint4*>(a - m);
+  if (m == 0) return q[0];
+  const uint4 lo = q[0];
+  const uint4 hi = q[1];
+  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  const uint32_t k = m / 4;           // whole words to skip
+  const uint32_t bits = m % 4 * 8;    // then bits
+  uint32_t s[5];
+#pragma unroll
+  for (int j = 0; j < 5; ++j) {  // selects, not a dynamically indexed (local) array
+    s[j] = k == 0 ? w[j] : (k == 1 ? w[j + 1] : (k == 2 ? w[j + 2] : w[j + 3]));
+  }
+  return make_uint4(__funnelshift_r(s[0], s[1], bits), __funnelshift_r(s[1], s[2], bits),
+                    __funnelshift_r(s[2], s[3], bits), __funnelshift_r(s[3], s[4], bits));
+}
+
+// The vector form (VectorWindowArgs): thread t writes output vector t. Its
+// row's source offset comes from the row's coordinates (FastDiv), its
+// elements from one strided-1 run of the row's source.
+template <typename T>
+__global__ void __launch_bounds__(kWindowThreads)
+    VectorWindowKernel(const WindowGeometry g, const VectorWindowArgs a,
+                       const T* __restrict__ src, uint4* __restrict__ dst) {
+  constexpr int kPerVec = 16 / sizeof(T);
+  const uint32_t v = blockIdx.x * kWindowThreads + threadIdx.x;
+  if (v >= a.vectors) return;
+  const uint32_t row = a.per_row.Div(v);
+  const uint32_t col = (v - row * a.per_row.divisor) * kPerVec;
+  uint32_t b = 0;
+  uint32_t rest = row;
+  if (g.batch > 1) {
+    b = a.per_batch.Div(row);
+    rest = row - b * a.per_batch.divisor;
+  }
+  const int64_t bt = g.starts.batched ? b : 0;
+  const int last = g.rank - 1;
+  int64_t off = (g.src_batched ? b : 0) * g.src_spatial;
+  bool inside = true;
+  for (int d = last - 1; d >= 0; --d) {
+    const uint32_t q = a.dims[d].Div(rest);
+    const int64_t c = ReadStart(g.starts, g.rank, bt, d) +
+                      int64_t{rest - q * a.dims[d].divisor} * g.strides[d];
+    rest = q;
+    if (c < 0 || c >= g.src_dims[d]) {
+      inside = false;
+    } else {
+      off += c * g.src_pitch[d];
+    }
+  }
+  const int64_t c0 = ReadStart(g.starts, g.rank, bt, last) + col;
+  const int64_t width = g.src_dims[last];
+  uint4 out = make_uint4(static_cast<uint32_t>(g.fill.lo), static_cast<uint32_t>(g.fill.lo >> 32),
+                         static_cast<uint32_t>(g.fill.hi), static_cast<uint32_t>(g.fill.hi >> 32));
+  if (inside && c0 >= 0 && c0 + kPerVec <= width) {
+    out = LoadUnaligned16(reinterpret_cast<const unsigned char*>(src + off + c0));
+  } else if (inside && c0 < width && c0 + kPerVec > 0) {  // the input's edge
+    union {
+      uint4 v;
+      T e[kPerVec];
+    } u;
+    u.v = out;
+#pragma unroll
+    for (int j = 0; j < kPerVec; ++j) {
+      if (c0 + j >= 0 && c0 + j < width) u.e[j] = src[off + c0 + j];
+    }
+    out = u.v;
+  }
+  dst[v] = out;
+}
+
 template <typename T>
 ffi::Error Launch(const WindowGeometry& g, const void* src, void* dst, T fill,
                   cudaStream_t stream, const DeviceInfo& info) {
+  VectorWindowArgs vec;
+  if (PlanVectorWindow(g, src, dst, &vec)) {
+    const uint32_t blocks = (vec.vectors + kWindowThreads - 1) / kWindowThreads;
+    VectorWindowKernel<T><<<blocks, kWindowThreads, 0, stream>>>(
+        g, vec, static_cast<const T*>(src), static_cast<uint4*>(dst));
+    JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return ffi::Error::Success();
+  }
   const int64_t inner = g.dst_dims[g.rank - 1];
   const int64_t items = g.batch * (g.dst_spatial / inner) *
                         ((inner + kWindowRun<T> - 1) / kWindowRun<T>);

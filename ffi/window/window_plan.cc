@@ -214,6 +214,23 @@ bool PlanTiledWindowGrid(const DeviceInfo& info, TiledWindowPlan* p, std::string
   return true;
 }
 
+bool PlanVectorWindow(const WindowGeometry& g, const void* src, const void* dst,
+                      VectorWindowArgs* args) {
+  const int last = g.rank - 1;
+  const int64_t row_bytes = g.dst_dims[last] * g.elem_bytes;
+  const int64_t vectors = g.batch * g.dst_spatial * g.elem_bytes / 16;
+  const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
+  if (g.transpose || g.strides[last] != 1 || vectors == 0 || row_bytes % 16 != 0 ||
+      vectors >= kFastDivLimit || misaligned(src) || misaligned(dst)) {
+    return false;
+  }
+  args->vectors = static_cast<uint32_t>(vectors);
+  args->per_row = FastDiv(static_cast<uint32_t>(row_bytes / 16));
+  args->per_batch = FastDiv(static_cast<uint32_t>(g.dst_spatial / g.dst_dims[last]));
+  for (int d = 0; d < last; ++d) args->dims[d] = FastDiv(static_cast<uint32_t>(g.dst_dims[d]));
+  return true;
+}
+
 bool InnerStartAligned(const WindowGeometry& g, int64_t inner_start) {
   return inner_start != kUnknownStart &&
          (inner_start % kTmaAlignBytes) * g.elem_bytes % kTmaAlignBytes == 0;

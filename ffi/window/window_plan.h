@@ -11,6 +11,7 @@
 
 #include "cuda/device_info.h"
 #include "cuda/tensor_map.h"
+#include "fast_div.h"
 #include "window/window_common.h"
 
 namespace jax_tma {
@@ -83,6 +84,25 @@ bool TiledWindowFits(const WindowGeometry& g, const void* src, const void* dst,
 // The grid of a planned, non-empty window on `info`'s device: tiles per CTA,
 // CTAs and shared memory. False (*why) past the grid limit.
 bool PlanTiledWindowGrid(const DeviceInfo& info, TiledWindowPlan* plan, std::string* why);
+
+// The SIMT kernel's vector form (simt_window.cu): one 16-B output vector per
+// thread, a grid that covers the window, 32-bit index arithmetic with the
+// divisors fixed here. A vector whose elements all lie inside the input is one
+// load where its source is 16-B aligned, else two aligned loads shifted into
+// place; one that lies outside is the fill.
+struct VectorWindowArgs {
+  uint32_t vectors = 0;            // output vectors, batch included
+  FastDiv per_row;                 // vectors per output row
+  FastDiv per_batch;               // output rows per batch entry
+  FastDiv dims[kMaxWindowRank];    // g.dst_dims[d], for d < rank - 1
+};
+
+// Whether the vector form takes the window, and its divisors in *args: a
+// forward window with innermost stride 1, output rows of whole 16-B vectors,
+// both buffers 16-B aligned, and between 1 and 2^31 - 1 output vectors
+// (kFastDivLimit). Other windows take the SIMT kernel's row form.
+bool PlanVectorWindow(const WindowGeometry& g, const void* src, const void* dst,
+                      VectorWindowArgs* args);
 
 enum class WindowKernel { kTiled, kSimt };
 

@@ -1,5 +1,5 @@
-// Standalone driver of the window kernels (TMA tiled and SIMT, forward and
-// transpose; every start layout: one array, a batched array, one buffer per
+// Standalone driver of the window kernels (TMA tiled and SIMT in both its
+// forms, forward and transpose; every start layout: one array, a batched array, one buffer per
 // dim) for compute-sanitizer, without JAX: random geometries checked
 // against the host evaluation of window_common.h, destinations poisoned.
 // Exit status 1 on any mismatch or launch error.
@@ -149,6 +149,10 @@ int main() {
     ++cases;
     tiled_cases += friendly;
     failures += !RunCase(g, friendly, gen);
+    if (friendly) {  // its rows are whole 16-B vectors: SIMT's vector form too
+      ++cases;
+      failures += !RunCase(g, false, gen);
+    }
   }
   std::printf("window_selftest: %d cases (%d offered to the TMA path), %d failures\n", cases,
               tiled_cases, failures);
