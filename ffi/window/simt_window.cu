@@ -158,58 +158,87 @@ __device__ __forceinline__ uint4 LoadUnaligned16(const unsigned char* p) {
                     __funnelshift_r(s[2], s[3], bits), __funnelshift_r(s[3], s[4], bits));
 }
 
-// The vector form (VectorWindowArgs): thread t writes output vector t. Its
-// row's source offset comes from the row's coordinates (FastDiv), its
-// elements from one strided-1 run of the row's source.
-template <typename T>
+// The vector form (VectorWindowArgs): each thread writes kVectorsPerThread
+// output vectors, kWindowThreads apart (the warp's stores coalesce). A
+// vector's row comes from its coordinates (FastDiv); its elements from one
+// strided-1 run of that row's source. Every load is issued before the first
+// store, so that one read of the starts serves every vector of the thread
+// (kBatchedStarts: each batch entry has its own, read per vector) and the
+// data loads overlap.
+constexpr int kVectorsPerThread = 4;
+
+template <typename T, bool kBatchedStarts>
 __global__ void __launch_bounds__(kWindowThreads)
     VectorWindowKernel(const WindowGeometry g, const VectorWindowArgs a,
                        const T* __restrict__ src, uint4* __restrict__ dst) {
   constexpr int kPerVec = 16 / sizeof(T);
-  const uint32_t v = blockIdx.x * kWindowThreads + threadIdx.x;
-  if (v >= a.vectors) return;
-  const uint32_t row = a.per_row.Div(v);
-  const uint32_t col = (v - row * a.per_row.divisor) * kPerVec;
-  uint32_t b = 0;
-  uint32_t rest = row;
-  if (g.batch > 1) {
-    b = a.per_batch.Div(row);
-    rest = row - b * a.per_batch.divisor;
-  }
-  const int64_t bt = g.starts.batched ? b : 0;
+  constexpr int kU = kVectorsPerThread;
+  const uint32_t v0 = blockIdx.x * (kWindowThreads * kU) + threadIdx.x;
   const int last = g.rank - 1;
-  int64_t off = (g.src_batched ? b : 0) * g.src_spatial;
-  bool inside = true;
-  for (int d = last - 1; d >= 0; --d) {
-    const uint32_t q = a.dims[d].Div(rest);
-    const int64_t c = ReadStart(g.starts, g.rank, bt, d) +
-                      int64_t{rest - q * a.dims[d].divisor} * g.strides[d];
-    rest = q;
-    if (c < 0 || c >= g.src_dims[d]) {
-      inside = false;
-    } else {
-      off += c * g.src_pitch[d];
-    }
-  }
-  const int64_t c0 = ReadStart(g.starts, g.rank, bt, last) + col;
-  const int64_t width = g.src_dims[last];
-  uint4 out = make_uint4(static_cast<uint32_t>(g.fill.lo), static_cast<uint32_t>(g.fill.lo >> 32),
-                         static_cast<uint32_t>(g.fill.hi), static_cast<uint32_t>(g.fill.hi >> 32));
-  if (inside && c0 >= 0 && c0 + kPerVec <= width) {
-    out = LoadUnaligned16(reinterpret_cast<const unsigned char*>(src + off + c0));
-  } else if (inside && c0 < width && c0 + kPerVec > 0) {  // the input's edge
-    union {
-      uint4 v;
-      T e[kPerVec];
-    } u;
-    u.v = out;
+  uint32_t rest[kU];
+  uint32_t b[kU];
+  int64_t c0[kU];  // the source column of the vector's first element
+  int64_t off[kU];
+  bool inside[kU];
 #pragma unroll
-    for (int j = 0; j < kPerVec; ++j) {
-      if (c0 + j >= 0 && c0 + j < width) u.e[j] = src[off + c0 + j];
-    }
-    out = u.v;
+  for (int k = 0; k < kU; ++k) {
+    // Past the end: vector 0's coordinates, never stored.
+    const uint32_t v = v0 + k * kWindowThreads < a.vectors ? v0 + k * kWindowThreads : 0;
+    const uint32_t row = a.per_row.Div(v);
+    c0[k] = (v - row * a.per_row.divisor) * kPerVec;  // its window column, until d == last
+    b[k] = g.batch > 1 ? a.per_batch.Div(row) : 0;
+    rest[k] = row - b[k] * a.per_batch.divisor;
+    off[k] = (g.src_batched ? b[k] : 0) * g.src_spatial;
+    inside[k] = true;
   }
-  dst[v] = out;
+  for (int d = last; d >= 0; --d) {
+    const int64_t s = kBatchedStarts ? 0 : ReadStart(g.starts, g.rank, 0, d);
+#pragma unroll
+    for (int k = 0; k < kU; ++k) {
+      const int64_t sk = kBatchedStarts ? ReadStart(g.starts, g.rank, b[k], d) : s;
+      if (d == last) {
+        c0[k] += sk;
+        continue;
+      }
+      const uint32_t q = a.dims[d].Div(rest[k]);
+      const int64_t c = sk + int64_t{rest[k] - q * a.dims[d].divisor} * g.strides[d];
+      rest[k] = q;
+      if (c < 0 || c >= g.src_dims[d]) {
+        inside[k] = false;
+      } else {
+        off[k] += c * g.src_pitch[d];
+      }
+    }
+  }
+  const uint4 fill = make_uint4(
+      static_cast<uint32_t>(g.fill.lo), static_cast<uint32_t>(g.fill.lo >> 32),
+      static_cast<uint32_t>(g.fill.hi), static_cast<uint32_t>(g.fill.hi >> 32));
+  const int64_t width = g.src_dims[last];
+  uint4 out[kU];
+#pragma unroll
+  for (int k = 0; k < kU; ++k) {
+    const int64_t c = c0[k];
+    const T* const row_src = src + off[k];
+    out[k] = fill;
+    if (inside[k] && c >= 0 && c + kPerVec <= width) {
+      out[k] = LoadUnaligned16(reinterpret_cast<const unsigned char*>(row_src + c));
+    } else if (inside[k] && c < width && c + kPerVec > 0) {  // the input's edge
+      union {
+        uint4 v;
+        T e[kPerVec];
+      } u;
+      u.v = fill;
+#pragma unroll
+      for (int j = 0; j < kPerVec; ++j) {
+        if (c + j >= 0 && c + j < width) u.e[j] = row_src[c + j];
+      }
+      out[k] = u.v;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kU; ++k) {
+    if (v0 + k * kWindowThreads < a.vectors) dst[v0 + k * kWindowThreads] = out[k];
+  }
 }
 
 template <typename T>
@@ -217,9 +246,11 @@ ffi::Error Launch(const WindowGeometry& g, const void* src, void* dst, T fill,
                   cudaStream_t stream, const DeviceInfo& info) {
   VectorWindowArgs vec;
   if (PlanVectorWindow(g, src, dst, &vec)) {
-    const uint32_t blocks = (vec.vectors + kWindowThreads - 1) / kWindowThreads;
-    VectorWindowKernel<T><<<blocks, kWindowThreads, 0, stream>>>(
-        g, vec, static_cast<const T*>(src), static_cast<uint4*>(dst));
+    constexpr uint32_t kPerBlock = kWindowThreads * kVectorsPerThread;
+    const uint32_t blocks = (vec.vectors + kPerBlock - 1) / kPerBlock;
+    auto kernel = g.starts.batched ? VectorWindowKernel<T, true> : VectorWindowKernel<T, false>;
+    kernel<<<blocks, kWindowThreads, 0, stream>>>(g, vec, static_cast<const T*>(src),
+                                                  static_cast<uint4*>(dst));
     JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return ffi::Error::Success();
   }
