@@ -62,13 +62,18 @@ def window(
     ``lax.dynamic_slice``, and is unsharded where it does not, which
     ``lax.dynamic_slice`` refuses) and in ``jax.export`` with symbolic dims.
 
-    ``method="auto"`` hands a traced innermost start to the SIMT kernel (it
-    may be anything, and a TMA box starts 16-byte aligned); otherwise the
-    handler takes the tensor-map path where the innermost start is a static
-    multiple of 16 bytes and the tensor-map rules hold (tensor-map rank at
-    most 5, element strides at most 8, innermost stride 1, rows a multiple
-    of 16 bytes, dims up to 2^30), and the SIMT kernel elsewhere; on GPUs
-    without TMA always the SIMT kernel.
+    ``method="auto"`` takes the SIMT kernel's vector form wherever it runs
+    (a forward window with innermost stride 1 whose output rows are whole
+    16-byte vectors, from any start: a thread per 16-byte vector, loaded
+    whole or as two aligned loads shifted into place), which measured ahead
+    of the tensor-map path on every window both take. Elsewhere it hands a
+    traced innermost start to the SIMT kernel (it may be anything, and a TMA
+    box starts 16-byte aligned) and takes the tensor-map path where the
+    innermost start is a static multiple of 16 bytes and the tensor-map rules
+    hold (tensor-map rank at most 5, element strides at most 8, innermost
+    stride 1, rows a multiple of 16 bytes, dims up to 2^30), and the SIMT
+    kernel elsewhere; on GPUs without TMA always the SIMT kernel.
+    ``method="tma"`` takes the tensor-map path or says which rule it breaks.
 
     Args:
       x: an array of rank >= 1, any dtype (sub-byte types are widened

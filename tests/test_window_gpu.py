@@ -1,8 +1,8 @@
 """jax_tma.window on a CUDA GPU: random geometries (every method that can run
 them) into poisoned outputs against the NumPy reference, bit-exact, NaN fill
-bits included, each checked to run the kernel its method claims (traced starts
-take SIMT under auto; static 16-B aligned ones the TMA tiled kernel where its
-rules hold); grad; the forced-TMA errors."""
+bits included, each checked to run the kernel its method claims (auto takes
+SIMT: its vector form measured ahead of the TMA tiled kernel wherever both run;
+tma the tiled kernel where its rules hold); grad; the forced-TMA errors."""
 
 import functools
 import math
@@ -61,11 +61,12 @@ def window_poisoned(x, start, shape, strides, fill, method, device):
     return _into_poison(f, x, (s,), shape, device, path)
 
 
-def window_static_poisoned(x, start, shape, strides, fill, device, path):
-    """The window at a static `start` under method="auto" into a poisoned
-    output, checked to run `path`: the handler's own choice. A fresh jit, so
-    that its first execution reaches the handler."""
-    f = jax.jit(lambda a, poison: jax_tma.window(a, start, shape, strides=strides, fill=fill),
+def window_static_poisoned(x, start, shape, strides, fill, device, path, method="auto"):
+    """The window at a static `start` under `method` into a poisoned output,
+    checked to run `path`: the handler's own choice. A fresh jit, so that its
+    first execution reaches the handler."""
+    f = jax.jit(lambda a, poison: jax_tma.window(a, start, shape, strides=strides, fill=fill,
+                                                 method=method),
                 donate_argnums=1, keep_unused=True)
     return _into_poison(f, x, (), shape, device, path)
 
@@ -157,7 +158,8 @@ def test_simt_rows_of_several_runs(gpu, rng, dtype):
 
 
 # (x shape, dtype, start, window shape, strides, fill): static starts whose
-# innermost offset is a multiple of 16 B, where the tiled kernel's rules hold.
+# innermost offset is a multiple of 16 B, where the tiled kernel's rules hold
+# (and SIMT's vector form runs: output rows of whole 16-B vectors).
 STATIC_TILED = [
     ((40, 96), np.float32, (3, 4), (16, 32), (1, 1), 0),
     ((40, 96), np.float32, (30, 80), (16, 32), (1, 1), 0),          # over both far edges
@@ -171,11 +173,13 @@ STATIC_TILED = [
 
 @pytest.mark.parametrize("x_shape,dtype,start,shape,strides,fill", STATIC_TILED,
                          ids=[str(c[2]) for c in STATIC_TILED])
-def test_auto_with_static_aligned_starts_takes_the_tiled_kernel(gpu, rng, x_shape, dtype, start,
-                                                                shape, strides, fill):
+def test_static_aligned_starts_take_simt_under_auto_and_the_tiled_kernel_under_tma(
+        gpu, rng, x_shape, dtype, start, shape, strides, fill):
     x = random_array(rng, x_shape, dtype)
-    got = window_static_poisoned(x, start, shape, strides, fill, gpu, "window.tiled")
-    assert_bits_equal(got, window_reference(x, start, shape, strides, fill_nan=fill == "nan"))
+    want = window_reference(x, start, shape, strides, fill_nan=fill == "nan")
+    for method, path in (("auto", "window.simt"), ("tma", "window.tiled")):
+        got = window_static_poisoned(x, start, shape, strides, fill, gpu, path, method)
+        assert_bits_equal(got, want)
 
 
 # Static starts where auto must take the SIMT kernel: an innermost start off

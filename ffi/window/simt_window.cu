@@ -242,14 +242,13 @@ __global__ void __launch_bounds__(kWindowThreads)
 }
 
 template <typename T>
-ffi::Error Launch(const WindowGeometry& g, const void* src, void* dst, T fill,
-                  cudaStream_t stream, const DeviceInfo& info) {
-  VectorWindowArgs vec;
-  if (PlanVectorWindow(g, src, dst, &vec)) {
+ffi::Error Launch(const WindowGeometry& g, const WindowPlan& plan, const void* src, void* dst,
+                  T fill, cudaStream_t stream, const DeviceInfo& info) {
+  if (plan.kernel == WindowKernel::kVector) {
     constexpr uint32_t kPerBlock = kWindowThreads * kVectorsPerThread;
-    const uint32_t blocks = (vec.vectors + kPerBlock - 1) / kPerBlock;
+    const uint32_t blocks = (plan.vector.vectors + kPerBlock - 1) / kPerBlock;
     auto kernel = g.starts.batched ? VectorWindowKernel<T, true> : VectorWindowKernel<T, false>;
-    kernel<<<blocks, kWindowThreads, 0, stream>>>(g, vec, static_cast<const T*>(src),
+    kernel<<<blocks, kWindowThreads, 0, stream>>>(g, plan.vector, static_cast<const T*>(src),
                                                   static_cast<uint4*>(dst));
     JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     return ffi::Error::Success();
@@ -272,18 +271,18 @@ ffi::Error Launch(const WindowGeometry& g, const void* src, void* dst, T fill,
 
 }  // namespace
 
-ffi::Error LaunchSimtWindow(const WindowGeometry& g, const void* src, void* dst,
-                            cudaStream_t stream, int device) {
+ffi::Error LaunchSimtWindow(const WindowGeometry& g, const WindowPlan& plan, const void* src,
+                            void* dst, cudaStream_t stream, int device) {
   if (g.batch * g.dst_spatial == 0) return ffi::Error::Success();
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   const FillPattern& f = g.fill;
   switch (g.elem_bytes) {
-    case 1: return Launch<uint8_t>(g, src, dst, f.At<uint8_t>(0), stream, info);
-    case 2: return Launch<uint16_t>(g, src, dst, f.At<uint16_t>(0), stream, info);
-    case 4: return Launch<uint32_t>(g, src, dst, f.At<uint32_t>(0), stream, info);
-    case 8: return Launch<uint64_t>(g, src, dst, f.At<uint64_t>(0), stream, info);
-    case 16: return Launch<Bytes16>(g, src, dst, f.At<Bytes16>(0), stream, info);
+    case 1: return Launch<uint8_t>(g, plan, src, dst, f.At<uint8_t>(0), stream, info);
+    case 2: return Launch<uint16_t>(g, plan, src, dst, f.At<uint16_t>(0), stream, info);
+    case 4: return Launch<uint32_t>(g, plan, src, dst, f.At<uint32_t>(0), stream, info);
+    case 8: return Launch<uint64_t>(g, plan, src, dst, f.At<uint64_t>(0), stream, info);
+    case 16: return Launch<Bytes16>(g, plan, src, dst, f.At<Bytes16>(0), stream, info);
     default:
       return InvalidArgument(kWindowOp, "element size ", g.elem_bytes, " B is not supported");
   }

@@ -8,9 +8,9 @@ namespace jax_tma {
 ffi::Error LaunchWindow(const WindowGeometry& g, const WindowPlan& plan, const void* src,
                         void* dst, cudaStream_t stream, int device) {
   return LaunchTmaOrSimt(
-      plan.kernel == WindowKernel::kTiled, plan.tiled.empty, Path::kWindowTiled,
-      Path::kWindowSimt, [&] { return LaunchTiledWindow(g, plan.tiled, stream, device); },
-      [&] { return LaunchSimtWindow(g, src, dst, stream, device); });
+      !plan.simt(), plan.tiled.empty, Path::kWindowTiled, Path::kWindowSimt,
+      [&] { return LaunchTiledWindow(g, plan.tiled, stream, device); },
+      [&] { return LaunchSimtWindow(g, plan, src, dst, stream, device); });
 }
 
 }  // namespace jax_tma

@@ -1,6 +1,6 @@
 // Launchers of the window kernels: the TMA tiled kernel (forward only, as
-// PlanWindow planned it) and the SIMT kernel (any geometry, forward or
-// transpose), and of a planned call (LaunchWindow). Both kernels read the
+// PlanWindow planned it) and the SIMT kernel (its vector form, or its row
+// form for any geometry, forward or transpose), and of a planned call (LaunchWindow). Both kernels read the
 // starts from device memory, allocate nothing and synchronise nothing
 // (CUDA-graph safe); tensor maps are encoded on every call.
 #ifndef JAX_TMA_FFI_WINDOW_WINDOW_LAUNCH_H_
@@ -19,9 +19,10 @@ namespace jax_tma {
 ffi::Error LaunchTiledWindow(const WindowGeometry& g, const TiledWindowPlan& plan,
                              cudaStream_t stream, int device);
 
-// Any geometry, forward or transpose.
-ffi::Error LaunchSimtWindow(const WindowGeometry& g, const void* src, void* dst,
-                            cudaStream_t stream, int device);
+// The SIMT kernel in the form `plan` took (kVector or kRows: any geometry,
+// forward or transpose).
+ffi::Error LaunchSimtWindow(const WindowGeometry& g, const WindowPlan& plan, const void* src,
+                            void* dst, cudaStream_t stream, int device);
 
 // Runs the kernel of `plan` (PlanWindow) and counts its path.
 ffi::Error LaunchWindow(const WindowGeometry& g, const WindowPlan& plan, const void* src,

@@ -239,10 +239,13 @@ bool InnerStartAligned(const WindowGeometry& g, int64_t inner_start) {
 ffi::Error PlanWindow(const WindowGeometry& g, Method method, int64_t inner_start,
                       const DeviceInfo& info, int device, const void* src, const void* dst,
                       WindowPlan* plan) {
-  plan->kernel = WindowKernel::kSimt;
-  if (method == Method::kSimt) return ffi::Error::Success();
-  if (method == Method::kAuto && !InnerStartAligned(g, inner_start)) {
-    return ffi::Error::Success();
+  if (method != Method::kTma) {
+    plan->kernel = PlanVectorWindow(g, src, dst, &plan->vector) ? WindowKernel::kVector
+                                                                 : WindowKernel::kRows;
+    if (method == Method::kSimt || plan->kernel == WindowKernel::kVector ||
+        !InnerStartAligned(g, inner_start)) {
+      return ffi::Error::Success();
+    }
   }
   std::string rule;
   if (info.has_tma() && PlanTiledWindow(g, src, dst, &plan->tiled, &rule) &&

@@ -104,28 +104,36 @@ struct VectorWindowArgs {
 bool PlanVectorWindow(const WindowGeometry& g, const void* src, const void* dst,
                       VectorWindowArgs* args);
 
-enum class WindowKernel { kTiled, kSimt };
+// The kernels: TMA tiled, and SIMT in its vector form (VectorWindowArgs) or
+// its row form (any geometry, the transpose included).
+enum class WindowKernel { kTiled, kVector, kRows };
 
 // What one call runs: the kernel and, for kTiled, its tiles, tensor maps and
-// grid (nothing to launch where tiled.empty).
+// grid (nothing to launch where tiled.empty), for kVector its divisors.
 struct WindowPlan {
-  WindowKernel kernel = WindowKernel::kSimt;
+  WindowKernel kernel = WindowKernel::kRows;
   TiledWindowPlan tiled;
+  VectorWindowArgs vector;
+  bool simt() const { return kernel != WindowKernel::kTiled; }
 };
 
 // Whether the innermost start (the call's "inner_start", in elements) is
-// known and a multiple of 16 bytes. Only then
-// does Method::kAuto take the tiled kernel: a TMA box starts 16-B aligned, so
-// any other start is loaded wider and shifted in shared memory, which measured
-// slower than the SIMT kernel (benchmarks/bench_window.py). A start known
-// only on the device (kUnknownStart) may be anything, so it takes SIMT too.
+// known and a multiple of 16 bytes. Only then does Method::kAuto take the
+// tiled kernel, where SIMT's vector form cannot run: a TMA box starts 16-B
+// aligned, so any other start is loaded wider and shifted in shared memory,
+// which measured slower than the SIMT kernel (benchmarks/bench_window.py). A
+// start known only on the device (kUnknownStart) may be anything, so it
+// takes SIMT too.
 bool InnerStartAligned(const WindowGeometry& g, int64_t inner_start);
 
-// Plans a call once: the tiled kernel where the device has TMA and the window
-// fits it (PlanTiledWindow and PlanTiledWindowGrid; never the transpose) and,
-// under Method::kAuto, its innermost start is aligned (InnerStartAligned),
-// else SIMT. Method::kTma where the tiled kernel cannot run is an error
-// naming the rule; Method::kSimt plans SIMT without looking further.
+// Plans a call once. Method::kSimt: the vector form where it fits
+// (PlanVectorWindow), else the row form. Method::kAuto: the same, but where
+// the vector form cannot run, the tiled kernel where the device has TMA, the
+// window fits it (PlanTiledWindow and PlanTiledWindowGrid; never the
+// transpose) and its innermost start is aligned (InnerStartAligned). The
+// vector form measured ahead of the tiled kernel on every window both take
+// (benchmarks/results, window). Method::kTma: the tiled kernel, or an error
+// naming the rule it breaks.
 ffi::Error PlanWindow(const WindowGeometry& g, Method method, int64_t inner_start,
                       const DeviceInfo& info, int device, const void* src, const void* dst,
                       WindowPlan* plan);

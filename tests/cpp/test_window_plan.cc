@@ -187,29 +187,38 @@ void TestKernelChoice() {
   const WindowGeometry ok = Window({64, 64}, {32, 32}, {1, 1}, 4);
   const auto* off = static_cast<const char*>(kAligned) + 4;
   WindowPlan p;
+  // auto and simt: SIMT's vector form where it runs, TMA or not; tma: tiled.
   CHECK(PlanWindow(ok, Method::kAuto, 0, kH100, 0, kAligned, kAlignedOut, &p).success());
-  CHECK(p.kernel == WindowKernel::kTiled);
-  CHECK_EQ(p.tiled.blocks, p.tiled.args.total_tiles);  // the grid is planned too
+  CHECK(p.kernel == WindowKernel::kVector);
+  CHECK_EQ(p.vector.vectors, uint32_t{32} * 32 * 4 / 16);
+  CHECK(p.simt());
+  CHECK(PlanWindow(ok, Method::kAuto, 0, kA100, 0, kAligned, kAlignedOut, &p).success());
+  CHECK(p.kernel == WindowKernel::kVector);
+  CHECK(PlanWindow(ok, Method::kSimt, 0, kH100, 0, kAligned, kAlignedOut, &p).success());
+  CHECK(p.kernel == WindowKernel::kVector);
   CHECK(PlanWindow(ok, Method::kTma, 0, kH100, 0, kAligned, kAlignedOut, &p).success());
   CHECK(p.kernel == WindowKernel::kTiled);
-  CHECK(PlanWindow(ok, Method::kSimt, 0, kH100, 0, kAligned, kAlignedOut, &p).success());
-  CHECK(p.kernel == WindowKernel::kSimt);
-  // auto falls back where the tiled kernel cannot run; tma says why.
+  CHECK(!p.simt());
+  CHECK_EQ(p.tiled.blocks, p.tiled.args.total_tiles);  // the grid is planned too
+  // Neither the vector form nor the tiled kernel takes a misaligned x.
   CHECK(PlanWindow(ok, Method::kAuto, 0, kH100, 0, off, kAlignedOut, &p).success());
-  CHECK(p.kernel == WindowKernel::kSimt);
-  CHECK(PlanWindow(ok, Method::kAuto, 0, kA100, 0, kAligned, kAlignedOut, &p).success());
-  CHECK(p.kernel == WindowKernel::kSimt);
-  // auto takes the tiled kernel only from a known start of a multiple of
-  // 16 B (f32: of 4 elements, either side of 0); tma from any start.
+  CHECK(p.kernel == WindowKernel::kRows);
+  // Where the vector form cannot run (2^31 output vectors), auto takes the
+  // tiled kernel only from a known start of a multiple of 16 B (f32: of 4
+  // elements, either side of 0); tma from any start.
+  const WindowGeometry big = Window({1 << 15, 1 << 18}, {1 << 15, 1 << 18}, {1, 1}, 4);
+  CHECK(!PlanVectorWindow(big, kAligned, kAlignedOut, &p.vector));
   for (const auto& [start, tiled] : std::vector<std::pair<int64_t, bool>>{
            {4, true}, {-4, true}, {int64_t{1} << 62, true}, {2, false}, {-6, false},
            {kUnknownStart, false}}) {
-    CHECK_EQ(InnerStartAligned(ok, start), tiled);
-    CHECK(PlanWindow(ok, Method::kAuto, start, kH100, 0, kAligned, kAlignedOut, &p).success());
-    CHECK(p.kernel == (tiled ? WindowKernel::kTiled : WindowKernel::kSimt));
-    CHECK(PlanWindow(ok, Method::kTma, start, kH100, 0, kAligned, kAlignedOut, &p).success());
+    CHECK_EQ(InnerStartAligned(big, start), tiled);
+    CHECK(PlanWindow(big, Method::kAuto, start, kH100, 0, kAligned, kAlignedOut, &p).success());
+    CHECK(p.kernel == (tiled ? WindowKernel::kTiled : WindowKernel::kRows));
+    CHECK(PlanWindow(big, Method::kTma, start, kH100, 0, kAligned, kAlignedOut, &p).success());
     CHECK(p.kernel == WindowKernel::kTiled);
   }
+  CHECK(PlanWindow(big, Method::kSimt, 4, kH100, 0, kAligned, kAlignedOut, &p).success());
+  CHECK(p.kernel == WindowKernel::kRows);
   ffi::Error err = PlanWindow(ok, Method::kTma, 0, kH100, 0, off, kAlignedOut, &p);
   CHECK_EQ(err.message(),
            "jax_tma.window: method='tma' cannot run this window: x address is not 16-B aligned");
