@@ -42,7 +42,8 @@ def render_host_cost(r: dict[str, Any]) -> str:
               f"in turns) and the GPU span; the gap is the wall clock's over the minimal FFI "
               f"kernel's ({r['cases_described'][minimal]}), target ≤ {r['target_gap_us']:g} µs. "
               f"Launches: GPU activities per call in a profiler trace under the default flags. "
-              f"One worker process per setting ({flags})."]
+              f"Where the span reaches the wall clock, the GPU, not the host, bounds the "
+              f"chain. One worker process per setting ({flags})."]
     return "\n".join(lines)
 
 
