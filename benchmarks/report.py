@@ -264,8 +264,9 @@ def family_modules(family: str) -> tuple[str, ...]:
 def family_of(op: str) -> str | None:
     """The family whose code an op's result measures: the FAMILY of the
     render module that renders it, else the module's name (render_<family>);
-    None for the sections this script renders (the sanitizer's: every
-    family's kernels)."""
+    None for every family's: the sections this script renders (the
+    sanitizer's: every family's kernels) and a render module's FAMILY None
+    (host-cost: every family's handlers)."""
     for module in _MODULES:
         if op in module.RENDERERS:
             return getattr(module, "FAMILY", module.__name__.removeprefix("render_"))

@@ -170,9 +170,12 @@ def test_report_collects_a_render_module_per_benchmark_module():
 
 def test_every_result_is_of_a_family():
     # report.py tells a result's staleness by its family: the FAMILY of its
-    # render module, or the module's name (render_<family>.py).
+    # render module, or the module's name (render_<family>.py); FAMILY None
+    # says every family's code (host-cost times each op's handler).
     for module in report._MODULES:
         for op in module.RENDERERS:
+            if getattr(module, "FAMILY", "") is None:
+                continue
             assert report.family_of(op) in report.families(), (
                 f"benchmarks/{module.__name__}.py renders {op}, whose family "
                 f"{report.family_of(op)!r} is not in ffi/families.inc: set FAMILY")
@@ -713,6 +716,33 @@ def test_the_moe_command_line_is_run_pys(monkeypatch):
     assert bench_moe.main(["--processes", "--quick", "--smoke"]) == 0
     assert bench_moe.main(["--out-dir", "x"]) == 0
     assert seen == [["moe_processes", "--quick", "--smoke"], ["moe", "--out-dir", "x"]]
+
+
+def test_smoke_run_of_the_host_cost(tmp_path):
+    """`run.py host-cost`: a worker process per flag setting (XLA:CPU takes
+    the GPU flags), every op's chain checked bit for bit, its wall clock per
+    call and its gap over the minimal kernel; the section renders."""
+    run = _run_py("host-cost", "--smoke", "--allow-dirty", "--out-dir", str(tmp_path))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = report.load_results(str(tmp_path))
+    assert list(results) == ["host-cost"]
+    r = results["host-cost"][1]
+    assert r["smoke"] and r["target_gap_us"] == 0.1 and r["minimal"] == "minimal_ffi"
+    assert list(r["settings"]) == ["default", "command_buffers"]
+    assert r["settings"]["default"]["xla_flags"] == ""
+    assert "--xla_gpu_graph_min_graph_size=1" in r["settings"]["command_buffers"]["xla_flags"]
+    for name, setting in r["settings"].items():
+        assert setting["protocol"]["wall"]["samples"] >= 2
+        assert list(setting["cases"]) == list(r["cases_described"])
+        minimal = setting["cases"]["minimal_ffi"]["wall_us"]
+        for case, c in setting["cases"].items():
+            assert c["wall_us"] > 0 and c["launches"] is None  # no trace on the CPU
+            assert c["gap_us"] == pytest.approx(c["wall_us"] - minimal)
+            assert c["target_met"] == (c["gap_us"] <= 0.1)
+            assert f"{name}: {r['chain_ops']} chained {case}" in r["checked_bit_exact"]
+    text = report.render(r)
+    assert "| op | launches | default flags: wall µs | gap µs | met | span µs |" in text
+    assert "| minimal_ffi (minimal) | — |" in text
 
 
 def test_ppermute_processes_sets_no_one_gpu_ceiling_beside_blocks_across_gpus():
