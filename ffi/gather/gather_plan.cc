@@ -15,14 +15,6 @@ std::string_view OpName(GatherOp op) { return op == GatherOp::kGather ? kGatherO
 
 }  // namespace
 
-FastDivisor FastDivisor::Of(uint32_t d) {
-  FastDivisor f;
-  while ((uint64_t{1} << f.shift) < d) ++f.shift;  // ceil(log2 d)
-  // floor(2^32 (2^shift - d) / d) + 1 < 2^32, as 2^shift < 2d.
-  f.mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << f.shift) - d)) / d + 1);
-  return f;
-}
-
 bool BulkGatherFits(const GatherGeometry& g, GatherOp op, std::string* why) {
   Message m;
   if (g.slab_bytes % kTmaAlignBytes != 0) {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cuda/device_info.h"
+#include "fast_divisor.h"
 #include "gather/gather_common.h"
 
 namespace jax_tma {
@@ -36,26 +37,6 @@ struct BulkGatherTiling {
   int64_t units = 0;
   int64_t units_per_cta = 1;
   int64_t blocks = 0;
-};
-
-// Division of n < 2^31 by a divisor 1 <= d < 2^31 fixed before the launch,
-// as a multiply-high, an add and a shift (Granlund and Montgomery, "Division
-// by invariant integers using multiplication", PLDI 1994, theorem 4.2): the
-// flat kernels' row of a vector, cheaper there than a division or a
-// power-of-two test (benchmarks/TUNING.md, FastDivisor).
-struct FastDivisor {
-  uint32_t mul = 1;
-  int32_t shift = 0;
-
-  static FastDivisor Of(uint32_t d);
-  JAX_TMA_HOST_DEVICE uint32_t Divide(uint32_t n) const {
-#if defined(__CUDA_ARCH__)
-    const uint32_t hi = __umulhi(n, mul);
-#else
-    const auto hi = static_cast<uint32_t>((uint64_t{n} * mul) >> 32);
-#endif
-    return (hi + n) >> shift;  // no overflow: hi <= n < 2^31
-  }
 };
 
 // The SIMT kernels, in vectors of `vector_bytes`:

@@ -160,7 +160,7 @@ __device__ __forceinline__ uint4 LoadUnaligned16(const unsigned char* p) {
 
 // The vector form (VectorWindowArgs): each thread writes kVectorsPerThread
 // output vectors, kWindowThreads apart (the warp's stores coalesce). A
-// vector's row comes from its coordinates (FastDiv); its elements from one
+// vector's row comes from its coordinates (FastDivisor); its elements from one
 // strided-1 run of that row's source. Every load is issued before the first
 // store, so that one read of the starts serves every vector of the thread
 // (kBatchedStarts: each batch entry has its own, read per vector) and the
@@ -184,10 +184,10 @@ __global__ void __launch_bounds__(kWindowThreads)
   for (int k = 0; k < kU; ++k) {
     // Past the end: vector 0's coordinates, never stored.
     const uint32_t v = v0 + k * kWindowThreads < a.vectors ? v0 + k * kWindowThreads : 0;
-    const uint32_t row = a.per_row.Div(v);
-    c0[k] = (v - row * a.per_row.divisor) * kPerVec;  // its window column, until d == last
-    b[k] = g.batch > 1 ? a.per_batch.Div(row) : 0;
-    rest[k] = row - b[k] * a.per_batch.divisor;
+    const uint32_t row = a.per_row.Divide(v);
+    c0[k] = (v - row * a.vectors_per_row) * kPerVec;  // its window column, until d == last
+    b[k] = g.batch > 1 ? a.per_batch.Divide(row) : 0;
+    rest[k] = row - b[k] * a.rows_per_batch;
     off[k] = (g.src_batched ? b[k] : 0) * g.src_spatial;
     inside[k] = true;
   }
@@ -200,8 +200,8 @@ __global__ void __launch_bounds__(kWindowThreads)
         c0[k] += sk;
         continue;
       }
-      const uint32_t q = a.dims[d].Div(rest[k]);
-      const int64_t c = sk + int64_t{rest[k] - q * a.dims[d].divisor} * g.strides[d];
+      const uint32_t q = a.dims[d].Divide(rest[k]);
+      const int64_t c = sk + (rest[k] - q * static_cast<uint32_t>(g.dst_dims[d])) * g.strides[d];
       rest[k] = q;
       if (c < 0 || c >= g.src_dims[d]) {
         inside[k] = false;

@@ -221,13 +221,17 @@ bool PlanVectorWindow(const WindowGeometry& g, const void* src, const void* dst,
   const int64_t vectors = g.batch * g.dst_spatial * g.elem_bytes / 16;
   const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
   if (g.transpose || g.strides[last] != 1 || vectors == 0 || row_bytes % 16 != 0 ||
-      vectors >= kFastDivLimit || misaligned(src) || misaligned(dst)) {
+      vectors >= kFastDivisorLimit || misaligned(src) || misaligned(dst)) {
     return false;
   }
   args->vectors = static_cast<uint32_t>(vectors);
-  args->per_row = FastDiv(static_cast<uint32_t>(row_bytes / 16));
-  args->per_batch = FastDiv(static_cast<uint32_t>(g.dst_spatial / g.dst_dims[last]));
-  for (int d = 0; d < last; ++d) args->dims[d] = FastDiv(static_cast<uint32_t>(g.dst_dims[d]));
+  args->vectors_per_row = static_cast<uint32_t>(row_bytes / 16);
+  args->rows_per_batch = static_cast<uint32_t>(g.dst_spatial / g.dst_dims[last]);
+  args->per_row = FastDivisor::Of(args->vectors_per_row);
+  args->per_batch = FastDivisor::Of(args->rows_per_batch);
+  for (int d = 0; d < last; ++d) {
+    args->dims[d] = FastDivisor::Of(static_cast<uint32_t>(g.dst_dims[d]));
+  }
   return true;
 }
 

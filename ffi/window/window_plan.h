@@ -11,7 +11,7 @@
 
 #include "cuda/device_info.h"
 #include "cuda/tensor_map.h"
-#include "fast_div.h"
+#include "fast_divisor.h"
 #include "window/window_common.h"
 
 namespace jax_tma {
@@ -91,16 +91,18 @@ bool PlanTiledWindowGrid(const DeviceInfo& info, TiledWindowPlan* plan, std::str
 // load where its source is 16-B aligned, else two aligned loads shifted into
 // place; one that lies outside is the fill.
 struct VectorWindowArgs {
-  uint32_t vectors = 0;            // output vectors, batch included
-  FastDiv per_row;                 // vectors per output row
-  FastDiv per_batch;               // output rows per batch entry
-  FastDiv dims[kMaxWindowRank];    // g.dst_dims[d], for d < rank - 1
+  uint32_t vectors = 0;             // output vectors, batch included
+  uint32_t vectors_per_row = 1;
+  uint32_t rows_per_batch = 1;      // output rows per batch entry
+  FastDivisor per_row;              // by vectors_per_row
+  FastDivisor per_batch;            // by rows_per_batch
+  FastDivisor dims[kMaxWindowRank]; // by g.dst_dims[d], for d < rank - 1
 };
 
 // Whether the vector form takes the window, and its divisors in *args: a
 // forward window with innermost stride 1, output rows of whole 16-B vectors,
 // both buffers 16-B aligned, and between 1 and 2^31 - 1 output vectors
-// (kFastDivLimit). Other windows take the SIMT kernel's row form.
+// (kFastDivisorLimit). Other windows take the SIMT kernel's row form.
 bool PlanVectorWindow(const WindowGeometry& g, const void* src, const void* dst,
                       VectorWindowArgs* args);
 

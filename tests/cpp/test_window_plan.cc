@@ -227,37 +227,6 @@ void TestKernelChoice() {
                           "capability 8.0 (TMA needs >= 9.0); use method='auto' or 'simt'");
 }
 
-void TestFastDiv() {
-  // Against `/` at every divisor's edges: its multiples, either side of
-  // them, and the largest dividend; divisors small, powers of two and near
-  // the limit.
-  std::vector<uint32_t> divisors = {1, 2, 3, 5, 7, 24, 100, 1000, 4095, 65537, 1234567};
-  for (int k = 1; k < 31; ++k) {
-    divisors.push_back(uint32_t{1} << k);
-    divisors.push_back((uint32_t{1} << k) - 1);
-    divisors.push_back((uint32_t{1} << k) + 1);
-  }
-  divisors.push_back(kFastDivLimit - 1);
-  divisors.push_back(kFastDivLimit - 2);
-  int wrong = 0;
-  for (const uint32_t d : divisors) {
-    if (d == 0 || d >= kFastDivLimit) continue;
-    const FastDiv f(d);
-    CHECK_EQ(f.divisor, d);
-    std::vector<uint32_t> ns = {0, 1, 2, d - 1, d, d + 1, kFastDivLimit - 1, kFastDivLimit - 2};
-    for (uint64_t m = 1; m * d < kFastDivLimit; m = m * 3 + 1) {
-      for (const int64_t delta : {-1, 0, 1}) {
-        const int64_t n = static_cast<int64_t>(m * d) + delta;
-        if (n >= 0 && n < kFastDivLimit) ns.push_back(static_cast<uint32_t>(n));
-      }
-    }
-    for (const uint32_t n : ns) {
-      if (n < kFastDivLimit) wrong += f.Div(n) != n / d;
-    }
-  }
-  CHECK_EQ(wrong, 0);
-}
-
 void TestVectorForm() {
   // The vector form: forward, innermost stride 1, rows of whole 16-B
   // vectors, aligned buffers; its divisors.
@@ -265,14 +234,15 @@ void TestVectorForm() {
   CHECK(PlanVectorWindow(Window({8192, 8192}, {4096, 4096}, {1, 1}, 2, 3), kAligned,
                          kAlignedOut, &a));
   CHECK_EQ(a.vectors, uint32_t{3} * 4096 * 4096 * 2 / 16);
-  CHECK_EQ(a.per_row.divisor, 512u);
-  CHECK_EQ(a.per_batch.divisor, 4096u);
-  CHECK_EQ(a.dims[0].divisor, 4096u);
+  CHECK_EQ(a.vectors_per_row, 512u);
+  CHECK_EQ(a.rows_per_batch, 4096u);
+  CHECK_EQ(a.dims[0].Divide(4095), 0u);
+  CHECK_EQ(a.dims[0].Divide(4096 * 3 + 5), 3u);
   CHECK(PlanVectorWindow(Window({7, 9, 5}, {2, 3, 4}, {3, 2, 1}, 4), kAligned, kAlignedOut, &a));
-  CHECK_EQ(a.per_row.divisor, 1u);
-  CHECK_EQ(a.per_batch.divisor, 6u);
-  CHECK_EQ(a.dims[0].divisor, 2u);
-  CHECK_EQ(a.dims[1].divisor, 3u);
+  CHECK_EQ(a.vectors_per_row, 1u);
+  CHECK_EQ(a.rows_per_batch, 6u);
+  CHECK_EQ(a.dims[0].Divide(5), 2u);
+  CHECK_EQ(a.dims[1].Divide(5), 1u);
   const char* const bytes = static_cast<const char*>(kAligned);
   for (const auto& [g, src] : std::vector<std::pair<WindowGeometry, const void*>>{
            {Window({64, 64}, {32, 6}, {1, 1}, 2), kAligned},   // 12-B rows
@@ -300,7 +270,6 @@ int main() {
   jax_tma::TestRules();
   jax_tma::TestGrid();
   jax_tma::TestKernelChoice();
-  jax_tma::TestFastDiv();
   jax_tma::TestVectorForm();
   return jax_tma::testing::Failures("test_window_plan");
 }
