@@ -136,13 +136,16 @@ def test_simt_rows_at_every_alignment(gpu, rng, dtype):
     """The SIMT kernel's contiguous spans at every source offset modulo 16 B
     (aligned vectors, or vectors shifted into place) and output rows of
     every alignment (scalar heads and tails), lengths around the vector
-    boundaries; rows that hang over both edges."""
+    boundaries; rows that hang over both edges. Innermost strides 1 and 2
+    (the vector form takes rows of whole vectors at both)."""
     x = random_array(rng, (5, 400), dtype)
     per = 16 // dtype.itemsize
-    for width in (1, per - 1, per, per + 1, 3 * per + 1, 333, 400):
-        for col in list(range(-1, 2 * per + 1)) + [400 - width, 401 - width]:
-            got = window_poisoned(x, (1, col), (3, width), (1, 1), 0, "simt", gpu)
-            assert_bits_equal(got, window_reference(x, (1, col), (3, width)))
+    for step in (1, 2):
+        for width in (1, per - 1, per, per + 1, 3 * per + 1, 333, 400 // step):
+            for col in list(range(-1, 2 * per + 1)) + [400 - step * width,
+                                                       401 - step * width]:
+                got = window_poisoned(x, (1, col), (3, width), (1, step), 0, "simt", gpu)
+                assert_bits_equal(got, window_reference(x, (1, col), (3, width), (1, step)))
 
 
 @pytest.mark.parametrize("dtype", VECTOR_DTYPES, ids=str)

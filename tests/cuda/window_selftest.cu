@@ -149,8 +149,9 @@ int main() {
     ++cases;
     tiled_cases += friendly;
     failures += !RunCase(g, friendly, gen);
-    if (friendly) {  // its rows are whole 16-B vectors: SIMT's vector form too
-      ++cases;
+    if (friendly) {  // its rows are whole 16-B vectors: SIMT's vector form too,
+      ++cases;        // every other time at innermost stride 2
+      g.strides[g.rank - 1] = 1 + trial / 2 % 2;
       failures += !RunCase(g, false, gen);
     }
   }
