@@ -1,6 +1,6 @@
 // The SIMT window kernel and its launcher: any rank, strides, alignment and start, forward
 // and transpose (window_common.h). Two forms: where PlanVectorWindow takes the
-// window (forward, innermost stride 1 or 2, rows of whole 16-B vectors), a thread
+// window (forward, innermost stride 1, rows of whole 16-B vectors), a thread
 // per 16-B output vector over a grid that covers the window; else warps copy
 // runs of output rows, what lies inside the input as one strided copy, the
 // rest as fill. The path for every geometry the TMA tiled kernel cannot take,
@@ -158,29 +158,10 @@ __device__ __forceinline__ uint4 LoadUnaligned16(const unsigned char* p) {
                     __funnelshift_r(s[2], s[3], bits), __funnelshift_r(s[3], s[4], bits));
 }
 
-// Every other element of the 32 bytes lo:hi, from the first: the 16 bytes
-// of an innermost stride of 2.
-template <typename T>
-__device__ __forceinline__ uint4 EvenElements(const uint4 lo, const uint4 hi) {
-  if constexpr (sizeof(T) == 1) {
-    return make_uint4(__byte_perm(lo.x, lo.y, 0x6420), __byte_perm(lo.z, lo.w, 0x6420),
-                      __byte_perm(hi.x, hi.y, 0x6420), __byte_perm(hi.z, hi.w, 0x6420));
-  } else if constexpr (sizeof(T) == 2) {
-    return make_uint4(__byte_perm(lo.x, lo.y, 0x5410), __byte_perm(lo.z, lo.w, 0x5410),
-                      __byte_perm(hi.x, hi.y, 0x5410), __byte_perm(hi.z, hi.w, 0x5410));
-  } else if constexpr (sizeof(T) == 4) {
-    return make_uint4(lo.x, lo.z, hi.x, hi.z);
-  } else {
-    static_assert(sizeof(T) == 8, "16-B elements are a vector each");
-    return make_uint4(lo.x, lo.y, hi.x, hi.y);
-  }
-}
-
 // The vector form (VectorWindowArgs): each thread writes kVectorsPerThread
 // output vectors, kWindowThreads apart (the warp's stores coalesce). A
 // vector's row comes from its coordinates (FastDivisor); its elements from one
-// run of that row's source, every element (stride 1) or every other (stride
-// 2: two 16-B loads, EvenElements). Every load is issued before the first
+// strided-1 run of that row's source. Every load is issued before the first
 // store, so that one read of the starts serves every vector of the thread
 // (kBatchedStarts: each batch entry has its own, read per vector) and the
 // data loads overlap.
@@ -216,7 +197,7 @@ __global__ void __launch_bounds__(kWindowThreads)
     for (int k = 0; k < kU; ++k) {
       const int64_t sk = kBatchedStarts ? ReadStart(g.starts, g.rank, b[k], d) : s;
       if (d == last) {
-        c0[k] = sk + c0[k] * g.strides[last];
+        c0[k] += sk;
         continue;
       }
       const uint32_t q = a.dims[d].Divide(rest[k]);
@@ -233,25 +214,15 @@ __global__ void __launch_bounds__(kWindowThreads)
       static_cast<uint32_t>(g.fill.lo), static_cast<uint32_t>(g.fill.lo >> 32),
       static_cast<uint32_t>(g.fill.hi), static_cast<uint32_t>(g.fill.hi >> 32));
   const int64_t width = g.src_dims[last];
-  const int64_t step = g.strides[last];  // 1, 2, or any for 16-B elements
-  // The source elements a vector spans (at stride 2 its last one too: the
-  // two 16-B loads end there).
-  const int64_t span = kPerVec == 1 ? 1 : kPerVec * step;
   uint4 out[kU];
 #pragma unroll
   for (int k = 0; k < kU; ++k) {
     const int64_t c = c0[k];
     const T* const row_src = src + off[k];
     out[k] = fill;
-    if (inside[k] && c >= 0 && c + span <= width) {
-      const auto* p = reinterpret_cast<const unsigned char*>(row_src + c);
-      if constexpr (kPerVec == 1) {
-        out[k] = LoadUnaligned16(p);
-      } else {
-        out[k] = step == 1 ? LoadUnaligned16(p)
-                           : EvenElements<T>(LoadUnaligned16(p), LoadUnaligned16(p + 16));
-      }
-    } else if (inside[k] && c < width && c + span > 0) {  // the input's edge
+    if (inside[k] && c >= 0 && c + kPerVec <= width) {
+      out[k] = LoadUnaligned16(reinterpret_cast<const unsigned char*>(row_src + c));
+    } else if (inside[k] && c < width && c + kPerVec > 0) {  // the input's edge
       union {
         uint4 v;
         T e[kPerVec];
@@ -259,8 +230,7 @@ __global__ void __launch_bounds__(kWindowThreads)
       u.v = fill;
 #pragma unroll
       for (int j = 0; j < kPerVec; ++j) {
-        const int64_t cj = c + j * step;
-        if (cj >= 0 && cj < width) u.e[j] = row_src[cj];
+        if (c + j >= 0 && c + j < width) u.e[j] = row_src[c + j];
       }
       out[k] = u.v;
     }

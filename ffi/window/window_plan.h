@@ -89,8 +89,7 @@ bool PlanTiledWindowGrid(const DeviceInfo& info, TiledWindowPlan* plan, std::str
 // thread, a grid that covers the window, 32-bit index arithmetic with the
 // divisors fixed here. A vector whose elements all lie inside the input is one
 // load where its source is 16-B aligned, else two aligned loads shifted into
-// place (at innermost stride 2, two such 16-B loads and every other element);
-// one that lies outside is the fill.
+// place; one that lies outside is the fill.
 struct VectorWindowArgs {
   uint32_t vectors = 0;             // output vectors, batch included
   uint32_t vectors_per_row = 1;
@@ -101,8 +100,7 @@ struct VectorWindowArgs {
 };
 
 // Whether the vector form takes the window, and its divisors in *args: a
-// forward window with innermost stride 1 or 2 (any for 16-B elements: a
-// vector each), output rows of whole 16-B vectors,
+// forward window with innermost stride 1, output rows of whole 16-B vectors,
 // both buffers 16-B aligned, and between 1 and 2^31 - 1 output vectors
 // (kFastDivisorLimit). Other windows take the SIMT kernel's row form.
 bool PlanVectorWindow(const WindowGeometry& g, const void* src, const void* dst,

@@ -246,17 +246,13 @@ void TestVectorForm() {
   const char* const bytes = static_cast<const char*>(kAligned);
   for (const auto& [g, src] : std::vector<std::pair<WindowGeometry, const void*>>{
            {Window({64, 64}, {32, 6}, {1, 1}, 2), kAligned},   // 12-B rows
-           {Window({64, 64}, {32, 20}, {1, 3}, 4), kAligned},  // innermost stride 3
+           {Window({64, 64}, {32, 32}, {1, 2}, 4), kAligned},  // innermost stride 2
            {Window({64, 64}, {0, 32}, {1, 1}, 4), kAligned},   // empty
            {Window({64, 64}, {32, 32}, {1, 1}, 4), bytes + 4},  // misaligned x
            {Window({1 << 16, 1 << 16}, {1 << 15, 1 << 16}, {1, 1}, 16), kAligned},  // 2^31 vectors
        }) {
     CHECK(!PlanVectorWindow(g, src, kAlignedOut, &a));
   }
-  // Innermost stride 2 (every other element of two 16-B loads), and any
-  // stride for 16-B elements (a vector each).
-  CHECK(PlanVectorWindow(Window({64, 64}, {32, 32}, {1, 2}, 4), kAligned, kAlignedOut, &a));
-  CHECK(PlanVectorWindow(Window({64, 64}, {32, 8}, {1, 7}, 16), kAligned, kAlignedOut, &a));
   WindowGeometry t = Window({64, 64}, {32, 32}, {1, 1}, 4);
   t.transpose = true;
   CHECK(!PlanVectorWindow(t, kAligned, kAlignedOut, &a));
