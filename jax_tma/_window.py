@@ -65,8 +65,8 @@ def window(
     ``method="auto"`` takes the SIMT kernel's vector form wherever it runs
     (a forward window with innermost stride 1 whose output rows are whole
     16-byte vectors, from any start: a thread per 16-byte vector, loaded
-    whole or as two aligned loads shifted into place), which measured ahead
-    of the tensor-map path on every window both take. Elsewhere it hands a
+    whole or as two aligned loads shifted into place), the faster of the two
+    on every window both take (see the op's Speed section). Elsewhere it hands a
     traced innermost start to the SIMT kernel (it may be anything, and a TMA
     box starts 16-byte aligned) and takes the tensor-map path where the
     innermost start is a static multiple of 16 bytes and the tensor-map rules
