@@ -447,6 +447,13 @@ def test_the_a2a_command_line_is_run_pys(tmp_path):
     assert [len(row["runs"]) for row in r["rows"]] == [1]
 
 
+# The in-process runs of the exchanges' benchmarks take the default backend's
+# devices and need two: the host devices on the CPU (conftest.py), or two
+# GPUs; a machine of one GPU has one (gpu_check.sh multi times them on two).
+_two_devices = pytest.mark.skipif(len(jax.devices()) < 2,
+                                  reason="the exchanges' benchmarks run over two devices")
+
+
 def _ragged_by_gathers(operand, output, input_offsets, send_sizes, output_offsets,
                        recv_sizes, *, axis_name, wrong=False):
     """lax.ragged_all_to_all's result from all_gathers of the bits (XLA:CPU
@@ -469,6 +476,7 @@ def _ragged_by_gathers(operand, output, input_offsets, send_sizes, output_offset
     return lax.bitcast_convert_type(out, operand.dtype)
 
 
+@_two_devices
 def test_a2a_times_jax_tmas_ragged_all_to_all_where_it_exists(monkeypatch):
     import bench_all_to_all
     import render_all_to_all
@@ -489,6 +497,7 @@ def test_a2a_times_jax_tmas_ragged_all_to_all_where_it_exists(monkeypatch):
         in text
 
 
+@_two_devices
 def test_a2a_fails_on_a_wrong_ragged_and_records_one_that_raises(monkeypatch):
     import functools
 
@@ -596,6 +605,7 @@ def test_smoke_run_of_the_ep_group(tmp_path):
     assert "one process per GPU, 2 × cpu (" in text and "old" not in text
 
 
+@_two_devices
 def test_moe_times_the_lax_route_where_it_runs(monkeypatch):
     # XLA:CPU has no ragged-all-to-all: jax_tma.ragged_all_to_all, its bit-exact
     # twin, stands in, so that the route's sort, offsets and permutes run and
