@@ -29,11 +29,15 @@ import jax_tma  # noqa: E402
 
 TOKENS, DIM, HIDDEN, EXPERTS, TOP_K = 16, 32, 64, 16, 2  # TOKENS: per device
 LEARNING_RATE = 0.1
+# float32 dots in full float32 (a GPU's default is TF32), so that both layers
+# round alike and the check below can be tight.
+EXACT = lax.Precision.HIGHEST
 
 
 def route(x, router):
     """Each token's top-k experts and their softmax gates."""
-    gates, experts = lax.top_k(jax.nn.softmax(x @ router, axis=-1), TOP_K)
+    logits = jnp.matmul(x, router, precision=EXACT)
+    gates, experts = lax.top_k(jax.nn.softmax(logits, axis=-1), TOP_K)
     return gates, experts
 
 
@@ -41,16 +45,17 @@ def moe_layer(x, router, w1, w2):
     """Inside shard_map: x is this device's tokens, w1 and w2 its experts'."""
     gates, experts = route(x, router)
     recv, plan = jax_tma.moe_dispatch(x, experts, num_experts=EXPERTS, axis_name="expert")
-    h = jax.nn.gelu(lax.ragged_dot(recv, w1, plan.group_sizes))
-    return jax_tma.moe_combine(lax.ragged_dot(h, w2, plan.group_sizes), plan, gates)
+    h = jax.nn.gelu(lax.ragged_dot(recv, w1, plan.group_sizes, precision=EXACT))
+    y = lax.ragged_dot(h, w2, plan.group_sizes, precision=EXACT)
+    return jax_tma.moe_combine(y, plan, gates)
 
 
 def dense_layer(x, router, w1, w2):
     """Every token through every expert, the outputs weighted by the gates."""
     gates, experts = route(x, router)
     mask = (jax.nn.one_hot(experts, EXPERTS) * gates[..., None]).sum(axis=1)  # (T, E)
-    h = jax.nn.gelu(jnp.einsum("td,edh->teh", x, w1))
-    return jnp.einsum("te,teh,ehd->td", mask, h, w2)
+    h = jax.nn.gelu(jnp.einsum("td,edh->teh", x, w1, precision=EXACT))
+    return jnp.einsum("te,teh,ehd->td", mask, h, w2, precision=EXACT)
 
 
 def train_step(layer, params, x, target):
