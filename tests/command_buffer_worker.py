@@ -458,17 +458,22 @@ def _ppermute(method: str, direction: str, perm=None):
     return build
 
 
-def _all_to_all(devices, big) -> Built:
-    n = len(devices)
+def _all_to_all(rows: int):
+    """An exchange of blocks of n * rows rows of 160 B a device (96 rows on
+    the CPU): up to the inbox's limit (_ffi._ext.exchange_inbox_max_bytes),
+    through the inbox."""
+    def build(devices, big) -> Built:
+        n, rows_here = len(devices), rows if big else 96
 
-    def body(i, b):
-        return jax_tma.all_to_all(xor_step(b, i, 0x14057B7E), "i", 0, 0, tiled=True)
+        def body(i, b):
+            return jax_tma.all_to_all(xor_step(b, i, 0x14057B7E), "i", 0, 0, tiled=True)
 
-    def want(i, x):
-        return (all_to_all_reference(xor_step(x, i, 0x14057B7E), n, 0, 0, True),)
+        def want(i, x):
+            return (all_to_all_reference(xor_step(x, i, 0x14057B7E), n, 0, 0, True),)
 
-    return _collective(devices, body, want, (P("i"),),
-                       lambda rng: (random_array(rng, (n * n * 96, 40), np.float32),))
+        return _collective(devices, body, want, (P("i"),),
+                           lambda rng: (random_array(rng, (n * n * rows_here, 40), np.float32),))
+    return build
 
 
 def _ragged(devices, big) -> Built:
@@ -579,18 +584,19 @@ CASES: dict[str, tuple[Case, ...]] = {
         # Over a one-device mesh: each op's peer path within the GPU.
         Case("ppermute_self_tma", ("ppermute.tma",), _ppermute("tma", "pull")),
         Case("ppermute_self_simt", ("ppermute.simt",), _ppermute("simt", "push")),
-        Case("all_to_all_self", ("all_to_all.peer",), _all_to_all),
+        Case("all_to_all_self", ("all_to_all.inbox",), _all_to_all(96)),
         Case("ragged_all_to_all_self", ("ragged_all_to_all.peer",), _ragged),
     ),
     "multi": (
         Case("ppermute_pull", ("ppermute.tma",), _ppermute("tma", "pull")),
         Case("ppermute_push", ("ppermute.tma",), _ppermute("tma", "push")),
         Case("ppermute_partial_simt", ("ppermute.simt",), _ppermute("simt", "pull", [(0, 1)])),
-        Case("all_to_all", ("all_to_all.peer",), _all_to_all),
+        Case("all_to_all", ("all_to_all.inbox",), _all_to_all(96)),
+        Case("all_to_all_large", ("all_to_all.peer",), _all_to_all(16_000)),
         Case("ragged_all_to_all", ("ragged_all_to_all.peer",), _ragged),
-        Case("moe_dropless", ("all_to_all.peer", "ragged_all_to_all.peer"), _moe(None),
+        Case("moe_dropless", ("all_to_all.inbox", "ragged_all_to_all.peer"), _moe(None),
              steps=200),
-        Case("moe_capacity", ("all_to_all.peer", "ragged_all_to_all.peer"), _moe(12),
+        Case("moe_capacity", ("all_to_all.inbox", "ragged_all_to_all.peer"), _moe(12),
              steps=200),
     ),
 }

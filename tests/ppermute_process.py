@@ -354,7 +354,7 @@ def run_replay():
             (lambda v: jax_tma.ppermute(v, "i", ring), ppermute_steps, "ppermute.tma",
              ring_step),
             (lambda v: jax_tma.all_to_all(v, "i", 0, 0, tiled=True), all_to_all_steps,
-             "all_to_all.peer", exchange_step)):
+             "all_to_all.inbox", exchange_step)):
         def loop(b, op=op, steps=steps):
             return jax.lax.fori_loop(0, steps, lambda i, v: op(v) ^ i.astype(v.dtype), b)
 

@@ -195,20 +195,25 @@ def test_all_to_all_matches_lax(mesh, rng, split, concat, tiled, chunk_bytes):
     assert "jax_tma_all_to_all" in text
     assert_no_collectives(text)
     want = _smap(mesh, lambda b: jax.lax.all_to_all(b, "x", split, concat, tiled=tiled))(x)
-    assert_bits_equal(run_on_path("all_to_all.peer", ours, x), want)
+    inbox = n * chunk_bytes <= jax_tma._ffi._ext.exchange_inbox_max_bytes
+    assert_bits_equal(run_on_path("all_to_all.inbox" if inbox else "all_to_all.peer", ours, x),
+                      want)
 
 
-def test_all_to_all_loop_orders_reads_and_reuse(mesh, rng):
+@pytest.mark.parametrize("block_bytes", [8 << 20, 64 << 10, 4 * 4099])
+def test_all_to_all_loop_orders_reads_and_reuse(mesh, rng, block_bytes):
     """50 exchanges in a loop, each of a block written right before it (the
-    ppermute loop test's hazards, for every step of the exchange), against
-    lax.all_to_all (NCCL), fresh data every call."""
+    ppermute loop test's hazards, for every step of the exchange; through the
+    inbox, its two slots' reuse), against lax.all_to_all (NCCL), fresh data
+    every call."""
     def body(a2a, b):
         return jax.lax.fori_loop(0, 50, lambda _, c: a2a(c * 3 + 1, "x", 0, 0, tiled=True), b)
 
     ours = _smap(mesh, functools.partial(body, jax_tma.all_to_all))
     ref = _smap(mesh, functools.partial(body, jax.lax.all_to_all))
     for _ in range(3):
-        host = random_array(rng, (mesh.size * (8 << 20) // 4,), np.uint32)
+        host = random_array(rng, (mesh.size * mesh.size * (block_bytes // 4 // mesh.size),),
+                            np.uint32)
         x = jax.device_put(host, NamedSharding(mesh, P("x")))
         assert_bits_equal(ours(x), ref(x))
 

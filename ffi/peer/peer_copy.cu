@@ -325,6 +325,53 @@ __global__ void PeerScatterFinishKernel(PeerLegs legs) {
   }
 }
 
+// ---- PeerInboxExchange (peer_copy.h) ----
+
+constexpr int kInboxThreads = 256;
+constexpr int kInboxVectorsPerThread = 4;  // 16 B each, a CTA's share of a chunk at least
+static_assert(sizeof(PeerInboxLegs) + sizeof(PeerSlices) <= 4096);
+
+// CTA b works on slice b mod parts, with the other CTAs of that slice (ctas
+// of them). The slice for this participant is copied into its result. For
+// another, the CTA pushes its part into the destination's slot, the last CTA
+// of the leg raises the destination's flag; then every CTA of the leg waits
+// for its source's flag and copies its part of the source's chunk out of the
+// inbox. The grid fits on the device at once (LaunchPeerInboxExchange), so
+// no CTA waits for a CTA that cannot start.
+__global__ void __launch_bounds__(kInboxThreads)
+    PeerInboxExchangeKernel(PeerInboxLegs legs, PeerSlices s) {
+  const int64_t i = blockIdx.x % s.parts;
+  const int64_t cta = blockIdx.x / s.parts, ctas = gridDim.x / s.parts;
+  const int k = LegOf(s, i);
+  const uint8_t* src = s.src + i * s.bytes;
+  if (k == 0) {
+    SimtCopy(src, s.local + s.position * s.bytes, s.bytes, cta, ctas);
+    return;
+  }
+  const PeerInboxLeg leg = legs.leg[k - 1];  // a copy, as in PeerScatterMeetKernel
+  // Every CTA of the leg reads the count before the last one raises it.
+  const unsigned long long call = *static_cast<volatile unsigned long long*>(&leg.own->calls) + 1;
+  const int64_t slot = (call & 1) * PeerInboxStride(s.bytes);
+  SimtCopy(src, leg.partner_inbox + slot + i * s.bytes % 16, s.bytes, cta, ctas);
+  __syncthreads();
+  unsigned long long* arrived = &leg.own->arrived[call & 1];
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    if (atomicAdd(&leg.own->ctas, 1u) == ctas - 1) {
+      leg.own->ctas = 0;
+      leg.own->calls = call;
+      __threadfence_system();
+      StoreRelease(&leg.partner_box->arrived[call & 1], call);
+    }
+    AwaitCall(arrived, call, leg.wait_by, PeerWaitFor::kDone);
+  }
+  __syncthreads();
+  LoadAcquire(arrived);  // each thread's own acquire of the chunk thread 0 saw arrive
+  const int from = (s.position - k + s.parts) % s.parts;
+  SimtCopy(leg.inbox + slot + s.position * s.bytes % 16, s.local + from * s.bytes, s.bytes, cta,
+           ctas);
+}
+
 // `kernel` on `stream`; `early`: with programmatic dependent launch.
 template <typename... Params, typename... Args>
 ffi::Error LaunchOn(cudaStream_t stream, bool early, void (*kernel)(Params...), unsigned grid,
@@ -453,6 +500,31 @@ ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
     JAX_TMA_RETURN_IF_FAILED(
         LaunchOn(stream, early, PeerScatterFinishKernel, 1, 32, 0, legs));
   }
+  return ffi::Error::Success();
+}
+
+ffi::Error LaunchPeerInboxExchange(std::string_view op, const PeerInboxLegs& legs,
+                                   const PeerSlices& slices, cudaStream_t stream, int device) {
+  if (slices.ragged() || slices.slices != slices.parts || legs.count != slices.parts - 1) {
+    return InvalidArgument(op, "an inbox exchange moves one equal chunk per participant");
+  }
+  DeviceInfo info;
+  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
+  // Each slice's CTAs copy at least kInboxVectorsPerThread vectors a thread,
+  // and the whole grid is at most one CTA per SM: every CTA is resident
+  // while the others wait.
+  const int64_t vectors = slices.bytes / 16 + 1;
+  const int64_t per_cta = int64_t{kInboxThreads} * kInboxVectorsPerThread;
+  const int64_t ctas = std::clamp<int64_t>((vectors + per_cta - 1) / per_cta, 1,
+                                           std::max(1, info.sm_count / slices.parts));
+  if (ctas * slices.parts > info.sm_count) {
+    return InvalidArgument(op, "an inbox exchange of ", slices.parts, " parts needs ",
+                           slices.parts, " CTAs at once; device ", device, " has ",
+                           info.sm_count, " SMs");
+  }
+  PeerInboxExchangeKernel<<<static_cast<unsigned int>(ctas * slices.parts), kInboxThreads, 0,
+                            stream>>>(legs, slices);
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ffi::Error::Success();
 }
 

@@ -56,6 +56,10 @@ struct alignas(64) PeerMailbox {
   // Written by the partner with `buffer` in a ragged exchange (PeerScatter):
   // its receive sizes, in this process's address space; 0 otherwise.
   unsigned long long sizes;
+  // Written by the source in an inbox exchange (PeerInboxExchange): the
+  // number of the last call of each parity whose chunk it finished pushing
+  // into this participant's inbox.
+  unsigned long long arrived[2];
 };
 
 // What a participant waited for when it gave up.
@@ -186,6 +190,58 @@ struct PeerSlices {
 ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
                              const PeerSlices& slices, bool tma, int64_t expected_bytes,
                              const PeerWait& check, cudaStream_t stream, int device);
+
+// ---- PeerInboxExchange: an exchange of small chunks in one kernel ----
+//
+// PeerScatter's two meetings cost two crossings of the link a call, which
+// is most of a small exchange's time. Here each participant owns an inbox
+// (peer memory registered once per lowered exchange and device) with two
+// slots per leg, used by call parity; the source of a leg pushes its chunk
+// into the slot of the call's parity and then raises `arrived[parity]` of
+// the receiver's leg mailbox to the call's number; the receiver waits for
+// that and copies the slot into its result. One kernel does both, so a call
+// is one launch and one crossing. A slot is never overwritten early: the
+// source reuses it two calls later, after a call whose completion needs
+// this participant's own push of that call, which it makes only once its
+// earlier call (and so its copy out of the slot) is done.
+
+// Exchanges of at most this many bytes per participant (the operand) take
+// the inbox; larger ones PeerScatter, which moves every byte once.
+inline constexpr std::size_t kPeerInboxMaxBytes = std::size_t{4} << 20;
+
+// The bytes between a leg's two slots for chunks of `chunk` bytes, and an
+// inbox's bytes for `parts` participants. A chunk for the participant at
+// `position` starts (position * chunk) mod 16 B into its slot, its offset in
+// the source's operand, so the push is vectorised when both buffers are
+// aligned.
+JAX_TMA_HOST_DEVICE inline int64_t PeerInboxStride(int64_t chunk) {
+  return (chunk + 16 + 255) / 256 * 256;
+}
+inline int64_t PeerInboxBytes(int parts, int64_t chunk) {
+  return int64_t{2} * (parts - 1) * PeerInboxStride(chunk);
+}
+
+// One leg k (1 .. parts - 1), in this address space: this participant's
+// mailbox, its destination's, the destination's two slots for this
+// participant's chunk, this participant's two slots for its source's, and
+// the wait for that source.
+struct PeerInboxLeg {
+  PeerMailbox* own = nullptr;
+  PeerMailbox* partner_box = nullptr;
+  uint8_t* partner_inbox = nullptr;
+  const uint8_t* inbox = nullptr;
+  PeerWait wait_by;
+};
+
+struct PeerInboxLegs {
+  int count = 0;  // parts - 1
+  PeerInboxLeg leg[kMaxPeerLegs];
+};
+
+// The exchange of `slices` (equal chunks: `slices.slices` == `parts`, no
+// ragged sizes) on `stream`, one kernel. Errors name `op`.
+ffi::Error LaunchPeerInboxExchange(std::string_view op, const PeerInboxLegs& legs,
+                                   const PeerSlices& slices, cudaStream_t stream, int device);
 
 }  // namespace jax_tma
 

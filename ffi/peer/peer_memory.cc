@@ -139,7 +139,9 @@ ffi::Error ZeroOnOwnStream(void* p, size_t size) {
   return ffi::Error::Success();
 }
 
-ffi::Error NewSlab(int device, Slab* slab) {
+// A zeroed allocation of at least `bytes` (at least one granule) on
+// `device` that other processes may map, mapped here for every local device.
+ffi::Error NewSlab(int device, size_t bytes, Slab* slab) {
   JAX_TMA_RETURN_IF_FAILED(DriverReady());
   const Driver& d = TheDriver();
   CUmemAllocationProp prop{};
@@ -147,16 +149,17 @@ ffi::Error NewSlab(int device, Slab* slab) {
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-  size_t size = 0;
+  size_t granule = 0;
   JAX_TMA_CU_RETURN_IF_ERROR(
-      d.granularity(&size, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+      d.granularity(&granule, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  const size_t size = std::max<size_t>(1, (bytes + granule - 1) / granule) * granule;
   CUmemGenericAllocationHandle handle;
   JAX_TMA_CU_RETURN_IF_ERROR(d.create(&handle, size, &prop, 0));
   CUdeviceptr va = 0;
   CUresult r = d.reserve(&va, size, 0, 0, 0);
   if (r == CUDA_SUCCESS) r = d.map(va, size, 0, handle, 0);
   d.release(handle);  // the mapping keeps the memory
-  if (r != CUDA_SUCCESS) return DriverFailed("mapping a mailbox slab", r);
+  if (r != CUDA_SUCCESS) return DriverFailed("mapping peer memory", r);
   {
     std::lock_guard<std::mutex> lock(resources_mu);
     ++resources.reservations;
@@ -449,7 +452,7 @@ ffi::Error NewPeerMailbox(int device, PeerMailbox** box) {
   } else {
     Slab& slab = Slabs()[device];
     if (slab.end - slab.next < static_cast<std::ptrdiff_t>(sizeof(PeerMailbox))) {
-      JAX_TMA_RETURN_IF_FAILED(NewSlab(device, &slab));
+      JAX_TMA_RETURN_IF_FAILED(NewSlab(device, sizeof(PeerMailbox), &slab));
     }
     *box = reinterpret_cast<PeerMailbox*>(slab.next);
     slab.next += sizeof(PeerMailbox);
@@ -464,6 +467,54 @@ void ReleasePeerMailbox(int device, PeerMailbox* box) {
   FreeMailboxes()[device].push_back(box);
   std::lock_guard<std::mutex> count(resources_mu);
   --resources.mailboxes;
+}
+
+namespace {
+std::mutex inboxes_mu;
+std::map<int, std::vector<Slab>>& FreeInboxes() {  // by device
+  static auto* free = new std::map<int, std::vector<Slab>>();
+  return *free;
+}
+std::map<void*, Slab>& InboxesInUse() {
+  static auto* used = new std::map<void*, Slab>();
+  return *used;
+}
+}  // namespace
+
+ffi::Error NewPeerInbox(int device, size_t bytes, void** inbox) {
+  JAX_TMA_RETURN_IF_FAILED(StartHost());
+  std::lock_guard<std::mutex> lock(inboxes_mu);
+  std::vector<Slab>& free = FreeInboxes()[device];
+  // The smallest free one that holds `bytes`.
+  auto best = free.end();
+  for (auto it = free.begin(); it != free.end(); ++it) {
+    if (static_cast<size_t>(it->end - it->next) >= bytes &&
+        (best == free.end() || it->end - it->next < best->end - best->next)) {
+      best = it;
+    }
+  }
+  Slab slab;
+  if (best != free.end()) {
+    slab = *best;
+    free.erase(best);
+  } else {
+    JAX_TMA_RETURN_IF_FAILED(NewSlab(device, bytes, &slab));
+  }
+  InboxesInUse()[slab.next] = slab;
+  *inbox = slab.next;
+  std::lock_guard<std::mutex> count(resources_mu);
+  ++resources.inboxes;
+  return ffi::Error::Success();
+}
+
+void ReleasePeerInbox(int device, void* inbox) {
+  std::lock_guard<std::mutex> lock(inboxes_mu);
+  auto it = InboxesInUse().find(inbox);
+  if (it == InboxesInUse().end()) return;
+  FreeInboxes()[device].push_back(it->second);
+  InboxesInUse().erase(it);
+  std::lock_guard<std::mutex> count(resources_mu);
+  --resources.inboxes;
 }
 
 ffi::Error AddressIn(const LinkPeer& to, int device, const void* ptr,

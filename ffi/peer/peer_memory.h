@@ -39,6 +39,14 @@ void InstallPeerLinkHandlers();
 ffi::Error NewPeerMailbox(int device, PeerMailbox** box);
 void ReleasePeerMailbox(int device, PeerMailbox* box);
 
+// An inbox of at least `bytes` on `device` (peer_copy.h's
+// PeerInboxExchange) that every local device and, through AddressIn, other
+// processes may reach, until ReleasePeerInbox; as with mailboxes, a released
+// one is reused, so other processes map it once. Its contents are
+// unspecified: the kernels read a slot only once its flag says it arrived.
+ffi::Error NewPeerInbox(int device, size_t bytes, void** inbox);
+void ReleasePeerInbox(int device, void* inbox);
+
 // `ptr` (memory of this process on `device`) as an address in the space of
 // process `to`: `ptr` itself for this process (`to.name` empty); else its
 // VMM allocation is exported to `to` on first use, waiting up to `timeout`
@@ -61,13 +69,14 @@ unsigned long long RegisterPeerWaits(std::string op, std::string site, std::stri
 void UnregisterPeerWaits(unsigned long long id);
 
 // What this process holds for the transport, for tests that look for
-// leaks: participants set up (registered waits), mailboxes in use, VA
-// reservations (mailbox slabs and mapped allocations of other processes),
-// allocations of other processes mapped here and of this one mapped by
-// others.
+// leaks: participants set up (registered waits), mailboxes and inboxes in
+// use, VA reservations (mailbox slabs, inboxes and mapped allocations of
+// other processes), allocations of other processes mapped here and of this
+// one mapped by others.
 struct PeerResources {
   long long sites = 0;
   long long mailboxes = 0;
+  long long inboxes = 0;
   long long reservations = 0;
   long long imported = 0;
   long long exported = 0;

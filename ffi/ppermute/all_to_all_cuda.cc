@@ -1,8 +1,11 @@
 // CUDA handler of "jax_tma_all_to_all": decodes and re-validates the call,
-// then runs every step of the exchange (all_to_all.h) at once with
-// PeerScatter (peer_copy.h): each chunk is pushed straight into its
-// destination's result, in this process or across the processes of one
-// host, the chunk that stays copied in the same grid. An instantiate stage
+// then runs every step of the exchange (all_to_all.h) at once, in this
+// process or across the processes of one host. Up to kPeerInboxMaxBytes a
+// participant, with PeerInboxExchange (peer_copy.h): one kernel pushes each
+// chunk into its destination's inbox and copies its sources' chunks out of
+// its own, one crossing of the link a call; above, with PeerScatter: each
+// chunk is pushed straight into its destination's result, the chunk that
+// stays copied in the same grid. An instantiate stage
 // gives each lowered all_to_all of an executable its per-step participants
 // (ExchangeSites), freed with the executable.
 #include <memory>
@@ -38,14 +41,10 @@ ffi::Error AllToAllCudaImpl(cudaStream_t stream, ExchangeSites* sites, int32_t d
                                           &call));
   // Every participant has the same chunk size, so all skip together.
   if (call.bytes.bytes == 0) return ffi::Error::Success();
-  CountPath(Path::kAllToAllPeer);
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   bool tma = false;
   JAX_TMA_RETURN_IF_FAILED(ExchangeUsesTma(kAllToAllOp, call.method, info, device, &tma));
-  PeerLegs legs;
-  JAX_TMA_RETURN_IF_FAILED(ExchangeLegs(sites, call.method, call.bytes.bytes, call, device,
-                                        call.bytes.dst, nullptr, &legs));
   PeerSlices slices;
   slices.src = static_cast<const uint8_t*>(call.bytes.src);
   slices.local = static_cast<uint8_t*>(call.bytes.dst);
@@ -53,6 +52,17 @@ ffi::Error AllToAllCudaImpl(cudaStream_t stream, ExchangeSites* sites, int32_t d
   slices.position = call.position;
   slices.slices = call.parts;
   slices.bytes = static_cast<int64_t>(call.chunk());
+  if (call.bytes.bytes <= kPeerInboxMaxBytes) {
+    CountPath(Path::kAllToAllInbox);
+    PeerInboxLegs legs;
+    JAX_TMA_RETURN_IF_FAILED(ExchangeInboxLegs(sites, call.method, call.bytes.bytes, call,
+                                               device, slices.bytes, &legs));
+    return LaunchPeerInboxExchange(kAllToAllOp, legs, slices, stream, device);
+  }
+  CountPath(Path::kAllToAllPeer);
+  PeerLegs legs;
+  JAX_TMA_RETURN_IF_FAILED(ExchangeLegs(sites, call.method, call.bytes.bytes, call, device,
+                                        call.bytes.dst, nullptr, &legs));
   return LaunchPeerScatter(kAllToAllOp, legs, slices, tma, slices.bytes, PeerWait{}, stream,
                            device);
 }

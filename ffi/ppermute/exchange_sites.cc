@@ -1,8 +1,12 @@
 // Per-step participants of an exchange and its legs (exchange_sites.h).
 #include "ppermute/exchange_sites.h"
 
+#include <cstring>
 #include <string>
+#include <thread>
+#include <utility>
 
+#include "cuda/cuda_status.h"
 #include "cuda/device_info.h"
 
 namespace jax_tma {
@@ -14,6 +18,7 @@ const void* ExchangeSitesTypeInfo() { return &kExchangeSitesTypeInfo; }
 
 ExchangeSites::~ExchangeSites() {
   for (const auto& [device, check] : checks_) UnregisterPeerWaits(check.site);
+  for (const auto& [device, inbox] : inboxes_) ReleasePeerInbox(device, inbox.base);
 }
 
 PeerSites* ExchangeSites::Step(int k) {
@@ -39,25 +44,119 @@ ffi::Error ExchangeSites::Check(const ExchangeGroup& group, int device, PeerWait
   return ffi::Error::Success();
 }
 
+namespace {
+
+// The slots of this participant's inbox for step k's source, the first
+// of two.
+uint8_t* InboxSlots(void* base, int k, int64_t chunk) {
+  return static_cast<uint8_t*>(base) + int64_t{2} * (k - 1) * PeerInboxStride(chunk);
+}
+
+// Allocates this participant's inbox and trades its slots with every step's
+// source for the destination's, in step order (each step's own meeting).
+ffi::Error SetUpInbox(const ExchangeGroup& group, int device, std::size_t bytes, int64_t chunk,
+                      ExchangeSites::Inbox* inbox) {
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  JAX_TMA_RETURN_IF_FAILED(
+      NewPeerInbox(device, PeerInboxBytes(group.parts, chunk), &inbox->base));
+  for (int k = 1; k < group.parts; ++k) {
+    const PermuteRoute& route = group.steps[k - 1];
+    ProcessPlan plan = group.StepPlan(k);
+    plan.site += "#inbox";
+    std::vector<std::string> got;
+    JAX_TMA_RETURN_IF_FAILED(ExchangeAtSite(
+        route, plan, bytes, {route.source},
+        [&](int to, const std::string& abort_key, std::string* payload) {
+          unsigned long long at = 0;
+          JAX_TMA_RETURN_IF_FAILED(AddressIn(plan.peer(to), device,
+                                             InboxSlots(inbox->base, k, chunk), plan.timeout,
+                                             abort_key, &at));
+          payload->assign(reinterpret_cast<const char*>(&at), sizeof(at));
+          return ffi::Error::Success();
+        },
+        {route.destination}, sizeof(unsigned long long), "the inbox", &got));
+    unsigned long long at = 0;
+    std::memcpy(&at, got[0].data(), sizeof(at));
+    inbox->partner_slots.push_back(reinterpret_cast<uint8_t*>(at));
+  }
+  return ffi::Error::Success();
+}
+
+// The participant of step k on `device`, set up by its first call; the
+// meeting only compares `bytes`.
+ffi::Error StepSite(ExchangeSites* sites, Method method, std::size_t bytes,
+                    const ExchangeGroup& group, int device, int k, const PeerSite** site) {
+  const PpermuteCall call{method, ByteCopy{nullptr, nullptr, bytes}, group.steps[k - 1],
+                          group.StepPlan(k)};
+  return sites->Step(k)->Get(call, device, site);
+}
+
+ffi::Error CheckLegs(const ExchangeGroup& group) {
+  if (group.steps.size() > static_cast<size_t>(kMaxPeerLegs)) {
+    return InvalidArgument(kPeerOp, "a group of ", group.steps.size() + 1,
+                           " devices; the exchange runs in groups of at most ",
+                           kMaxPeerLegs + 1);
+  }
+  return RecordedPeerFault();
+}
+
+}  // namespace
+
+ffi::Error ExchangeSites::GetInbox(const ExchangeGroup& group, int device, std::size_t bytes,
+                                   int64_t chunk, const Inbox** out) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = inboxes_.find(device);
+    if (it != inboxes_.end()) {
+      *out = &it->second;
+      return ffi::Error::Success();
+    }
+  }
+  // Off this thread: XLA may be capturing a command buffer on it.
+  Inbox inbox;
+  ffi::Error err = ffi::Error::Success();
+  std::thread([&] { err = SetUpInbox(group, device, bytes, chunk, &inbox); }).join();
+  // A peer whose side of a failed meeting finished may hold this inbox's
+  // address and write to it: it is never reused.
+  JAX_TMA_RETURN_IF_FAILED(err);
+  std::lock_guard<std::mutex> lock(mu_);
+  *out = &(inboxes_[device] = std::move(inbox));
+  return ffi::Error::Success();
+}
+
+ffi::Error ExchangeInboxLegs(ExchangeSites* sites, Method method, std::size_t bytes,
+                             const ExchangeGroup& group, int device, int64_t chunk,
+                             PeerInboxLegs* legs) {
+  JAX_TMA_RETURN_IF_FAILED(CheckLegs(group));
+  legs->count = static_cast<int>(group.steps.size());
+  std::vector<const PeerSite*> steps(legs->count);
+  for (int k = 1; k <= legs->count; ++k) {
+    JAX_TMA_RETURN_IF_FAILED(StepSite(sites, method, bytes, group, device, k, &steps[k - 1]));
+  }
+  if (legs->count == 0) return ffi::Error::Success();  // a group of one: no inbox
+  const ExchangeSites::Inbox* inbox = nullptr;
+  JAX_TMA_RETURN_IF_FAILED(sites->GetInbox(group, device, bytes, chunk, &inbox));
+  for (int k = 1; k <= legs->count; ++k) {
+    const PeerSite* site = steps[k - 1];
+    legs->leg[k - 1] = PeerInboxLeg{site->box, site->partner_box, inbox->partner_slots[k - 1],
+                                    InboxSlots(inbox->base, k, chunk), site->wait_by};
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error ExchangeLegs(ExchangeSites* sites, Method method, std::size_t bytes,
                         const ExchangeGroup& group, int device, const void* output,
                         const void* recv_sizes, PeerLegs* legs) {
   const std::vector<PermuteRoute>& steps = group.steps;
   const ProcessPlan& where = group.where;
-  if (steps.size() > static_cast<size_t>(kMaxPeerLegs)) {
-    return InvalidArgument(kPeerOp, "a group of ", steps.size() + 1,
-                           " devices; the exchange runs in groups of at most ",
-                           kMaxPeerLegs + 1);
-  }
-  JAX_TMA_RETURN_IF_FAILED(RecordedPeerFault());
+  JAX_TMA_RETURN_IF_FAILED(CheckLegs(group));
   legs->count = static_cast<int>(steps.size());
   for (int k = 1; k <= legs->count; ++k) {
     const PermuteRoute& route = steps[k - 1];
     const ProcessPlan plan = group.StepPlan(k);
-    // The meeting only compares `bytes`; the step's own copy is PeerScatter's.
-    const PpermuteCall call{method, ByteCopy{nullptr, nullptr, bytes}, route, plan};
+    // The step's own copy is PeerScatter's.
     const PeerSite* site = nullptr;
-    JAX_TMA_RETURN_IF_FAILED(sites->Step(k)->Get(call, device, &site));
+    JAX_TMA_RETURN_IF_FAILED(StepSite(sites, method, bytes, group, device, k, &site));
     PeerLeg& leg = legs->leg[k - 1];
     const LinkPeer& by = where.peer(route.partnered_by());
     leg = PeerLeg{site->box, site->by_box, site->partner_box, 0, 0,

@@ -33,10 +33,23 @@ class ExchangeSites {
   // a ragged exchange's broken sizes, registered at its first call.
   ffi::Error Check(const ExchangeGroup& group, int device, PeerWait* check);
 
+  // This participant's inbox (PeerInboxExchange) on `device`, and per step
+  // its destination's slots for this participant, in this address space.
+  struct Inbox {
+    void* base = nullptr;
+    std::vector<uint8_t*> partner_slots;  // by step - 1
+  };
+  // The inbox of `group`'s participant on `device` for chunks of `chunk`
+  // bytes (calls of `bytes`), set up (and its slots traded with every step's
+  // source and destination) by its first call.
+  ffi::Error GetInbox(const ExchangeGroup& group, int device, std::size_t bytes,
+                      int64_t chunk, const Inbox** inbox);
+
  private:
   std::mutex mu_;
   std::map<int, std::unique_ptr<PeerSites>> steps_;
   std::map<int, PeerWait> checks_;  // by device
+  std::map<int, Inbox> inboxes_;    // by device
 };
 
 // This device's part of one exchange of `group`: step k (1-based) is the
@@ -48,6 +61,13 @@ class ExchangeSites {
 ffi::Error ExchangeLegs(ExchangeSites* sites, Method method, std::size_t bytes,
                         const ExchangeGroup& group, int device, const void* output,
                         const void* recv_sizes, PeerLegs* legs);
+
+// As ExchangeLegs, for PeerInboxExchange: each step's mailboxes and wait,
+// and the slots of this participant's inbox and of its destination's, for
+// chunks of `chunk` bytes (`bytes` per call).
+ffi::Error ExchangeInboxLegs(ExchangeSites* sites, Method method, std::size_t bytes,
+                             const ExchangeGroup& group, int device, int64_t chunk,
+                             PeerInboxLegs* legs);
 
 // The copy kernel of `method` on a device (`info`): the bulk pipeline for
 // kTma and, where the device has TMA, kAuto; an error for kTma without it.

@@ -67,11 +67,15 @@ void PpermuteModule(nanobind::module_& m) {
         return can != 0;
       },
       nanobind::arg("device"), nanobind::arg("peer"));
+  // The largest exchange (bytes a participant) that all_to_all runs through
+  // the inbox (peer_copy.h), for the tests that check which path ran.
+  m.attr("exchange_inbox_max_bytes") = kPeerInboxMaxBytes;
   // CountPeerResources (peer_memory.h) by name.
   m.def("peer_resources", []() {
     const PeerResources r = CountPeerResources();
     return std::map<std::string, long long>{{"sites", r.sites},
                                             {"mailboxes", r.mailboxes},
+                                            {"inboxes", r.inboxes},
                                             {"reservations", r.reservations},
                                             {"imported", r.imported},
                                             {"exported", r.exported}};

@@ -393,11 +393,16 @@ def _self_permute(method):
     return call
 
 
-def _self_exchange(x, device):
-    """An all_to_all over a one-device mesh of `device`: the chunk that stays."""
-    one = jax.sharding.Mesh(np.array([device]), ("i",))
-    return jax.shard_map(lambda b: jax_tma.all_to_all(b, "i", 0, 0, tiled=True),
-                         mesh=one, in_specs=P("i"), out_specs=P("i"))(x)
+def _self_exchange(copies: int):
+    """An all_to_all over a one-device mesh of `device` of `copies` of x: the
+    chunk that stays. Up to the inbox's limit (exchange_inbox_max_bytes), it
+    takes the inbox's kernel."""
+    def call(x, device):
+        one = jax.sharding.Mesh(np.array([device]), ("i",))
+        return jax.shard_map(lambda b: jax_tma.all_to_all(b, "i", 0, 0, tiled=True),
+                             mesh=one, in_specs=P("i"), out_specs=P("i"))(
+                                 jnp.tile(x, (copies, 1)))
+    return call
 
 
 def _self_ragged(x, device):
@@ -413,7 +418,8 @@ def _self_ragged(x, device):
 
 
 GPU_CALLS = {"ppermute.tma": _self_permute("tma"), "ppermute.simt": _self_permute("simt"),
-             "all_to_all.peer": _self_exchange}
+             "all_to_all.inbox": _self_exchange(1),
+             "all_to_all.peer": _self_exchange(1100)}  # (64, 16) float32 x 1100: 4.5 MB
 # ragged_all_to_all's CUDA path, once the manifest declares it (its CPU
 # handler came first).
 if "ragged_all_to_all.peer" in _jax_tma.families()["ppermute"]["paths"]:
