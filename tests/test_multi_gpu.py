@@ -70,6 +70,24 @@ def _smap(mesh, body):
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
 
 
+def test_one_line_over_two_meshes_meets_each_apart(mesh, rng, monkeypatch):
+    """One line of code traced over a one-device mesh, then over two devices
+    (its first calls meet to trade mailboxes): each mesh counts its meetings
+    apart, so the second mesh's devices meet each other, not the first's
+    count. They once waited out the timeout here."""
+    def ring(m):
+        n = m.size
+        return _smap(m, lambda b: jax_tma.ppermute(b, "x", [(i, (i + 1) % n) for i in range(n)]))
+
+    monkeypatch.setenv(jax_tma._ppermute.TIMEOUT_ENV, "10")
+    gpus = list(mesh.devices.flat)[:2]
+    for devices in ([gpus[0]], gpus, [gpus[0]], gpus):
+        m = Mesh(np.array(devices), ("x",))
+        host = random_array(rng, (len(devices) * 1000,), np.uint32)
+        got = ring(m)(jax.device_put(host, NamedSharding(m, P("x"))))
+        assert_bits_equal(got, np.roll(host, 1000))
+
+
 @pytest.mark.parametrize("direction", ["pull", "push"])
 @pytest.mark.parametrize("method", ["auto", pytest.param("tma", marks=pytest.mark.memcheck),
                                     "simt"])

@@ -33,6 +33,15 @@ __device__ __forceinline__ void StoreRelease(unsigned long long* p, unsigned lon
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+__device__ __forceinline__ unsigned int AtomicAddAcqRel(unsigned int* p, unsigned int v) {
+  unsigned int old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;"
+               : "=r"(old)
+               : "l"(p), "r"(v)
+               : "memory");
+  return old;
+}
+
 __device__ __forceinline__ unsigned long long GlobalNanoseconds() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -91,6 +100,10 @@ __global__ void PeerFinishKernel(PeerMailbox* own, PeerWait wait) {
   AwaitCall(&own->done, own->calls, wait, PeerWaitFor::kDone);
 }
 
+// Vectors a thread of SimtCopy loads before it stores them: one trip to
+// memory (or across the link) for all of them, not one each.
+constexpr int kSimtBatch = 4;
+
 // A vectorised grid-stride copy by every thread of `ctas` CTAs, this one
 // being `cta`.
 __device__ void SimtCopy(const uint8_t* src, uint8_t* dst, int64_t bytes, int64_t cta,
@@ -104,7 +117,17 @@ __device__ void SimtCopy(const uint8_t* src, uint8_t* dst, int64_t bytes, int64_
     const int64_t nvec = (bytes - lead) / 16;
     const auto* sv = reinterpret_cast<const uint4*>(src + lead);
     auto* dv = reinterpret_cast<uint4*>(dst + lead);
-    for (int64_t i = t; i < nvec; i += threads) dv[i] = sv[i];
+    for (int64_t i = t; i < nvec; i += kSimtBatch * threads) {
+      uint4 v[kSimtBatch];
+#pragma unroll
+      for (int j = 0; j < kSimtBatch; ++j) {
+        if (i + j * threads < nvec) v[j] = sv[i + j * threads];
+      }
+#pragma unroll
+      for (int j = 0; j < kSimtBatch; ++j) {
+        if (i + j * threads < nvec) dv[i + j * threads] = v[j];
+      }
+    }
     if (t < lead) dst[t] = src[t];
     for (int64_t i = lead + nvec * 16 + t; i < bytes; i += threads) dst[i] = src[i];
   } else {
@@ -328,7 +351,7 @@ __global__ void PeerScatterFinishKernel(PeerLegs legs) {
 // ---- PeerInboxExchange (peer_copy.h) ----
 
 constexpr int kInboxThreads = 256;
-constexpr int kInboxVectorsPerThread = 4;  // 16 B each, a CTA's share of a chunk at least
+constexpr int kInboxVectorsPerThread = kSimtBatch;  // a CTA's share of a chunk at least
 static_assert(sizeof(PeerInboxLegs) + sizeof(PeerSlices) <= 4096);
 
 // CTA b works on slice b mod parts, with the other CTAs of that slice (ctas
@@ -356,11 +379,13 @@ __global__ void __launch_bounds__(kInboxThreads)
   __syncthreads();
   unsigned long long* arrived = &leg.own->arrived[call & 1];
   if (threadIdx.x == 0) {
-    __threadfence_system();
-    if (atomicAdd(&leg.own->ctas, 1u) == ctas - 1) {
+    // The CTA's pushes (ordered before this count by the barrier) and those
+    // of the leg's other CTAs (whose counts the last one acquires) travel
+    // ahead of the flag: a release is cumulative. One fence on the way, the
+    // flag's own, instead of one a CTA.
+    if (AtomicAddAcqRel(&leg.own->ctas, 1u) == ctas - 1) {
       leg.own->ctas = 0;
       leg.own->calls = call;
-      __threadfence_system();
       StoreRelease(&leg.partner_box->arrived[call & 1], call);
     }
     AwaitCall(arrived, call, leg.wait_by, PeerWaitFor::kDone);

@@ -17,8 +17,10 @@ struct BlockHeader {
   uint64_t bytes = 0;
 };
 
-uint64_t Digest(const PermuteRoute& route, const ProcessPlan& where) {
-  uint64_t h = 14695981039346656037ull;  // FNV-1a, 64 bits
+// FNV-1a (64 bits) of where each participant lives and, with
+// `permutation`, whose block it receives.
+uint64_t Digest(const PermuteRoute& route, const ProcessPlan& where, bool permutation = true) {
+  uint64_t h = 14695981039346656037ull;
   auto mix = [&](int64_t v) {
     for (int i = 0; i < 8; ++i) {
       h = (h ^ static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i))) * 1099511628211ull;
@@ -27,9 +29,16 @@ uint64_t Digest(const PermuteRoute& route, const ProcessPlan& where) {
   for (int i = 0; i < route.size; ++i) {
     mix(where.processes[i]);
     mix(route.devices[i]);
-    mix(route.sources[i]);
+    if (permutation) mix(route.sources[i]);
   }
   return h;
+}
+
+// The meetings of one call site over one set of participants: the same
+// line of code over another mesh (another set) counts its calls apart, while
+// another permutation over the same set meets, and fails on the digest.
+std::string MeetingKey(const PermuteRoute& route, const ProcessPlan& where) {
+  return where.site + "@" + std::to_string(Digest(route, where, /*permutation=*/false));
 }
 
 // Per call site of this process: how many calls each participant has made,
@@ -45,8 +54,8 @@ std::map<std::string, Site>& Sites() {
   return *sites;
 }
 
-std::string BlockKey(const ProcessPlan& where, int64_t call, int from, int to) {
-  return where.site + "#" + std::to_string(call) + ":" + std::to_string(from) + ">" +
+std::string BlockKey(const std::string& meeting, int64_t call, int from, int to) {
+  return meeting + "#" + std::to_string(call) + ":" + std::to_string(from) + ">" +
          std::to_string(to);
 }
 
@@ -119,10 +128,11 @@ ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, s
                           const std::vector<int>& sends, const PayloadFor& payload_for,
                           const std::vector<int>& receives, size_t payload_bytes,
                           std::string_view what, std::vector<std::string>* got) {
+  const std::string meeting = MeetingKey(route, where);
   int64_t call;
   {
     std::lock_guard<std::mutex> lock(sites_mu);
-    Site& site = Sites()[where.site];
+    Site& site = Sites()[meeting];
     if (!site.broken.empty()) {
       return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
                         where.op + " at " + where.site +
@@ -135,7 +145,7 @@ ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, s
   const std::string self = Describe(route, where, route.self);
   const BlockHeader header{Digest(route, where), bytes};
   const std::string abort_key =
-      where.abort_site.empty() ? where.site + "#" + std::to_string(call) : where.abort_site;
+      where.abort_site.empty() ? meeting + "#" + std::to_string(call) : where.abort_site;
   auto fail = [&](ffi::Error err) {
     std::string why(err.message());
     // A peer that failed first and then exited shows here as gone: its own
@@ -147,7 +157,7 @@ ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, s
     }
     {
       std::lock_guard<std::mutex> lock(sites_mu);
-      Sites()[where.site].broken = why;
+      Sites()[meeting].broken = why;
     }
     // Every participant of this call stops waiting, with this reason.
     std::set<int64_t> told;
@@ -166,14 +176,14 @@ ffi::Error ExchangeAtSite(const PermuteRoute& route, const ProcessPlan& where, s
     std::string message(sizeof(header) + payload.size(), '\0');
     std::memcpy(message.data(), &header, sizeof(header));
     std::memcpy(message.data() + sizeof(header), payload.data(), payload.size());
-    ffi::Error err = SendLink(where.peer(to), BlockKey(where, call, route.self, to), message);
+    ffi::Error err = SendLink(where.peer(to), BlockKey(meeting, call, route.self, to), message);
     if (err.failure()) return fail(std::move(err));
   }
   got->clear();
   for (int from : receives) {
     std::string message;
     const std::string theirs_is = std::string(what) + " of " + Describe(route, where, from);
-    ffi::Error err = ReceiveLink(where.peer(from), BlockKey(where, call, from, route.self),
+    ffi::Error err = ReceiveLink(where.peer(from), BlockKey(meeting, call, from, route.self),
                                  abort_key, theirs_is, Patience(where, from), &message);
     if (err.failure()) return fail(std::move(err));
     BlockHeader theirs;
