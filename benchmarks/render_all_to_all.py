@@ -6,6 +6,8 @@ and WRITTEN_BY."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from tables import (MIB, WALL_MIN_US, Headline, clocks_text, num_text, range_text,
@@ -166,12 +168,33 @@ def _range(values: list[float], digits: int = 2) -> str:
     return range_text(values, f"{{:.{digits}f}}") if values else "—"
 
 
-def render_targets(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None:
+def _two_handshakes(loop_ceiling: str) -> str:
+    """Why PeerScatter's small calls trail NCCL (the 2 x H100 results')."""
+    return ("A call costs two cross-GPU handshakes in a row (each device publishes its output "
+            "and waits for its destinations' before copying, then signals them when done): its "
+            f"floor is the one-peer ceiling's own loop time, {loop_ceiling} µs in one process, "
+            "while NCCL's all-to-all lands data and flag together in buffers registered "
+            "beforehand.")
+
+
+def _inbox(loop_ceiling: str) -> str:
+    """Why the clocks part below 16 MiB once the inbox exchange runs there."""
+    return ("Up to 4 MiB a call is one kernel and one crossing of the link (the inbox "
+            "exchange). A single call's busy time and span also hold its wait for the other "
+            "GPU's launch, as NCCL's do; the loop clock, where the GPUs run in step, is the "
+            "exchange's own cost.")
+
+
+def render_targets(results: dict[str, tuple[str, dict[str, Any]]], suffix: str = "",
+                   small_why: Callable[[str], str] = _two_handshakes) -> str | None:
     """The all_to_all page's account of issue 42's targets, every number from
-    the two results (one process, one process per GPU); None without both."""
-    if "all_to_all" not in results or "all_to_all_processes" not in results:
+    the two results of GPUs `suffix` (one process, one process per GPU;
+    "@2x-h200": those keys of report.py's), `small_why` saying why the small
+    sizes stand where they do; None without both."""
+    keys = (f"all_to_all{suffix}", f"all_to_all_processes{suffix}")
+    if not all(k in results for k in keys):
         return None
-    one, procs = results["all_to_all"][1], results["all_to_all_processes"][1]
+    one, procs = results[keys[0]][1], results[keys[1]][1]
     prov = one.get("provenance") or {}
     big = {name: [row for row in r["rows"] if row["buffer_bytes"] >= LARGE_BYTES]
            for name, r in (("one", one), ("procs", procs))}
@@ -224,12 +247,8 @@ def render_targets(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None
             f"span, {each(small['one'], 'jax_tma_vs_nccl', 'loop')} by the loop clock "
             f"({loop_us(small['one'], 'jax_tma')} µs a call, against "
             f"{loop_us(small['one'], 'nccl')} µs). Across processes the loop clock says "
-            f"{each(small['procs'], 'jax_tma_vs_nccl', 'loop')}. A call costs two cross-GPU "
-            f"handshakes in a row (each device publishes its output and waits for its "
-            f"destinations' before copying, then signals them when done): its floor is the "
-            f"one-peer ceiling's own loop time, {loop_us(small['one'], 'ceiling')} µs in one "
-            f"process, while NCCL's all-to-all lands data and flag together in buffers "
-            f"registered beforehand.")
+            f"{each(small['procs'], 'jax_tma_vs_nccl', 'loop')}. "
+            + small_why(loop_us(small["one"], "ceiling")))
     ragged_big = _ratios(big["one"], "ragged_vs_lax_ragged", ("busy", "span"))
     if ragged_big:
         below = _ratios(small["one"], "ragged_vs_lax_ragged", ("busy", "span", "loop"))
@@ -257,7 +276,9 @@ def render_targets(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None
 
 
 RENDERERS = {"all_to_all": render_all_to_all, "all_to_all_processes": render_all_to_all}
-DERIVED = {"all_to_all-targets": render_targets}
+DERIVED = {"all_to_all-targets": render_targets,
+           "all_to_all-targets@2x-h200": functools.partial(render_targets, suffix="@2x-h200",
+                                                          small_why=_inbox)}
 HEADLINES = (Headline(8, "all_to_all", "each device's chunk `j` to device `j`, GPU to GPU",
                       "all_to_all", _headline,
                       no_result="no result at this commit (it needs two GPUs)"),)
