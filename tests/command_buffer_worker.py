@@ -476,15 +476,24 @@ def _all_to_all(rows: int):
     return build
 
 
-def _ragged(devices, big) -> Built:
+def _ragged(max_size: int, width: int):
     """Four exchanges of other slice sizes and places, one per step in turn:
-    the sizes the kernels read on the device change every step."""
+    the sizes the kernels read on the device change every step. Slices of
+    up to `max_size` rows of `width` float32 (6 rows of 16 on the CPU): up
+    to the inbox's limit (_ffi._ext.exchange_inbox_max_bytes) of operand,
+    through the inbox."""
+    def build(devices, big) -> Built:
+        return _ragged_built(devices, max_size if big else 6, width if big else 16)
+    return build
+
+
+def _ragged_built(devices, max_size: int, width: int) -> Built:
     n = len(devices)
 
     def draw(rng):
-        rows, tables = _geometries(rng, n, 2, 4, 48 if big else 6)
-        return (random_array(rng, (n * rows, 16), np.float32),
-                random_array(rng, (n * rows, 16), np.float32), *tables)
+        rows, tables = _geometries(rng, n, 2, 4, max_size)
+        return (random_array(rng, (n * rows, width), np.float32),
+                random_array(rng, (n * rows, width), np.float32), *tables)
 
     def body(i, operand, output, *tables):
         index = [_pick(t, i) for t in tables]
@@ -585,7 +594,7 @@ CASES: dict[str, tuple[Case, ...]] = {
         Case("ppermute_self_tma", ("ppermute.tma",), _ppermute("tma", "pull")),
         Case("ppermute_self_simt", ("ppermute.simt",), _ppermute("simt", "push")),
         Case("all_to_all_self", ("all_to_all.inbox",), _all_to_all(96)),
-        Case("ragged_all_to_all_self", ("ragged_all_to_all.peer",), _ragged),
+        Case("ragged_all_to_all_self", ("ragged_all_to_all.inbox",), _ragged(48, 16)),
     ),
     "multi": (
         Case("ppermute_pull", ("ppermute.tma",), _ppermute("tma", "pull")),
@@ -593,10 +602,11 @@ CASES: dict[str, tuple[Case, ...]] = {
         Case("ppermute_partial_simt", ("ppermute.simt",), _ppermute("simt", "pull", [(0, 1)])),
         Case("all_to_all", ("all_to_all.inbox",), _all_to_all(96)),
         Case("all_to_all_large", ("all_to_all.peer",), _all_to_all(16_000)),
-        Case("ragged_all_to_all", ("ragged_all_to_all.peer",), _ragged),
-        Case("moe_dropless", ("all_to_all.inbox", "ragged_all_to_all.peer"), _moe(None),
+        Case("ragged_all_to_all", ("ragged_all_to_all.inbox",), _ragged(48, 16)),
+        Case("ragged_all_to_all_large", ("ragged_all_to_all.peer",), _ragged(100, 4096)),
+        Case("moe_dropless", ("all_to_all.inbox", "ragged_all_to_all.inbox"), _moe(None),
              steps=200),
-        Case("moe_capacity", ("all_to_all.inbox", "ragged_all_to_all.peer"), _moe(12),
+        Case("moe_capacity", ("all_to_all.inbox", "ragged_all_to_all.inbox"), _moe(12),
              steps=200),
     ),
 }

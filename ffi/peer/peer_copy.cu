@@ -239,6 +239,32 @@ __device__ void ReportBadSlice(const PeerWait& w, BadSlice mine) {
   __syncthreads();
 }
 
+// The rule slice i of `size` rows at `in` of the operand, placed at `out`
+// of its destination's output, breaks (PeerSizeRule), as a BadSlice;
+// rule 0 if none.
+__device__ BadSlice CheckSlice(const PeerSlices& s, int64_t i, int64_t in, int64_t size,
+                               int64_t out) {
+  if (in < 0 || size < 0 || in > s.src_rows - size) {
+    return {i, static_cast<unsigned int>(PeerSizeRule::kOperand), in, size, s.src_rows};
+  }
+  if (out < 0 || out > s.dst_rows - size) {
+    return {i, static_cast<unsigned int>(PeerSizeRule::kOutput), out, size, s.dst_rows};
+  }
+  return {0, 0, 0, 0, 0};
+}
+
+// Every thread of the CTA: this participant's ragged slices against the
+// operand and the output, trapping on the first that breaks a rule.
+__device__ __noinline__ void CheckOwnSlices(const PeerSlices& s, const PeerWait& check) {
+  BadSlice mine{0, 0, 0, 0, 0};
+  for (int64_t i = threadIdx.x; i < s.slices && mine.rule == 0; i += blockDim.x) {
+    mine = CheckSlice(s, i, IndexAt(s.input_offsets, s.index64, i),
+                      IndexAt(s.send_sizes, s.index64, i),
+                      IndexAt(s.output_offsets, s.index64, i));
+  }
+  ReportBadSlice(check, mine);
+}
+
 // Checks this participant's slices, publishes its output (and receive
 // sizes) to every source, waits for every destination's, then checks each
 // destination's receive size for the slices it gets.
@@ -247,19 +273,7 @@ __global__ void __launch_bounds__(kMeetThreads)
   LaunchNextGrid();  // the copy's CTAs take their SMs while this one waits for the peers
   const int t = threadIdx.x;
   BadSlice mine{0, 0, 0, 0, 0};
-  if (s.ragged()) {
-    for (int64_t i = t; i < s.slices && mine.rule == 0; i += blockDim.x) {
-      const int64_t in = IndexAt(s.input_offsets, s.index64, i);
-      const int64_t size = IndexAt(s.send_sizes, s.index64, i);
-      const int64_t out = IndexAt(s.output_offsets, s.index64, i);
-      if (in < 0 || size < 0 || in > s.src_rows - size) {
-        mine = {i, static_cast<unsigned int>(PeerSizeRule::kOperand), in, size, s.src_rows};
-      } else if (out < 0 || out > s.dst_rows - size) {
-        mine = {i, static_cast<unsigned int>(PeerSizeRule::kOutput), out, size, s.dst_rows};
-      }
-    }
-    ReportBadSlice(check, mine);
-  }
+  if (s.ragged()) CheckOwnSlices(s, check);
   __shared__ unsigned long long recv_of[kMaxPeerLegs + 1];  // each leg's receive sizes
   if (t < legs.count) {
     const PeerLeg leg = legs.leg[t];  // a copy: a reference would copy every leg to the stack
@@ -354,28 +368,79 @@ constexpr int kInboxThreads = 256;
 constexpr int kInboxVectorsPerThread = kSimtBatch;  // a CTA's share of a chunk at least
 static_assert(sizeof(PeerInboxLegs) + sizeof(PeerSlices) <= 4096);
 
-// CTA b works on slice b mod parts, with the other CTAs of that slice (ctas
-// of them). The slice for this participant is copied into its result. For
-// another, the CTA pushes its part into the destination's slot, the last CTA
-// of the leg raises the destination's flag; then every CTA of the leg waits
-// for its source's flag and copies its part of the source's chunk out of the
-// inbox. The grid fits on the device at once (LaunchPeerInboxExchange), so
-// no CTA waits for a CTA that cannot start.
+// The receiver's check of the per_part slices it gets from the participant
+// at `source` (`entry(j)` the j-th): each against the operand's and the
+// output's rows, then its size against this participant's recv_sizes entry
+// for it; a slice is named by the index its source gives it.
+template <typename Entry>
+__device__ void CheckReceived(const PeerSlices& s, const PeerWait& check, int source,
+                              Entry entry) {
+  BadSlice mine{0, 0, 0, 0, 0};
+  for (int64_t j = threadIdx.x; j < s.per_part && mine.rule == 0; j += blockDim.x) {
+    const PeerInboxEntry e = entry(j);
+    const int64_t index = s.position * s.per_part + j;
+    mine = CheckSlice(s, index, e.in, e.size, e.out);
+    const int64_t expected = IndexAt(s.recv_sizes, s.index64, source * s.per_part + j);
+    if (mine.rule == 0 && expected != e.size) {
+      mine = {index, static_cast<unsigned int>(PeerSizeRule::kRecv), expected, e.size, 0};
+    }
+  }
+  ReportBadSlice(check, mine);
+}
+
+// CTA b works on what goes to position b mod parts, with the other CTAs of
+// that position (ctas of them). What this participant keeps is copied into
+// its result. For another position, the CTA pushes its part into the
+// destination's slot (a ragged exchange's slices, and CTA 0 their header),
+// the last CTA of the leg raises the destination's flag; then every CTA of
+// the leg waits for its source's flag and copies its part of the source's
+// slot out of the inbox. A ragged exchange's CTAs check this participant's
+// slices before any copy, and what each source sent before copying it. The
+// grid fits on the device at once (LaunchPeerInboxExchange), so no CTA
+// waits for a CTA that cannot start.
 __global__ void __launch_bounds__(kInboxThreads)
-    PeerInboxExchangeKernel(PeerInboxLegs legs, PeerSlices s) {
-  const int64_t i = blockIdx.x % s.parts;
+    PeerInboxExchangeKernel(PeerInboxLegs legs, PeerSlices s, PeerWait check) {
+  const int i = static_cast<int>(blockIdx.x % s.parts);
   const int64_t cta = blockIdx.x / s.parts, ctas = gridDim.x / s.parts;
-  const int k = LegOf(s, i);
-  const uint8_t* src = s.src + i * s.bytes;
+  const int k = LegOf(s, int64_t{i} * s.per_part);
+  const int64_t header = PeerInboxHeader(s), rows = s.bytes;  // ragged: a row's bytes
+  auto sent = [&](int64_t j) {  // this participant's j-th slice for position i
+    const int64_t slice = int64_t{i} * s.per_part + j;
+    return PeerInboxEntry{IndexAt(s.input_offsets, s.index64, slice),
+                          IndexAt(s.send_sizes, s.index64, slice),
+                          IndexAt(s.output_offsets, s.index64, slice)};
+  };
+  if (s.ragged()) CheckOwnSlices(s, check);
   if (k == 0) {
-    SimtCopy(src, s.local + s.position * s.bytes, s.bytes, cta, ctas);
+    if (!s.ragged()) {
+      SimtCopy(s.src + i * s.bytes, s.local + s.position * s.bytes, s.bytes, cta, ctas);
+      return;
+    }
+    CheckReceived(s, check, s.position, sent);
+    for (int64_t j = 0; j < s.per_part; ++j) {
+      const PeerInboxEntry e = sent(j);
+      SimtCopy(s.src + e.in * rows, s.local + e.out * rows, e.size * rows, cta, ctas);
+    }
     return;
   }
   const PeerInboxLeg leg = legs.leg[k - 1];  // a copy, as in PeerScatterMeetKernel
   // Every CTA of the leg reads the count before the last one raises it.
   const unsigned long long call = *static_cast<volatile unsigned long long*>(&leg.own->calls) + 1;
-  const int64_t slot = (call & 1) * PeerInboxStride(s.bytes);
-  SimtCopy(src, leg.partner_inbox + slot + i * s.bytes % 16, s.bytes, cta, ctas);
+  const int64_t slot = (call & 1) * PeerInboxStride(PeerInboxPayload(s));
+  uint8_t* to = leg.partner_inbox + slot;
+  if (!s.ragged()) {
+    SimtCopy(s.src + i * s.bytes, to + i * s.bytes % 16, s.bytes, cta, ctas);
+  } else {
+    for (int64_t j = 0; j < s.per_part; ++j) {
+      const PeerInboxEntry e = sent(j);
+      SimtCopy(s.src + e.in * rows, to + header + e.in * rows, e.size * rows, cta, ctas);
+    }
+    if (cta == 0) {
+      for (int64_t j = threadIdx.x; j < s.per_part; j += blockDim.x) {
+        reinterpret_cast<PeerInboxEntry*>(to)[j] = sent(j);
+      }
+    }
+  }
   __syncthreads();
   unsigned long long* arrived = &leg.own->arrived[call & 1];
   if (threadIdx.x == 0) {
@@ -391,10 +456,19 @@ __global__ void __launch_bounds__(kInboxThreads)
     AwaitCall(arrived, call, leg.wait_by, PeerWaitFor::kDone);
   }
   __syncthreads();
-  LoadAcquire(arrived);  // each thread's own acquire of the chunk thread 0 saw arrive
+  LoadAcquire(arrived);  // each thread's own acquire of what thread 0 saw arrive
   const int from = (s.position - k + s.parts) % s.parts;
-  SimtCopy(leg.inbox + slot + s.position * s.bytes % 16, s.local + from * s.bytes, s.bytes, cta,
-           ctas);
+  const uint8_t* box = leg.inbox + slot;
+  if (!s.ragged()) {
+    SimtCopy(box + s.position * s.bytes % 16, s.local + from * s.bytes, s.bytes, cta, ctas);
+    return;
+  }
+  const auto* entries = reinterpret_cast<const PeerInboxEntry*>(box);
+  CheckReceived(s, check, from, [&](int64_t j) { return entries[j]; });
+  for (int64_t j = 0; j < s.per_part; ++j) {
+    const PeerInboxEntry e = entries[j];
+    SimtCopy(box + header + e.in * rows, s.local + e.out * rows, e.size * rows, cta, ctas);
+  }
 }
 
 // `kernel` on `stream`; `early`: with programmatic dependent launch.
@@ -529,16 +603,21 @@ ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
 }
 
 ffi::Error LaunchPeerInboxExchange(std::string_view op, const PeerInboxLegs& legs,
-                                   const PeerSlices& slices, cudaStream_t stream, int device) {
-  if (slices.ragged() || slices.slices != slices.parts || legs.count != slices.parts - 1) {
-    return InvalidArgument(op, "an inbox exchange moves one equal chunk per participant");
+                                   const PeerSlices& slices, const PeerWait& check,
+                                   cudaStream_t stream, int device) {
+  if (slices.slices != int64_t{slices.parts} * slices.per_part ||
+      legs.count != slices.parts - 1 || (!slices.ragged() && slices.per_part != 1)) {
+    return InvalidArgument(op, "an inbox exchange takes per_part slices for each of its ",
+                           slices.parts, " parts (one without ragged sizes)");
   }
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  // Each slice's CTAs copy at least kInboxVectorsPerThread vectors a thread,
-  // and the whole grid is at most one CTA per SM: every CTA is resident
-  // while the others wait.
-  const int64_t vectors = slices.bytes / 16 + 1;
+  // Each position's CTAs copy at least kInboxVectorsPerThread vectors a
+  // thread of what an equal share would be, and the whole grid is at most
+  // one CTA per SM: every CTA is resident while the others wait.
+  const int64_t share =
+      slices.ragged() ? slices.src_rows * slices.bytes / slices.parts : slices.bytes;
+  const int64_t vectors = share / 16 + 1;
   const int64_t per_cta = int64_t{kInboxThreads} * kInboxVectorsPerThread;
   const int64_t ctas = std::clamp<int64_t>((vectors + per_cta - 1) / per_cta, 1,
                                            std::max(1, info.sm_count / slices.parts));
@@ -548,7 +627,7 @@ ffi::Error LaunchPeerInboxExchange(std::string_view op, const PeerInboxLegs& leg
                            info.sm_count, " SMs");
   }
   PeerInboxExchangeKernel<<<static_cast<unsigned int>(ctas * slices.parts), kInboxThreads, 0,
-                            stream>>>(legs, slices);
+                            stream>>>(legs, slices, check);
   JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ffi::Error::Success();
 }

@@ -209,16 +209,33 @@ ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
 // the inbox; larger ones PeerScatter, which moves every byte once.
 inline constexpr std::size_t kPeerInboxMaxBytes = std::size_t{4} << 20;
 
-// The bytes between a leg's two slots for chunks of `chunk` bytes, and an
-// inbox's bytes for `parts` participants. A chunk for the participant at
-// `position` starts (position * chunk) mod 16 B into its slot, its offset in
-// the source's operand, so the push is vectorised when both buffers are
-// aligned.
-JAX_TMA_HOST_DEVICE inline int64_t PeerInboxStride(int64_t chunk) {
-  return (chunk + 16 + 255) / 256 * 256;
+// A ragged slot's header entry, one per slice for the receiver: where the
+// slice's rows sit in the source's operand (and so in the slot's data), how
+// many, and where they go in the receiver's output.
+struct PeerInboxEntry {
+  long long in, size, out;
+};
+
+// What a slot holds for `s`. Equal: the chunk, starting (position * chunk)
+// mod 16 B into the slot for the participant at `position` (its offset in
+// the source's operand), so the push is vectorised when both buffers are
+// aligned. Ragged: a header of the slices' PeerInboxEntry (rounded up to
+// 256 B), then the source's operand as it lies, each slice's rows where
+// they sit in it: the receiver checks each slice's size against its own
+// recv_sizes before it copies any.
+JAX_TMA_HOST_DEVICE inline int64_t PeerInboxHeader(const PeerSlices& s) {
+  return s.ragged() ? (s.per_part * int64_t{sizeof(PeerInboxEntry)} + 255) / 256 * 256 : 0;
 }
-inline int64_t PeerInboxBytes(int parts, int64_t chunk) {
-  return int64_t{2} * (parts - 1) * PeerInboxStride(chunk);
+JAX_TMA_HOST_DEVICE inline int64_t PeerInboxPayload(const PeerSlices& s) {
+  return s.ragged() ? PeerInboxHeader(s) + s.src_rows * s.bytes : s.bytes + 16;
+}
+// The bytes between a leg's two slots for a payload of `payload` bytes, and
+// an inbox's bytes for `parts` participants.
+JAX_TMA_HOST_DEVICE inline int64_t PeerInboxStride(int64_t payload) {
+  return (payload + 255) / 256 * 256;
+}
+inline int64_t PeerInboxBytes(int parts, int64_t payload) {
+  return int64_t{2} * (parts - 1) * PeerInboxStride(payload);
 }
 
 // One leg k (1 .. parts - 1), in this address space: this participant's
@@ -238,10 +255,14 @@ struct PeerInboxLegs {
   PeerInboxLeg leg[kMaxPeerLegs];
 };
 
-// The exchange of `slices` (equal chunks: `slices.slices` == `parts`, no
-// ragged sizes) on `stream`, one kernel. Errors name `op`.
+// The exchange of `slices` on `stream`, one kernel, the slots of `legs`
+// holding PeerInboxPayload(slices). A ragged exchange's broken size rule is
+// reported under `check`'s site: this participant's slices before any copy,
+// and each slice it receives (against its recv_sizes) before it copies that
+// one. Errors name `op`.
 ffi::Error LaunchPeerInboxExchange(std::string_view op, const PeerInboxLegs& legs,
-                                   const PeerSlices& slices, cudaStream_t stream, int device);
+                                   const PeerSlices& slices, const PeerWait& check,
+                                   cudaStream_t stream, int device);
 
 }  // namespace jax_tma
 

@@ -603,9 +603,9 @@ ffi::Error BadSizeFault(const volatile PeerFault* f, const Waits& w) {
       m << "send_sizes[" << i << "] = " << size << " but its receiver's recv_sizes entry for it "
         << "is " << value;
   }
-  m << ". Each device checks its sizes on the device before its copies, so this one wrote "
-       "nothing and no copy ran out of bounds; the checking kernel trapped, and this "
-       "process's GPU context is lost: restart the processes";
+  m << ". The sizes are checked on the device before the copies they size, so no copy ran "
+       "out of bounds; the checking kernel trapped, and this process's GPU context is lost: "
+       "restart the processes";
   return ffi::Error::InvalidArgument(m.str());
 }
 

@@ -56,8 +56,8 @@ ffi::Error AllToAllCudaImpl(cudaStream_t stream, ExchangeSites* sites, int32_t d
     CountPath(Path::kAllToAllInbox);
     PeerInboxLegs legs;
     JAX_TMA_RETURN_IF_FAILED(ExchangeInboxLegs(sites, call.method, call.bytes.bytes, call,
-                                               device, slices.bytes, &legs));
-    return LaunchPeerInboxExchange(kAllToAllOp, legs, slices, stream, device);
+                                               device, PeerInboxPayload(slices), &legs));
+    return LaunchPeerInboxExchange(kAllToAllOp, legs, slices, PeerWait{}, stream, device);
   }
   CountPath(Path::kAllToAllPeer);
   PeerLegs legs;

@@ -48,17 +48,17 @@ namespace {
 
 // The slots of this participant's inbox for step k's source, the first
 // of two.
-uint8_t* InboxSlots(void* base, int k, int64_t chunk) {
-  return static_cast<uint8_t*>(base) + int64_t{2} * (k - 1) * PeerInboxStride(chunk);
+uint8_t* InboxSlots(void* base, int k, int64_t payload) {
+  return static_cast<uint8_t*>(base) + int64_t{2} * (k - 1) * PeerInboxStride(payload);
 }
 
 // Allocates this participant's inbox and trades its slots with every step's
 // source for the destination's, in step order (each step's own meeting).
-ffi::Error SetUpInbox(const ExchangeGroup& group, int device, std::size_t bytes, int64_t chunk,
-                      ExchangeSites::Inbox* inbox) {
+ffi::Error SetUpInbox(const ExchangeGroup& group, int device, std::size_t bytes,
+                      int64_t payload, ExchangeSites::Inbox* inbox) {
   JAX_TMA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   JAX_TMA_RETURN_IF_FAILED(
-      NewPeerInbox(device, PeerInboxBytes(group.parts, chunk), &inbox->base));
+      NewPeerInbox(device, PeerInboxBytes(group.parts, payload), &inbox->base));
   for (int k = 1; k < group.parts; ++k) {
     const PermuteRoute& route = group.steps[k - 1];
     ProcessPlan plan = group.StepPlan(k);
@@ -66,12 +66,12 @@ ffi::Error SetUpInbox(const ExchangeGroup& group, int device, std::size_t bytes,
     std::vector<std::string> got;
     JAX_TMA_RETURN_IF_FAILED(ExchangeAtSite(
         route, plan, bytes, {route.source},
-        [&](int to, const std::string& abort_key, std::string* payload) {
+        [&](int to, const std::string& abort_key, std::string* message) {
           unsigned long long at = 0;
           JAX_TMA_RETURN_IF_FAILED(AddressIn(plan.peer(to), device,
-                                             InboxSlots(inbox->base, k, chunk), plan.timeout,
+                                             InboxSlots(inbox->base, k, payload), plan.timeout,
                                              abort_key, &at));
-          payload->assign(reinterpret_cast<const char*>(&at), sizeof(at));
+          message->assign(reinterpret_cast<const char*>(&at), sizeof(at));
           return ffi::Error::Success();
         },
         {route.destination}, sizeof(unsigned long long), "the inbox", &got));
@@ -103,7 +103,7 @@ ffi::Error CheckLegs(const ExchangeGroup& group) {
 }  // namespace
 
 ffi::Error ExchangeSites::GetInbox(const ExchangeGroup& group, int device, std::size_t bytes,
-                                   int64_t chunk, const Inbox** out) {
+                                   int64_t payload, const Inbox** out) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = inboxes_.find(device);
@@ -115,7 +115,7 @@ ffi::Error ExchangeSites::GetInbox(const ExchangeGroup& group, int device, std::
   // Off this thread: XLA may be capturing a command buffer on it.
   Inbox inbox;
   ffi::Error err = ffi::Error::Success();
-  std::thread([&] { err = SetUpInbox(group, device, bytes, chunk, &inbox); }).join();
+  std::thread([&] { err = SetUpInbox(group, device, bytes, payload, &inbox); }).join();
   // A peer whose side of a failed meeting finished may hold this inbox's
   // address and write to it: it is never reused.
   JAX_TMA_RETURN_IF_FAILED(err);
@@ -125,7 +125,7 @@ ffi::Error ExchangeSites::GetInbox(const ExchangeGroup& group, int device, std::
 }
 
 ffi::Error ExchangeInboxLegs(ExchangeSites* sites, Method method, std::size_t bytes,
-                             const ExchangeGroup& group, int device, int64_t chunk,
+                             const ExchangeGroup& group, int device, int64_t payload,
                              PeerInboxLegs* legs) {
   JAX_TMA_RETURN_IF_FAILED(CheckLegs(group));
   legs->count = static_cast<int>(group.steps.size());
@@ -135,11 +135,11 @@ ffi::Error ExchangeInboxLegs(ExchangeSites* sites, Method method, std::size_t by
   }
   if (legs->count == 0) return ffi::Error::Success();  // a group of one: no inbox
   const ExchangeSites::Inbox* inbox = nullptr;
-  JAX_TMA_RETURN_IF_FAILED(sites->GetInbox(group, device, bytes, chunk, &inbox));
+  JAX_TMA_RETURN_IF_FAILED(sites->GetInbox(group, device, bytes, payload, &inbox));
   for (int k = 1; k <= legs->count; ++k) {
     const PeerSite* site = steps[k - 1];
     legs->leg[k - 1] = PeerInboxLeg{site->box, site->partner_box, inbox->partner_slots[k - 1],
-                                    InboxSlots(inbox->base, k, chunk), site->wait_by};
+                                    InboxSlots(inbox->base, k, payload), site->wait_by};
   }
   return ffi::Error::Success();
 }

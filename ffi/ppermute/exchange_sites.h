@@ -39,11 +39,11 @@ class ExchangeSites {
     void* base = nullptr;
     std::vector<uint8_t*> partner_slots;  // by step - 1
   };
-  // The inbox of `group`'s participant on `device` for chunks of `chunk`
+  // The inbox of `group`'s participant on `device` for slots of `payload`
   // bytes (calls of `bytes`), set up (and its slots traded with every step's
   // source and destination) by its first call.
   ffi::Error GetInbox(const ExchangeGroup& group, int device, std::size_t bytes,
-                      int64_t chunk, const Inbox** inbox);
+                      int64_t payload, const Inbox** inbox);
 
  private:
   std::mutex mu_;
@@ -63,10 +63,10 @@ ffi::Error ExchangeLegs(ExchangeSites* sites, Method method, std::size_t bytes,
                         const void* recv_sizes, PeerLegs* legs);
 
 // As ExchangeLegs, for PeerInboxExchange: each step's mailboxes and wait,
-// and the slots of this participant's inbox and of its destination's, for
-// chunks of `chunk` bytes (`bytes` per call).
+// and the slots of this participant's inbox and of its destination's, of
+// `payload` bytes (PeerInboxPayload; `bytes` per call).
 ffi::Error ExchangeInboxLegs(ExchangeSites* sites, Method method, std::size_t bytes,
-                             const ExchangeGroup& group, int device, int64_t chunk,
+                             const ExchangeGroup& group, int device, int64_t payload,
                              PeerInboxLegs* legs);
 
 // The copy kernel of `method` on a device (`info`): the bulk pipeline for

@@ -67,8 +67,9 @@ void PpermuteModule(nanobind::module_& m) {
         return can != 0;
       },
       nanobind::arg("device"), nanobind::arg("peer"));
-  // The largest exchange (bytes a participant) that all_to_all runs through
-  // the inbox (peer_copy.h), for the tests that check which path ran.
+  // The largest exchange (operand bytes a participant) that all_to_all and
+  // ragged_all_to_all run through the inbox (peer_copy.h), for the tests
+  // that check which path ran.
   m.attr("exchange_inbox_max_bytes") = kPeerInboxMaxBytes;
   // CountPeerResources (peer_memory.h) by name.
   m.def("peer_resources", []() {

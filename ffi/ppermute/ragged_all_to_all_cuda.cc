@@ -1,10 +1,14 @@
 // CUDA handler of "jax_tma_ragged_all_to_all": decodes and re-validates the
-// call, then runs every step at once with PeerScatter (peer_copy.h): the
-// index arrays stay on the device, where the meet kernel checks them (and
-// each receiver's recv_sizes) before any copy and the copy kernel reads
-// them, so a call needs no device-to-host copy and no host wait, and
-// replays from command buffers. Each slice is pushed straight into its
-// destination's result; the slices that stay are copied in the same grid.
+// call, then runs every step at once: the index arrays stay on the device,
+// where the kernels check and read them, so a call needs no device-to-host
+// copy and no host wait, and replays from command buffers. Up to
+// kPeerInboxMaxBytes of operand, with PeerInboxExchange (peer_copy.h): one
+// kernel checks this participant's slices, pushes them with their sizes and
+// places into each destination's inbox, and copies what each source sent,
+// checked against recv_sizes, into its result. Above, with PeerScatter: the
+// meet kernel checks the slices (and each receiver's recv_sizes) before any
+// copy, and each slice is pushed straight into its destination's result;
+// the slices that stay are copied in the same grid.
 // The per-step participants are all_to_all's (ExchangeSites).
 #include <memory>
 #include <string_view>
@@ -45,14 +49,10 @@ ffi::Error RaggedAllToAllCudaImpl(
   // Rows of no bytes, or no slices: nothing moves on any participant (the
   // shapes are the same on all), so all skip together.
   if (call.row_bytes == 0 || call.slices == 0) return ffi::Error::Success();
-  CountPath(Path::kRaggedAllToAllPeer);
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   bool tma = false;
   JAX_TMA_RETURN_IF_FAILED(ExchangeUsesTma(kRaggedAllToAllOp, call.method, info, device, &tma));
-  PeerLegs legs;
-  JAX_TMA_RETURN_IF_FAILED(ExchangeLegs(sites, call.method, operand.size_bytes(), call, device,
-                                        call.result, call.recv_sizes, &legs));
   PeerWait check;
   JAX_TMA_RETURN_IF_FAILED(sites->Check(call, device, &check));
   PeerSlices slices;
@@ -70,6 +70,17 @@ ffi::Error RaggedAllToAllCudaImpl(
   slices.index64 = call.index_type == ffi::DataType::S64;
   slices.src_rows = call.operand_rows;
   slices.dst_rows = call.output_rows;
+  if (operand.size_bytes() <= kPeerInboxMaxBytes) {
+    CountPath(Path::kRaggedAllToAllInbox);
+    PeerInboxLegs legs;
+    JAX_TMA_RETURN_IF_FAILED(ExchangeInboxLegs(sites, call.method, operand.size_bytes(), call,
+                                               device, PeerInboxPayload(slices), &legs));
+    return LaunchPeerInboxExchange(kRaggedAllToAllOp, legs, slices, check, stream, device);
+  }
+  CountPath(Path::kRaggedAllToAllPeer);
+  PeerLegs legs;
+  JAX_TMA_RETURN_IF_FAILED(ExchangeLegs(sites, call.method, operand.size_bytes(), call, device,
+                                        call.result, call.recv_sizes, &legs));
   // The grid is sized for the operand spread evenly over the slices.
   const int64_t expected = call.operand_rows * slices.bytes / call.slices;
   return LaunchPeerScatter(kRaggedAllToAllOp, legs, slices, tma, expected, check, stream,

@@ -19,7 +19,6 @@ from jax.sharding import PartitionSpec as P
 
 import jax_tma
 from families.copy import copy_call, copy_reference
-from jax_tma import _jax_tma
 from jax_tma._ragged_all_to_all import composed
 from fuzz import S, Call, Spec, i64, pick, some_dtype, with_
 from ops_table import (BATCH, MESH_AXES, SUB_BYTE_WIDE, Case, Op, dim_size, dims_spec, extra_rank,
@@ -405,25 +404,27 @@ def _self_exchange(copies: int):
     return call
 
 
-def _self_ragged(x, device):
-    """A ragged_all_to_all over a one-device mesh of `device`: two slices of
-    x's rows into x's reverse, one of them empty."""
-    one = jax.sharding.Mesh(np.array([device]), ("i",))
+def _self_ragged(copies: int):
+    """A ragged_all_to_all over a one-device mesh of `device` of `copies` of
+    x: two slices of its rows into its reverse, one of them empty. Up to the
+    inbox's limit of operand, it takes the inbox's kernel."""
+    def call(x, device):
+        one = jax.sharding.Mesh(np.array([device]), ("i",))
 
-    def local(b):
-        sizes = jnp.array([40, 0], np.int32)
-        return jax_tma.ragged_all_to_all(b, b[::-1], jnp.array([3, 64], np.int32), sizes,
-                                         jnp.array([10, 0], np.int32), sizes, axis_name="i")
-    return jax.shard_map(local, mesh=one, in_specs=P("i"), out_specs=P("i"))(x)
+        def local(b):
+            sizes = jnp.array([40, 0], np.int32)
+            return jax_tma.ragged_all_to_all(b, b[::-1], jnp.array([3, 64], np.int32), sizes,
+                                             jnp.array([10, 0], np.int32), sizes, axis_name="i")
+        return jax.shard_map(local, mesh=one, in_specs=P("i"), out_specs=P("i"))(
+            jnp.tile(x, (copies, 1)))
+    return call
 
 
+# (64, 16) float32 x 1100: 4.5 MB, over the inbox's limit.
 GPU_CALLS = {"ppermute.tma": _self_permute("tma"), "ppermute.simt": _self_permute("simt"),
-             "all_to_all.inbox": _self_exchange(1),
-             "all_to_all.peer": _self_exchange(1100)}  # (64, 16) float32 x 1100: 4.5 MB
-# ragged_all_to_all's CUDA path, once the manifest declares it (its CPU
-# handler came first).
-if "ragged_all_to_all.peer" in _jax_tma.families()["ppermute"]["paths"]:
-    GPU_CALLS["ragged_all_to_all.peer"] = _self_ragged
+             "all_to_all.inbox": _self_exchange(1), "all_to_all.peer": _self_exchange(1100),
+             "ragged_all_to_all.inbox": _self_ragged(1),
+             "ragged_all_to_all.peer": _self_ragged(1100)}
 
 
 # ---- the mode tests ---------------------------------------------------------------
