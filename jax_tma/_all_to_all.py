@@ -36,9 +36,12 @@ def all_to_all(x: Any, axis_name: str | Sequence[str], split_axis: int, concat_a
     along ``concat_axis`` in the senders' order.
 
     Each chunk travels on jax_tma's peer transport, the one
-    :func:`ppermute` runs on, in one call: every chunk at once, each pushed
-    straight into its destination's output (no staging buffer, no NCCL),
-    the one that stays copied in the same grid — over peer access between
+    :func:`ppermute` runs on, in one call: every chunk at once, no NCCL. Up
+    to 4 MiB a device, one kernel pushes each chunk into its destination's
+    inbox (peer memory registered at the first call) and copies out what it
+    received, one crossing of the link a call; above, each chunk is pushed
+    straight into its destination's output, the one that stays copied in
+    the same grid. Over peer access between
     GPUs of this process, over mapped allocations between GPUs of processes
     of one host, with ``memcpy`` between host devices (over the process
     link between processes). After the first call of a lowered all_to_all
