@@ -206,7 +206,8 @@ ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
 // earlier call (and so its copy out of the slot) is done.
 
 // Exchanges of at most this many bytes per participant (the operand) take
-// the inbox; larger ones PeerScatter, which moves every byte once.
+// the inbox; larger ones PeerScatter, which moves every byte once. Not swept
+// (benchmarks/TUNING.md).
 inline constexpr std::size_t kPeerInboxMaxBytes = std::size_t{4} << 20;
 
 // A ragged slot's header entry, one per slice for the receiver: where the
