@@ -23,10 +23,7 @@ import argparse
 import dataclasses
 import glob
 import itertools
-import json
-import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -287,25 +284,3 @@ class Benchmark:
     # `run.py <op>-once`: each variant run once, untimed, for a profiler to
     # watch (ncu); returns the variants' labels, in order.
     once: Callable[[], list[str]] | None = None
-
-
-def write_result(result: dict[str, Any], out_dir: str) -> str:
-    """Writes `result` as <op>_<devices>_<date>.json under `out_dir`,
-    replacing the op's earlier result files of the same devices there (those
-    of other GPUs stay: benchmarks/report.py renders each); returns the path."""
-    os.makedirs(out_dir, exist_ok=True)
-    prov = result["provenance"]
-    name = f"{result['op']}_{prov['device_tag']}_{prov['date'][:10]}.json"
-    # The op's own files, by the op they record: a name's prefix would also
-    # take those of an op that extends it (ppermute_processes for ppermute).
-    for old in glob.glob(os.path.join(out_dir, f"{result['op']}_{prov['device_tag']}_*.json")):
-        with open(old) as f:
-            recorded = json.load(f).get("op")
-        if recorded == result["op"] and os.path.basename(old) != name:
-            os.remove(old)
-            print(f"removed the earlier result {old}", file=sys.stderr)
-    path = os.path.join(out_dir, name)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-        f.write("\n")
-    return path

@@ -6,6 +6,7 @@ benchmarks/run.py wrote.
     python benchmarks/report.py --check    # exit 1 if a page differs from the results,
                                            # or the code changed after the results' commit
     python benchmarks/report.py --plots benchmarks/plots   # also plots (needs matplotlib)
+    python benchmarks/report.py --merge A.json B.json      # one result of two calls' sizes
 
 The pages (README.md and every docs/ page that has one) hold sections
 between `<!-- bench:OP -->` and `<!-- /bench:OP -->`: one op's tables (the
@@ -43,7 +44,7 @@ import re
 import subprocess
 import sys
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -102,6 +103,76 @@ def load_results(results_dir: str) -> dict[str, tuple[str, dict[str, Any]]]:
                              f"(keep one)")
         out[key] = (rel, result)
     return out
+
+
+def write_result(result: dict[str, Any], out_dir: str) -> str:
+    """Writes `result` as <op>_<devices>_<date>.json under `out_dir`,
+    replacing the op's earlier result files of the same devices there (those
+    of other GPUs stay: benchmarks/report.py renders each); returns the path."""
+    os.makedirs(out_dir, exist_ok=True)
+    prov = result["provenance"]
+    name = f"{result['op']}_{prov['device_tag']}_{prov['date'][:10]}.json"
+    # The op's own files, by the op they record: a name's prefix would also
+    # take those of an op that extends it (ppermute_processes for ppermute).
+    for old in glob.glob(os.path.join(out_dir, f"{result['op']}_{prov['device_tag']}_*.json")):
+        with open(old) as f:
+            recorded = json.load(f).get("op")
+        if recorded == result["op"] and os.path.basename(old) != name:
+            os.remove(old)
+            print(f"removed the earlier result {old}", file=sys.stderr)
+    path = os.path.join(out_dir, name)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    return path
+
+
+def merge_results(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One result of the rows of `parts`: results of one op, commit and GPUs,
+    each of other sizes, measured in several calls (a device call has a time
+    limit; the largest sizes take one of their own). Every other field must
+    agree but the lists and tables of what was checked, failed or left out,
+    which are joined, and the seconds, which add up; the provenance is the
+    first part's, with each part's date, command, install and seconds under
+    `calls`.
+    Raises ValueError on anything else that differs, on a size measured
+    twice, and on a smoke run's or a dirty tree's result."""
+    if len(parts) < 2:
+        raise ValueError("merge: give two results or more")
+    first = parts[0]
+    joined = {"rows", "checked_bit_exact", "not_run", "comparator_differs", "sizes_left_out",
+              "untraced", "elapsed_s", "provenance"}
+    for part in parts:
+        prov = part.get("provenance")
+        if prov is None or "rows" not in part:
+            raise ValueError(f"merge: the {part.get('op')} result has no provenance or no rows")
+        if prov["dirty"] or part.get("smoke"):
+            raise ValueError(f"merge: the {part['op']} result of {prov['date']} is a "
+                             f"{'smoke run' if part.get('smoke') else 'dirty tree'}'s")
+        for key in ("commit", "device_tag", "versions"):
+            if prov.get(key) != first["provenance"].get(key):
+                raise ValueError(f"merge: provenance.{key} differs: {prov.get(key)!r} vs "
+                                 f"{first['provenance'].get(key)!r}")
+        for key in sorted((set(part) | set(first)) - joined):
+            if part.get(key) != first.get(key):
+                raise ValueError(f"merge: the results' {key!r} differ")
+    rows: dict[Any, dict[str, Any]] = {}
+    for part in parts:
+        for row in part["rows"]:
+            if row["buffer_bytes"] in rows:
+                raise ValueError(f"merge: {row['buffer_bytes']} bytes are measured twice")
+            rows[row["buffer_bytes"]] = row
+    merged = dict(first, rows=[rows[size] for size in sorted(rows)])
+    merged["checked_bit_exact"] = [x for p in parts for x in p.get("checked_bit_exact", [])]
+    for key in ("not_run", "comparator_differs", "sizes_left_out", "untraced"):
+        if any(key in p for p in parts):
+            merged[key] = {k: v for p in parts for k, v in (p.get(key) or {}).items()}
+    merged["elapsed_s"] = round(sum(p["elapsed_s"] for p in parts), 1)
+    merged["provenance"] = dict(first["provenance"], calls=[
+        {"date": p["provenance"]["date"], "command": p["provenance"]["command"],
+         "install": p["provenance"].get("install"), "elapsed_s": p["elapsed_s"]}
+        for p in parts])
+    return merged
 
 
 def _gpus_of(path: str, op: str) -> str:
@@ -790,7 +861,21 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"record in {UNMEASURED} that the committed code of PATH was not measured "
                              f"(with --why: why no measured program differs)")
     parser.add_argument("--why", help="with --unmeasured: the reason")
+    parser.add_argument("--merge", metavar="FILE", nargs="+",
+                        help="write into --results one result of these results of one op, "
+                             "commit and GPUs, each of other sizes (merge_results)")
     args = parser.parse_args(argv)
+    if args.merge:
+        parts = []
+        for path in args.merge:
+            with open(path) as f:
+                parts.append(json.load(f))
+        try:
+            print(f"wrote {write_result(merge_results(parts), args.results)}")
+        except ValueError as e:
+            print(f"benchmarks/report.py: {e}", file=sys.stderr)
+            return 2
+        return 0
     results = load_results(args.results)
     if args.unmeasured:
         if not args.why:

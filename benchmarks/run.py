@@ -42,7 +42,7 @@ import jax  # noqa: E402
 
 import provenance  # noqa: E402
 import report  # noqa: E402
-from harness import Benchmark, Session, write_result  # noqa: E402
+from harness import Benchmark, Session  # noqa: E402
 
 
 def _collect() -> dict[str, Benchmark]:
@@ -101,7 +101,7 @@ def _sanitizer(args: argparse.Namespace) -> int:
         return 3
     result["timing_method"] = "compute-sanitizer exit status and summary lines (not timed)"
     if args.out_dir:
-        print(f"wrote {write_result(result, args.out_dir)}")
+        print(f"wrote {report.write_result(result, args.out_dir)}")
     print(report.render(result), flush=True)
     return 0 if result["passed"] else 1
 
@@ -176,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         elapsed[op] = result["elapsed_s"] = round(time.monotonic() - start, 1)
         if args.out_dir:
-            s.log(f"{op}: wrote {write_result(result, args.out_dir)}")
+            s.log(f"{op}: wrote {report.write_result(result, args.out_dir)}")
         print(report.render(result), flush=True)
     print("\n== elapsed ==")
     for op, seconds in elapsed.items():

@@ -1566,19 +1566,58 @@ def test_write_result_replaces_only_the_same_ops_results(tmp_path):
     def result(op, date):
         return {"op": op, "provenance": {"device_tag": "h100", "date": date}}
 
-    harness.write_result(result("broadcast", "2026-01-01T00:00:00"), str(tmp_path))
-    harness.write_result(result("broadcast-ncu", "2026-01-01T00:00:00"), str(tmp_path))
-    harness.write_result(result("broadcast_more", "2026-01-01T00:00:00"), str(tmp_path))
-    harness.write_result(result("broadcast", "2026-01-02T00:00:00"), str(tmp_path))
+    report.write_result(result("broadcast", "2026-01-01T00:00:00"), str(tmp_path))
+    report.write_result(result("broadcast-ncu", "2026-01-01T00:00:00"), str(tmp_path))
+    report.write_result(result("broadcast_more", "2026-01-01T00:00:00"), str(tmp_path))
+    report.write_result(result("broadcast", "2026-01-02T00:00:00"), str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["broadcast-ncu_h100_2026-01-01.json",
                                             "broadcast_h100_2026-01-02.json",
                                             "broadcast_more_h100_2026-01-01.json"]
     # another GPU's result stays beside it
-    harness.write_result(dict(result("broadcast", "2026-01-03T00:00:00"),
+    report.write_result(dict(result("broadcast", "2026-01-03T00:00:00"),
                               provenance={"device_tag": "h200", "date": "2026-01-03T00:00:00"}),
                          str(tmp_path))
     assert "broadcast_h100_2026-01-02.json" in os.listdir(tmp_path)
     assert "broadcast_h200_2026-01-03.json" in os.listdir(tmp_path)
+
+
+def _sized_result(sizes, date, **provenance):
+    prov = {"commit": "c0ffee", "device_tag": "4x-h200", "date": date, "dirty": False,
+            "versions": {"jax": "0.11.2"}, "install": "source", "command": ["run.py", date]}
+    return {"op": "all_to_all", "n": 4, "rows": [{"buffer_bytes": s} for s in sizes],
+            "checked_bit_exact": [f"{s}" for s in sizes], "not_run": {}, "elapsed_s": 10.0,
+            "provenance": dict(prov, **provenance)}
+
+
+def test_merge_joins_the_sizes_of_several_calls(tmp_path):
+    small = _sized_result([65536, 1 << 20], "2026-01-01T00:00:00")
+    large = dict(_sized_result([1 << 30, 1 << 29], "2026-01-01T00:10:00"),
+                 not_run={"nccl": "out of memory"})
+    for name, part in (("a.json", small), ("b.json", large)):
+        (tmp_path / name).write_text(json.dumps(part))
+    out = tmp_path / "results"
+    assert report.main(["--results", str(out), "--merge", str(tmp_path / "a.json"),
+                        str(tmp_path / "b.json")]) == 0
+    [name] = os.listdir(out)
+    assert name == "all_to_all_4x-h200_2026-01-01.json"
+    merged = json.loads((out / name).read_text())
+    assert [r["buffer_bytes"] for r in merged["rows"]] == [65536, 1 << 20, 1 << 29, 1 << 30]
+    assert merged["checked_bit_exact"] == ["65536", "1048576", "1073741824", "536870912"]
+    assert merged["not_run"] == {"nccl": "out of memory"} and merged["elapsed_s"] == 20.0
+    assert [c["date"] for c in merged["provenance"]["calls"]] == [
+        "2026-01-01T00:00:00", "2026-01-01T00:10:00"]
+
+
+@pytest.mark.parametrize("part, message", [
+    (_sized_result([1 << 20], "d"), "1048576 bytes are measured twice"),
+    (_sized_result([1 << 29], "d", commit="beef"), "provenance.commit differs"),
+    (_sized_result([1 << 29], "d", dirty=True), "is a dirty tree's"),
+    (dict(_sized_result([1 << 29], "d"), n=2), "the results' 'n' differ"),
+    (dict(_sized_result([1 << 29], "d"), smoke=True), "is a smoke run's"),
+])
+def test_merge_refuses_results_that_do_not_join(part, message):
+    with pytest.raises(ValueError, match=message):
+        report.merge_results([_sized_result([1 << 20], "2026-01-01T00:00:00"), part])
 
 
 def test_a_tree_stamp_names_the_files_changed_since(tmp_path, monkeypatch):
