@@ -82,7 +82,10 @@ POISON = 0x7FC5  # the bits of the ragged cases' output buffers before a call (a
 BYTES = ("per GPU: the bytes that leave each GPU per call, (n-1)/n of its buffer (in the "
          f"skewed ragged cases those of the GPU that sends the most, {HEAVY:g} of its buffer "
          "on two GPUs), not read + write; the ceiling pushes the same (n-1)/n to one peer")
-CLOCKS = ("busy_us", "span_us", "wall_us", "loop_us")
+# loop_busy_us: the GPU busy time per call in the loop program (a traced run
+# of it), where a single call's busy time and span also measure how far apart
+# the GPUs' launches were and the loop's wall clock may be the host's.
+CLOCKS = ("busy_us", "span_us", "wall_us", "loop_us", "loop_busy_us")
 # The cases, in the order they take turns. `ragged*`: jax_tma's, timed where
 # jax_tma has ragged_all_to_all.
 CASES = ("jax_tma", "nccl", "composed", "ragged", "lax_ragged", "ragged_skewed",
@@ -336,8 +339,12 @@ def measure(s: Session, mesh: Mesh, mib: float, repetitions: int) -> dict[str, A
         t = s.time(rotate_all(timed, inputs), 2 if s.smoke else ROUNDS, rep=2,
                    wall_calls=wall_calls(buffer))
         runs.append({"cases": processes.clean(t["cases"]), "protocol": t["protocol"]})
+        steady = processes.clean(s.time({name: functools.partial(fn, *inputs[r % 2])
+                                         for name, fn in loops.items()}, 1, wall=False)["cases"])
         for name, c in runs[-1]["cases"].items():
             c["loop_us"] = _loop_us(loops[name], inputs[r % 2]) if name in loops else None
+            busy = steady.get(name, {}).get("busy_us")
+            c["loop_busy_us"] = None if busy is None else busy / LOOP_CALLS
         s.log(f"{OP} {mib:g} MiB per GPU, run {r + 1} of {repetitions}, span µs: " + ", ".join(
             f"{name} {'—' if c['span_us'] is None else round(c['span_us'], 1)}"
             for name, c in runs[-1]["cases"].items()))
@@ -479,7 +486,9 @@ def _common(quick: bool, repetitions: int, ragged: bool) -> dict[str, Any]:
                                f"{LARGE_BYTES // MIB} MiB, {WALL_CALLS_LARGE} from there",
             "loop_rule": f"below {LARGE_BYTES // MIB} MiB, one jitted program of {LOOP_CALLS} "
                          f"chained calls (each of the one before's result), per call, the "
-                         f"fastest of {LOOP_RUNS} runs"}
+                         f"fastest of {LOOP_RUNS} runs",
+            "loop_busy_rule": f"the GPU busy time per call of one traced run of the loop "
+                              f"program (the union of its GPUs' activity, ÷ {LOOP_CALLS})"}
 
 
 def bench_all_to_all(s: Session, sizes_mib: Sequence[float] | None = None,

@@ -53,8 +53,8 @@ def _cases(r: dict[str, Any]) -> list[str]:
 
 
 def _ratio_cell(row: dict[str, Any], key: str) -> str:
-    """busy / span / wall / loop of a ratio, the wall where both cases' busy
-    time reaches WALL_MIN_US."""
+    """busy / span / wall / loop (/ loop busy) of a ratio, the wall where both
+    cases' busy time reaches WALL_MIN_US."""
     ratio = row["ratios"].get(key)
     if ratio is None:
         return "—"
@@ -74,6 +74,20 @@ def _failures(r: dict[str, Any]) -> list[str]:
 
 def _loop_rule(r: dict[str, Any]) -> str:
     return r.get("loop_rule", "not measured")
+
+
+def _clocks(r: dict[str, Any]) -> str:
+    """The clocks of a cell: loop busy too where the result has it."""
+    if "loop_busy_rule" not in r:
+        return "busy / span / wall / loop"
+    return "busy / span / wall / loop / loop busy"
+
+
+def _loop_rules(r: dict[str, Any]) -> str:
+    rules = f"the loop {_loop_rule(r)}"
+    if "loop_busy_rule" in r:
+        rules += f"; the loop busy: {r['loop_busy_rule']}"
+    return rules
 
 
 def render_all_to_all(r: dict[str, Any]) -> str:
@@ -98,8 +112,8 @@ def render_all_to_all(r: dict[str, Any]) -> str:
         lines.append(f"| {size_text(row['buffer_bytes'])} | " + " | ".join(cells) + " |")
     ratios = [(k, h) for k, h in RATIOS if any(k in row["ratios"] for row in r["rows"])]
     if ratios:
-        lines += ["", f"Ratios, busy / span / wall / loop (the wall from {WALL_MIN_US:g} µs "
-                      f"of busy time; the loop {_loop_rule(r)}): *A vs B* is A's GB/s ÷ B's, "
+        lines += ["", f"Ratios, {_clocks(r)} (the wall from {WALL_MIN_US:g} µs "
+                      f"of busy time; {_loop_rules(r)}): *A vs B* is A's GB/s ÷ B's, "
                       f"B's time ÷ A's where both send the same bytes (above 1, A is faster):",
                   "",
                   "| buffer per GPU | " + " | ".join(h for _, h in ratios) + " |",
@@ -107,9 +121,9 @@ def render_all_to_all(r: dict[str, Any]) -> str:
         for row in r["rows"]:
             lines.append(f"| {size_text(row['buffer_bytes'])} | "
                          + " | ".join(_ratio_cell(row, k) for k, _ in ratios) + " |")
-    lines += ["", f"µs per call, busy / span / wall / loop (the wall clock: "
-                  f"{r['wall_calls_rule']}, shown from {WALL_MIN_US:g} µs of busy time; the "
-                  f"loop {_loop_rule(r)}):", "",
+    lines += ["", f"µs per call, {_clocks(r)} (the wall clock: "
+                  f"{r['wall_calls_rule']}, shown from {WALL_MIN_US:g} µs of busy time; "
+                  f"{_loop_rules(r)}):", "",
               "| buffer per GPU | " + " | ".join(LABELS[c] for c in cases) + " |",
               "|---|" + "---|" * len(cases)]
     for row in r["rows"]:

@@ -57,17 +57,22 @@ def num_text(x: float | None, digits: int = 1, suffix: str = "") -> str:
 
 def clocks_text(t: dict[str, float | None]) -> str:
     """busy / span / wall / loop µs (us_text's, and the loop clock; a missing
-    clock as a dash)."""
+    clock as a dash), then / loop busy where the result has that clock."""
     wall = t["wall_us"] if wall_shown(t) else None
-    return " / ".join(num_text(x) for x in (t["busy_us"], t["span_us"], wall, t.get("loop_us")))
+    clocks = [t["busy_us"], t["span_us"], wall, t.get("loop_us")]
+    if "loop_busy_us" in t:
+        clocks.append(t["loop_busy_us"])
+    return " / ".join(num_text(x) for x in clocks)
 
 
 def ratio_clocks_text(ratio: dict[str, float | None], *times: dict[str, float | None]) -> str:
     """busy / span / wall / loop of a ratio of two cases (`times`: theirs), the
-    wall where wall_shown(*times)."""
+    wall where wall_shown(*times); then / loop busy where the result has it."""
     wall = ratio["wall"] if wall_shown(*times) else None
-    return " / ".join(num_text(x, 2) for x in (ratio["busy"], ratio["span"], wall,
-                                                ratio.get("loop")))
+    clocks = [ratio["busy"], ratio["span"], wall, ratio.get("loop")]
+    if "loop_busy" in ratio:
+        clocks.append(ratio["loop_busy"])
+    return " / ".join(num_text(x, 2) for x in clocks)
 
 
 def us_text(t: dict[str, float]) -> str:

@@ -409,10 +409,12 @@ def test_smoke_run_of_the_a2a_group(tmp_path):
             assert row["wall_calls"] == 100
             assert {"jax_tma_vs_nccl", "jax_tma_vs_ceiling", "jax_tma_vs_composed"} <= \
                 set(row["ratios"])
-            assert set(row["ratios"]["jax_tma_vs_nccl"]) == {"busy", "span", "wall", "loop"}
-            # Below 16 MiB, every case timed in a jitted loop of 100 calls too.
-            assert all(run["cases"][c]["loop_us"] > 0 for run in row["runs"]
-                       for c in row["times"])
+            assert set(row["ratios"]["jax_tma_vs_nccl"]) == {"busy", "span", "wall", "loop",
+                                                             "loop_busy"}
+            # Below 16 MiB, every case timed in a jitted loop of 100 calls too,
+            # and the loop traced (a smoke run's trace clock: the host's).
+            assert all(run["cases"][c]["loop_us"] > 0 and run["cases"][c]["loop_busy_us"] > 0
+                       for run in row["runs"] for c in row["times"])
             size = f"{row['buffer_mib']:g} MiB"
             for case in ("jax_tma", "composed", "ceiling"):
                 for device in (0, 1):
@@ -423,7 +425,10 @@ def test_smoke_run_of_the_a2a_group(tmp_path):
         text = report.render(r, path)
         assert "(smoke run: measures nothing)" in text
         assert "| buffer per GPU | `jax_tma.all_to_all` | `lax.all_to_all` (NCCL) |" in text
-        assert re.search(r"\| 64 KiB \| [\d.]+ / [\d.]+ / [\d.—]+ / [\d.]+ \|", text), text
+        clocks = r" / ".join([r"[\d.]+"] * 2 + [r"[\d.—]+"] + [r"[\d.]+"] * 2)
+        assert re.search(rf"\| 64 KiB \| {clocks} \|", text), text
+        assert "busy / span / wall / loop / loop busy" in text
+        assert "the loop busy: the GPU busy time per call of one traced run" in text
     processes = results["all_to_all_processes"][1]
     assert processes["processes"] == 2 and set(processes["rows"][0]["peer_busy_us"])
     assert any("process link between 2 devices of 2 processes" in x
