@@ -116,7 +116,9 @@ BYTES = ("per GPU, as DeepEP counts them: the bytes of the tokens a GPU receives
          "dispatch and combine each count them once, the pair twice; the all_to_all of the "
          "same bytes counts every row it receives. NVLink bytes: what each GPU receives "
          "from the others in each case's own formulation (rows and the metadata it sends)")
-CLOCKS = ("busy_us", "span_us", "wall_us", "loop_us")
+# loop_busy_us: the GPU busy time per call of a traced run of the loop
+# program (bench_all_to_all's).
+CLOCKS = ("busy_us", "span_us", "wall_us", "loop_us", "loop_busy_us")
 # The cases, in the order they take turns.
 CASES = ("dispatch", "combine", "pair", "a2a", "dense_dispatch", "dense_combine", "dense_pair",
          "lax_dispatch", "lax_combine", "lax_pair")
@@ -578,19 +580,23 @@ def measure(s: Session, mesh: Mesh, shape: Shape, repetitions: int) -> dict[str,
         s.log(f"{OP} {shape.name}, the sparse run, span µs: " + ", ".join(
             f"{name} {'—' if v['span_us'] is None else round(v['span_us'], 1)}"
             for name, v in sparse_run["cases"].items()))
-    loops = _loops(s, mesh, shape, c["capacity"], ids, inputs[0], timed) if shape.loop else {}
+    loops, loop_busy = (_loops(s, mesh, shape, c["capacity"], ids, inputs[0], timed)
+                        if shape.loop else ({}, {}))
     deepep, link = nbytes(shape, n, c)
     return {"shape": shape.name, "what": shape.what, "tokens": shape.tokens,
             "hidden": shape.hidden, "k": shape.k, "experts": shape.experts, "n": n,
             **c, "capacity_factor": c["capacity"] / (shape.tokens * shape.k / shape.experts),
             "wall_calls": wall_calls, "deepep_bytes": deepep, "link_bytes": link,
-            "failed": failed, "runs": runs, "sparse_run": sparse_run, "loop_us": loops}
+            "failed": failed, "runs": runs, "sparse_run": sparse_run, "loop_us": loops,
+            "loop_busy_us": loop_busy}
 
 
 def _loops(s: Session, mesh: Mesh, shape: Shape, capacity: int, ids: jax.Array,
-           first: _Inputs, timed: dict[str, Any]) -> dict[str, float]:
+           first: _Inputs, timed: dict[str, Any]
+           ) -> tuple[dict[str, float], dict[str, float | None]]:
     """µs per call of each case in a program of LOOP_CALLS chained calls: the
-    fastest of LOOP_RUNS runs (the host's jitter adds, never subtracts)."""
+    fastest of LOOP_RUNS runs (the host's jitter adds, never subtracts); and
+    the GPU busy time per call of one traced run of each."""
     cases = _cases(programs(mesh, shape, capacity, loop=True), ids)
     out = {}
     for name in timed:
@@ -601,9 +607,16 @@ def _loops(s: Session, mesh: Mesh, shape: Shape, capacity: int, ids: jax.Array,
             jax.block_until_ready(cases[name](first))
             best = min(best, time.perf_counter() - start)
         out[name] = best * 1e6 / LOOP_CALLS
+    # A trace of each alone: a fori_loop's iterations may wait for the host
+    # as long as two programs do, so one trace could not be cut into them.
+    busy = {}
+    for name in timed:
+        t = processes.clean(s.time({name: functools.partial(cases[name], first)}, 1,
+                                   wall=False)["cases"])[name]
+        busy[name] = None if t["busy_us"] is None else t["busy_us"] / LOOP_CALLS
     s.log(f"{OP} {shape.name}, loop µs per call: " + ", ".join(
         f"{name} {us:.1f}" for name, us in out.items()))
-    return out
+    return out, busy
 
 
 def _check(s: Session, mesh: Mesh, shape: Shape, cases: dict[str, Callable[..., Any]],
@@ -708,6 +721,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         times[name] = {c: t.get(c) for c in CLOCKS[:3]}
     for name, t in times.items():
         t["loop_us"] = raw["loop_us"].get(name)
+        t["loop_busy_us"] = raw["loop_busy_us"].get(name)
     gbps = {kind: {v: {c.removesuffix("_us"): _gbps(raw[f"{kind}_bytes"][v], t[c])
                        for c in CLOCKS} for v, t in times.items()}
             for kind in ("deepep", "link")}
@@ -745,6 +759,9 @@ def _common(quick: bool, repetitions: int) -> dict[str, Any]:
             "loop_rule": f"at the decode shape, one jitted program of {LOOP_CALLS} calls in a "
                          f"fori_loop, each call's arguments waiting for the result before "
                          f"(the routing too), per call, the fastest of {LOOP_RUNS} runs",
+            "loop_busy_rule": f"at the decode shape, the GPU busy time per call of one traced "
+                              f"run of the loop program (the union of its GPUs' activity, ÷ "
+                              f"{LOOP_CALLS})",
             "capacity_rule": "the dense route's capacity per expert: the most choices one "
                              "device makes of one expert (nothing dropped)"}
 

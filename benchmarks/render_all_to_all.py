@@ -10,8 +10,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from tables import (MIB, WALL_MIN_US, Headline, clocks_text, num_text, range_text,
-                    ratio_clocks_text, size_text)
+from tables import (MIB, WALL_MIN_US, Headline, clock_names, clocks_text, loop_busy_text,
+                    num_text, range_text, ratio_clocks_text, size_text)
 
 # The family whose code these results measure (report.py's staleness):
 # all_to_all runs on ppermute's transport, and is of its family.
@@ -76,20 +76,6 @@ def _loop_rule(r: dict[str, Any]) -> str:
     return r.get("loop_rule", "not measured")
 
 
-def _clocks(r: dict[str, Any]) -> str:
-    """The clocks of a cell: loop busy too where the result has it."""
-    if "loop_busy_rule" not in r:
-        return "busy / span / wall / loop"
-    return "busy / span / wall / loop / loop busy"
-
-
-def _loop_rules(r: dict[str, Any]) -> str:
-    rules = f"the loop {_loop_rule(r)}"
-    if "loop_busy_rule" in r:
-        rules += f"; the loop busy: {r['loop_busy_rule']}"
-    return rules
-
-
 def render_all_to_all(r: dict[str, Any]) -> str:
     cases = _cases(r)
     devices = ", ".join(dict.fromkeys(r["devices"]))
@@ -112,18 +98,19 @@ def render_all_to_all(r: dict[str, Any]) -> str:
         lines.append(f"| {size_text(row['buffer_bytes'])} | " + " | ".join(cells) + " |")
     ratios = [(k, h) for k, h in RATIOS if any(k in row["ratios"] for row in r["rows"])]
     if ratios:
-        lines += ["", f"Ratios, {_clocks(r)} (the wall from {WALL_MIN_US:g} µs "
-                      f"of busy time; {_loop_rules(r)}): *A vs B* is A's GB/s ÷ B's, "
-                      f"B's time ÷ A's where both send the same bytes (above 1, A is faster):",
+        lines += ["", f"Ratios, {clock_names(r)} (the wall from {WALL_MIN_US:g} µs of busy "
+                      f"time; the loop {_loop_rule(r)}{loop_busy_text(r)}): *A vs B* is A's "
+                      f"GB/s ÷ B's, B's time ÷ A's where both send the same bytes (above 1, A "
+                      f"is faster):",
                   "",
                   "| buffer per GPU | " + " | ".join(h for _, h in ratios) + " |",
                   "|---|" + "---|" * len(ratios)]
         for row in r["rows"]:
             lines.append(f"| {size_text(row['buffer_bytes'])} | "
                          + " | ".join(_ratio_cell(row, k) for k, _ in ratios) + " |")
-    lines += ["", f"µs per call, {_clocks(r)} (the wall clock: "
+    lines += ["", f"µs per call, {clock_names(r)} (the wall clock: "
                   f"{r['wall_calls_rule']}, shown from {WALL_MIN_US:g} µs of busy time; "
-                  f"{_loop_rules(r)}):", "",
+                  f"the loop {_loop_rule(r)}{loop_busy_text(r)}):", "",
               "| buffer per GPU | " + " | ".join(LABELS[c] for c in cases) + " |",
               "|---|" + "---|" * len(cases)]
     for row in r["rows"]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tables import WALL_MIN_US, Headline, clocks_text, num_text, ratio_clocks_text
+from tables import (WALL_MIN_US, Headline, clock_names, clocks_text, loop_busy_text, num_text,
+                    ratio_clocks_text)
 
 # The family whose code these results measure (report.py's staleness): the
 # MoE ops are compositions of ppermute's exchanges, and of its family.
@@ -95,8 +96,8 @@ def render_moe(r: dict[str, Any]) -> str:
         f"expert's padded slots, one `lax.all_to_all` each way. {r['repetitions']} interleaved "
         f"run(s) of the fast cases, the `lax.ragged_all_to_all` route once "
         f"({r['sparse_rounds']} calls); every case checked bit for bit first. µs per call: "
-        f"busy / span / wall / loop (the wall clock: {r['wall_calls_rule']}, shown from "
-        f"{WALL_MIN_US:g} µs of busy time; the loop {r['loop_rule']})."]
+        f"{clock_names(r)} (the wall clock: {r['wall_calls_rule']}, shown from "
+        f"{WALL_MIN_US:g} µs of busy time; the loop {r['loop_rule']}{loop_busy_text(r)})."]
     for row in r["rows"]:
         lines += ["", _shape_text(row), "",
                   "| case | µs per call | GB/s per GPU (DeepEP's count) | NVLink per GPU | "
@@ -110,8 +111,8 @@ def render_moe(r: dict[str, Any]) -> str:
                          f"{_mb(row['link_bytes'][c])} | {num_text(row['link_gbps'][c]['span'])} |")
     ratios = [(k, h) for k, h in RATIOS if any(k in row["ratios"] for row in r["rows"])]
     if ratios:
-        lines += ["", "Ratios, busy / span / wall / loop: *A vs B* is B's time ÷ A's (above 1, A "
-                      "is faster), of the median times:", "",
+        lines += ["", f"Ratios, {clock_names(r)}: *A vs B* is B's time ÷ A's (above 1, A "
+                      f"is faster), of the median times:", "",
                   "| shape | " + " | ".join(h for _, h in ratios) + " |",
                   "|---|" + "---|" * len(ratios)]
         for row in r["rows"]:

@@ -65,6 +65,17 @@ def clocks_text(t: dict[str, float | None]) -> str:
     return " / ".join(num_text(x) for x in clocks)
 
 
+def clock_names(r: dict[str, Any]) -> str:
+    """The clocks of a result's cells (clocks_text's): loop busy too where
+    the result has that clock (its rule, `loop_busy_rule`)."""
+    return "busy / span / wall / loop" + (" / loop busy" if "loop_busy_rule" in r else "")
+
+
+def loop_busy_text(r: dict[str, Any]) -> str:
+    """"; the loop busy: <its rule>" where the result has that clock, else ""."""
+    return f"; the loop busy: {r['loop_busy_rule']}" if "loop_busy_rule" in r else ""
+
+
 def ratio_clocks_text(ratio: dict[str, float | None], *times: dict[str, float | None]) -> str:
     """busy / span / wall / loop of a ratio of two cases (`times`: theirs), the
     wall where wall_shown(*times); then / loop busy where the result has it."""

@@ -580,10 +580,14 @@ def test_smoke_run_of_the_ep_group(tmp_path):
             assert row["deepep_bytes"]["pair"] == 2 * row["deepep_bytes"]["combine"]
             assert row["deepep_bytes"]["a2a"] == 2 * row["tokens"] * token
             assert {"dispatch_vs_dense_dispatch", "dispatch_vs_a2a"} <= set(row["ratios"])
-            assert set(row["ratios"]["dispatch_vs_a2a"]) == {"busy", "span", "wall", "loop"}
+            assert set(row["ratios"]["dispatch_vs_a2a"]) == {"busy", "span", "wall", "loop",
+                                                             "loop_busy"}
             looped = row["shape"] == "decode"
             assert set(row["loop_us"]) == (set(row["times"]) if looped else set())
-            assert all(((row["times"][c]["loop_us"] or 0) > 0) == looped for c in row["times"])
+            assert set(row["loop_busy_us"]) == set(row["loop_us"])
+            assert all(((row["times"][c]["loop_us"] or 0) > 0) == looped
+                       and ((row["times"][c]["loop_busy_us"] or 0) > 0) == looped
+                       for c in row["times"])
             for case in bench_moe.CASES[:7]:
                 for device in (0, 1):
                     label = f"{case} {row['shape']}: device {device}"
@@ -595,7 +599,9 @@ def test_smoke_run_of_the_ep_group(tmp_path):
         text = report.render(r, path)
         assert "(smoke run: measures nothing)" in text
         assert "| case | µs per call | GB/s per GPU (DeepEP's count) | NVLink per GPU |" in text
-        assert re.search(r"\| `moe_dispatch` \| [\d.]+ / [\d.]+ / [\d.—]+ / — \|", text), text
+        assert re.search(r"\| `moe_dispatch` \| [\d.]+ / [\d.]+ / [\d.—]+ / — / — \|",
+                         text), text
+        assert "busy / span / wall / loop / loop busy" in text
         assert "`lax.ragged_all_to_all` route: dispatch failed (deepep, decode)" \
             in text
     processes = results["moe_processes"][1]
