@@ -182,8 +182,10 @@ def _inbox(loop_ceiling: str) -> str:
     """Why the clocks part below 16 MiB once the inbox exchange runs there."""
     return ("Up to 4 MiB a call is one kernel and one crossing of the link (the inbox "
             "exchange). A single call's busy time and span also hold its wait for the other "
-            "GPU's launch, as NCCL's do; the loop clock, where the GPUs run in step, is the "
-            "exchange's own cost.")
+            "GPU's launch, as NCCL's do. The loop clock, where the GPUs run in step, bounds "
+            "the exchange's cost from above: at 1 MiB and below the host's dispatch of the "
+            "calls sets it, not the GPU (a profile of these loops: benchmarks/TUNING.md); the "
+            "loop busy clock, where a result has it, is the GPU's share.")
 
 
 def render_targets(results: dict[str, tuple[str, dict[str, Any]]], suffix: str = "",
