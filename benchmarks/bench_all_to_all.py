@@ -340,7 +340,8 @@ def measure(s: Session, mesh: Mesh, mib: float, repetitions: int) -> dict[str, A
                    wall_calls=wall_calls(buffer))
         runs.append({"cases": processes.clean(t["cases"]), "protocol": t["protocol"]})
         steady = processes.clean(s.time({name: functools.partial(fn, *inputs[r % 2])
-                                         for name, fn in loops.items()}, 1, wall=False)["cases"])
+                                         for name, fn in loops.items()}, 1, wall=False)["cases"]
+                                 ) if loops else {}
         for name, c in runs[-1]["cases"].items():
             c["loop_us"] = _loop_us(loops[name], inputs[r % 2]) if name in loops else None
             busy = steady.get(name, {}).get("busy_us")
