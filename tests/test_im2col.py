@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_tma
 from families.im2col import (IM2COL_EMPTY_CASES, IM2COL_EMPTY_IDS, col2im_reference,
-                             im2col_reference, raw_im2col)
+                             im2col_reference, most_patches_per_pixel, raw_im2col)
 from ops_table import FLOAT_DTYPES, pad_fill
 from reference import (ALL_DTYPES, assert_bits_equal, assert_no_collectives, cpu_device, cpu_mesh,
                        random_array)
@@ -823,3 +823,19 @@ def test_im2col_under_shard_map(rng):
                               in_specs=P("x"), out_specs=P("x")))
     assert_no_collectives(f.lower(x).compile().as_text())
     assert_bits_equal(f(x), im2col_reference(host, (3,), (1,), ((1, 1),), (1,)))
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_most_patches_per_pixel_counts_col2ims_terms(rng, rank):
+    # The mode tests' geometries keep it at EXACT_TERMS or fewer: col2im of
+    # ones counts each pixel's terms.
+    spatial = tuple(int(n) for n in rng.integers(3, 7, rank))
+    kernel = tuple(int(k) for k in rng.integers(1, 4, rank))
+    strides = tuple(int(s) for s in rng.integers(1, 3, rank))
+    dilation = tuple(int(d) for d in rng.integers(1, 3, rank))
+    pads = tuple((int(lo), int(hi)) for lo, hi in rng.integers(0, 3, (rank, 2)))
+    x = np.ones((1,) + spatial + (1,), np.float32)
+    p = im2col_reference(x, kernel, strides, pads, dilation, "tap_major", fill=0)
+    terms = col2im_reference(np.ones_like(p), x.shape, kernel, strides, pads, dilation,
+                             "tap_major")
+    assert most_patches_per_pixel(spatial, kernel, strides, pads, dilation) == terms.max()
