@@ -514,28 +514,34 @@ def _after(rows: jax.Array, index: jax.Array, *values: jax.Array) -> jax.Array:
     return rows
 
 
-def _exchange(operand, output, *indices, axis_name, size, site) -> jax.Array:
+def _exchange(operand, rows: int, fill, *indices, axis_name, size, site) -> jax.Array:
+    """The ragged exchange into `rows` rows, those that no slice writes
+    `fill`, or unspecified where `fill` is None (no buffer filled only to be
+    overwritten: the rows it would fill are never read)."""
     dtype = operand.dtype
-    got = ragged_bind(_checks.widen(operand), _checks.widen(output), *indices,
-                      axis_name=axis_name, size=size, site=site)
+    wide = _checks.widen(operand)
+    shape = (0 if fill is None else rows,) + wide.shape[1:]
+    got = ragged_bind(wide, jnp.full(shape, fill or 0, wide.dtype), *indices,
+                      axis_name=axis_name, size=size, site=site,
+                      rows=rows if fill is None else None)
     return _checks.narrow(got, dtype)
 
 
 def _to_experts(rows: jax.Array, r: _Routes, fill, **ex) -> jax.Array:
     """Rows in send order (one per pair) into their devices' regions, `T`
     rows a source position (the rows of a region past what it sent keep
-    `fill`)."""
-    regions = (r.routes.shape[0] * r.choice_row.shape[0],) + rows.shape[1:]
-    return _exchange(rows, jnp.full(regions, fill, rows.dtype), *r.routes.T[:4], **ex)
+    `fill`: unspecified where it is None)."""
+    regions = r.routes.shape[0] * r.choice_row.shape[0]
+    return _exchange(rows, regions, fill, *r.routes.T[:4], **ex)
 
 
 def _home(regions: jax.Array, r: _Routes, **ex) -> jax.Array:
     """The inverse route: each region's rows back to its source position,
-    into the rows of its pairs (send order)."""
+    into the rows of its pairs (send order; the rows of no pair are
+    unspecified)."""
     n, tokens = r.routes.shape[0], r.choice_row.shape[0]
-    out = jnp.zeros((r.pair_token.shape[0],) + regions.shape[1:], regions.dtype)
-    return _exchange(regions, out, jnp.arange(n, dtype=_I32) * tokens, r.routes[:, 3],
-                     r.routes[:, 4], r.routes[:, 1], **ex)
+    return _exchange(regions, r.pair_token.shape[0], None, jnp.arange(n, dtype=_I32) * tokens,
+                     r.routes[:, 3], r.routes[:, 4], r.routes[:, 1], **ex)
 
 
 def _accumulator(dtype) -> np.dtype:
@@ -648,7 +654,7 @@ def _dispatch(x, meta, routes, pair_token, choice_row, dropped, *, rows, **ex):
     of rows that carry both: concatenating the slots onto the rows, and
     slicing them off again, each copied every row once more."""
     r = _Routes(routes, pair_token, choice_row, dropped, None, None)
-    got = _to_experts(_gather(x, pair_token), r, 0, **ex)
+    got = _to_experts(_gather(x, pair_token), r, None, **ex)
     slots = _to_experts(_after(meta, pair_token, got), r, -1, **ex)
     source = _sources(slots, rows)
     return _gather(got, source // meta.shape[1]), slots, source
@@ -662,7 +668,7 @@ def _rows(v, *route, toward, **ex):
     r = _Routes(*route)
     if toward == "experts":
         rows = _after(_gather(v, r.pair_token), r.pair_token, r.source)
-        return _gather(_to_experts(rows, r, 0, **ex), r.source // r.slots.shape[1])
+        return _gather(_to_experts(rows, r, None, **ex), r.source // r.slots.shape[1])
     acc = _accumulator(v.dtype)
     pairs = _per_pair([(v, None)], r.slots, acc).astype(v.dtype)
     return _per_token(_home(pairs, r, **ex), r, acc).astype(v.dtype)
@@ -704,7 +710,7 @@ def _combine_transpose(ct, y, weights, r: _Routes, want_y: bool, want_weights: b
     if want_y:
         w_got = _to_experts(_after(_take(weights, r.pair_token), r.pair_token, ct), r, 0, **ex)
         rows = _after(rows, r.pair_token, w_got)
-    ct_got = _to_experts(rows, r, 0, **ex)
+    ct_got = _to_experts(rows, r, None, **ex)
     ct_y = ct_weights = None
     if want_y:
         scale = _take(w_got.reshape(-1), r.source).astype(acc)

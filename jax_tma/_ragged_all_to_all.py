@@ -328,44 +328,64 @@ def composed(operand, output, input_offsets, send_sizes, output_offsets, recv_si
 ragged_all_to_all_p = Primitive("jax_tma_ragged_all_to_all")
 
 
-def bind(operand, output, *indices, axis_name, size, site):
+def bind(operand, output, *indices, axis_name, size, site, rows=None):
     """The primitive bound on operands varying over `axis_name` and over each
-    other's axes, as lax's collectives do: the result varies as they do."""
+    other's axes, as lax's collectives do: the result varies as they do.
+    `rows` (internal, for jax_tma's own compositions): `output` has no rows
+    and the result has `rows`, those that no slice writes unspecified (no
+    buffer of `rows` rows is filled only to be overwritten)."""
+    assert rows is None or output.shape[0] == 0, (rows, output.shape)
     args = _checks.align_varying(*(make_varying(a, axis_name)
                                    for a in (operand, output, *indices)))
-    return ragged_all_to_all_p.bind(*args, axis_name=axis_name, size=size, site=site)
+    return ragged_all_to_all_p.bind(*args, axis_name=axis_name, size=size, site=site, rows=rows)
 
 
-def _abstract_eval(operand, output, *indices, **_):
-    return _lowering.out_aval(output, output.shape)
+def _result_shape(output, rows) -> tuple[int, ...]:
+    return output.shape if rows is None else (rows,) + output.shape[1:]
+
+
+def _abstract_eval(operand, output, *indices, rows, **_):
+    return _lowering.out_aval(output, _result_shape(output, rows))
 
 
 # ---- lowering -------------------------------------------------------------------
 
-def _by_transport(operand, output, *indices, attrs):
+def _by_transport(operand, output, *indices, rows, attrs):
     """One jax_tma_ragged_all_to_all call on the whole buffers, the result
-    aliased to output (ffi/ppermute/ragged_all_to_all.h)."""
-    return jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(output.shape, output.dtype),
-                            input_output_aliases={1: 0})(operand, output, *indices, **attrs)
+    aliased to output; with `rows`, a result of its own, of which the
+    handler writes the slices alone (ffi/ppermute/ragged_all_to_all.h)."""
+    shape = jax.ShapeDtypeStruct(_result_shape(output, rows), output.dtype)
+    aliases = {1: 0} if rows is None else {}
+    return jax.ffi.ffi_call(_TARGET, shape, input_output_aliases=aliases)(
+        operand, output, *indices, **attrs)
 
 
-def _ragged_lowering(ctx, *args, platform, axis_name, size, site):
+def _composed(operand, output, *indices, rows, axis_name):
+    """composed, into zeros where the result has rows of its own."""
+    if rows is not None:
+        output = jnp.zeros(_result_shape(output, rows), output.dtype)
+    return composed(operand, output, *indices, axis_name=axis_name)
+
+
+def _ragged_lowering(ctx, *args, platform, axis_name, size, site, rows):
     """The jax_tma_ragged_all_to_all call where ppermute's transport allows
     it; the lax.all_to_all formulation otherwise, with the same result."""
     return lower_exchange(
         ctx, *args, op=_OP, target=_TARGET, platform=platform, axis_name=axis_name,
-        size=size, site=site, by_transport=_by_transport,
-        fallback=functools.partial(composed, axis_name=axis_name), fallback_name=_FALLBACK)
+        size=size, site=site, by_transport=functools.partial(_by_transport, rows=rows),
+        fallback=functools.partial(_composed, rows=rows, axis_name=axis_name),
+        fallback_name=_FALLBACK)
 
 
 # ---- vmap ---------------------------------------------------------------------
 
-def _batcher(args, dims, *, axis_name, size, site):
+def _batcher(args, dims, *, axis_name, size, site, rows):
     """As lax's: the batch folded into the rows, batch b's slices read and
-    written at rows b * rows on, each index array ordered slice-major so
-    that every slice keeps its destination. An offset that breaks a rule in
-    its own batch is made -1, so that the handler refuses it (on the folded
-    arrays) instead of reaching another batch's rows."""
+    written at rows b * rows on (the result's rows where it has its own),
+    each index array ordered slice-major so that every slice keeps its
+    destination. An offset that breaks a rule in its own batch is made -1,
+    so that the handler refuses it (on the folded arrays) instead of
+    reaching another batch's rows."""
     batch = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
 
     def front(x, d):
@@ -374,17 +394,18 @@ def _batcher(args, dims, *, axis_name, size, site):
         return jnp.moveaxis(x, d, 0)
 
     operand, output = front(args[0], dims[0]), front(args[1], dims[1])
-    rows, out_rows = operand.shape[1], output.shape[1]
+    in_rows, out_rows = operand.shape[1], output.shape[1] if rows is None else rows
     io, ss, oo, rs = (front(a, d).T for a, d in zip(args[2:], dims[2:]))  # (N, batch)
     b = lax.iota(io.dtype, batch)[None, :]
     sent = jnp.maximum(ss, 0)  # a negative size the handler names itself
-    io = jnp.where((io >= 0) & (io <= rows - sent), io + b * rows, -1)
+    io = jnp.where((io >= 0) & (io <= in_rows - sent), io + b * in_rows, -1)
     oo = jnp.where((oo >= 0) & (oo <= out_rows - sent), oo + b * out_rows, -1)
     y = bind(operand.reshape((-1,) + operand.shape[2:]),
               output.reshape((-1,) + output.shape[2:]),
               *(a.reshape(-1) for a in (io, ss, oo, rs)),
-              axis_name=axis_name, size=size, site=site)
-    return y.reshape(output.shape), 0
+              axis_name=axis_name, size=size, site=site,
+              rows=None if rows is None else batch * rows)
+    return y.reshape((batch, out_rows) + output.shape[2:]), 0
 
 
 # ---- AD ---------------------------------------------------------------------------
@@ -400,10 +421,11 @@ def _jvp(primals, tangents, **params):
 
 
 def _transpose(ct, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
-               *, axis_name, size, site):
+               *, axis_name, size, site, rows):
     """lax's transpose: the cotangent's received rows go back along the
     reverse exchange (offsets swapped by an all_to_all, the sizes' roles
-    swapped) into zeros; output's cotangent is ct but where slices landed."""
+    swapped) into zeros; output's cotangent is ct but where slices landed
+    (none where the result has rows of its own: output has none)."""
     want_operand, want_output = ad.is_undefined_primal(operand), ad.is_undefined_primal(output)
     if type(ct) is ad.Zero:
         return [ad.Zero(operand.aval) if want_operand else None,
@@ -421,7 +443,9 @@ def _transpose(ct, operand, output, input_offsets, send_sizes, output_offsets, r
         zero = ad.zeros_like_aval(operand.aval)
         operand_ct = bind(ct, zero, landed, recv_sizes, both[:, 1], send_sizes,
                            axis_name=axis_name, size=size, site=site)
-    if want_output:
+    if want_output and rows is not None:
+        output_ct = ad.Zero(output.aval)
+    elif want_output:
         out_rows = ct.shape[0]
         # +1 where a received slice starts, -1 where it ends: rows covered
         # by any slice have a positive running sum.

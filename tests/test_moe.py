@@ -11,6 +11,7 @@ axes; every validation rule's message."""
 import dataclasses
 import functools
 import logging
+import re
 
 import jax
 import jax.numpy as jnp
@@ -350,6 +351,23 @@ def test_eager(rng):
     x = _normal(rng, (N * 2, 3))
     weights = _normal(rng, (N * 2, 2))
     _check(_on_mesh(_body(8, None), jit=False)(x, ids, weights), x, ids, weights, 8, None)
+
+
+def test_no_buffer_is_filled_for_the_token_exchanges_to_overwrite(rng):
+    """The exchanges of token rows (dispatch's to the experts, combine's
+    home) write into results of rows of their own: the compiled program
+    hands each an output of no rows, not a buffer of fill (on an H200 at
+    DeepEP's shape each fill took about 70 µs of the op's GPU time)."""
+    hidden = 6
+    x, ids, weights = (_normal(rng, (N * 4, hidden)), _routing(rng, "random", 4, 2, 16),
+                       _normal(rng, (N * 4, 2)))
+    text = _layer(16, None).lower(x, ids, weights).compile().as_text()
+    shapes = dict(re.findall(r"^\s*(%[\w.-]+) = (\S+)", text, re.M))
+    calls = re.findall(rf"= f32\[\d+,{hidden}\]\S* custom-call\((%[\w.-]+), (%[\w.-]+),.*"
+                       r'custom_call_target="jax_tma_ragged_all_to_all"', text)
+    assert len(calls) == 2, text
+    for _, output in calls:
+        assert shapes[output].startswith(f"f32[0,{hidden}]"), shapes[output]
 
 
 def test_the_debug_log_names_the_exchanges_and_the_call_site(rng, caplog):

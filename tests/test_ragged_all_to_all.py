@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_tma
 from families.ppermute import ragged_geometry, ragged_reference
+from jax_tma._ragged_all_to_all import bind as ragged_bind
 from jax_tma._ragged_all_to_all import composed
 from reference import ALL_DTYPES, assert_bits_equal, random_array
 
@@ -207,6 +208,48 @@ def test_grad_and_jvp_match_the_lax_formulation(rng):
             lambda p, q: f(p, q, *args[2:]), (a, b), (ta, tb)))(*args[:2], *tangents)
         assert_bits_equal(y, ragged_reference(*args, 8))
         assert_bits_equal(dy, ragged_reference(*tangents, *args[2:], 8))
+
+
+def _own_rows(out_rows: int):
+    """The exchange into a result of `out_rows` rows of its own (an output
+    of no rows), as jax_tma's compositions bind it."""
+    def f(operand, *indices):
+        empty = jnp.zeros((0,) + operand.shape[1:], operand.dtype)
+        return ragged_bind(operand, empty, *indices, axis_name=BOTH, size=8, site="test",
+                           rows=out_rows)
+    return f
+
+
+@pytest.mark.parametrize("mode", ["jit", "vmap", "grad"])
+def test_a_result_of_rows_of_its_own_holds_the_slices(rng, mode):
+    """The rows that the slices write are theirs (the others unspecified);
+    vmap folds the batch into the result's rows; the grad reaches the
+    operand from those rows alone, as lax's does from an output of zeros."""
+    args, _ = _exchange(rng, BOTH, 2, dtype=np.float32, row=(2,))
+    operand = random_array(rng, args[0].shape, np.float32, finite=True)
+    indices, out_rows = args[2:], args[1].shape[0] // 8
+    zeros = np.zeros_like(args[1])
+    written = ragged_reference(np.ones(operand.shape[:1], bool), np.zeros(zeros.shape[:1], bool),
+                               *indices, 8)
+    ours = _on_mesh(_own_rows(out_rows), jit=False)
+    if mode == "jit":
+        got = jax.jit(ours)(operand, *indices)
+        assert got.shape == zeros.shape
+        assert_bits_equal(np.asarray(got)[written],
+                          ragged_reference(operand, zeros, *indices, 8)[written])
+    elif mode == "vmap":
+        members = np.stack([operand, random_array(rng, operand.shape, np.float32)])
+        got = np.asarray(jax.jit(jax.vmap(ours, in_axes=(0,) + (None,) * 4))(members, *indices))
+        assert got.shape == (2,) + zeros.shape
+        for m, g in zip(members, got):
+            assert_bits_equal(g[written], ragged_reference(m, zeros, *indices, 8)[written])
+    else:
+        weights = np.where(written[:, None], rng.choice([-2.0, 1.0], zeros.shape),
+                           0).astype(np.float32)
+        got = jax.jit(jax.grad(lambda o: (ours(o, *indices) * weights).sum()))(operand)
+        want = jax.jit(jax.grad(_loss(_on_mesh(_lax(BOTH), jit=False), args, weights)))(
+            operand, zeros)
+        assert_bits_equal(got, want)
 
 
 def test_a_replicated_output_takes_a_varying_result(rng):

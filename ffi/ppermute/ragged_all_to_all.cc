@@ -123,9 +123,14 @@ ffi::Error DecodeRaggedAllToAll(
                            " (operand shape ", ShapeOf(in_dims), ", output shape ",
                            ShapeOf(out_dims), ")");
   }
-  if (!SameDims(result->dimensions(), out_dims)) {
-    return InvalidArgument(kOp, "the result has shape ", ShapeOf(result->dimensions()),
-                           " but output has ", ShapeOf(out_dims), "; they must be equal");
+  // An output of no rows gives a result of rows of its own, those that no
+  // slice writes unspecified (jax_tma's compositions: nothing fills a
+  // buffer only for the exchange to overwrite it).
+  const ffi::Span<const int64_t> res_dims = result->dimensions();
+  if (!SameDims(res_dims, out_dims) && !(out_dims[0] == 0 && SameDims(res_dims, out_dims, 1))) {
+    return InvalidArgument(kOp, "the result has shape ", ShapeOf(res_dims), " but output has ",
+                           ShapeOf(out_dims), "; they must be equal, or output must have 0 "
+                           "rows of the result's row shape (a result of rows of its own)");
   }
   const ffi::AnyBuffer* arrays[4] = {&input_offsets, &send_sizes, &output_offsets,
                                      &recv_sizes};
@@ -140,7 +145,7 @@ ffi::Error DecodeRaggedAllToAll(
   }
   call->slices_per_part = call->slices / parts;
   call->operand_rows = in_dims[0];
-  call->output_rows = out_dims[0];
+  call->output_rows = res_dims[0];
   size_t row_elements = 1;
   for (size_t i = 1; i < in_dims.size(); ++i) row_elements *= static_cast<size_t>(in_dims[i]);
   call->row_bytes = row_elements * ffi::ByteWidth(type);
@@ -148,9 +153,11 @@ ffi::Error DecodeRaggedAllToAll(
   call->output = output.untyped_data();
   call->result = result->untyped_data();
   if ((operand.size_bytes() != 0 && call->operand == nullptr) ||
-      (output.size_bytes() != 0 && (call->output == nullptr || call->result == nullptr))) {
-    return InvalidArgument(kOp, "null buffer for a ", operand.size_bytes(), "-byte operand or a ",
-                           output.size_bytes(), "-byte output");
+      (output.size_bytes() != 0 && call->output == nullptr) ||
+      (result->size_bytes() != 0 && call->result == nullptr)) {
+    return InvalidArgument(kOp, "null buffer for a ", operand.size_bytes(), "-byte operand, a ",
+                           output.size_bytes(), "-byte output or a ", result->size_bytes(),
+                           "-byte result");
   }
   return ffi::Error::Success();
 }

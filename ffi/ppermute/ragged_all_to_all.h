@@ -3,7 +3,8 @@
 // The operand and the output are row arrays (dim 0: rows; a row is the
 // product of the other dims times the element size, the same for both); the
 // result is the output with the received rows written (Python aliases the
-// two, so the call writes in place). Four index arrays of N entries, one type
+// two, so the call writes in place); an output of no rows gives a result of
+// rows of its own, where the rows no slice writes are unspecified. Four index arrays of N entries, one type
 // (s32 or s64), say which rows move: slice i, rows
 // [input_offsets[i], input_offsets[i] + send_sizes[i]) of the operand, goes to
 // the participant at position i / S of this one's group (S = N / parts
@@ -57,7 +58,7 @@ struct RaggedAllToAllCall : ExchangeGroup {
   Method method = Method::kAuto;
   const void* operand = nullptr;  // operand_rows rows of row_bytes
   int64_t operand_rows = 0;
-  const void* output = nullptr;  // output_rows rows of row_bytes
+  const void* output = nullptr;  // output_rows rows of row_bytes, or none
   void* result = nullptr;        // output_rows rows: output, then what arrives
   int64_t output_rows = 0;
   size_t row_bytes = 0;

@@ -24,7 +24,7 @@ from fuzz import S, Call, Spec, i64, pick, some_dtype, with_
 from ops_table import (BATCH, MESH_AXES, SUB_BYTE_WIDE, Case, Op, dim_size, dims_spec, extra_rank,
                        on_mesh, take_fill)
 from paths import CpuCall
-from reference import ALL_DTYPES, random_array
+from reference import ALL_DTYPES, assert_bits_equal, random_array
 
 MODULES = ("jax_tma._ppermute", "jax_tma._all_to_all", "jax_tma._ragged_all_to_all",
            "jax_tma._moe")
@@ -245,15 +245,18 @@ def _ragged_call(rng) -> Call:
     """This device (ordinal 0) in a group of its own (one part: its slices
     stay, at random places of its output), alone or beside devices in
     groups of their own; rows of any dtype and row shape, int32 or int64
-    offsets and sizes."""
+    offsets and sizes; one call in four with an output of no rows (a result
+    of rows of its own, as jax_tma's compositions call it)."""
     dtype = some_dtype(rng)
     row = tuple(int(v) for v in rng.integers(1, 4, int(rng.integers(0, 3))))
     g = ragged_geometry(rng, 1, int(rng.integers(1, 4)),
                         index_dtype=pick(rng, (np.int32, np.int64)))
     output = random_array(rng, (g["out_rows"],) + row, dtype)
     n = int(rng.integers(1, 4))
+    if rng.integers(4) == 0:
+        output = output[:0]
     return Call([random_array(rng, (g["rows"],) + row, dtype), output,
-                 *(g[k] for k in _RAGGED_INDICES)], [S(output.shape, dtype)],
+                 *(g[k] for k in _RAGGED_INDICES)], [S((g["out_rows"],) + row, dtype)],
                 dict(instance=np.int64(next(_instances)),
                      devices=np.insert(rng.choice(np.arange(1, 64), n - 1, replace=False),
                                        int(rng.integers(n)), 0),
@@ -267,6 +270,22 @@ _RAGGED_INDICES = ("input_offsets", "send_sizes", "output_offsets", "recv_sizes"
 
 def _ragged_fuzz_reference(call: Call) -> list[np.ndarray]:
     return [ragged_reference(*call.operands, 1)]
+
+
+def _ragged_own_rows(call: Call) -> bool:
+    """An output of no rows for a result of rows of its own, whose rows that
+    no slice writes are unspecified."""
+    return call.operands[1].shape[0] == 0 and call.results[0].shape[0] != 0
+
+
+def _ragged_written_rows(call: Call, got: list[np.ndarray]) -> None:
+    """The rows that the slices write are theirs (the others: unspecified
+    where the result has rows of its own, the output's otherwise)."""
+    operand, output, *indices = call.operands
+    out = np.zeros(call.results[0].shape, operand.dtype) if _ragged_own_rows(call) else output
+    written = ragged_reference(np.ones(operand.shape[:1], bool), np.zeros(out.shape[:1], bool),
+                               *indices, 1)
+    assert_bits_equal(got[0][written], ragged_reference(operand, out, *indices, 1)[written])
 
 
 def _ragged_set(c: Call, **values) -> Call:
@@ -297,7 +316,7 @@ _RAGGED_NASTY = (
     (lambda c: _one_row_slice(c, input_offsets=c.operands[0].shape[0]),
      r"input_offsets\[0\] \+ send_sizes\[0\] = \d+ \+ 1 on device 0 .* runs past the "
      r"operand's \d+ rows"),
-    (lambda c: _one_row_slice(c, output_offsets=c.operands[1].shape[0]),
+    (lambda c: _one_row_slice(c, output_offsets=c.results[0].shape[0]),
      r"output_offsets\[0\] \+ send_sizes\[0\] = \d+ \+ 1 on device 0 .* runs past the "
      r"output's \d+ rows"),
     (lambda c: _one_row_slice(c, output_offsets=2**62, send_sizes=2**62, recv_sizes=2**62),
@@ -315,8 +334,14 @@ _RAGGED_NASTY = (
     (lambda c: with_(c, operands=c.operands[:5] + [np.append(c.operands[5], 0)
                                                     .astype(c.operands[5].dtype)]),
      r"recv_sizes has \d+ entries but input_offsets has \d+"),
-    (lambda c: with_(c, results=[S((c.operands[1].shape[0] + 1,) + c.operands[1].shape[1:],
-                                   c.operands[1].dtype)]), r"the result has shape"),
+    (lambda c: with_(c, results=[S((c.results[0].shape[0] + 1,) + c.results[0].shape[1:],
+                                   c.results[0].dtype)]), r"the result has shape"),
+    (lambda c: with_(c, operands=[c.operands[0], np.zeros((1,) + c.operands[0].shape[1:],
+                                                          c.operands[0].dtype),
+                                  *c.operands[2:]], results=[S((2,) + c.operands[0].shape[1:],
+                                                               c.operands[0].dtype)]),
+     r"the result has shape \(2, .* but output has \(1, .*; they must be equal, or output "
+     r"must have 0 rows of the result's row shape"),
     (lambda c: with_(c, operands=[np.zeros(c.operands[0].shape, jnp.int4),
                                   np.zeros(c.operands[1].shape, jnp.int4)] + c.operands[2:],
                      results=[S(c.operands[1].shape, jnp.int4)]),
@@ -343,6 +368,7 @@ SPECS: dict[str, Spec] = {
                     "sources": r"sources", "devices": r"devices|process|positions",
                     "process": r"process|among the devices", "processes": r"process|devices"},
         keep=("instance",), waits_for_peer=_all_to_all_waits_for_peer,
+        exact=lambda platform, call: not _ragged_own_rows(call), bounds=_ragged_written_rows,
         # The offsets and sizes stay on the GPU, whose meet kernel checks them.
         device_checked=r"jax_tma\.ragged_all_to_all: .*(?:is negative|runs past|differs from)"),
     "jax_tma_ppermute": Spec(
