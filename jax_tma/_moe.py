@@ -589,16 +589,24 @@ def _per_pair(terms, slots: jax.Array, acc) -> jax.Array:
 def _per_token(home: jax.Array, r: _Routes, acc) -> jax.Array:
     """At home, one row per token: the sum in `acc` of the rows of its pairs
     that hold a kept choice, each added at the first kept choice of its
-    device; +0.0 where there are none."""
-    k = r.choice_row.shape[1]
+    device; +0.0 where there are none. A token has at most one pair a
+    device: min(k, n) reads of rows a token, not k (most of which would
+    read nothing)."""
+    k, n = r.choice_row.shape[1], r.routes.shape[0]
     kept = (r.choice_row >= 0) & ~r.dropped
     same = (r.choice_row[:, :, None] == r.choice_row[:, None, :]) & kept[:, None, :]
     first = kept & ~jnp.any(same & jnp.tri(k, k, -1, dtype=bool), axis=2)
+    # The pair rows in the order of their first kept choice; -1 past them.
+    rank = jnp.where(first, jnp.cumsum(first, axis=1, dtype=_I32) - 1, -1)
+    terms = min(k, n)
+    at = rank[:, :, None] == jnp.arange(terms, dtype=_I32)
+    ordered = jnp.sum(jnp.where(at, r.choice_row[:, :, None] + 1, 0), axis=1, dtype=_I32) - 1
     out = jnp.zeros((r.choice_row.shape[0],) + home.shape[1:], acc)
     started = jnp.zeros((out.shape[0],) + (1,) * (out.ndim - 1), bool)
-    for j in range(k):
-        term = _take(home, jnp.where(first[:, j], r.choice_row[:, j], -1)).astype(acc)
-        out, started = _accumulate(out, started, first[:, j].reshape(started.shape), term)
+    for i in range(terms):
+        term = _take(home, ordered[:, i]).astype(acc)
+        out, started = _accumulate(out, started, (ordered[:, i] >= 0).reshape(started.shape),
+                                   term)
     return out
 
 
