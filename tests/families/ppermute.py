@@ -341,8 +341,8 @@ _RAGGED_NASTY = (
                                                           c.operands[0].dtype),
                                   *c.operands[2:]], results=[S((2,) + c.operands[0].shape[1:],
                                                                c.operands[0].dtype)]),
-     r"the result has shape \(2, .* but output has \(1, .*; they must be equal, or output "
-     r"must have 0 rows of the result's row shape"),
+     r"the result has shape \(2,.*\) but output has \(1,.*\); they must be equal, or "
+     r"output must have 0 rows of the result's row shape"),
     (lambda c: with_(c, operands=[np.zeros(c.operands[0].shape, jnp.int4),
                                   np.zeros(c.operands[1].shape, jnp.int4)] + c.operands[2:],
                      results=[S(c.operands[1].shape, jnp.int4)]),
