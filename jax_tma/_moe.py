@@ -1,8 +1,9 @@
 """jax_tma.moe_dispatch and jax_tma.moe_combine: expert parallelism inside
 ``shard_map``, composed in Python on jax_tma's exchanges (``all_to_all`` of
-the counts, ``ragged_all_to_all`` of the rows), each token sent once to each
-device that holds one of its experts; derivatives in both modes, whose sums
-run in float32 in one order on every platform."""
+the counts, ``ragged_all_to_all`` of the slots and of rows home) and the
+dispatch's pull of its rows (ffi/ppermute/moe_dispatch.h), each token read
+once by each device that holds one of its experts; derivatives in both
+modes, whose sums run in float32 in one order on every platform."""
 
 from __future__ import annotations
 
@@ -101,14 +102,15 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
     ``d·E/n`` to ``(d+1)·E/n − 1`` (``E = num_experts``). The rows of
     ``recv`` are grouped by local expert, expert-major, packed from row 0;
     within an expert they are in the order of (source position, token,
-    choice). Rows past the received total are unspecified (zeros here).
+    choice). Rows past the received total are unspecified (not written).
 
     A token crosses to each device once, whatever number of its choices
     that device holds: one ``all_to_all`` of the counts (every device learns
     every device's count per expert and per destination), then one
-    ``ragged_all_to_all`` of the token rows and one of the rows of ``recv``
-    each token's choices take there; the receiver copies each row into its
-    slots. The sender knows every count, so it decides the drops itself
+    ``ragged_all_to_all`` of each token's index and the rows of ``recv`` its
+    choices take there; each receiver then reads each of its token rows
+    once from its source and stores it to its slots. The sender knows every
+    count, so it decides the drops itself
     (``plan.dropped``) and no count comes back. With a ``capacity``, a token
     whose choices on a device are all dropped still crosses to it (and is
     not placed): knowing in advance would take one more exchange.

@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_tma
 import ops_table
+from jax_tma._moe import _pull_composed, _pull_p
 from reference import (assert_bits_equal, cpu_mesh, moe_combine_reference,
                        moe_dispatch_reference, random_array)
 
@@ -382,6 +383,39 @@ def test_the_debug_log_names_the_exchanges_and_the_call_site(rng, caplog):
         f.lower(x, ids).compile()
     assert f"jax_tma.ragged_all_to_all over ('x',) at {__file__}:" in caplog.text
     assert f"jax_tma.all_to_all over ('x',) at {__file__}:" in caplog.text
+    assert f"jax_tma.moe_dispatch over ('x',) at {__file__}:" in caplog.text
+
+
+def test_the_pull_and_its_lax_formulation_fill_each_slot_with_its_row(rng):
+    """The dispatch's pull of its rows (every device from every position,
+    random tokens, sizes and slots) and the lax.all_to_all formulation it
+    falls back to across hosts: each slot of a row read holds that row; the
+    formulation's other rows are zeros."""
+    per, k, local, width = 5, 3, 6, 4
+    rows = N * per * k
+    x = random_array(rng, (N * local, width), np.float32)
+    sizes = rng.integers(0, per + 1, (N, N)).astype(np.int32)  # [reader, source]
+    tokens = rng.integers(0, local, (N, N * per)).astype(np.int32)
+    slots = np.stack([rng.permutation(rows).reshape(N * per, k) for _ in range(N)])
+    slots = np.where(rng.random(slots.shape) < 0.3, -1, slots).astype(np.int32)
+
+    def body(x, tokens, slots, sizes):
+        args = (x, tokens[0], slots[0], sizes[0])
+        return (_pull_p.bind(*args, rows=rows, axis_name=("x",), size=N, site="test")[None],
+                _pull_composed(*args, rows=rows, axis_name=("x",))[None])
+
+    ours, composed = (np.asarray(a) for a in _on_mesh(body)(x, tokens, slots, sizes))
+    for d in range(N):
+        written = np.zeros(rows, bool)
+        for src in range(N):
+            for i in range(sizes[d, src]):
+                row = x[src * local + tokens[d, src * per + i]]
+                for slot in slots[d, src * per + i]:
+                    if slot >= 0:
+                        written[slot] = True
+                        assert_bits_equal(ours[d, slot], row)
+                        assert_bits_equal(composed[d, slot], row)
+        assert not composed[d, ~written].any()
 
 
 # ---- the fp8 wire ----------------------------------------------------------------
