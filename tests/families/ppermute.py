@@ -242,6 +242,19 @@ _ALL_TO_ALL_NASTY = (
     (lambda c: with_(c, sources=i64(0)), r"sources has 1 entries"),
 )
 
+def _alone(rng) -> dict:
+    """The attributes of an exchange of this device (ordinal 0) in a group
+    of its own (one part), alone or beside 1 or 2 devices in groups of
+    their own."""
+    n = int(rng.integers(1, 4))
+    return dict(instance=np.int64(next(_instances)),
+                devices=np.insert(rng.choice(np.arange(1, 64), n - 1, replace=False),
+                                  int(rng.integers(n)), 0),
+                sources=i64(), positions=np.zeros(n, np.int64), parts=np.int64(1),
+                method="auto", process=np.int64(0), processes=np.zeros(n, np.int64), links="",
+                site="fuzz", timeout_ms=np.int64(1000))
+
+
 def _ragged_call(rng) -> Call:
     """This device (ordinal 0) in a group of its own (one part: its slices
     stay, at random places of its output), alone or beside devices in
@@ -253,17 +266,11 @@ def _ragged_call(rng) -> Call:
     g = ragged_geometry(rng, 1, int(rng.integers(1, 4)),
                         index_dtype=pick(rng, (np.int32, np.int64)))
     output = random_array(rng, (g["out_rows"],) + row, dtype)
-    n = int(rng.integers(1, 4))
     if rng.integers(4) == 0:
         output = output[:0]
     return Call([random_array(rng, (g["rows"],) + row, dtype), output,
                  *(g[k] for k in _RAGGED_INDICES)], [S((g["out_rows"],) + row, dtype)],
-                dict(instance=np.int64(next(_instances)),
-                     devices=np.insert(rng.choice(np.arange(1, 64), n - 1, replace=False),
-                                       int(rng.integers(n)), 0),
-                     sources=i64(), positions=np.zeros(n, np.int64), parts=np.int64(1),
-                     method="auto", process=np.int64(0), processes=np.zeros(n, np.int64),
-                     links="", site="fuzz", timeout_ms=np.int64(1000)))
+                _alone(rng))
 
 
 _RAGGED_INDICES = ("input_offsets", "send_sizes", "output_offsets", "recv_sizes")
@@ -364,16 +371,10 @@ def _pull_call(rng) -> Call:
     out_rows = per * k + int(rng.integers(0, 3))
     slots = rng.permutation(out_rows)[:per * k].reshape(per, k).astype(np.int32)
     slots[rng.random(slots.shape) < 0.3] = -1
-    n = int(rng.integers(1, 4))
     return Call([random_array(rng, (rows,) + row, dtype),
                  rng.integers(0, rows, per).astype(np.int32), slots,
                  np.array([rng.integers(0, per + 1)], np.int32)], [S((out_rows,) + row, dtype)],
-                dict(instance=np.int64(next(_instances)),
-                     devices=np.insert(rng.choice(np.arange(1, 64), n - 1, replace=False),
-                                       int(rng.integers(n)), 0),
-                     sources=i64(), positions=np.zeros(n, np.int64), parts=np.int64(1),
-                     method="auto", process=np.int64(0), processes=np.zeros(n, np.int64),
-                     links="", site="fuzz", timeout_ms=np.int64(1000)))
+                _alone(rng))
 
 
 def _pull_written_rows(call: Call, got: list[np.ndarray]) -> None:
