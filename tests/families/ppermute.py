@@ -307,9 +307,10 @@ def _ragged_set(c: Call, **values) -> Call:
 
 
 def _one_row_slice(c: Call, **values) -> Call:
-    """Slice 0 one row from row 0 to row 0 (`values` set after)."""
-    return _ragged_set(_ragged_set(c, input_offsets=0, send_sizes=1, output_offsets=0,
-                                   recv_sizes=1), **values)
+    """Slice 0 one row from row 0 to row 0 (`values` set after), of an
+    operand of at least one row."""
+    return _ragged_set(_ragged_set(_with_a_row(c), input_offsets=0, send_sizes=1,
+                                   output_offsets=0, recv_sizes=1), **values)
 
 
 def _with_a_row(c: Call) -> Call:
@@ -330,10 +331,10 @@ _ME = r"on device 0 of process 0 \(position 0\)"
 _RAGGED_NASTY = (
     (lambda c: _ragged_set(c, input_offsets=-1), rf"input_offsets\[0\] = -1 {_ME} is negative"),
     (lambda c: _ragged_set(c, recv_sizes=-2), rf"recv_sizes\[0\] = -2 {_ME} is negative"),
-    (lambda c: _one_row_slice(c, input_offsets=c.operands[0].shape[0]),
+    (lambda c: _one_row_slice(c, input_offsets=max(1, c.operands[0].shape[0])),
      r"input_offsets\[0\] \+ send_sizes\[0\] = \d+ \+ 1 on device 0 .* runs past the "
      r"operand's \d+ rows"),
-    (lambda c: _one_row_slice(_with_a_row(c), output_offsets=c.results[0].shape[0]),
+    (lambda c: _one_row_slice(c, output_offsets=c.results[0].shape[0]),
      r"output_offsets\[0\] \+ send_sizes\[0\] = \d+ \+ 1 on device 0 .* runs past the "
      r"output's \d+ rows"),
     (lambda c: _one_row_slice(c, output_offsets=2**62, send_sizes=2**62, recv_sizes=2**62),
