@@ -1,8 +1,9 @@
 """jax_tma.moe_dispatch and jax_tma.moe_combine: expert parallelism inside
 ``shard_map``, composed in Python on jax_tma's exchanges (``all_to_all`` of
-the counts, ``ragged_all_to_all`` of the rows), each token sent once to each
-device that holds one of its experts; derivatives in both modes, whose sums
-run in float32 in one order on every platform."""
+the counts, ``ragged_all_to_all`` of the slots and of rows home) and the
+dispatch's pull of its rows (ffi/ppermute/moe_dispatch.h), each token read
+once by each device that holds one of its experts; derivatives in both
+modes, whose sums run in float32 in one order on every platform."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
 from jax_tma import _checks, _lowering
-from jax_tma._all_to_all import all_to_all
+from jax_tma._all_to_all import all_to_all, lower_exchange
 from jax_tma._gather import gather
 from jax_tma._ppermute import bound_axes, call_site
 from jax_tma._ragged_all_to_all import bind as ragged_bind
@@ -101,14 +102,15 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
     ``d·E/n`` to ``(d+1)·E/n − 1`` (``E = num_experts``). The rows of
     ``recv`` are grouped by local expert, expert-major, packed from row 0;
     within an expert they are in the order of (source position, token,
-    choice). Rows past the received total are unspecified (zeros here).
+    choice). Rows past the received total are unspecified (not written).
 
     A token crosses to each device once, whatever number of its choices
     that device holds: one ``all_to_all`` of the counts (every device learns
     every device's count per expert and per destination), then one
-    ``ragged_all_to_all`` of the token rows and one of the rows of ``recv``
-    each token's choices take there; the receiver copies each row into its
-    slots. The sender knows every count, so it decides the drops itself
+    ``ragged_all_to_all`` of each token's index and the rows of ``recv`` its
+    choices take there; each receiver then reads each of its token rows
+    once from its source and stores it to its slots. The sender knows every
+    count, so it decides the drops itself
     (``plan.dropped``) and no count comes back. With a ``capacity``, a token
     whose choices on a device are all dropped still crosses to it (and is
     not placed): knowing in advance would take one more exchange.
@@ -630,6 +632,10 @@ _dispatch_p.multiple_results = True
 _rows_p = Primitive("jax_tma_moe_rows")
 _combine_p = Primitive("jax_tma_moe_combine")
 _combine_tangent_p = Primitive("jax_tma_moe_combine_tangent")
+# jax_tma_moe_pull: the dispatch's rows, pulled by their experts' devices
+# (ffi/ppermute/moe_dispatch.h); no AD of its own (the dispatch's rules hold
+# it), vmap folding the members into one pull.
+_pull_p = Primitive("jax_tma_moe_pull")
 
 
 def _aval(like, shape, dtype=None):
@@ -656,16 +662,76 @@ def _combine_tangent_abstract_eval(dy, dweights, y, weights, after, *_, **__):
 
 
 def _dispatch(x, meta, routes, pair_token, choice_row, dropped, *, rows, **ex):
-    """Each pair's token row into the regions, then its slots there (a row
-    of k int32 a pair; unwritten rows read as slots -1) in a second exchange
-    after it; then the rows copied into their slots. Two exchanges, not one
-    of rows that carry both: concatenating the slots onto the rows, and
-    slicing them off again, each copied every row once more."""
+    """Each pair's token index and slots to the experts' device (a row of
+    k + 1 int32 a pair; unwritten rows read as -1), then each device pulls
+    its pairs' token rows from their sources, once each, into their slots
+    (_pull_p)."""
     r = _Routes(routes, pair_token, choice_row, dropped, None, None)
-    got = _to_experts(_gather(x, pair_token), r, None, **ex)
-    slots = _to_experts(_after(meta, pair_token, got), r, -1, **ex)
+    got = _to_experts(jnp.concatenate([pair_token[:, None], meta], 1), r, -1, **ex)
+    tokens, slots = got[:, 0], got[:, 1:]
     source = _sources(slots, rows)
-    return _gather(got, source // meta.shape[1]), slots, source
+    recv = _pull_p.bind(_checks.widen(x), tokens, slots, routes[:, 3], rows=rows, **ex)
+    return _checks.narrow(recv, x.dtype), slots, source
+
+
+def _pull_abstract_eval(x, tokens, slots, recv_sizes, *, rows, **_):
+    return _aval(x, (rows,) + x.shape[1:])
+
+
+def _pull_by_transport(x, tokens, slots, recv_sizes, *, rows, attrs):
+    """One jax_tma_moe_dispatch call: result rows that no slot names are
+    unspecified."""
+    return jax.ffi.ffi_call("jax_tma_moe_dispatch", jax.ShapeDtypeStruct((rows,) + x.shape[1:],
+                                                                       x.dtype))(
+        x, tokens, slots, recv_sizes, **attrs)
+
+
+def _pull_composed(x, tokens, slots, recv_sizes, *, rows, axis_name):
+    """The pull on lax.all_to_all: each device's tokens to their sources,
+    the rows they name back, each into its slots (zeros in the other rows).
+    Where the transport cannot run (across hosts)."""
+    n = recv_sizes.shape[0]
+    tokens = tokens.reshape(n, -1)
+    per = tokens.shape[1]
+    exchange = functools.partial(lax.all_to_all, axis_name=axis_name, split_axis=0,
+                                 concat_axis=0, tiled=True)
+    asked = jnp.where(jnp.arange(per, dtype=_I32) < recv_sizes[:, None], tokens, -1)
+    back = exchange(_take(x, exchange(asked).reshape(-1)).reshape((n, per) + x.shape[1:]))
+    kept = jnp.where((asked >= 0).reshape(-1, 1), slots, -1)
+    return _take(back.reshape((n * per,) + x.shape[1:]), _sources(kept, rows) // slots.shape[1])
+
+
+def _pull_batcher(args, dims, *, rows, **ex):
+    """The members folded into one pull: member b's rows of every operand
+    at b * T on, its slots at b * rows on; each source's entries of all
+    members in one run, those past a member's receive size reading row 0
+    into no slot."""
+    x, tokens, slots, recv_sizes = (
+        jnp.moveaxis(a, d, 0) if d is not None else a for a, d in zip(args, dims))
+    batch = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    x, tokens, slots, recv_sizes = (
+        a if d is not None else jnp.broadcast_to(a, (batch,) + a.shape)
+        for a, d in zip((x, tokens, slots, recv_sizes), dims))
+    n, per, k = recv_sizes.shape[1], x.shape[1], slots.shape[2]
+    b = jnp.arange(batch, dtype=_I32)[:, None, None]
+    valid = jnp.arange(per, dtype=_I32) < recv_sizes[:, :, None]  # (batch, n, per)
+    tokens = jnp.where(valid, tokens.reshape(batch, n, per) + b * per, 0)
+    slots = slots.reshape(batch, n, per, k)
+    slots = jnp.where(valid[..., None] & (slots >= 0), slots + b[..., None] * rows, -1)
+    got = _pull_p.bind(x.reshape((batch * per,) + x.shape[2:]),
+                       jnp.swapaxes(tokens, 0, 1).reshape(-1),
+                       jnp.swapaxes(slots, 0, 1).reshape(-1, k),
+                       jnp.full(n, batch * per, _I32), rows=batch * rows, **ex)
+    return got.reshape((batch, rows) + x.shape[2:]), 0
+
+
+def _pull_lowering(ctx, *args, platform, rows, axis_name, size, site):
+    return lower_exchange(
+        ctx, *args, op=_DISPATCH, target="jax_tma_moe_dispatch", platform=platform,
+        axis_name=axis_name, size=size, site=site,
+        by_transport=functools.partial(_pull_by_transport, rows=rows),
+        fallback=functools.partial(_pull_composed, rows=rows, axis_name=axis_name),
+        fallback_name="lax.all_to_all of the tokens and their rows")
 
 
 def _rows(v, *route, toward, **ex):
@@ -827,6 +893,9 @@ for _prim, _eval, _impl, _outputs in (
         (_combine_tangent_p, _combine_tangent_abstract_eval, _combine_tangent, None)):
     _lowering.register(_prim, _eval, mlir.lower_fun(_impl, multiple_results=_outputs is not None),
                        batcher=_vmapped(_impl, _outputs), jitted=False)
+_lowering.register(_pull_p, _pull_abstract_eval,
+                   {p: functools.partial(_pull_lowering, platform=p) for p in ("cpu", "cuda")},
+                   batcher=_pull_batcher, jitted=False)
 ad.primitive_jvps[_dispatch_p] = _dispatch_jvp
 ad.primitive_jvps[_rows_p] = _rows_jvp
 ad.primitive_transposes[_rows_p] = _rows_transpose

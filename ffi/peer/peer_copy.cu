@@ -265,6 +265,23 @@ __device__ __noinline__ void CheckOwnSlices(const PeerSlices& s, const PeerWait&
   ReportBadSlice(check, mine);
 }
 
+// Thread t < legs.count of the meet: leg t publishes this participant's
+// buffer (and receive sizes) to its source, waits for its destination's and
+// keeps it; returns the destination's receive sizes (0 for other threads).
+__device__ unsigned long long MeetLeg(const PeerLegs& legs, int t) {
+  if (t >= legs.count) return 0;
+  const PeerLeg leg = legs.leg[t];  // a copy: a reference would copy every leg to the stack
+  const unsigned long long call = leg.own->calls + 1;
+  leg.own->calls = call;
+  leg.by_box->buffer = leg.published;
+  leg.by_box->sizes = leg.published_sizes;
+  StoreRelease(&leg.by_box->ready, call);  // the buffer travels ahead of the number
+  AwaitCall(&leg.own->ready, call, leg.wait_partner, PeerWaitFor::kPublish);
+  const volatile PeerMailbox* own = leg.own;
+  leg.own->peer = own->buffer;
+  return own->sizes;
+}
+
 // Checks this participant's slices, publishes its output (and receive
 // sizes) to every source, waits for every destination's, then checks each
 // destination's receive size for the slices it gets.
@@ -275,18 +292,8 @@ __global__ void __launch_bounds__(kMeetThreads)
   BadSlice mine{0, 0, 0, 0, 0};
   if (s.ragged()) CheckOwnSlices(s, check);
   __shared__ unsigned long long recv_of[kMaxPeerLegs + 1];  // each leg's receive sizes
-  if (t < legs.count) {
-    const PeerLeg leg = legs.leg[t];  // a copy: a reference would copy every leg to the stack
-    const unsigned long long call = leg.own->calls + 1;
-    leg.own->calls = call;
-    leg.by_box->buffer = leg.published;
-    leg.by_box->sizes = leg.published_sizes;
-    StoreRelease(&leg.by_box->ready, call);  // the buffer travels ahead of the number
-    AwaitCall(&leg.own->ready, call, leg.wait_partner, PeerWaitFor::kPublish);
-    const volatile PeerMailbox* own = leg.own;
-    leg.own->peer = own->buffer;
-    recv_of[t + 1] = own->sizes;
-  }
+  const unsigned long long theirs = MeetLeg(legs, t);
+  if (t < legs.count) recv_of[t + 1] = theirs;
   if (t == 0) recv_of[0] = reinterpret_cast<unsigned long long>(s.recv_sizes);
   __syncthreads();
   if (!s.ragged()) return;
@@ -359,6 +366,110 @@ __global__ void PeerScatterFinishKernel(PeerLegs legs) {
   for (int t = threadIdx.x; t < legs.count; t += blockDim.x) {
     const PeerLeg leg = legs.leg[t];  // as in PeerScatterMeetKernel
     AwaitCall(&leg.own->done, leg.own->calls, leg.wait_by, PeerWaitFor::kDone);
+  }
+}
+
+// ---- PeerPull (peer_copy.h) ----
+
+constexpr int kPullThreads = 256;  // a warp per row at a time
+constexpr int kPullBatch = 4;      // vectors a lane loads before it stores them
+static_assert(sizeof(PeerLegs) + sizeof(PeerPullRows) + sizeof(PeerWait) <= 4096);
+
+// Every thread of the CTA: this participant's receive sizes, the tokens
+// they cover and those tokens' slots (PeerSizeRule::kPull*), trapping on the
+// first that breaks a rule.
+__device__ __noinline__ void CheckPullRows(const PeerPullRows& p, const PeerWait& check) {
+  BadSlice mine{0, 0, 0, 0, 0};
+  for (int64_t s = 0; s < p.parts && mine.rule == 0; ++s) {
+    const int64_t size = p.recv_sizes[s];
+    if (size < 0 || size > p.per_part) {
+      mine = {s, static_cast<unsigned int>(PeerSizeRule::kPullSize), size, 0, p.per_part};
+      break;
+    }
+    const int64_t first = s * p.per_part;
+    for (int64_t e = first + threadIdx.x; e < first + size && mine.rule == 0;
+         e += blockDim.x) {
+      const int64_t token = p.tokens[e];
+      if (token < 0 || token >= p.src_rows) {
+        mine = {e, static_cast<unsigned int>(PeerSizeRule::kPullToken), token, 0, p.src_rows};
+      }
+      for (int64_t j = 0; j < p.choices && mine.rule == 0; ++j) {
+        const int64_t slot = p.slots[e * p.choices + j];
+        if (slot < -1 || slot >= p.dst_rows) {
+          mine = {e * p.choices + j, static_cast<unsigned int>(PeerSizeRule::kPullSlot), slot,
+                  0, p.dst_rows};
+        }
+      }
+    }
+  }
+  ReportBadSlice(check, mine);
+}
+
+// Checks the indices, publishes this participant's operand to every reader
+// of it and waits for every source's.
+__global__ void __launch_bounds__(kMeetThreads)
+    PeerPullMeetKernel(PeerLegs legs, PeerPullRows p, PeerWait check) {
+  LaunchNextGrid();  // the copy's CTAs take their SMs while this one waits for the peers
+  CheckPullRows(p, check);
+  MeetLeg(legs, threadIdx.x);
+}
+
+// CTA b reads leg b mod parts's rows (0: this participant's own), a warp a
+// row: the row is loaded once, from wherever its source's operand lies,
+// and stored to each of its slots. The last CTA of a leg tells its source
+// that its operand is read.
+__global__ void __launch_bounds__(kPullThreads)
+    PeerPullCopyKernel(PeerLegs legs, PeerPullRows p) {
+  LaunchNextGrid();
+  AwaitPreviousGrid();  // the meet: every source's operand is known, the indices checked
+  const int k = static_cast<int>(blockIdx.x % p.parts);
+  const int64_t cta = blockIdx.x / p.parts, ctas = gridDim.x / p.parts;
+  const int s = (p.position + k) % p.parts;
+  const uint8_t* src =
+      k == 0 ? p.src : reinterpret_cast<const uint8_t*>(legs.leg[k - 1].own->peer);
+  const int warps = kPullThreads / 32, lane = threadIdx.x % 32;
+  const int64_t first = s * p.per_part;
+  const bool vector = p.bytes % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(p.dst) % 16 == 0;
+  for (int64_t i = cta * warps + threadIdx.x / 32; i < p.recv_sizes[s]; i += ctas * warps) {
+    const uint8_t* row = src + p.tokens[first + i] * p.bytes;
+    const int32_t* slots = p.slots + (first + i) * p.choices;
+    if (vector) {
+      const int64_t nvec = p.bytes / 16;
+      for (int64_t v = lane; v < nvec; v += kPullBatch * 32) {
+        uint4 r[kPullBatch];
+#pragma unroll
+        for (int u = 0; u < kPullBatch; ++u) {
+          if (v + u * 32 < nvec) r[u] = reinterpret_cast<const uint4*>(row)[v + u * 32];
+        }
+        for (int64_t j = 0; j < p.choices; ++j) {
+          const int64_t slot = slots[j];
+          if (slot < 0) continue;
+          auto* out = reinterpret_cast<uint4*>(p.dst + slot * p.bytes);
+#pragma unroll
+          for (int u = 0; u < kPullBatch; ++u) {
+            if (v + u * 32 < nvec) out[v + u * 32] = r[u];
+          }
+        }
+      }
+    } else {
+      for (int64_t b = lane; b < p.bytes; b += 32) {
+        const uint8_t byte = row[b];
+        for (int64_t j = 0; j < p.choices; ++j) {
+          if (slots[j] >= 0) p.dst[slots[j] * p.bytes + b] = byte;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (k != 0 && threadIdx.x == 0) {
+    const PeerLeg& leg = legs.leg[k - 1];
+    __threadfence_system();
+    if (atomicAdd(&leg.own->ctas, 1u) == ctas - 1) {
+      leg.own->ctas = 0;
+      __threadfence_system();
+      StoreRelease(&leg.partner_box->done, leg.own->calls);
+    }
   }
 }
 
@@ -595,6 +706,33 @@ ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
                                     static_cast<unsigned int>(grid), kScatterThreads, plan.smem,
                                     legs, slices, tma, plan.chunk,
                                     kDefaultBulkCopyConfig.stages));
+  if (legs.count > 0) {
+    JAX_TMA_RETURN_IF_FAILED(
+        LaunchOn(stream, early, PeerScatterFinishKernel, 1, 32, 0, legs));
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error LaunchPeerPull(std::string_view op, const PeerLegs& legs, const PeerPullRows& rows,
+                          const PeerWait& check, cudaStream_t stream, int device) {
+  DeviceInfo info;
+  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
+  // Each leg gets its share of two CTAs an SM, and no more than a warp a row.
+  const int64_t warps = kPullThreads / 32;
+  const int64_t ctas = std::max<int64_t>(
+      1, std::min<int64_t>(int64_t{2} * info.sm_count / rows.parts,
+                           (rows.per_part + warps - 1) / warps));
+  const int64_t grid = ctas * rows.parts;
+  if (grid > 0x7fffffff) {
+    return InvalidArgument(op, "a pull of ", rows.parts, " legs of ", ctas,
+                           " CTAs each, over the grid limit");
+  }
+  const bool early = info.cc_major >= 9;
+  JAX_TMA_RETURN_IF_FAILED(
+      LaunchOn(stream, false, PeerPullMeetKernel, 1, kMeetThreads, 0, legs, rows, check));
+  JAX_TMA_RETURN_IF_FAILED(LaunchOn(stream, early, PeerPullCopyKernel,
+                                    static_cast<unsigned int>(grid), kPullThreads, 0, legs,
+                                    rows));
   if (legs.count > 0) {
     JAX_TMA_RETURN_IF_FAILED(
         LaunchOn(stream, early, PeerScatterFinishKernel, 1, 32, 0, legs));

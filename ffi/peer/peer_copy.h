@@ -72,6 +72,9 @@ enum class PeerSizeRule : unsigned int {
   kOperand = 1,  // input_offsets[i] + send_sizes[i] in [0, operand rows]
   kOutput = 2,   // output_offsets[i] + send_sizes[i] in [0, output rows]
   kRecv = 3,     // the receiver's recv_sizes entry is this slice's send_sizes[i]
+  kPullSize = 4,   // a pull's recv_sizes[i] in [0, rows a position may send]
+  kPullToken = 5,  // a pull's tokens[i] in [0, operand rows]
+  kPullSlot = 6,   // a pull's slots (flattened entry i) -1 or in [0, result rows)
 };
 
 // Written once per process by the first wait that gives up (host-mapped).
@@ -190,6 +193,37 @@ struct PeerSlices {
 ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
                              const PeerSlices& slices, bool tma, int64_t expected_bytes,
                              const PeerWait& check, cudaStream_t stream, int device);
+
+// ---- PeerPull: rows read from every source, each written to its slots ----
+//
+// The legs of PeerScatter, published the other way: a participant publishes
+// its operand (the `published` of ExchangeLegs) to each leg's source, which
+// reads it. PeerPullMeet checks this participant's indices and trades the
+// operands; PeerPullCopy reads, for every position s of the group (its own
+// included), rows tokens[s * per_part + i], i < recv_sizes[s], of s's
+// operand, once each, and stores each to its result rows
+// slots[(s * per_part + i) * choices + j] >= 0, the last CTA of a leg telling
+// its source it is done; PeerScatterFinish waits until every reader of this
+// participant's operand is.
+struct PeerPullRows {
+  const uint8_t* src = nullptr;  // this participant's operand
+  uint8_t* dst = nullptr;        // its result
+  const int32_t* tokens = nullptr;
+  const int32_t* slots = nullptr;
+  const int32_t* recv_sizes = nullptr;
+  int parts = 1;
+  int position = 0;
+  int64_t per_part = 0;
+  int64_t choices = 0;
+  int64_t bytes = 0;  // a row's
+  int64_t src_rows = 0;
+  int64_t dst_rows = 0;
+};
+
+// The three kernels of one pull on `stream`. A broken index rule is
+// reported under `check`'s site. Errors name `op`.
+ffi::Error LaunchPeerPull(std::string_view op, const PeerLegs& legs, const PeerPullRows& rows,
+                          const PeerWait& check, cudaStream_t stream, int device);
 
 // ---- PeerInboxExchange: an exchange of small chunks in one kernel ----
 //

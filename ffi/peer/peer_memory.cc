@@ -584,26 +584,37 @@ PeerResources CountPeerResources() {
 
 namespace {
 
-// A ragged exchange's broken size rule (PeerSizeRule), as an error.
+// A ragged exchange's or a pull's broken index rule (PeerSizeRule), as an
+// error.
 ffi::Error BadSizeFault(const volatile PeerFault* f, const Waits& w) {
   const long long i = f->index, value = static_cast<long long>(f->call),
                   size = static_cast<long long>(f->seen), limit = f->limit;
   Message m;
-  m << w.op << " at " << w.site << ": slice " << i << ": ";
+  m << w.op << " at " << w.site << ": ";
   switch (static_cast<PeerSizeRule>(f->rule)) {
     case PeerSizeRule::kOperand:
-      m << "input_offsets[" << i << "] = " << value << " and send_sizes[" << i << "] = " << size
-        << " are negative or run past the operand's " << limit << " rows";
+      m << "slice " << i << ": input_offsets[" << i << "] = " << value << " and send_sizes[" << i
+        << "] = " << size << " are negative or run past the operand's " << limit << " rows";
       break;
     case PeerSizeRule::kOutput:
-      m << "output_offsets[" << i << "] = " << value << " and send_sizes[" << i << "] = " << size
-        << " are negative or run past the output's " << limit << " rows";
+      m << "slice " << i << ": output_offsets[" << i << "] = " << value << " and send_sizes["
+        << i << "] = " << size << " are negative or run past the output's " << limit << " rows";
+      break;
+    case PeerSizeRule::kPullSize:
+      m << "recv_sizes[" << i << "] = " << value << " is outside [0, " << limit << "]";
+      break;
+    case PeerSizeRule::kPullToken:
+      m << "tokens[" << i << "] = " << value << " is outside the operand's " << limit << " rows";
+      break;
+    case PeerSizeRule::kPullSlot:
+      m << "slots (flattened)[" << i << "] = " << value << " is neither -1 nor a row of the "
+        << "result's " << limit;
       break;
     default:
-      m << "send_sizes[" << i << "] = " << size << " but its receiver's recv_sizes entry for it "
-        << "is " << value;
+      m << "slice " << i << ": send_sizes[" << i << "] = " << size << " but its receiver's "
+        << "recv_sizes entry for it is " << value;
   }
-  m << ". The sizes are checked on the device before the copies they size, so no copy ran "
+  m << ". The indices are checked on the device before the copies they steer, so no copy ran "
        "out of bounds; the checking kernel trapped, and this process's GPU context is lost: "
        "restart the processes";
   return ffi::Error::InvalidArgument(m.str());

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -16,6 +17,26 @@
 namespace jax_tma {
 
 inline constexpr std::string_view kPpermuteOp = "jax_tma.ppermute";
+
+// "(3, 4)" for dims [2, 3, 4] from 1 on, as Python writes a shape.
+inline std::string ShapeOf(ffi::Span<const int64_t> dims, size_t from = 0) {
+  Message m;
+  m << "(";
+  for (size_t i = from; i < dims.size(); ++i) {
+    m << (i > from ? ", " : "") << dims[i];
+  }
+  m << (dims.size() - from == 1 ? ",)" : ")");
+  return m.str();
+}
+
+// Whether a and b have the same rank and the same dims from `from` on.
+inline bool SameDims(ffi::Span<const int64_t> a, ffi::Span<const int64_t> b, size_t from = 0) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = from; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
 
 // The context, operands, results and attributes that jax_tma's calls on the
 // peer transport (ppermute, all_to_all, ragged_all_to_all) share: `Context`

@@ -9,24 +9,6 @@ namespace {
 
 constexpr std::string_view kOp = kRaggedAllToAllOp;
 
-std::string ShapeOf(ffi::Span<const int64_t> dims, size_t from = 0) {
-  Message m;
-  m << "(";
-  for (size_t i = from; i < dims.size(); ++i) {
-    m << (i > from ? ", " : "") << dims[i];
-  }
-  m << (dims.size() - from == 1 ? ",)" : ")");
-  return m.str();
-}
-
-bool SameDims(ffi::Span<const int64_t> a, ffi::Span<const int64_t> b, size_t from = 0) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = from; i < a.size(); ++i) {
-    if (a[i] != b[i]) return false;
-  }
-  return true;
-}
-
 // The offsets and sizes are s32 or s64 (XLA converts other integer types to
 // s64 first; Python does the same), all four of one type, as XLA's
 // ragged-all-to-all requires.

@@ -2,9 +2,9 @@
 each name is for): jax_tma.ppermute, whose copies are the copy family's
 kernels, jax_tma.all_to_all and jax_tma.ragged_all_to_all, which run on
 ppermute's transport, and their NumPy references. jax_tma.moe_dispatch and
-moe_combine, Python compositions of those two exchanges with no targets of
-their own, are this family's code too (MODULES); tests/test_moe.py tests
-them."""
+moe_combine, Python compositions of those two exchanges and of the
+dispatch's pull of its rows (target jax_tma_moe_dispatch), are this
+family's code too (MODULES); tests/test_moe.py tests them."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_tma
 from families.copy import copy_call, copy_reference
+from jax_tma._moe import _pull_p
 from jax_tma._ragged_all_to_all import composed
 from fuzz import S, Call, Spec, i64, pick, some_dtype, with_
 from ops_table import (BATCH, MESH_AXES, SUB_BYTE_WIDE, Case, Op, dim_size, dims_spec, extra_rank,
@@ -241,6 +242,19 @@ _ALL_TO_ALL_NASTY = (
     (lambda c: with_(c, sources=i64(0)), r"sources has 1 entries"),
 )
 
+def _alone(rng) -> dict:
+    """The attributes of an exchange of this device (ordinal 0) in a group
+    of its own (one part), alone or beside 1 or 2 devices in groups of
+    their own."""
+    n = int(rng.integers(1, 4))
+    return dict(instance=np.int64(next(_instances)),
+                devices=np.insert(rng.choice(np.arange(1, 64), n - 1, replace=False),
+                                  int(rng.integers(n)), 0),
+                sources=i64(), positions=np.zeros(n, np.int64), parts=np.int64(1),
+                method="auto", process=np.int64(0), processes=np.zeros(n, np.int64), links="",
+                site="fuzz", timeout_ms=np.int64(1000))
+
+
 def _ragged_call(rng) -> Call:
     """This device (ordinal 0) in a group of its own (one part: its slices
     stay, at random places of its output), alone or beside devices in
@@ -252,17 +266,11 @@ def _ragged_call(rng) -> Call:
     g = ragged_geometry(rng, 1, int(rng.integers(1, 4)),
                         index_dtype=pick(rng, (np.int32, np.int64)))
     output = random_array(rng, (g["out_rows"],) + row, dtype)
-    n = int(rng.integers(1, 4))
     if rng.integers(4) == 0:
         output = output[:0]
     return Call([random_array(rng, (g["rows"],) + row, dtype), output,
                  *(g[k] for k in _RAGGED_INDICES)], [S((g["out_rows"],) + row, dtype)],
-                dict(instance=np.int64(next(_instances)),
-                     devices=np.insert(rng.choice(np.arange(1, 64), n - 1, replace=False),
-                                       int(rng.integers(n)), 0),
-                     sources=i64(), positions=np.zeros(n, np.int64), parts=np.int64(1),
-                     method="auto", process=np.int64(0), processes=np.zeros(n, np.int64),
-                     links="", site="fuzz", timeout_ms=np.int64(1000)))
+                _alone(rng))
 
 
 _RAGGED_INDICES = ("input_offsets", "send_sizes", "output_offsets", "recv_sizes")
@@ -362,6 +370,69 @@ _RAGGED_NASTY = (
 )
 
 
+def _pull_call(rng) -> Call:
+    """This device (ordinal 0) in a group of its own (one part: it pulls its
+    own rows), alone or beside devices in groups of their own: T entries of
+    which a random number are read, each with k slots, -1 or rows of the
+    result that no other slot names; rows of any dtype and row shape."""
+    dtype = some_dtype(rng)
+    row = tuple(int(v) for v in rng.integers(1, 4, int(rng.integers(0, 3))))
+    rows, per, k = (int(v) for v in rng.integers(1, 5, 3))
+    out_rows = per * k + int(rng.integers(0, 3))
+    slots = rng.permutation(out_rows)[:per * k].reshape(per, k).astype(np.int32)
+    slots[rng.random(slots.shape) < 0.3] = -1
+    return Call([random_array(rng, (rows,) + row, dtype),
+                 rng.integers(0, rows, per).astype(np.int32), slots,
+                 np.array([rng.integers(0, per + 1)], np.int32)], [S((out_rows,) + row, dtype)],
+                _alone(rng))
+
+
+def _pull_written_rows(call: Call, got: list[np.ndarray]) -> None:
+    """Each slot of a row read holds that row (the result's other rows are
+    unspecified)."""
+    operand, tokens, slots, recv_sizes = call.operands
+    out = got[0]
+    for i in range(int(recv_sizes[0])):
+        for slot in slots[i]:
+            if slot >= 0:
+                assert_bits_equal(out[slot], operand[tokens[i]])
+
+
+def _pull_set(c: Call, i: int, value, at=0) -> Call:
+    """`c` with entry `at` (flat) of operand i set to `value`, all entries
+    read (recv_sizes = T)."""
+    ops = [np.array(a) for a in c.operands]
+    ops[3][0] = ops[1].shape[0]
+    if ops[i].size:
+        ops[i].reshape(-1)[at] = value
+    return with_(c, operands=ops)
+
+
+_PULL_NASTY = (
+    (lambda c: _pull_set(c, 3, -1), rf"recv_sizes\[0\] = -1 {_ME} is outside \[0, \d+\]"),
+    (lambda c: _pull_set(c, 3, c.operands[1].shape[0] + 1),
+     rf"recv_sizes\[0\] = \d+ {_ME} is outside \[0, \d+\]"),
+    (lambda c: _pull_set(c, 1, c.operands[0].shape[0]),
+     rf"tokens\[0\] = \d+ {_ME} is outside the operand's \d+ rows"),
+    (lambda c: _pull_set(c, 1, -3), rf"tokens\[0\] = -3 {_ME} is outside the operand's"),
+    (lambda c: _pull_set(c, 2, -2), rf"slots\[0, 0\] = -2 {_ME} is neither -1 nor a row of the "
+     r"result's \d+"),
+    (lambda c: _pull_set(c, 2, c.results[0].shape[0]), r"slots\[0, 0\] = \d+ .* is neither -1"),
+    (lambda c: with_(c, operands=c.operands[:1] + [c.operands[1].astype(np.int64)]
+                     + c.operands[2:]), r"tokens has element type s64; it takes s32"),
+    (lambda c: with_(c, operands=c.operands[:2] + [c.operands[2].reshape(-1)]
+                     + c.operands[3:]), r"slots must have rank 2, got shape \(\d+,\)"),
+    (lambda c: with_(c, operands=c.operands[:3] + [np.zeros(2, np.int32)]),
+     r"recv_sizes \d+ entries; they must be T \* 1 entries"),
+    (lambda c: with_(c, results=[S(c.results[0].shape + (1,), c.results[0].dtype)]),
+     r"operand and result must have rows \(dim 0\) of one shape"),
+    (lambda c: with_(c, operands=[np.zeros(c.operands[0].shape, jnp.int4)] + c.operands[1:],
+                     results=[S(c.results[0].shape, jnp.int4)]),
+     r"sub-byte element type s4 must be widened"),
+    (lambda c: with_(c, parts=np.int64(0)), r"parts must be in \[1, \d+\]"),
+)
+
+
 SPECS: dict[str, Spec] = {
     "jax_tma_all_to_all": Spec(
         ("jax_tma.all_to_all",), _all_to_all_call, copy_reference, _ALL_TO_ALL_NASTY,
@@ -381,6 +452,19 @@ SPECS: dict[str, Spec] = {
         exact=lambda platform, call: not _ragged_own_rows(call), bounds=_ragged_written_rows,
         # The offsets and sizes stay on the GPU, whose meet kernel checks them.
         device_checked=r"jax_tma\.ragged_all_to_all: .*(?:is negative|runs past|differs from)"),
+    "jax_tma_moe_dispatch": Spec(
+        ("jax_tma.moe_dispatch",), _pull_call, lambda call: [], _PULL_NASTY,
+        # A mutated index array or row count may give values that break a
+        # rule (random_array draws new values), which the handler names.
+        rules={k: r"is outside|is neither -1|it takes s32|must have rank|entries|one shape"
+               for k in ("shape", "dtype")},
+        attr_rules={"parts": r"parts|positions|sources|entries", "positions": r"positions?\b",
+                    "sources": r"sources", "devices": r"devices|process|positions",
+                    "process": r"process|among the devices", "processes": r"process|devices"},
+        keep=("instance",), waits_for_peer=_all_to_all_waits_for_peer,
+        exact=lambda platform, call: False, bounds=_pull_written_rows,
+        # The indices stay on the GPU, whose meet kernel checks them.
+        device_checked=r"jax_tma\.moe_dispatch: .*(?:is outside|is neither -1)"),
     "jax_tma_ppermute": Spec(
         ("jax_tma.ppermute",), _ppermute_call, _ppermute_reference, _PPERMUTE_NASTY,
         attr_rules={"devices": r"devices?\b|sources", "sources": r"sources?\b|position|devices",
@@ -407,7 +491,22 @@ def _ragged_pair(b):
                                      axis_name="i")
 
 
-CPU_CALLS = {} if _PAIR is None else {"ragged_all_to_all": CpuCall(
+def _pull(b, tokens, slots, sizes, rows: int, n: int):
+    """jax_tma.moe_dispatch's pull over axis "i" of `n` devices."""
+    return _pull_p.bind(b, jnp.asarray(tokens, np.int32), jnp.asarray(slots, np.int32),
+                        jnp.asarray(sizes, np.int32), rows=rows, axis_name=("i",), size=n,
+                        site="paths")
+
+
+def _pull_pair(b):
+    """Each device's rows 1 and 0 from each position, into rows 2 * its
+    position on."""
+    return _pull(b, [1, 0, 1, 0], [[0], [1], [2], [3]], [2, 2], 4, 2)
+
+
+CPU_CALLS = {} if _PAIR is None else {"moe_dispatch": CpuCall(
+    jax.shard_map(_pull_pair, mesh=_PAIR, in_specs=P("i"), out_specs=P("i")),
+    where=NamedSharding(_PAIR, P("i")), handler_calls=2), "ragged_all_to_all": CpuCall(
     jax.shard_map(_ragged_pair, mesh=_PAIR, in_specs=P("i"), out_specs=P("i")),
     where=NamedSharding(_PAIR, P("i")), handler_calls=2), "all_to_all": CpuCall(
     jax.shard_map(lambda b: jax_tma.all_to_all(b, "i", 0, 0, tiled=True), mesh=_PAIR,
@@ -456,8 +555,18 @@ def _self_ragged(copies: int):
     return call
 
 
+def _self_pull(x, device):
+    """x's rows, reversed, pulled over a one-device mesh of `device` into
+    rows i and 64 + i of its result."""
+    one = jax.sharding.Mesh(np.array([device]), ("i",))
+    i = np.arange(64)
+    return jax.shard_map(
+        lambda b: _pull(b, 63 - i, np.stack([i, 64 + i], 1), [64], 128, 1), mesh=one,
+        in_specs=P("i"), out_specs=P("i"))(x)
+
+
 # (64, 16) float32 x 1100: 4.5 MB, over the inbox's limit.
-GPU_CALLS = {"ppermute.tma": _self_permute("tma"), "ppermute.simt": _self_permute("simt"),
+GPU_CALLS = {"moe_dispatch.peer": _self_pull, "ppermute.tma": _self_permute("tma"), "ppermute.simt": _self_permute("simt"),
              "all_to_all.inbox": _self_exchange(1), "all_to_all.peer": _self_exchange(1100),
              "ragged_all_to_all.inbox": _self_ragged(1),
              "ragged_all_to_all.peer": _self_ragged(1100)}
