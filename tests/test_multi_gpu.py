@@ -388,6 +388,60 @@ def test_ragged_all_to_all_traced_sizes_that_break_a_rule_trap_by_name(mesh, tmp
     assert "no copy ran out of bounds" in out, out[-4000:]
 
 
+# A traced index of the MoE dispatch's pull that breaks a rule traps its
+# meet kernel, before any copy: a process of its own for each case.
+_BAD_PULL = textwrap.dedent("""
+    import sys, time
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
+    from jax_tma._moe import _pull_p
+    case = sys.argv[1]
+    gpus = jax.devices("cuda")[:2]
+    mesh = Mesh(np.array(gpus), ("x",))
+    n, rows, per = len(gpus), 64, 8
+    tokens = np.tile(np.arange(per, dtype=np.int32), (n, n))  # [device, source * per + i]
+    slots = np.arange(n * per, dtype=np.int32)[None, :, None].repeat(n, 0)
+    sizes = np.full((n, n), per, np.int32)
+    if case == "token":
+        tokens[1, 3] = rows  # device 1's entry 3 names a row past its source's 64
+    elif case == "slot":
+        slots[1, 5, 0] = n * per  # device 1's entry 5 stores past its result's rows
+    else:
+        sizes[1, 1] = per + 1  # device 1 expects more rows from position 1 than it may
+
+    def f(x, tokens, slots, sizes):
+        return _pull_p.bind(x, tokens[0], slots[0], sizes[0], rows=n * per, axis_name=("x",),
+                            size=n, site="test")
+
+    g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    try:
+        jax.block_until_ready(g(jnp.ones((n * rows, 4), jnp.float32), tokens, slots, sizes))
+    except Exception as e:
+        print("raised:", type(e).__name__, flush=True)
+    time.sleep(2)  # the fault's report reaches stderr
+    print("done", flush=True)
+""")
+
+
+@pytest.mark.parametrize("case,message", [
+    ("token", "tokens[3] = 64 is outside the operand's 64 rows"),
+    ("slot", "slots[5, 0] = 16 is neither -1 nor a row of the result's 16"),
+    ("size", "recv_sizes[1] = 9 is outside [0, 8]"),
+])
+def test_moe_dispatch_pull_indices_that_break_a_rule_trap_by_name(mesh, tmp_path, case,
+                                                                   message):
+    """Checked on the device before any copy: the call fails, and stderr
+    names the op, the call site and the values."""
+    proc = subprocess.run([sys.executable, "-c", _BAD_PULL, case], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path,
+                          env=dict(os.environ, JAX_TMA_PPERMUTE_TIMEOUT_S="5"))
+    out = proc.stdout + proc.stderr
+    assert "raised:" in out, out[-4000:]
+    assert "jax_tma.moe_dispatch at " in out, out[-4000:]
+    assert message in out, out[-4000:]
+    assert "no copy ran out of bounds" in out, out[-4000:]
+
+
 # ---- jax_tma.moe_dispatch / moe_combine: composed on the exchanges above ----
 
 @pytest.mark.parametrize("capacity", [None, 40])
@@ -410,7 +464,8 @@ def test_moe_dispatch_and_combine_match_the_reference(mesh, rng, capacity):
 
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
     args = (np.concatenate([bits, values], axis=1), ids, weights)
-    assert "jax_tma_ragged_all_to_all" in f.lower(*args).compile().as_text()
+    compiled = f.lower(*args).compile().as_text()
+    assert "jax_tma_ragged_all_to_all" in compiled and "jax_tma_moe_dispatch" in compiled
     recv, sizes, dropped, out = f(*args)
     want, want_sizes, want_dropped, placed = moe_dispatch_reference(bits, ids, n, experts,
                                                                     capacity)

@@ -375,19 +375,24 @@ constexpr int kPullThreads = 256;  // a warp per row at a time
 constexpr int kPullBatch = 4;      // vectors a lane loads before it stores them
 static_assert(sizeof(PeerLegs) + sizeof(PeerPullRows) + sizeof(PeerWait) <= 4096);
 
-// Every thread of the CTA: this participant's receive sizes, the tokens
-// they cover and those tokens' slots (PeerSizeRule::kPull*), trapping on the
-// first that breaks a rule.
+// Every thread of the CTA: this participant's receive sizes, then the
+// tokens they cover and those tokens' slots (PeerSizeRule::kPull*), trapping
+// on the first that breaks a rule (an entry's token before its slots, each
+// entry checked by one thread, so no two threads report one index).
 __device__ __noinline__ void CheckPullRows(const PeerPullRows& p, const PeerWait& check) {
-  BadSlice mine{0, 0, 0, 0, 0};
-  for (int64_t s = 0; s < p.parts && mine.rule == 0; ++s) {
+  BadSlice sizes{0, 0, 0, 0, 0};
+  for (int64_t s = 0; s < p.parts; ++s) {
     const int64_t size = p.recv_sizes[s];
     if (size < 0 || size > p.per_part) {
-      mine = {s, static_cast<unsigned int>(PeerSizeRule::kPullSize), size, 0, p.per_part};
+      sizes = {s, static_cast<unsigned int>(PeerSizeRule::kPullSize), size, 0, p.per_part};
       break;
     }
+  }
+  ReportBadSlice(check, sizes);
+  BadSlice mine{0, 0, 0, 0, 0};
+  for (int64_t s = 0; s < p.parts && mine.rule == 0; ++s) {
     const int64_t first = s * p.per_part;
-    for (int64_t e = first + threadIdx.x; e < first + size && mine.rule == 0;
+    for (int64_t e = first + threadIdx.x; e < first + p.recv_sizes[s] && mine.rule == 0;
          e += blockDim.x) {
       const int64_t token = p.tokens[e];
       if (token < 0 || token >= p.src_rows) {
@@ -396,8 +401,7 @@ __device__ __noinline__ void CheckPullRows(const PeerPullRows& p, const PeerWait
       for (int64_t j = 0; j < p.choices && mine.rule == 0; ++j) {
         const int64_t slot = p.slots[e * p.choices + j];
         if (slot < -1 || slot >= p.dst_rows) {
-          mine = {e * p.choices + j, static_cast<unsigned int>(PeerSizeRule::kPullSlot), slot,
-                  0, p.dst_rows};
+          mine = {e, static_cast<unsigned int>(PeerSizeRule::kPullSlot), slot, j, p.dst_rows};
         }
       }
     }

@@ -74,7 +74,7 @@ enum class PeerSizeRule : unsigned int {
   kRecv = 3,     // the receiver's recv_sizes entry is this slice's send_sizes[i]
   kPullSize = 4,   // a pull's recv_sizes[i] in [0, rows a position may send]
   kPullToken = 5,  // a pull's tokens[i] in [0, operand rows]
-  kPullSlot = 6,   // a pull's slots (flattened entry i) -1 or in [0, result rows)
+  kPullSlot = 6,   // a pull's slots[i][j] -1 or in [0, result rows)
 };
 
 // Written once per process by the first wait that gives up (host-mapped).

@@ -607,8 +607,8 @@ ffi::Error BadSizeFault(const volatile PeerFault* f, const Waits& w) {
       m << "tokens[" << i << "] = " << value << " is outside the operand's " << limit << " rows";
       break;
     case PeerSizeRule::kPullSlot:
-      m << "slots (flattened)[" << i << "] = " << value << " is neither -1 nor a row of the "
-        << "result's " << limit;
+      m << "slots[" << i << ", " << size << "] = " << value << " is neither -1 nor a row of "
+        << "the result's " << limit;
       break;
     default:
       m << "slice " << i << ": send_sizes[" << i << "] = " << size << " but its receiver's "
