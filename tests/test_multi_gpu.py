@@ -377,13 +377,19 @@ def test_ragged_all_to_all_traced_sizes_that_break_a_rule_trap_by_name(mesh, tmp
                                                                        message):
     """Checked on the device before any copy: the step fails, and stderr
     names the op, the call site, the device and the values."""
+    _assert_traps(_BAD_SIZES, case, tmp_path, "jax_tma.ragged_all_to_all", message)
+
+
+def _assert_traps(script: str, case: str, tmp_path, op: str, message: str) -> None:
+    """`script` run for `case` in a process of its own raised, and its
+    output names `op`'s call site and `message`, and that no copy ran."""
     # From tmp_path: `python -c` puts its directory first on sys.path.
-    proc = subprocess.run([sys.executable, "-c", _BAD_SIZES, case], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", script, case], capture_output=True,
                           text=True, timeout=120, cwd=tmp_path,
                           env=dict(os.environ, JAX_TMA_PPERMUTE_TIMEOUT_S="5"))
     out = proc.stdout + proc.stderr
     assert "raised:" in out, out[-4000:]
-    assert "jax_tma.ragged_all_to_all at " in out, out[-4000:]
+    assert f"{op} at " in out, out[-4000:]
     assert message in out, out[-4000:]
     assert "no copy ran out of bounds" in out, out[-4000:]
 
@@ -432,14 +438,7 @@ def test_moe_dispatch_pull_indices_that_break_a_rule_trap_by_name(mesh, tmp_path
                                                                    message):
     """Checked on the device before any copy: the call fails, and stderr
     names the op, the call site and the values."""
-    proc = subprocess.run([sys.executable, "-c", _BAD_PULL, case], capture_output=True,
-                          text=True, timeout=120, cwd=tmp_path,
-                          env=dict(os.environ, JAX_TMA_PPERMUTE_TIMEOUT_S="5"))
-    out = proc.stdout + proc.stderr
-    assert "raised:" in out, out[-4000:]
-    assert "jax_tma.moe_dispatch at " in out, out[-4000:]
-    assert message in out, out[-4000:]
-    assert "no copy ran out of bounds" in out, out[-4000:]
+    _assert_traps(_BAD_PULL, case, tmp_path, "jax_tma.moe_dispatch", message)
 
 
 # ---- jax_tma.moe_dispatch / moe_combine: composed on the exchanges above ----
