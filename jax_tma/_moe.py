@@ -31,10 +31,19 @@ _I32 = np.dtype(np.int32)
 # wire_dtype's format, and the elements a scale covers.
 _FP8 = np.dtype(jnp.float8_e4m3fn)
 _FP8_BLOCK = 128
-# A scale is a block's largest magnitude times this float32 1/448, one
-# rounding wherever it runs (XLA may turn a division by a constant into
-# that multiplication, on one backend and not another).
-_FP8_INV = np.float32(1 / 448)
+# A block's scale is the least power of two s (2**-126 at least) with
+# largest magnitude / s <= 448, the format's largest finite value: read from
+# the float32 bits, so x / s is exact and the one rounding, to
+# float8_e4m3fn, is the same on every backend. (x / (largest / 448) would
+# not be: XLA turns a division by a broadcast into a multiplication by its
+# reciprocal, and divides approximately on GPUs.)
+_F32_MANTISSA = 23
+_F32_BIAS = 127
+# largest / s <= 448 = 1.75 * 2**8: s = 2**(E - 135) for the float32
+# exponent field E, twice that where the mantissa passes 0.75.
+_FP8_EXP_OFFSET = _F32_BIAS + 8
+_FP8_MANTISSA_175 = 3 << (_F32_MANTISSA - 2)
+_F32_MIN_EXP = -126
 
 
 # ---- the public ops -----------------------------------------------------------
@@ -117,11 +126,12 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
 
     With ``wire_dtype=jnp.float8_e4m3fn`` the rows cross quantised, ready
     for an fp8 grouped GEMM: each block of 128 elements of a row has one
-    float32 scale, its largest magnitude times ``float32(1/448)`` (448:
-    the format's largest finite value), and its elements are ``x / scale``
-    rounded to
-    float8_e4m3fn (0 where the scale is 0; a block that holds an infinity
-    or a NaN has a non-finite scale). ``recv`` is then ``(rows, scales)``:
+    float32 scale, the least power of two (``2**-126`` at least) that
+    brings its largest magnitude to 448 or below (448: the format's largest
+    finite value), and its elements are ``x / scale`` (exact) rounded to
+    float8_e4m3fn: one rounding, so every backend sends the same bits. A
+    block of zeros has scale 0; one that holds an infinity or a NaN, a
+    non-finite scale. ``recv`` is then ``(rows, scales)``:
     ``(R, H)`` float8_e4m3fn and ``(R, H/128)`` float32, ``rows[r, i] ·
     scales[r, i // 128]`` standing for the row. The scales cross in an
     exchange of their own. Derivatives pass straight through the
@@ -350,18 +360,38 @@ def _check_wire(wire_dtype: Any, x: jax.Array) -> bool:
 
 @jax.custom_jvp
 def _quantise(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(T, H) rows as float8_e4m3fn and (T, H/128) float32 scales, a block's
-    largest magnitude times 1/448: x / scale, rounded (0 where the scale
-    is 0)."""
-    blocks, scales = _blocks(x)
-    rows = jnp.where(scales[..., None] > 0, blocks / scales[..., None], 0).astype(_FP8)
-    return rows.reshape(x.shape), scales
+    """(T, H) rows as float8_e4m3fn and (T, H/128) float32 scales (see
+    _FP8_EXP_OFFSET): x / scale, exact, rounded once."""
+    rows, scales, _ = _quantised(x)
+    return rows, scales
 
 
-def _blocks(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """x as float32 blocks (T, H/128, 128) and their scales (T, H/128)."""
+def _quantised(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """_quantise's rows and scales, and what each block was multiplied by:
+    1 / scale where the scale is finite and not 0, else 0 (so a block of
+    zeros sends zeros, and one with an infinity or a NaN sends NaN there and
+    0 elsewhere)."""
     blocks = x.astype(np.float32).reshape(x.shape[0], -1, _FP8_BLOCK)
-    return blocks, jnp.max(jnp.abs(blocks), axis=2) * _FP8_INV
+    largest = jnp.max(jnp.abs(blocks), axis=2)
+    bits = lax.bitcast_convert_type(largest, np.int32)
+    exp = ((bits >> _F32_MANTISSA) - _FP8_EXP_OFFSET
+           + ((bits & ((1 << _F32_MANTISSA) - 1)) > _FP8_MANTISSA_175).astype(np.int32))
+    exp = jnp.maximum(exp, _F32_MIN_EXP)
+    finite = jnp.isfinite(largest)
+    positive = finite & (largest > 0)
+    scales = jnp.where(positive, _power_of_two(exp), jnp.where(finite, 0, largest))
+    inverses = jnp.where(positive, _power_of_two(-exp), 0)
+    return _scaled(blocks, inverses).astype(_FP8).reshape(x.shape), scales, inverses
+
+
+def _power_of_two(exp: jax.Array) -> jax.Array:
+    """2**exp in float32 for exp in [-126, 127], from its bits."""
+    return lax.bitcast_convert_type((exp + _F32_BIAS) << _F32_MANTISSA, np.float32)
+
+
+def _scaled(blocks: jax.Array, inverses: jax.Array) -> jax.Array:
+    """Each block times its 1 / scale (exact: a power of two)."""
+    return (blocks * inverses[..., None]).reshape(blocks.shape[0], -1)
 
 
 @_quantise.defjvp
@@ -369,10 +399,10 @@ def _quantise_jvp(primals, tangents):
     """Straight through: the rows' tangent is dx / scale (the scale held
     fixed), rounded to the rows' dtype; the scales' is zero."""
     (x,), (dx,) = primals, tangents
-    rows, scales = _quantise(x)
+    rows, scales, inverses = _quantised(x)
     d_blocks = dx.astype(np.float32).reshape(x.shape[0], -1, _FP8_BLOCK)
-    d_rows = jnp.where(scales[..., None] > 0, d_blocks / scales[..., None], 0)
-    return (rows, scales), (d_rows.reshape(x.shape).astype(_FP8), jnp.zeros_like(scales))
+    d_rows = _scaled(d_blocks, inverses).astype(_FP8).reshape(x.shape)
+    return (rows, scales), (d_rows, jnp.zeros_like(scales))
 
 
 def _check_known_ids(expert_ids: Any, num_experts: int) -> None:

@@ -422,12 +422,22 @@ def test_the_pull_and_its_lax_formulation_fill_each_slot_with_its_row(rng):
 
 def _quantised(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The contract of wire_dtype=float8_e4m3fn in NumPy: per block of 128,
-    the scale is the largest magnitude times float32(1/448), the rows x /
-    scale rounded (0 where the scale is 0)."""
+    the scale is the least power of two (2**-126 at least) that brings the
+    largest magnitude to 448 or below (0 for a block of zeros, the largest
+    magnitude where that is not finite), the rows x / scale rounded (where
+    the scale is 0 or not finite: 0, and NaN for an infinity or a NaN)."""
     blocks = x.astype(np.float32).reshape(x.shape[0], -1, 128)
-    scales = np.abs(blocks).max(axis=2) * np.float32(1 / 448)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rows = np.where(scales[..., None] > 0, blocks / scales[..., None], 0)
+    largest = np.abs(blocks).max(axis=2)
+    finite = np.isfinite(largest)
+    positive = finite & (largest > 0)
+    fraction, exp = np.frexp(np.where(positive, largest, 1))  # fraction in [0.5, 1)
+    exp = np.maximum(exp - 9 + (fraction > 448 / 512), -126)
+    power = np.ldexp(np.float32(1), exp).astype(np.float32)
+    scales = np.where(positive, power, np.where(finite, 0, largest)).astype(np.float32)
+    wide = power.astype(np.float64)
+    assert np.all(~positive | (largest <= 448 * wide) & ((largest > 224 * wide) | (exp == -126)))
+    with np.errstate(invalid="ignore"):
+        rows = blocks * np.where(positive, 1 / power, 0)[..., None]
     return rows.astype(ml_dtypes.float8_e4m3fn).reshape(x.shape), scales
 
 
@@ -450,21 +460,60 @@ def test_fp8_wire_sends_the_quantised_rows_and_their_scales(rng, dtype, capacity
     x = _normal(rng, (N * tokens, width), dtype)
     x[1, 128:] = 0
     ids = _routing(rng, "random", tokens, k, num_experts)
+    _, s = _check_fp8_dispatch(x, ids, num_experts, capacity)
+    assert s[1, 1] == 0
+
+
+def test_fp8_wire_scales_are_powers_of_two_exact_at_ties_and_ends(rng):
+    """Blocks at the scales' edges, bit for bit against NumPy: largest
+    magnitudes 448 (scale 1) and just past it (scale 2), elements halfway
+    between two float8 values (232, 3.5·2**-9: rounded to even, once; a
+    division by 448ths rounded them twice), a block too small for its scale
+    (2**-126 at least) and one near float32's largest, an infinity and a NaN
+    (a non-finite scale; NaN there, 0 elsewhere)."""
+    num_experts, tokens, k, width = 16, 2, 2, 256
+    x = _normal(rng, (N * tokens, width), np.float32)
+    x[0, :6] = [448, 232, -232, 3.5 * 2**-9, -3.5 * 2**-9, 2.5 * 2**-9]
+    x[0, 128] = np.nextafter(np.float32(448), np.float32(np.inf))
+    magnitudes = rng.uniform(1, 2, (2, 128)).astype(np.float32) * rng.choice([-1, 1], (2, 128))
+    x[1, :128] = magnitudes[0] * np.float32(2.0**-121)
+    x[1, 128:] = magnitudes[1] * np.float32(2.0**126)
+    x[1, 128] = np.finfo(np.float32).max
+    x[2, 5], x[2, 200] = np.inf, np.nan
+    ids = rng.integers(0, num_experts, (N * tokens, k)).astype(np.int32)
+    q, s = _check_fp8_dispatch(x, ids, num_experts, None)
+    assert s[0].tolist() == [1, 2] and s[1].tolist() == [2.0**-126, 2.0**120]
+    assert s[2, 0] == np.inf and np.isnan(s[2, 1])
+    assert np.asarray(q[0, :6], np.float32).tolist() == [448, 224, -224, 4 * 2**-9,
+                                                           -4 * 2**-9, 2 * 2**-9]
+
+
+def _check_fp8_dispatch(x, ids, num_experts, capacity):
+    """Dispatches x with wire_dtype float8_e4m3fn and compares every device's
+    rows and scales with the NumPy quantisation dispatched by the reference
+    (NaNs of either sign alike); returns the quantisation."""
     rows, scales, sizes, dropped = _on_mesh(_fp8_body(num_experts, capacity))(x, ids)
+    width = x.shape[1]
     assert rows.dtype == jnp.float8_e4m3fn and rows.shape[1] == width
     assert scales.dtype == np.float32 and scales.shape == (rows.shape[0], width // 128)
     q, s = _quantised(x)
-    assert s[1, 1] == 0 and not np.asarray(q[1, 128:], np.float32).any()
-    packed = np.concatenate([q.view(np.uint8), s.view(np.uint8)], axis=1)
+    packed = np.concatenate([_canonical_nans(q), _canonical_nans(s)], axis=1)
     want, want_sizes, want_dropped, _ = moe_dispatch_reference(packed, ids, N, num_experts,
                                                                capacity)
-    got_rows = np.asarray(rows).view(np.uint8).reshape(N, -1, width)
-    got_scales = np.asarray(scales).view(np.uint8).reshape(N, -1, width // 32)
+    got_rows = _canonical_nans(np.asarray(rows)).reshape(N, -1, width)
+    got_scales = _canonical_nans(np.asarray(scales)).reshape(N, -1, width // 32)
     for d in range(N):
         assert_bits_equal(got_rows[d, :len(want[d])], want[d][:, :width])
         assert_bits_equal(got_scales[d, :len(want[d])], want[d][:, width:])
     assert_bits_equal(sizes, want_sizes.reshape(-1))
     assert_bits_equal(dropped, want_dropped)
+    return q, s
+
+
+def _canonical_nans(values: np.ndarray) -> np.ndarray:
+    """values' bytes, every NaN as the positive quiet NaN of its dtype."""
+    values = np.where(np.isnan(values.astype(np.float32)), np.array(np.nan, values.dtype), values)
+    return values.view(np.uint8).reshape(values.shape[0], -1)
 
 
 def test_fp8_wire_gradients_pass_straight_through(rng):
