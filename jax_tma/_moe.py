@@ -81,6 +81,8 @@ class MoePlan:
       source: ``(S,)`` int32: for each row of ``recv``, the row received and
         the choice it holds, as ``row·k + choice``; ``n·T·k`` where empty.
       axis_name: the mesh axes the tokens were dispatched over.
+      num_sms: the SM budget of the transfers, as :func:`moe_dispatch` took
+        it (``None``: none).
     """
 
     group_sizes: jax.Array
@@ -91,16 +93,17 @@ class MoePlan:
     slots: jax.Array
     source: jax.Array
     axis_name: tuple[str, ...]
+    num_sms: int | None = None
 
 
 MoePlan.__module__ = "jax_tma"  # its public name, which the API reference documents
 jax.tree_util.register_dataclass(
     MoePlan, data_fields=["group_sizes", "dropped", "routes", "pair_token", "choice_row",
-                          "slots", "source"], meta_fields=["axis_name"])
+                          "slots", "source"], meta_fields=["axis_name", "num_sms"])
 
 
 def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | Sequence[str],
-                 capacity: int | None = None, wire_dtype: Any = None,
+                 capacity: int | None = None, wire_dtype: Any = None, num_sms: int | None = None,
                  ) -> tuple[jax.Array | tuple[jax.Array, jax.Array], MoePlan]:
     """Sends each token to the devices that own its experts, inside
     ``shard_map``: the rows each device receives come back grouped by its
@@ -160,6 +163,14 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
         above, and ``recv`` has ``(E/n)·c`` rows.
       wire_dtype: ``None`` (the rows cross as they are) or
         ``jnp.float8_e4m3fn`` (quantised, above; ``H`` a multiple of 128).
+      num_sms: ``None`` or the SM budget of the transfers, ``>= n``: on a
+        GPU, each kernel that copies rows between the devices (this
+        dispatch's, and those of :func:`moe_combine` and of the derivatives,
+        which take it from the plan) runs at most ``num_sms`` CTAs, so it
+        holds at most that many SMs and leaves the others to independent
+        work, such as a GEMM on another stream. The exchanges of counts and
+        indices are smaller than that already. Nothing changes on the CPU or
+        across hosts.
 
     Returns:
       ``(recv, plan)``: ``recv`` in ``x``'s dtype with ``x``'s row shape
@@ -201,6 +212,9 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
     _check_count(_DISPATCH, "num_experts", num_experts, 1)
     if capacity is not None:
         _check_count(_DISPATCH, "capacity", capacity, 0)
+    if num_sms is not None:
+        _check_count(_DISPATCH, "num_sms", num_sms, n, f"the {n} positions along {names}, "
+                     "whose rows take an SM each at least")
     _check_rows(_DISPATCH, "x", x)
     if not jnp.issubdtype(ids.dtype, jnp.integer):
         raise TypeError(f"{_DISPATCH}: expert_ids must be integers, got dtype {ids.dtype}")
@@ -218,7 +232,7 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
     x, meta, routes, pair_token, choice_row, dropped, group_sizes = _checks.align_varying(
         x, sends.meta, sends.routes, sends.pair_token, sends.choice_row, sends.dropped,
         sends.group_sizes)
-    ex = dict(axis_name=names, size=n, site=call_site())
+    ex = dict(axis_name=names, size=n, site=call_site(), ctas=num_sms or 0)
     if quantised:
         x, scales = _quantise(x)
     recv, slots, source = _dispatch_p.bind(x, meta, routes, pair_token, choice_row, dropped,
@@ -228,7 +242,8 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
                                   toward="experts", **ex)
     return recv, MoePlan(group_sizes=group_sizes, dropped=dropped, routes=routes,
                          pair_token=pair_token, choice_row=choice_row, slots=slots,
-                         source=source, axis_name=names)
+                         source=source, axis_name=names,
+                         num_sms=None if num_sms is None else int(num_sms))
 
 
 def moe_combine(y: Any, plan: MoePlan, weights: Any) -> jax.Array:
@@ -311,7 +326,8 @@ def moe_combine(y: Any, plan: MoePlan, weights: Any) -> jax.Array:
         raise ValueError(f"{_COMBINE}: weights has shape {weights.shape} but expert_ids had "
                          f"{plan.dropped.shape}")
     args = _checks.align_varying(y, weights, *_routes(plan))
-    return _combine_p.bind(*args, axis_name=names, size=n, site=call_site())
+    return _combine_p.bind(*args, axis_name=names, size=n, site=call_site(),
+                           ctas=plan.num_sms or 0)
 
 
 # ---- checks -------------------------------------------------------------------
@@ -326,11 +342,11 @@ def _axes(op: str, axis_name) -> tuple[tuple[str, ...], int]:
     return names, n
 
 
-def _check_count(op: str, name: str, value: Any, low: int) -> None:
+def _check_count(op: str, name: str, value: Any, low: int, what: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{op}: {name} must be an int, got {value!r}")
     if value < low:
-        raise ValueError(f"{op}: {name} = {value} is below {low}")
+        raise ValueError(f"{op}: {name} = {value} is below {low}" + (f", {what}" if what else ""))
 
 
 def _check_rows(op: str, name: str, a: jax.Array) -> None:
@@ -546,7 +562,7 @@ def _after(rows: jax.Array, index: jax.Array, *values: jax.Array) -> jax.Array:
     return rows
 
 
-def _exchange(operand, rows: int, fill, *indices, axis_name, size, site) -> jax.Array:
+def _exchange(operand, rows: int, fill, *indices, axis_name, size, site, ctas) -> jax.Array:
     """The ragged exchange into `rows` rows, those that no slice writes
     `fill`, or unspecified where `fill` is None (no buffer filled only to be
     overwritten: the rows it would fill are never read)."""
@@ -555,7 +571,7 @@ def _exchange(operand, rows: int, fill, *indices, axis_name, size, site) -> jax.
     shape = (0 if fill is None else rows,) + wide.shape[1:]
     got = ragged_bind(wide, jnp.full(shape, fill or 0, wide.dtype), *indices,
                       axis_name=axis_name, size=size, site=site,
-                      rows=rows if fill is None else None)
+                      rows=rows if fill is None else None, ctas=ctas)
     return _checks.narrow(got, dtype)
 
 
@@ -708,12 +724,12 @@ def _pull_abstract_eval(x, tokens, slots, recv_sizes, *, rows, **_):
     return _aval(x, (rows,) + x.shape[1:])
 
 
-def _pull_by_transport(x, tokens, slots, recv_sizes, *, rows, attrs):
+def _pull_by_transport(x, tokens, slots, recv_sizes, *, rows, ctas, attrs):
     """One jax_tma_moe_dispatch call: result rows that no slot names are
     unspecified."""
     return jax.ffi.ffi_call("jax_tma_moe_dispatch", jax.ShapeDtypeStruct((rows,) + x.shape[1:],
                                                                        x.dtype))(
-        x, tokens, slots, recv_sizes, **attrs)
+        x, tokens, slots, recv_sizes, ctas=np.int64(ctas), **attrs)
 
 
 def _pull_composed(x, tokens, slots, recv_sizes, *, rows, axis_name):
@@ -755,11 +771,11 @@ def _pull_batcher(args, dims, *, rows, **ex):
     return got.reshape((batch, rows) + x.shape[2:]), 0
 
 
-def _pull_lowering(ctx, *args, platform, rows, axis_name, size, site):
+def _pull_lowering(ctx, *args, platform, rows, axis_name, size, site, ctas):
     return lower_exchange(
         ctx, *args, op=_DISPATCH, target="jax_tma_moe_dispatch", platform=platform,
         axis_name=axis_name, size=size, site=site,
-        by_transport=functools.partial(_pull_by_transport, rows=rows),
+        by_transport=functools.partial(_pull_by_transport, rows=rows, ctas=ctas),
         fallback=functools.partial(_pull_composed, rows=rows, axis_name=axis_name),
         fallback_name="lax.all_to_all of the tokens and their rows")
 

@@ -328,16 +328,19 @@ def composed(operand, output, input_offsets, send_sizes, output_offsets, recv_si
 ragged_all_to_all_p = Primitive("jax_tma_ragged_all_to_all")
 
 
-def bind(operand, output, *indices, axis_name, size, site, rows=None):
+def bind(operand, output, *indices, axis_name, size, site, rows=None, ctas=0):
     """The primitive bound on operands varying over `axis_name` and over each
     other's axes, as lax's collectives do: the result varies as they do.
-    `rows` (internal, for jax_tma's own compositions): `output` has no rows
+    Internal, for jax_tma's own compositions: `rows`: `output` has no rows
     and the result has `rows`, those that no slice writes unspecified (no
-    buffer of `rows` rows is filled only to be overwritten)."""
+    buffer of `rows` rows is filled only to be overwritten); `ctas`: on a
+    GPU, at most that many CTAs copy (0: the device's choice; else at least
+    one a slice), so the copy holds at most that many SMs."""
     assert rows is None or output.shape[0] == 0, (rows, output.shape)
     args = _checks.align_varying(*(make_varying(a, axis_name)
                                    for a in (operand, output, *indices)))
-    return ragged_all_to_all_p.bind(*args, axis_name=axis_name, size=size, site=site, rows=rows)
+    return ragged_all_to_all_p.bind(*args, axis_name=axis_name, size=size, site=site, rows=rows,
+                                    ctas=ctas)
 
 
 def _result_shape(output, rows) -> tuple[int, ...]:
@@ -350,14 +353,14 @@ def _abstract_eval(operand, output, *indices, rows, **_):
 
 # ---- lowering -------------------------------------------------------------------
 
-def _by_transport(operand, output, *indices, rows, attrs):
+def _by_transport(operand, output, *indices, rows, ctas, attrs):
     """One jax_tma_ragged_all_to_all call on the whole buffers, the result
     aliased to output; with `rows`, a result of its own, of which the
     handler writes the slices alone (ffi/ppermute/ragged_all_to_all.h)."""
     shape = jax.ShapeDtypeStruct(_result_shape(output, rows), output.dtype)
     aliases = {1: 0} if rows is None else {}
     return jax.ffi.ffi_call(_TARGET, shape, input_output_aliases=aliases)(
-        operand, output, *indices, **attrs)
+        operand, output, *indices, ctas=np.int64(ctas), **attrs)
 
 
 def _composed(operand, output, *indices, rows, axis_name):
@@ -367,19 +370,20 @@ def _composed(operand, output, *indices, rows, axis_name):
     return composed(operand, output, *indices, axis_name=axis_name)
 
 
-def _ragged_lowering(ctx, *args, platform, axis_name, size, site, rows):
+def _ragged_lowering(ctx, *args, platform, axis_name, size, site, rows, ctas):
     """The jax_tma_ragged_all_to_all call where ppermute's transport allows
     it; the lax.all_to_all formulation otherwise, with the same result."""
     return lower_exchange(
         ctx, *args, op=_OP, target=_TARGET, platform=platform, axis_name=axis_name,
-        size=size, site=site, by_transport=functools.partial(_by_transport, rows=rows),
+        size=size, site=site,
+        by_transport=functools.partial(_by_transport, rows=rows, ctas=ctas),
         fallback=functools.partial(_composed, rows=rows, axis_name=axis_name),
         fallback_name=_FALLBACK)
 
 
 # ---- vmap ---------------------------------------------------------------------
 
-def _batcher(args, dims, *, axis_name, size, site, rows):
+def _batcher(args, dims, *, axis_name, size, site, rows, ctas):
     """As lax's: the batch folded into the rows, batch b's slices read and
     written at rows b * rows on (the result's rows where it has its own),
     each index array ordered slice-major so that every slice keeps its
@@ -404,7 +408,7 @@ def _batcher(args, dims, *, axis_name, size, site, rows):
               output.reshape((-1,) + output.shape[2:]),
               *(a.reshape(-1) for a in (io, ss, oo, rs)),
               axis_name=axis_name, size=size, site=site,
-              rows=None if rows is None else batch * rows)
+              rows=None if rows is None else batch * rows, ctas=ctas)
     return y.reshape((batch, out_rows) + output.shape[2:]), 0
 
 
@@ -421,7 +425,7 @@ def _jvp(primals, tangents, **params):
 
 
 def _transpose(ct, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
-               *, axis_name, size, site, rows):
+               *, axis_name, size, site, rows, ctas):
     """lax's transpose: the cotangent's received rows go back along the
     reverse exchange (offsets swapped by an all_to_all, the sizes' roles
     swapped) into zeros; output's cotangent is ct but where slices landed
@@ -442,7 +446,7 @@ def _transpose(ct, operand, output, input_offsets, send_sizes, output_offsets, r
     if want_operand:
         zero = ad.zeros_like_aval(operand.aval)
         operand_ct = bind(ct, zero, landed, recv_sizes, both[:, 1], send_sizes,
-                           axis_name=axis_name, size=size, site=site)
+                           axis_name=axis_name, size=size, site=site, ctas=ctas)
     if want_output and rows is not None:
         output_ct = ad.Zero(output.aval)
     elif want_output:

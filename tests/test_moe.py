@@ -375,6 +375,35 @@ def test_no_buffer_is_filled_for_the_token_exchanges_to_overwrite(rng):
                           r'custom_call_target="jax_tma_moe_dispatch"', text)) == 1, text
 
 
+def test_num_sms_is_the_cta_budget_of_every_exchange_that_copies_rows(rng):
+    """num_sms reaches every call that copies rows, as its ctas (the GPU
+    handlers' budget; the CPU's check it): the dispatch's pull and ragged
+    exchange, the combine's, and those of the gradients, which take it from
+    the plan; without it they get 0 (the device's choice). The results are
+    the same bits either way."""
+    x, ids, weights = (_normal(rng, (N * 4, 6)), _routing(rng, "random", 4, 2, 16),
+                       _normal(rng, (N * 4, 2)))
+
+    def layer(num_sms):
+        def body(x, ids, weights):
+            recv, plan = jax_tma.moe_dispatch(x, ids, num_experts=16, axis_name="x",
+                                              num_sms=num_sms)
+            assert plan.num_sms == num_sms
+            return jax_tma.moe_combine(recv * 2, plan, weights)
+        f = _on_mesh(body, jit=False)
+        return jax.jit(jax.value_and_grad(lambda x, w: jnp.sum(f(x, ids, w) ** 2), (0, 1)))
+
+    for num_sms, ctas in ((None, 0), (N, N), (132, 132)):
+        text = layer(num_sms).lower(x, weights).compile().as_text()
+        calls = [line for line in text.splitlines() if re.search(
+            r'custom_call_target="jax_tma_(ragged_all_to_all|moe_dispatch)"', line)]
+        assert len(calls) >= 4, text
+        for line in calls:
+            assert re.search(rf"\bctas = {ctas} : i64", line), line
+    for got, want in zip(*(jax.tree.leaves(layer(s)(x, weights)) for s in (N, None))):
+        assert_bits_equal(got, want)
+
+
 def test_the_debug_log_names_the_exchanges_and_the_call_site(rng, caplog):
     ids = _routing(rng, "random", 2, 2, 8)
     x = _normal(rng, (N * 2, 3))
@@ -401,7 +430,7 @@ def test_the_pull_and_its_lax_formulation_fill_each_slot_with_its_row(rng):
 
     def body(x, tokens, slots, sizes):
         args = (x, tokens[0], slots[0], sizes[0])
-        return (_pull_p.bind(*args, rows=rows, axis_name=("x",), size=N, site="test")[None],
+        return (_pull_p.bind(*args, rows=rows, axis_name=("x",), size=N, site="test", ctas=0)[None],
                 _pull_composed(*args, rows=rows, axis_name=("x",))[None])
 
     ours, composed = (np.asarray(a) for a in _on_mesh(body)(x, tokens, slots, sizes))
@@ -568,6 +597,10 @@ _IDS = np.zeros((N * 2, 2), np.int32)
     (dict(num_experts=True), (), TypeError, r"num_experts must be an int, got True"),
     (dict(capacity=-1), (), ValueError, r"capacity = -1 is below 0"),
     (dict(capacity=2.5), (), TypeError, r"capacity must be an int, got 2\.5"),
+    (dict(num_sms=7), (), ValueError,
+     r"num_sms = 7 is below 8, the 8 positions along \('x',\), whose rows take an SM each"),
+    (dict(num_sms=8.0), (), TypeError, r"num_sms must be an int, got 8\.0"),
+    (dict(num_sms=True), (), TypeError, r"num_sms must be an int, got True"),
     (dict(), (_X.astype(np.int32), _IDS), TypeError,
      r"x must be of a real floating dtype, got int32"),
     (dict(), (_X.astype(np.complex64), _IDS), TypeError,

@@ -417,7 +417,7 @@ _BAD_PULL = textwrap.dedent("""
 
     def f(x, tokens, slots, sizes):
         return _pull_p.bind(x, tokens[0], slots[0], sizes[0], rows=n * per, axis_name=("x",),
-                            size=n, site="test")
+                            size=n, site="test", ctas=0)
 
     g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
     try:

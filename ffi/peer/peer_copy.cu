@@ -662,13 +662,17 @@ ffi::Error LaunchPeerCopy(PeerMailbox* own, PeerMailbox* partner_box, void* loca
 
 ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
                              const PeerSlices& slices, bool tma, int64_t expected_bytes,
-                             const PeerWait& check, cudaStream_t stream, int device) {
+                             int64_t max_ctas, const PeerWait& check, cudaStream_t stream,
+                             int device) {
   if (slices.slices < 1) return InvalidArgument(op, "an exchange needs a slice");
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  // The slices share the SMs: each gets the CTAs a copy of its expected size
-  // would have on its share.
-  const int sms = std::max<int>(1, info.sm_count / static_cast<int>(slices.slices));
+  // The slices share the SMs (those of the budget): each gets the CTAs a
+  // copy of its expected size would have on its share.
+  const int64_t share = std::max<int64_t>(
+      1, std::min<int64_t>(info.sm_count, max_ctas > 0 ? max_ctas : info.sm_count) /
+             slices.slices);
+  const int sms = static_cast<int>(share);
   BulkCopyPlan plan;
   const auto bytes = static_cast<std::size_t>(std::max<int64_t>(expected_bytes, 1));
   if (tma) {
@@ -694,6 +698,9 @@ ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
     plan.blocks = std::min<int64_t>((vectors + kScatterThreads - 1) / kScatterThreads,
                                     int64_t{sms} * 8);
   }
+  if (max_ctas > 0) {
+    plan.blocks = std::min<int64_t>(plan.blocks, std::max<int64_t>(1, max_ctas / slices.slices));
+  }
   // The copy and the finish launch while the kernel before them runs (see
   // LaunchNextGrid) where the device has programmatic dependent launch.
   const bool early = info.cc_major >= 9;
@@ -718,14 +725,16 @@ ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
 }
 
 ffi::Error LaunchPeerPull(std::string_view op, const PeerLegs& legs, const PeerPullRows& rows,
-                          const PeerWait& check, cudaStream_t stream, int device) {
+                          int64_t max_ctas, const PeerWait& check, cudaStream_t stream,
+                          int device) {
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  // Each leg gets its share of two CTAs an SM, and no more than a warp a row.
+  // Each leg gets its share of two CTAs an SM (or of the budget), and no
+  // more than a warp a row.
   const int64_t warps = kPullThreads / 32;
+  const int64_t budget = max_ctas > 0 ? max_ctas : int64_t{2} * info.sm_count;
   const int64_t ctas = std::max<int64_t>(
-      1, std::min<int64_t>(int64_t{2} * info.sm_count / rows.parts,
-                           (rows.per_part + warps - 1) / warps));
+      1, std::min<int64_t>(budget / rows.parts, (rows.per_part + warps - 1) / warps));
   const int64_t grid = ctas * rows.parts;
   if (grid > 0x7fffffff) {
     return InvalidArgument(op, "a pull of ", rows.parts, " legs of ", ctas,
@@ -745,8 +754,8 @@ ffi::Error LaunchPeerPull(std::string_view op, const PeerLegs& legs, const PeerP
 }
 
 ffi::Error LaunchPeerInboxExchange(std::string_view op, const PeerInboxLegs& legs,
-                                   const PeerSlices& slices, const PeerWait& check,
-                                   cudaStream_t stream, int device) {
+                                   const PeerSlices& slices, int64_t max_ctas,
+                                   const PeerWait& check, cudaStream_t stream, int device) {
   if (slices.slices != int64_t{slices.parts} * slices.per_part ||
       legs.count != slices.parts - 1 || (!slices.ragged() && slices.per_part != 1)) {
     return InvalidArgument(op, "an inbox exchange takes per_part slices for each of its ",
@@ -756,13 +765,16 @@ ffi::Error LaunchPeerInboxExchange(std::string_view op, const PeerInboxLegs& leg
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   // Each position's CTAs copy at least kInboxVectorsPerThread vectors a
   // thread of what an equal share would be, and the whole grid is at most
-  // one CTA per SM: every CTA is resident while the others wait.
+  // one CTA per SM (and within the budget): every CTA is resident while the
+  // others wait.
   const int64_t share =
       slices.ragged() ? slices.src_rows * slices.bytes / slices.parts : slices.bytes;
   const int64_t vectors = share / 16 + 1;
   const int64_t per_cta = int64_t{kInboxThreads} * kInboxVectorsPerThread;
+  const int64_t budget =
+      std::min<int64_t>(info.sm_count, max_ctas > 0 ? max_ctas : info.sm_count);
   const int64_t ctas = std::clamp<int64_t>((vectors + per_cta - 1) / per_cta, 1,
-                                           std::max(1, info.sm_count / slices.parts));
+                                           std::max<int64_t>(1, budget / slices.parts));
   if (ctas * slices.parts > info.sm_count) {
     return InvalidArgument(op, "an inbox exchange of ", slices.parts, " parts needs ",
                            slices.parts, " CTAs at once; device ", device, " has ",

@@ -187,12 +187,14 @@ struct PeerSlices {
 // The three kernels of one exchange on `stream`, with the TMA bulk pipeline
 // where `tma` (slices whose source and destination differ modulo 16 B, and
 // every slice without `tma`, with SIMT). `expected_bytes` (a slice's bytes,
-// or what a ragged one is expected to hold) sizes the grid. A ragged
+// or what a ragged one is expected to hold) sizes the grid, of at most
+// `max_ctas` copying CTAs where that is not 0 (but one a slice at least). A ragged
 // exchange's broken size rule is reported under `check`'s site. Errors
 // name `op`.
 ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
                              const PeerSlices& slices, bool tma, int64_t expected_bytes,
-                             const PeerWait& check, cudaStream_t stream, int device);
+                             int64_t max_ctas, const PeerWait& check, cudaStream_t stream,
+                             int device);
 
 // ---- PeerPull: rows read from every source, each written to its slots ----
 //
@@ -220,10 +222,12 @@ struct PeerPullRows {
   int64_t dst_rows = 0;
 };
 
-// The three kernels of one pull on `stream`. A broken index rule is
+// The three kernels of one pull on `stream`, at most `max_ctas` copying CTAs
+// where that is not 0 (but one a position at least). A broken index rule is
 // reported under `check`'s site. Errors name `op`.
 ffi::Error LaunchPeerPull(std::string_view op, const PeerLegs& legs, const PeerPullRows& rows,
-                          const PeerWait& check, cudaStream_t stream, int device);
+                          int64_t max_ctas, const PeerWait& check, cudaStream_t stream,
+                          int device);
 
 // ---- PeerInboxExchange: an exchange of small chunks in one kernel ----
 //
@@ -294,10 +298,12 @@ struct PeerInboxLegs {
 // holding PeerInboxPayload(slices). A ragged exchange's broken size rule is
 // reported under `check`'s site: this participant's slices before any copy,
 // and each slice it receives (against its recv_sizes) before it copies that
-// one. Errors name `op`.
+// one. At most `max_ctas` CTAs where that is not 0 (but one a position at
+// least).
+// Errors name `op`.
 ffi::Error LaunchPeerInboxExchange(std::string_view op, const PeerInboxLegs& legs,
-                                   const PeerSlices& slices, const PeerWait& check,
-                                   cudaStream_t stream, int device);
+                                   const PeerSlices& slices, int64_t max_ctas,
+                                   const PeerWait& check, cudaStream_t stream, int device);
 
 }  // namespace jax_tma
 

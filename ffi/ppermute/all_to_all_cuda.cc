@@ -57,13 +57,14 @@ ffi::Error AllToAllCudaImpl(cudaStream_t stream, ExchangeSites* sites, int32_t d
     PeerInboxLegs legs;
     JAX_TMA_RETURN_IF_FAILED(ExchangeInboxLegs(sites, call.method, call.bytes.bytes, call,
                                                device, PeerInboxPayload(slices), &legs));
-    return LaunchPeerInboxExchange(kAllToAllOp, legs, slices, PeerWait{}, stream, device);
+    return LaunchPeerInboxExchange(kAllToAllOp, legs, slices, 0, PeerWait{}, stream,
+                                   device);
   }
   CountPath(Path::kAllToAllPeer);
   PeerLegs legs;
   JAX_TMA_RETURN_IF_FAILED(ExchangeLegs(sites, call.method, call.bytes.bytes, call, device,
                                         call.bytes.dst, nullptr, &legs));
-  return LaunchPeerScatter(kAllToAllOp, legs, slices, tma, slices.bytes, PeerWait{}, stream,
+  return LaunchPeerScatter(kAllToAllOp, legs, slices, tma, slices.bytes, 0, PeerWait{}, stream,
                            device);
 }
 

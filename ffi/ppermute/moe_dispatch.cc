@@ -32,7 +32,7 @@ ffi::Error DecodeMoeDispatch(int device, const ffi::AnyBuffer& operand,
                           const ffi::AnyBuffer& recv_sizes, ffi::Result<ffi::AnyBuffer>& result,
                           ffi::Span<const int64_t> devices, ffi::Span<const int64_t> sources,
                           ffi::Span<const int64_t> positions, int64_t parts,
-                          std::string_view method, int64_t process,
+                          std::string_view method, int64_t ctas, int64_t process,
                           ffi::Span<const int64_t> processes, std::string_view links,
                           std::string_view site, int64_t timeout_ms, MoeDispatchCall* call) {
   JAX_TMA_RETURN_IF_FAILED(ParseMethod(kOp, method, &call->method, TmaSpelling::kTma));
@@ -67,6 +67,8 @@ ffi::Error DecodeMoeDispatch(int device, const ffi::AnyBuffer& operand,
                            " entries, (T * ", parts, ", k) and ", parts, " for the ", parts,
                            " positions");
   }
+  JAX_TMA_RETURN_IF_FAILED(CheckCtas(kOp, ctas));
+  call->ctas = ctas;
   call->per_part = entries / parts;
   call->choices = slots.dimensions()[1];
   call->operand_rows = in_dims[0];

@@ -39,7 +39,8 @@ auto BindMoeDispatchCall(Binding binding) {
                         .template Ret<ffi::AnyBuffer>())  // result
           .template Attr<ffi::Span<const int64_t>>("positions")  // positions
           .template Attr<int64_t>("parts")                       // parts
-          .template Attr<std::string_view>("method"));           // method
+          .template Attr<std::string_view>("method")             // method
+          .template Attr<int64_t>("ctas"));                      // ctas (CheckCtas)
 }
 
 // A call of "jax_tma_moe_dispatch", re-validated: the group, the row arrays
@@ -48,6 +49,7 @@ auto BindMoeDispatchCall(Binding binding) {
 // its copy kernel, before any copy).
 struct MoeDispatchCall : ExchangeGroup {
   Method method = Method::kAuto;
+  int64_t ctas = 0;               // CheckCtas
   const void* operand = nullptr;  // operand_rows rows of row_bytes
   int64_t operand_rows = 0;
   void* result = nullptr;  // result_rows rows
@@ -65,7 +67,7 @@ ffi::Error DecodeMoeDispatch(int device, const ffi::AnyBuffer& operand,
                           const ffi::AnyBuffer& recv_sizes, ffi::Result<ffi::AnyBuffer>& result,
                           ffi::Span<const int64_t> devices, ffi::Span<const int64_t> sources,
                           ffi::Span<const int64_t> positions, int64_t parts,
-                          std::string_view method, int64_t process,
+                          std::string_view method, int64_t ctas, int64_t process,
                           ffi::Span<const int64_t> processes, std::string_view links,
                           std::string_view site, int64_t timeout_ms, MoeDispatchCall* call);
 

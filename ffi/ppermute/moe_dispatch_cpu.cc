@@ -114,13 +114,14 @@ ffi::Error MoeDispatchCpuImpl(int32_t device, ffi::RunId run, ffi::AnyBuffer ope
                            ffi::Result<ffi::AnyBuffer> result, int64_t instance,
                            ffi::Span<const int64_t> devices, ffi::Span<const int64_t> sources,
                            ffi::Span<const int64_t> positions, int64_t parts,
-                           std::string_view method, int64_t process,
+                           std::string_view method, int64_t ctas, int64_t process,
                            ffi::Span<const int64_t> processes, std::string_view links,
                            std::string_view site, int64_t timeout_ms) {
-  MoeDispatchCall call;  // every method is the same memcpy on the host
+  // Every method is the same memcpy on the host, on the calling thread (ctas: checked only).
+  MoeDispatchCall call;
   JAX_TMA_RETURN_IF_FAILED(DecodeMoeDispatch(device, operand, tokens, slots, recv_sizes, result,
-                                          devices, sources, positions, parts, method, process,
-                                          processes, links, site, timeout_ms, &call));
+                                          devices, sources, positions, parts, method, ctas,
+                                          process, processes, links, site, timeout_ms, &call));
   CountPath(Path::kMoeDispatchCpu);
   ffi::Error checks = CheckMoeDispatchIndices(call);
   const bool own_ok = checks.success();

@@ -28,13 +28,13 @@ ffi::Error MoeDispatchCudaImpl(
     ffi::AnyBuffer operand, ffi::AnyBuffer tokens, ffi::AnyBuffer slots,
     ffi::AnyBuffer recv_sizes, ffi::Result<ffi::AnyBuffer> result, int64_t /*instance*/,
     ffi::Span<const int64_t> devices, ffi::Span<const int64_t> sources,
-    ffi::Span<const int64_t> positions, int64_t parts, std::string_view method, int64_t process,
-    ffi::Span<const int64_t> processes, std::string_view links, std::string_view site,
-    int64_t timeout_ms) {
+    ffi::Span<const int64_t> positions, int64_t parts, std::string_view method, int64_t ctas,
+    int64_t process, ffi::Span<const int64_t> processes, std::string_view links,
+    std::string_view site, int64_t timeout_ms) {
   MoeDispatchCall call;
   JAX_TMA_RETURN_IF_FAILED(DecodeMoeDispatch(device, operand, tokens, slots, recv_sizes, result,
-                                          devices, sources, positions, parts, method, process,
-                                          processes, links, site, timeout_ms, &call));
+                                          devices, sources, positions, parts, method, ctas,
+                                          process, processes, links, site, timeout_ms, &call));
   // Rows of no bytes, or no rows a position: nothing moves on any
   // participant (the shapes are the same on all), so all skip together.
   if (call.row_bytes == 0 || call.per_part == 0) return ffi::Error::Success();
@@ -57,7 +57,7 @@ ffi::Error MoeDispatchCudaImpl(
   rows.bytes = static_cast<int64_t>(call.row_bytes);
   rows.src_rows = call.operand_rows;
   rows.dst_rows = call.result_rows;
-  return LaunchPeerPull(kMoeDispatchOp, legs, rows, check, stream, device);
+  return LaunchPeerPull(kMoeDispatchOp, legs, rows, call.ctas, check, stream, device);
 }
 
 }  // namespace

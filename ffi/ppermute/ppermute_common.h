@@ -78,6 +78,18 @@ auto BindPpermuteCall(Binding binding) {
                               .template Attr<std::string_view>("method"));  // method
 }
 
+// The "ctas" attribute of the exchanges that copy rows (ragged_all_to_all,
+// moe_dispatch): on a GPU, at most that many CTAs copy at once, so the copy
+// holds at most that many SMs, but one for each copy of the call (a slice,
+// or a source's rows) at least (peer_copy.h's launchers, max_ctas); 0: as
+// many as the device's plan takes.
+inline ffi::Error CheckCtas(std::string_view op, int64_t ctas) {
+  if (ctas < 0) {
+    return InvalidArgument(op, "ctas must be >= 0 (0: the device's choice), got ", ctas);
+  }
+  return ffi::Error::Success();
+}
+
 // Checks the attributes Python passes (device ordinals and processes by
 // logical id, and per logical id the logical id it receives from or -1) and
 // finds the part of `device` of process `process`.

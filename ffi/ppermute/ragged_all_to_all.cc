@@ -75,7 +75,7 @@ ffi::Error DecodeRaggedAllToAll(
     const ffi::AnyBuffer& output_offsets, const ffi::AnyBuffer& recv_sizes,
     ffi::Result<ffi::AnyBuffer>& result, ffi::Span<const int64_t> devices,
     ffi::Span<const int64_t> sources, ffi::Span<const int64_t> positions, int64_t parts,
-    std::string_view method, int64_t process, ffi::Span<const int64_t> processes,
+    std::string_view method, int64_t ctas, int64_t process, ffi::Span<const int64_t> processes,
     std::string_view links, std::string_view site, int64_t timeout_ms,
     RaggedAllToAllCall* call) {
   JAX_TMA_RETURN_IF_FAILED(ParseMethod(kOp, method, &call->method, TmaSpelling::kTma));
@@ -126,6 +126,8 @@ ffi::Error DecodeRaggedAllToAll(
                            " positions");
   }
   call->slices_per_part = call->slices / parts;
+  JAX_TMA_RETURN_IF_FAILED(CheckCtas(kOp, ctas));
+  call->ctas = ctas;
   call->operand_rows = in_dims[0];
   call->output_rows = res_dims[0];
   size_t row_elements = 1;

@@ -47,7 +47,8 @@ auto BindRaggedAllToAllCall(Binding binding) {
                         .template Ret<ffi::AnyBuffer>())  // result
           .template Attr<ffi::Span<const int64_t>>("positions")  // positions
           .template Attr<int64_t>("parts")                       // parts
-          .template Attr<std::string_view>("method"));           // method
+          .template Attr<std::string_view>("method")             // method
+          .template Attr<int64_t>("ctas"));                      // ctas (CheckCtas)
 }
 
 // A call of "jax_tma_ragged_all_to_all", re-validated: the group (positions,
@@ -56,6 +57,7 @@ auto BindRaggedAllToAllCall(Binding binding) {
 // (the CPU handler on the host: CheckOwnSlices, CheckReceived).
 struct RaggedAllToAllCall : ExchangeGroup {
   Method method = Method::kAuto;
+  int64_t ctas = 0;               // CheckCtas
   const void* operand = nullptr;  // operand_rows rows of row_bytes
   int64_t operand_rows = 0;
   const void* output = nullptr;  // output_rows rows of row_bytes, or none
@@ -89,7 +91,7 @@ ffi::Error DecodeRaggedAllToAll(
     const ffi::AnyBuffer& output_offsets, const ffi::AnyBuffer& recv_sizes,
     ffi::Result<ffi::AnyBuffer>& result, ffi::Span<const int64_t> devices,
     ffi::Span<const int64_t> sources, ffi::Span<const int64_t> positions, int64_t parts,
-    std::string_view method, int64_t process, ffi::Span<const int64_t> processes,
+    std::string_view method, int64_t ctas, int64_t process, ffi::Span<const int64_t> processes,
     std::string_view links, std::string_view site, int64_t timeout_ms,
     RaggedAllToAllCall* call);
 

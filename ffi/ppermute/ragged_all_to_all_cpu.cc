@@ -160,14 +160,15 @@ ffi::Error RaggedAllToAllCpuImpl(
     ffi::AnyBuffer input_offsets, ffi::AnyBuffer send_sizes, ffi::AnyBuffer output_offsets,
     ffi::AnyBuffer recv_sizes, ffi::Result<ffi::AnyBuffer> result, int64_t instance,
     ffi::Span<const int64_t> devices, ffi::Span<const int64_t> sources,
-    ffi::Span<const int64_t> positions, int64_t parts, std::string_view method, int64_t process,
-    ffi::Span<const int64_t> processes, std::string_view links, std::string_view site,
-    int64_t timeout_ms) {
-  RaggedAllToAllCall call;  // every method is the same memcpy on the host
+    ffi::Span<const int64_t> positions, int64_t parts, std::string_view method, int64_t ctas,
+    int64_t process, ffi::Span<const int64_t> processes, std::string_view links,
+    std::string_view site, int64_t timeout_ms) {
+  // Every method is the same memcpy on the host, on the calling thread (ctas: checked only).
+  RaggedAllToAllCall call;
   JAX_TMA_RETURN_IF_FAILED(DecodeRaggedAllToAll(
       device, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, result,
-      devices, sources, positions, parts, method, process, processes, links, site, timeout_ms,
-      &call));
+      devices, sources, positions, parts, method, ctas, process, processes, links, site,
+      timeout_ms, &call));
   CountPath(Path::kRaggedAllToAllCpu);
   // Rows that no slice writes keep the output's values (XLA aliases the two
   // buffers where Python asks it to; a raw call may not).

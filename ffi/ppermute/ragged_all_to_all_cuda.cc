@@ -33,13 +33,13 @@ ffi::Error RaggedAllToAllCudaImpl(
     ffi::AnyBuffer send_sizes, ffi::AnyBuffer output_offsets, ffi::AnyBuffer recv_sizes,
     ffi::Result<ffi::AnyBuffer> result, int64_t /*instance*/, ffi::Span<const int64_t> devices,
     ffi::Span<const int64_t> sources, ffi::Span<const int64_t> positions, int64_t parts,
-    std::string_view method, int64_t process, ffi::Span<const int64_t> processes,
+    std::string_view method, int64_t ctas, int64_t process, ffi::Span<const int64_t> processes,
     std::string_view links, std::string_view site, int64_t timeout_ms) {
   RaggedAllToAllCall call;
   JAX_TMA_RETURN_IF_FAILED(DecodeRaggedAllToAll(
       device, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, result,
-      devices, sources, positions, parts, method, process, processes, links, site, timeout_ms,
-      &call));
+      devices, sources, positions, parts, method, ctas, process, processes, links, site,
+      timeout_ms, &call));
   // Rows that no slice writes keep the output's values (XLA aliases the two
   // buffers where Python asks it to; a raw call may not).
   if (call.result != call.output && output.size_bytes() != 0) {
@@ -75,7 +75,8 @@ ffi::Error RaggedAllToAllCudaImpl(
     PeerInboxLegs legs;
     JAX_TMA_RETURN_IF_FAILED(ExchangeInboxLegs(sites, call.method, operand.size_bytes(), call,
                                                device, PeerInboxPayload(slices), &legs));
-    return LaunchPeerInboxExchange(kRaggedAllToAllOp, legs, slices, check, stream, device);
+    return LaunchPeerInboxExchange(kRaggedAllToAllOp, legs, slices, call.ctas, check, stream,
+                                   device);
   }
   CountPath(Path::kRaggedAllToAllPeer);
   PeerLegs legs;
@@ -83,8 +84,8 @@ ffi::Error RaggedAllToAllCudaImpl(
                                         call.result, call.recv_sizes, &legs));
   // The grid is sized for the operand spread evenly over the slices.
   const int64_t expected = call.operand_rows * slices.bytes / call.slices;
-  return LaunchPeerScatter(kRaggedAllToAllOp, legs, slices, tma, expected, check, stream,
-                           device);
+  return LaunchPeerScatter(kRaggedAllToAllOp, legs, slices, tma, expected, call.ctas, check,
+                           stream, device);
 }
 
 }  // namespace

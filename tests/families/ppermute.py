@@ -243,16 +243,18 @@ _ALL_TO_ALL_NASTY = (
 )
 
 def _alone(rng) -> dict:
-    """The attributes of an exchange of this device (ordinal 0) in a group
-    of its own (one part), alone or beside 1 or 2 devices in groups of
-    their own."""
+    """The attributes of an exchange that copies rows (ragged_all_to_all's,
+    moe_dispatch's) of this device (ordinal 0) in a group of its own (one
+    part), alone or beside 1 or 2 devices in groups of their own; a CTA
+    budget or none."""
     n = int(rng.integers(1, 4))
     return dict(instance=np.int64(next(_instances)),
                 devices=np.insert(rng.choice(np.arange(1, 64), n - 1, replace=False),
                                   int(rng.integers(n)), 0),
                 sources=i64(), positions=np.zeros(n, np.int64), parts=np.int64(1),
-                method="auto", process=np.int64(0), processes=np.zeros(n, np.int64), links="",
-                site="fuzz", timeout_ms=np.int64(1000))
+                method="auto", ctas=np.int64(pick(rng, (0, 1, 132))), process=np.int64(0),
+                processes=np.zeros(n, np.int64), links="", site="fuzz",
+                timeout_ms=np.int64(1000))
 
 
 def _ragged_call(rng) -> Call:
@@ -329,6 +331,8 @@ def _ragged_indices_as(c: Call, *dtypes) -> Call:
 
 _ME = r"on device 0 of process 0 \(position 0\)"
 _RAGGED_NASTY = (
+    (lambda c: with_(c, ctas=np.int64(-1)),
+     r"ctas must be >= 0 \(0: the device's choice\), got -1"),
     (lambda c: _ragged_set(c, input_offsets=-1), rf"input_offsets\[0\] = -1 {_ME} is negative"),
     (lambda c: _ragged_set(c, recv_sizes=-2), rf"recv_sizes\[0\] = -2 {_ME} is negative"),
     (lambda c: _one_row_slice(c, input_offsets=max(1, c.operands[0].shape[0])),
@@ -409,6 +413,7 @@ def _pull_set(c: Call, i: int, value, at=0) -> Call:
 
 
 _PULL_NASTY = (
+    (lambda c: with_(c, ctas=np.int64(-2**63)), r"ctas must be >= 0 .*, got -9223372036854775808"),
     (lambda c: _pull_set(c, 3, -1), rf"recv_sizes\[0\] = -1 {_ME} is outside \[0, \d+\]"),
     (lambda c: _pull_set(c, 3, c.operands[1].shape[0] + 1),
      rf"recv_sizes\[0\] = \d+ {_ME} is outside \[0, \d+\]"),
@@ -447,7 +452,8 @@ SPECS: dict[str, Spec] = {
         rules={k: r"negative|runs past|differs from" for k in ("shape", "dtype")},
         attr_rules={"parts": r"parts|slices|sources|positions", "positions": r"positions?\b",
                     "sources": r"sources", "devices": r"devices|process|positions",
-                    "process": r"process|among the devices", "processes": r"process|devices"},
+                    "process": r"process|among the devices", "processes": r"process|devices",
+                    "ctas": r"ctas"},
         keep=("instance",), waits_for_peer=_all_to_all_waits_for_peer,
         exact=lambda platform, call: not _ragged_own_rows(call), bounds=_ragged_written_rows,
         # The offsets and sizes stay on the GPU, whose meet kernel checks them.
@@ -460,7 +466,8 @@ SPECS: dict[str, Spec] = {
                for k in ("shape", "dtype")},
         attr_rules={"parts": r"parts|positions|sources|entries", "positions": r"positions?\b",
                     "sources": r"sources", "devices": r"devices|process|positions",
-                    "process": r"process|among the devices", "processes": r"process|devices"},
+                    "process": r"process|among the devices", "processes": r"process|devices",
+                    "ctas": r"ctas"},
         keep=("instance",), waits_for_peer=_all_to_all_waits_for_peer,
         exact=lambda platform, call: False, bounds=_pull_written_rows,
         # The indices stay on the GPU, whose meet kernel checks them.
@@ -495,7 +502,7 @@ def _pull(b, tokens, slots, sizes, rows: int, n: int):
     """jax_tma.moe_dispatch's pull over axis "i" of `n` devices."""
     return _pull_p.bind(b, jnp.asarray(tokens, np.int32), jnp.asarray(slots, np.int32),
                         jnp.asarray(sizes, np.int32), rows=rows, axis_name=("i",), size=n,
-                        site="paths")
+                        site="paths", ctas=0)
 
 
 def _pull_pair(b):
