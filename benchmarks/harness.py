@@ -38,14 +38,14 @@ WALL_CALLS = 20
 WALL_SAMPLES = 5
 
 
-def _device_events(trace_dir: str) -> list[tuple[int, int]]:
-    """(start_ns, end_ns) of every GPU activity in the trace."""
+def _stream_events(trace_dir: str) -> dict[tuple[str, str], list[tuple[int, int]]]:
+    """(start_ns, end_ns) of every GPU activity in the trace, by (GPU, stream)."""
     from jax.profiler import ProfileData
 
     paths = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
     if not paths:
         raise RuntimeError(f"no profile written under {trace_dir}")
-    events = []
+    events: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for plane in ProfileData.from_file(paths[0]).planes:
         if not plane.name.startswith("/device:GPU"):
             continue
@@ -54,9 +54,23 @@ def _device_events(trace_dir: str) -> list[tuple[int, int]]:
             # lines (XLA Ops, XLA Modules, ...) are annotations over them.
             if not line.name.startswith("Stream"):
                 continue
-            for e in line.events:
-                events.append((int(e.start_ns), int(e.start_ns + e.duration_ns)))
-    return sorted(events)
+            events.setdefault((plane.name, line.name), []).extend(
+                (int(e.start_ns), int(e.start_ns + e.duration_ns)) for e in line.events)
+    return events
+
+
+def _device_events(trace_dir: str) -> list[tuple[int, int]]:
+    """(start_ns, end_ns) of every GPU activity in the trace."""
+    return sorted(e for events in _stream_events(trace_dir).values() for e in events)
+
+
+def _busy_ns(events: list[tuple[int, int]]) -> int:
+    """The union of activity intervals, time-sorted."""
+    busy, reach = 0, events[0][0] if events else 0
+    for start, stop in events:
+        busy += max(0, stop - max(start, reach))
+        reach = max(reach, stop)
+    return busy
 
 
 def _split_runs(events: list[tuple[int, int]], runs: int) -> list[tuple[float, float]]:
@@ -75,11 +89,7 @@ def _split_runs(events: list[tuple[int, int]], runs: int) -> list[tuple[float, f
     out = []
     for lo, hi in zip([0] + cuts, cuts + [len(events)]):
         group = events[lo:hi]
-        busy, reach = 0, group[0][0]
-        for start, stop in group:  # union of the activity intervals
-            busy += max(0, stop - max(start, reach))
-            reach = max(reach, stop)
-        out.append(((max(e for _, e in group) - group[0][0]) * 1e-9, busy * 1e-9))
+        out.append(((max(e for _, e in group) - group[0][0]) * 1e-9, _busy_ns(group) * 1e-9))
     return out
 
 
@@ -235,6 +245,21 @@ class Session:
             events = _device_events(d)
         stride = 1 if before is None else 2
         return _split_runs(events, stride * len(plan))[stride - 1::stride]
+
+    def streams(self, fn: Callable[[], Any], calls: int) -> dict[str, float]:
+        """The GPU busy µs per call of each stream that `calls` traced calls
+        of `fn` kept busy, by "GPU stream" name; none on the CPU."""
+        jax.block_until_ready(fn())
+        if self.smoke:
+            return {}
+        with tempfile.TemporaryDirectory() as d:
+            jax.profiler.start_trace(d)
+            for _ in range(calls):
+                jax.block_until_ready(fn())
+            jax.profiler.stop_trace()
+            by_stream = _stream_events(d)
+        return {f"{plane.removeprefix('/device:')} {line}": _busy_ns(sorted(e)) / 1e3 / calls
+                for (plane, line), e in sorted(by_stream.items())}
 
     def check(self, name: str, got: Any, want: Any, *, comparator: bool = False) -> None:
         """Checks a case's output against the reference formulation, bit for

@@ -617,6 +617,32 @@ def test_smoke_run_of_the_ep_group(tmp_path):
 
 
 @_two_devices
+def test_moe_overlap_checks_and_times_every_case_and_renders_what_each_hid():
+    """The overlap benchmark on two host devices (a smoke run): every case
+    checked against the serial one (the GEMM's product, the dispatch's
+    received rows and sizes), timed, what each pair hid by span and wall;
+    the GEMM's stream annotation reaches the compiled program; the section
+    renders a row a case. A trace by stream needs a GPU (none here)."""
+    import bench_moe_overlap
+    import render_moe_overlap
+
+    s = harness.Session(smoke=True, refs=None)
+    r = bench_moe_overlap.bench_moe_overlap(s, quick=True)
+    (row,) = r["rows"]
+    cases = bench_moe_overlap.case_names(bench_moe_overlap.SMOKE_BUDGETS)
+    assert r["cases"] == list(cases) == ["gemm", "dispatch", "serial", "stream", "stream_sms2"]
+    assert set(s.checked) == set(cases) and not s.differs
+    assert set(row["times"]) == set(cases) and set(row["hid"]) == set(cases[2:])
+    t = row["times"]
+    for case in cases[2:]:
+        assert row["hid"][case]["span"]["us"] == pytest.approx(
+            t["gemm"]["span_us"] + t["dispatch"]["span_us"] - t[case]["span_us"])
+    assert row["gemm_on_its_stream"] and row["streams"] == {"serial": {}, "stream": {}}
+    text = render_moe_overlap.render_moe_overlap(r)
+    assert "| as above, `num_sms=2` |" in text and "keeps its stream annotation" in text
+    assert len(re.findall(r"^\| ", text, re.M)) == 1 + len(cases)  # the header, a row a case
+
+
 def test_moe_times_the_lax_route_where_it_runs(monkeypatch):
     # XLA:CPU has no ragged-all-to-all: jax_tma.ragged_all_to_all, its bit-exact
     # twin, stands in, so that the route's sort, offsets and permutes run and
