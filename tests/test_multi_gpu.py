@@ -443,13 +443,19 @@ def test_moe_dispatch_pull_indices_that_break_a_rule_trap_by_name(mesh, tmp_path
 
 # ---- jax_tma.moe_dispatch / moe_combine: composed on the exchanges above ----
 
-@pytest.mark.parametrize("capacity", [None, 40])
-def test_moe_dispatch_and_combine_match_the_reference(mesh, rng, capacity):
+@pytest.mark.parametrize("capacity,least_sms", [(None, False), (40, False), (None, True)])
+def test_moe_dispatch_and_combine_match_the_reference(mesh, rng, capacity, least_sms):
     """Every GPU (2 or 4): recv row for row, group sizes and drops, and combine's sums
     bit for bit, as the NumPy reference has them (tests/test_moe.py runs the
     same on host devices). One dispatch carries each token's random bf16
-    bits, then normal values that combine sums (no subnormal sum)."""
-    n, tokens, k, experts, width = mesh.size, 64, 4, 8, 128
+    bits, then normal values that combine sums (no subnormal sum). With the
+    least SM budget (num_sms = n: a CTA for each source's rows, each
+    slice), at rows wide enough that the combine's exchange home takes
+    PeerScatter (over kPeerInboxMaxBytes), the small ones the inbox."""
+    n, k, experts = mesh.size, 4, 8
+    # n·T rows of width bf16 home: 5 MiB at n = 2
+    tokens, width = (160, 8192) if least_sms else (64, 128)
+    num_sms = n if least_sms else None
     ids = rng.integers(-1, experts, (n * tokens, k)).astype(np.int32)
     bits = random_array(rng, (n * tokens, width), jax.numpy.bfloat16)
     values = rng.standard_normal((n * tokens, width)).astype(jax.numpy.bfloat16)
@@ -457,7 +463,7 @@ def test_moe_dispatch_and_combine_match_the_reference(mesh, rng, capacity):
 
     def body(x, ids, weights):
         recv, plan = jax_tma.moe_dispatch(x, ids, num_experts=experts, axis_name="x",
-                                          capacity=capacity)
+                                          capacity=capacity, num_sms=num_sms)
         out = jax_tma.moe_combine(recv[:, width:], plan, weights)
         return recv, plan.group_sizes, plan.dropped, out
 
