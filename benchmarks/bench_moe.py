@@ -565,14 +565,7 @@ def measure(s: Session, mesh: Mesh, shape: Shape, repetitions: int) -> dict[str,
     sparse = {name: fn for name, fn in timed.items() if name in SPARSE}
     turns = [(i,) for i in inputs]
     wall_calls = WALL_CALLS if shape.loop else WALL_CALLS_LARGE
-    runs = []
-    for r in range(repetitions):
-        t = s.time(rotate_all(fast, turns), 2 if s.smoke else ROUNDS, rep=2,
-                   wall_calls=wall_calls)
-        runs.append({"cases": processes.clean(t["cases"]), "protocol": t["protocol"]})
-        s.log(f"{OP} {shape.name}, run {r + 1} of {repetitions}, span µs: " + ", ".join(
-            f"{name} {'—' if v['span_us'] is None else round(v['span_us'], 1)}"
-            for name, v in runs[-1]["cases"].items()))
+    runs = timed_runs(s, f"{OP} {shape.name}", fast, turns, repetitions, wall_calls)
     sparse_run = None
     if sparse:
         t = s.time(rotate_all(sparse, turns), SPARSE_ROUNDS, rep=1, wall=False)
@@ -589,6 +582,23 @@ def measure(s: Session, mesh: Mesh, shape: Shape, repetitions: int) -> dict[str,
             "wall_calls": wall_calls, "deepep_bytes": deepep, "link_bytes": link,
             "failed": failed, "runs": runs, "sparse_run": sparse_run, "loop_us": loops,
             "loop_busy_us": loop_busy}
+
+
+def timed_runs(s: Session, label: str, cases: dict[str, Callable[..., Any]],
+               turns: Sequence[tuple], repetitions: int, wall_calls: int
+               ) -> list[dict[str, Any]]:
+    """`repetitions` runs of Session.time of `cases`, which take turns
+    through the argument tuples `turns`: each run's clocks and protocol,
+    its spans logged under `label`."""
+    runs = []
+    for r in range(repetitions):
+        t = s.time(rotate_all(cases, turns), 2 if s.smoke else ROUNDS, rep=2,
+                   wall_calls=wall_calls)
+        runs.append({"cases": processes.clean(t["cases"]), "protocol": t["protocol"]})
+        s.log(f"{label}, run {r + 1} of {repetitions}, span µs: " + ", ".join(
+            f"{name} {'—' if v['span_us'] is None else round(v['span_us'], 1)}"
+            for name, v in runs[-1]["cases"].items()))
+    return runs
 
 
 def _loops(s: Session, mesh: Mesh, shape: Shape, capacity: int, ids: jax.Array,

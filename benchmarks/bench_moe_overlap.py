@@ -46,11 +46,10 @@ from jax.experimental.compute_on import compute_on  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jax_tma  # noqa: E402
-import processes  # noqa: E402
 from bench_moe import (DTYPE, MIN_DEVICES, SEED, SHAPES, SMOKE_SHAPES, Shape, _global,  # noqa: E402
-                       routing, tokens)
+                       routing, timed_runs, tokens)
 from bench_ppermute import topology  # noqa: E402
-from harness import Benchmark, Session, every_gpu, rotate_all  # noqa: E402
+from harness import Benchmark, Session, every_gpu  # noqa: E402
 
 OP = "moe_overlap"
 # The SM budgets of the stream_sms cases (an H100 or H200 has 132 SMs);
@@ -58,8 +57,7 @@ OP = "moe_overlap"
 BUDGETS = (16, 32, 66)
 SMOKE_BUDGETS = (MIN_DEVICES,)
 GEMM_STREAM = "gpu_stream:1"
-REPETITIONS = 3  # timed runs (--quick: one)
-ROUNDS = 5       # turns per run, two calls each (the first not counted)
+REPETITIONS = 3  # timed runs (--quick: one), of bench_moe's ROUNDS turns
 WALL_CALLS = 10  # calls per wall-clock sample (each holds its dropless recv)
 STREAM_CALLS = 3  # traced calls of serial and stream for their busy time by stream
 
@@ -143,14 +141,7 @@ def measure(s: Session, mesh: Mesh, shape: Shape, budgets: tuple[int, ...],
              for seed in (SEED, SEED + 1)]
     cases = programs(mesh, shape, budgets)
     _check(s, cases, turns[0], n)
-    runs = []
-    for r in range(repetitions):
-        t = s.time(rotate_all(cases, turns), 2 if s.smoke else ROUNDS, rep=2,
-                   wall_calls=WALL_CALLS)
-        runs.append({"cases": processes.clean(t["cases"]), "protocol": t["protocol"]})
-        s.log(f"{OP} {shape.name}, run {r + 1} of {repetitions}, span µs: " + ", ".join(
-            f"{name} {'—' if v['span_us'] is None else round(v['span_us'], 1)}"
-            for name, v in runs[-1]["cases"].items()))
+    runs = timed_runs(s, f"{OP} {shape.name}", cases, turns, repetitions, WALL_CALLS)
     lowered = cases["stream"].lower(*turns[0]).compile().as_text()
     streams = {name: s.streams(functools.partial(cases[name], *turns[0]), STREAM_CALLS)
                for name in ("serial", "stream")}
