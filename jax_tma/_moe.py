@@ -168,9 +168,10 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
         dispatch's, and those of :func:`moe_combine` and of the derivatives,
         which take it from the plan) runs at most ``num_sms`` CTAs, so it
         holds at most that many SMs and leaves the others to independent
-        work, such as a GEMM on another stream. The exchanges of counts and
-        indices are smaller than that already. Nothing changes on the CPU or
-        across hosts.
+        work, such as a GEMM on another stream. Each device's rows take a
+        CTA at least (under ``vmap``, each member's). The exchanges of
+        counts are one CTA a device already. Nothing changes on the CPU or
+        across hosts, and no result changes.
 
     Returns:
       ``(recv, plan)``: ``recv`` in ``x``'s dtype with ``x``'s row shape

@@ -404,6 +404,26 @@ def test_num_sms_is_the_cta_budget_of_every_exchange_that_copies_rows(rng):
         assert_bits_equal(got, want)
 
 
+def test_num_sms_under_vmap_gives_each_member_the_same_bits(rng):
+    """vmap folds the members' exchanges into one (every member's slices:
+    more than num_sms = n of them, which the GPU launchers floor at a CTA a
+    slice): the budget rides along, and the results are those without it."""
+    ids = np.stack([_routing(rng, "random", 4, 2, 16) for _ in range(2)])
+    x, weights = _normal(rng, (2, N * 4, 3)), _normal(rng, (2, N * 4, 2))
+
+    def layer(num_sms):
+        def body(x, ids, weights):
+            recv, plan = jax_tma.moe_dispatch(x, ids, num_experts=16, axis_name="x",
+                                              num_sms=num_sms)
+            return jax_tma.moe_combine(recv * 2, plan, weights)
+        return jax.jit(jax.vmap(_on_mesh(body, jit=False)))
+
+    text = layer(N).lower(x, ids, weights).compile().as_text()
+    assert re.search(rf'custom_call_target="jax_tma_ragged_all_to_all".*\bctas = {N} : i64',
+                     text), text
+    assert_bits_equal(layer(N)(x, ids, weights), layer(None)(x, ids, weights))
+
+
 def test_the_debug_log_names_the_exchanges_and_the_call_site(rng, caplog):
     ids = _routing(rng, "random", 2, 2, 8)
     x = _normal(rng, (N * 2, 3))
