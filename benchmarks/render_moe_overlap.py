@@ -37,9 +37,9 @@ def render_moe_overlap(r: dict[str, Any]) -> str:
     devices = ", ".join(dict.fromkeys(r["devices"]))
     lines = []
     for row in r["rows"]:
-        where = ("keeps its stream annotation in XLA's compiled program" if
-                 row["gemm_on_its_stream"] else "loses its stream annotation in XLA's "
-                 "compiled program")
+        where = {True: "keeps its stream annotation in XLA's compiled program",
+                 False: "loses its stream annotation in XLA's compiled program",
+                 None: "did not run (the table says why)"}[row["gemm_on_its_stream"]]
         lines += [
             (f"{r['n']} × {devices}, one process, {r['dtype']}: `moe_dispatch` at {row['what']} "
              f"({row['tokens']} tokens of {row['hidden']} per GPU) and an independent GEMM, "
@@ -52,7 +52,9 @@ def render_moe_overlap(r: dict[str, Any]) -> str:
         for case in r["cases"]:
             t = row["times"].get(case)
             if t is None:
-                lines.append(f"| {_label(case)} | not measured | — | — |")
+                why = row["failed"].get(case)
+                lines.append(f"| {_label(case)} | {'failed: ' + why if why else 'not measured'} "
+                             f"| — | — |")
                 continue
             wall = t["wall_us"] if wall_shown(t) else None
             clocks = " / ".join(num_text(x) for x in (t["busy_us"], t["span_us"], wall))

@@ -643,6 +643,34 @@ def test_moe_overlap_checks_and_times_every_case_and_renders_what_each_hid():
     assert len(re.findall(r"^\| ", text, re.M)) == 1 + len(cases)  # the header, a row a case
 
 
+def test_moe_overlap_records_the_cases_that_raise_and_times_the_others(monkeypatch):
+    """Where XLA refuses the GEMM's stream (here: compute_on raises), the
+    cases that hold it are recorded as failed with what they raised, and the
+    others are checked, timed and rendered."""
+    import bench_moe_overlap
+    import render_moe_overlap
+
+    def refused(**_):
+        def wrap(f):
+            def call(*args):
+                raise RuntimeError("no stream here")
+            return call
+        return wrap
+
+    monkeypatch.setattr(bench_moe_overlap, "compute_on", refused)
+    s = harness.Session(smoke=True, refs=None)
+    (row,) = bench_moe_overlap.bench_moe_overlap(s, quick=True)["rows"]
+    assert row["failed"] == {c: "RuntimeError: no stream here" for c in ("stream", "stream_sms2")}
+    assert set(row["times"]) == set(s.checked) == {"gemm", "dispatch", "serial"}
+    assert row["gemm_on_its_stream"] is None and set(row["streams"]) == {"serial"}
+    r = {"n": 2, "devices": ["cpu"] * 2, "dtype": "bfloat16", "repetitions": 1,
+         "hid_rule": "…", "cases": ["gemm", "dispatch", "serial", "stream", "stream_sms2"],
+         "rows": [row]}
+    text = render_moe_overlap.render_moe_overlap(r)
+    assert "| as above, `num_sms=2` | failed: RuntimeError: no stream here | — | — |" in text
+    assert "the GEMM did not run (the table says why)" in text
+
+
 def test_moe_times_the_lax_route_where_it_runs(monkeypatch):
     # XLA:CPU has no ragged-all-to-all: jax_tma.ragged_all_to_all, its bit-exact
     # twin, stands in, so that the route's sort, offsets and permutes run and
