@@ -203,8 +203,10 @@ SPECS: dict[str, Spec] = {
                "dtype": r"start must be|start operands mix|fill is not one",
                # A start operand more or fewer shifts the others: the handler
                # meets the first operand out of place (a transpose whose
-               # cotangent went missing takes a start array for an unbatched one).
-               "operands": r"start|input rank|element type|cotangent"},
+               # cotangent went missing takes a start array for an unbatched
+               # one; an array put first is the input, whose batch dims then
+               # differ from the output's).
+               "operands": r"start|input rank|element type|cotangent|batch dims"},
         # strides has an entry per spatial dim: its length sets the rank that
         # the arrays and starts are checked against.
         attr_rules={"fill": r"fills", "strides": r"rank|batch dim|start|entries",
