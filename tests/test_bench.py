@@ -643,6 +643,7 @@ def test_moe_overlap_checks_and_times_every_case_and_renders_what_each_hid():
     assert len(re.findall(r"^\| ", text, re.M)) == 1 + len(cases)  # the header, a row a case
 
 
+@_two_devices
 def test_moe_overlap_records_the_cases_that_raise_and_times_the_others(monkeypatch):
     """Where XLA refuses the GEMM's stream (here: compute_on raises), the
     cases that hold it are recorded as failed with what they raised, and the
@@ -671,6 +672,7 @@ def test_moe_overlap_records_the_cases_that_raise_and_times_the_others(monkeypat
     assert "the GEMM did not run (the table says why)" in text
 
 
+@_two_devices
 def test_moe_times_the_lax_route_where_it_runs(monkeypatch):
     # XLA:CPU has no ragged-all-to-all: jax_tma.ragged_all_to_all, its bit-exact
     # twin, stands in, so that the route's sort, offsets and permutes run and

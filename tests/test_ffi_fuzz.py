@@ -20,6 +20,7 @@ import re
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -209,13 +210,19 @@ def _mutate(call: Call, spec: Spec, rng) -> tuple[str, str, Call]:
 def _run(platform: str, target: str, call: Call, what: str) -> list[np.ndarray]:
     """Runs the call on the platform's first device (has_side_effect keeps XLA
     from dropping calls whose results are empty); checks that the inputs are
-    unchanged, whether it succeeds or raises."""
+    unchanged, whether it succeeds or raises. The program also returns a
+    scalar of its own, read last: on a GPU an error of the handler reaches
+    Python through the program's results, and a call of no results (one
+    taken away) would have none to carry it."""
     device = jax.devices(platform)[0]
     args = [jax.device_put(a, device) for a in call.operands]
     fn = jax.ffi.ffi_call(target, call.results, has_side_effect=True)
     try:
         with jax.default_device(device):
-            return [np.asarray(y) for y in jax.jit(lambda *a: fn(*a, **call.attrs))(*args)]
+            got, done = jax.jit(lambda *a: (fn(*a, **call.attrs), jnp.zeros((), jnp.uint8)))(*args)
+            got = [np.asarray(y) for y in got]
+            np.asarray(done)
+            return got
     finally:
         for i, (before, after) in enumerate(zip(call.operands, args)):
             assert np.array_equal(as_bits(before), as_bits(after)), \

@@ -161,11 +161,13 @@ __device__ __forceinline__ uint4 LoadUnaligned16(const unsigned char* p) {
 // The vector form (VectorWindowArgs): each thread writes kVectorsPerThread
 // output vectors, kWindowThreads apart (the warp's stores coalesce). A
 // vector's row comes from its coordinates (FastDivisor); its elements from one
-// strided-1 run of that row's source. Every load is issued before the first
-// store, so that one read of the starts serves every vector of the thread
-// (kBatchedStarts: each batch entry has its own, read per vector) and the
-// data loads overlap.
-constexpr int kVectorsPerThread = 4;
+// strided-1 run of that row's source. The starts (one set for the window) are
+// read once a block, every dimension's at once, into shared memory, while the
+// threads divide their coordinates (kBatchedStarts: each batch entry has its
+// own, read per vector); every data load is issued before the first store.
+// Two vectors a thread were ahead of one and of four on an H200
+// (benchmarks/TUNING.md, "The SIMT kernel's vector form").
+constexpr int kVectorsPerThread = 2;
 
 template <typename T, bool kBatchedStarts>
 __global__ void __launch_bounds__(kWindowThreads)
@@ -191,8 +193,15 @@ __global__ void __launch_bounds__(kWindowThreads)
     off[k] = (g.src_batched ? b[k] : 0) * g.src_spatial;
     inside[k] = true;
   }
+  __shared__ int64_t block_starts[kMaxWindowRank];
+  if constexpr (!kBatchedStarts) {
+    if (static_cast<int>(threadIdx.x) < g.rank) {
+      block_starts[threadIdx.x] = ReadStart(g.starts, g.rank, 0, static_cast<int>(threadIdx.x));
+    }
+    __syncthreads();
+  }
   for (int d = last; d >= 0; --d) {
-    const int64_t s = kBatchedStarts ? 0 : ReadStart(g.starts, g.rank, 0, d);
+    const int64_t s = kBatchedStarts ? 0 : block_starts[d];
 #pragma unroll
     for (int k = 0; k < kU; ++k) {
       const int64_t sk = kBatchedStarts ? ReadStart(g.starts, g.rank, b[k], d) : s;
