@@ -38,13 +38,38 @@ int64_t GridSize(int64_t items, const DeviceInfo& info) {
                              static_cast<int64_t>(info.sm_count) * 32);
 }
 
+// What one tap more moves in each spatial dim, for SimtIm2colKernel: the
+// input offset, in access units, of one dilation step (`step`) and of a whole
+// kernel row (`wrap`, taken off when the tap wraps to the dim's first), and
+// the coordinate span of a kernel row (`span`). Loop-invariant, computed on the
+// host: kernel parameters, not registers.
+struct TapSteps {
+  int64_t step[kMaxIm2colRank] = {};
+  int64_t wrap[kMaxIm2colRank] = {};
+  int64_t span[kMaxIm2colRank] = {};
+};
+
+TapSteps TapStepsOf(const Im2colGeometry& g, int64_t run) {
+  TapSteps s;
+  int64_t pitch = run;  // access units from one input pixel to the next along dim d
+  for (int d = g.rank - 1; d >= 0; --d) {
+    s.step[d] = g.dilation[d] * pitch;
+    s.wrap[d] = g.kernel[d] * s.step[d];
+    s.span[d] = g.kernel[d] * g.dilation[d];
+    pitch *= g.in_dims[d];
+  }
+  return s;
+}
+
 // Tap-major im2col over R = g.rank spatial dims (a template parameter so the
 // per-dim arrays stay in registers). V is the access unit; `run` =
-// C * elem_bytes / sizeof(V) units per pixel.
+// C * elem_bytes / sizeof(V) units per pixel. Each tap's input coordinates and
+// offset follow from the last tap's by adds (TapSteps), row-major: no
+// multiply or division per tap.
 template <typename V, int R>
 __global__ void __launch_bounds__(kThreads)
-    SimtIm2colKernel(const Im2colGeometry g, const V* __restrict__ x, V* __restrict__ out,
-                     int64_t run) {
+    SimtIm2colKernel(const Im2colGeometry g, const TapSteps s, const V* __restrict__ x,
+                     V* __restrict__ out, int64_t run) {
   const int64_t total = g.batch * g.out_pixels * run;
   constexpr int r = R;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
@@ -53,13 +78,17 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t v = idx - pix * run;
     const int64_t n = pix / g.out_pixels;
     int64_t m = pix - n * g.out_pixels;
-    int64_t base[kMaxIm2colRank];  // tap-0 input coordinate per dim
+    int64_t c[kMaxIm2colRank];  // the tap's input coordinate per dim, tap 0's first
 #pragma unroll
     for (int d = r - 1; d >= 0; --d) {
       const int64_t o = m % g.out_dims[d];
       m /= g.out_dims[d];
-      base[d] = o * g.strides[d] - g.pad_lo[d];
+      c[d] = o * g.strides[d] - g.pad_lo[d];
     }
+    int64_t off = 0;  // the tap's input pixel, in access units from xn (negative: outside)
+#pragma unroll
+    for (int d = 0; d < r; ++d) off = off * g.in_dims[d] + c[d];
+    off *= run;
     const V* xn = x + n * g.in_pixels * run + v;
     V* dst = out + pix * g.taps * run + v;
     int64_t k[kMaxIm2colRank] = {0, 0, 0};
@@ -69,24 +98,26 @@ __global__ void __launch_bounds__(kThreads)
       for (int u = 0; u < kTapsInFlight; ++u) {
         val[u] = V{};
         if (t0 + u >= g.taps) continue;
-        int64_t p = 0;
         bool inside = true;
 #pragma unroll
         for (int d = 0; d < r; ++d) {
-          const int64_t i = base[d] + k[d] * g.dilation[d];
-          inside &= i >= 0 && i < g.in_dims[d];
-          p = p * g.in_dims[d] + i;
+          inside &= static_cast<uint64_t>(c[d]) < static_cast<uint64_t>(g.in_dims[d]);
         }
-        if (inside) val[u] = xn[p * run];
+        if (inside) val[u] = xn[off];
 #pragma unroll
         for (int d = r - 1; d >= 0; --d) {  // next tap, row-major
+          c[d] += g.dilation[d];
+          off += s.step[d];
           if (++k[d] < g.kernel[d]) break;
           k[d] = 0;
+          c[d] -= s.span[d];
+          off -= s.wrap[d];
         }
       }
 #pragma unroll
       for (int u = 0; u < kTapsInFlight; ++u) {
-        if (t0 + u < g.taps) StoreStreaming(dst + (t0 + u) * run, val[u]);
+        if (t0 + u < g.taps) StoreStreaming(dst, val[u]);
+        dst += run;
       }
     }
   }
@@ -279,7 +310,7 @@ struct TapMajorLaunch {
     if ((run * static_cast<int64_t>(sizeof(V))) % 32 == 0) {  // whole sectors per pixel
       const int64_t grid = GridSize(g.batch * g.out_pixels * run, info);
       SimtIm2colKernel<V, R><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
-          g, x, out, run);
+          g, TapStepsOf(g, run), x, out, run);
     } else if (std::max(units, g.batch * g.in_pixels * run) < (int64_t{1} << 31)) {
       SimtIm2colFlatKernel<V, R, uint32_t>
           <<<static_cast<unsigned>(GridSize(units, info)), kThreads, 0, stream>>>(
