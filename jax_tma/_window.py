@@ -63,9 +63,10 @@ def window(
     ``lax.dynamic_slice`` refuses) and in ``jax.export`` with symbolic dims.
 
     ``method="auto"`` takes the SIMT kernel's vector form wherever it runs
-    (a forward window with innermost stride 1 whose output rows are whole
-    16-byte vectors, from any start: a thread per 16-byte vector, loaded
-    whole or as two aligned loads shifted into place), the faster of the two
+    (a forward window with innermost stride 1, or 2 for elements below 16
+    bytes, whose output rows are whole 16-byte vectors, from any start: a
+    thread per 16-byte output vector, each 16-byte source vector loaded whole
+    or as two aligned loads shifted into place), the faster of the two
     on every window both take (see the op's Speed section). Elsewhere it hands a
     traced innermost start to the SIMT kernel (it may be anything, and a TMA
     box starts 16-byte aligned) and takes the tensor-map path where the

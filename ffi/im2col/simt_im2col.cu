@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "cuda/device_info.h"
+#include "fast_divisor.h"
 #include "im2col/im2col_launch.h"
 
 namespace jax_tma {
@@ -123,49 +124,103 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Division by a divisor fixed on the host, for the flat kernel past 2^31
+// units, where FastDivisor does not reach: a plain division.
+struct WideDivisor {
+  uint64_t d = 1;
+  static WideDivisor Of(uint64_t v) { return WideDivisor{v}; }
+  JAX_TMA_HOST_DEVICE uint64_t Divide(uint64_t n) const { return n / d; }
+};
+
+// The index type of a divisor: what it divides.
+template <typename D>
+using DivIndex = decltype(D{}.Divide(0u));
+
+// What SimtIm2colFlatKernel divides its output index by, fixed on the host
+// (D = FastDivisor where every index is below 2^31, else WideDivisor).
+template <typename D>
+struct FlatDivisors {
+  D row;                            // by taps * run: units a patch row
+  D run;                            // by run: units a channel run
+  D out_pixels;
+  D out_dims[kMaxIm2colRank];       // dims 1 and up
+  D kernel[kMaxIm2colRank];
+};
+
+template <typename D>
+FlatDivisors<D> FlatDivisorsOf(const Im2colGeometry& g, int64_t run) {
+  using I = DivIndex<D>;
+  FlatDivisors<D> f;
+  f.row = D::Of(static_cast<I>(g.taps * run));
+  f.run = D::Of(static_cast<I>(run));
+  f.out_pixels = D::Of(static_cast<I>(g.out_pixels));
+  for (int d = 1; d < g.rank; ++d) {  // dim 0 needs none: what is left is its coordinate
+    f.out_dims[d] = D::Of(static_cast<I>(g.out_dims[d]));
+    f.kernel[d] = D::Of(static_cast<I>(g.kernel[d]));
+  }
+  return f;
+}
+
+// Units of the flat kernel's each thread loads before it stores them.
+constexpr int kFlatInFlight = 4;
+
 // Tap-major im2col for channel runs that are not whole 32-B sectors: one
 // thread per output unit, in output order, so a warp's stores are contiguous.
 // (The per-pixel mapping above leaves partial sectors per store there, a
-// fraction of the bandwidth.) I is the index type:
-// 32-bit where every index fits, for cheaper divisions.
-template <typename V, int R, typename I>
+// fraction of the bandwidth.) Each thread takes kFlatInFlight units a grid
+// apart, every load issued before the first store; an index splits into
+// (pixel, tap, unit) and those into coordinates by the divisors of `f`.
+template <typename V, int R, typename D>
 __global__ void __launch_bounds__(kThreads)
-    SimtIm2colFlatKernel(const Im2colGeometry g, const V* __restrict__ x, V* __restrict__ out,
-                         I run) {
+    SimtIm2colFlatKernel(const Im2colGeometry g, const FlatDivisors<D> f, const V* __restrict__ x,
+                         V* __restrict__ out, DivIndex<D> run) {
+  using I = DivIndex<D>;
   const I row = static_cast<I>(g.taps) * run;
   const I total = static_cast<I>(g.batch * g.out_pixels) * row;
   const I out_pixels = static_cast<I>(g.out_pixels);
   const I stride = static_cast<I>(gridDim.x) * blockDim.x;
-  for (I idx = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += stride) {
-    const I pix = idx / row;
-    const I rem = idx - pix * row;
-    I t = rem / run;
-    const I v = rem - t * run;
-    const I n = pix / out_pixels;
-    I m = pix - n * out_pixels;
-    int64_t coord[R];
-    bool inside = true;
+  for (I first = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; first < total;
+       first += stride * kFlatInFlight) {
+    V val[kFlatInFlight];
 #pragma unroll
-    for (int d = R - 1; d >= 0; --d) {
-      const I od = static_cast<I>(g.out_dims[d]);
-      const I kd = static_cast<I>(g.kernel[d]);
-      const I o = m % od;
-      m /= od;
-      const I k = t % kd;
-      t /= kd;
-      coord[d] = static_cast<int64_t>(o) * g.strides[d] - g.pad_lo[d] +
-                 static_cast<int64_t>(k) * g.dilation[d];
-      inside &= coord[d] >= 0 && coord[d] < g.in_dims[d];
-    }
-    V val{};
-    if (inside) {
-      int64_t p = n;
+    for (int u = 0; u < kFlatInFlight; ++u) {
+      const I idx = first + u * stride;
+      val[u] = V{};
+      if (idx >= total) continue;
+      const I pix = f.row.Divide(idx);
+      const I rem = idx - pix * row;
+      I t = f.run.Divide(rem);
+      const I v = rem - t * run;
+      const I n = f.out_pixels.Divide(pix);
+      I m = pix - n * out_pixels;
+      int64_t p = 0;  // the input pixel, row-major from dim 0
+      int64_t pitch = 1;
+      bool inside = true;
 #pragma unroll
-      for (int d = 0; d < R; ++d) p = p * g.in_dims[d] + coord[d];
-      val = x[p * run + v];
+      for (int d = R - 1; d >= 0; --d) {
+        I o = m;  // dim 0: what is left is its coordinate
+        I k = t;
+        if (d > 0) {
+          const I mq = f.out_dims[d].Divide(m);
+          const I tq = f.kernel[d].Divide(t);
+          o = m - mq * static_cast<I>(g.out_dims[d]);
+          k = t - tq * static_cast<I>(g.kernel[d]);
+          m = mq;
+          t = tq;
+        }
+        const int64_t c = static_cast<int64_t>(o) * g.strides[d] - g.pad_lo[d] +
+                          static_cast<int64_t>(k) * g.dilation[d];
+        inside &= c >= 0 && c < g.in_dims[d];
+        p += c * pitch;
+        pitch *= g.in_dims[d];
+      }
+      if (inside) val[u] = x[(static_cast<int64_t>(n) * g.in_pixels + p) * run + v];
     }
-    StoreStreaming(out + idx, val);
+#pragma unroll
+    for (int u = 0; u < kFlatInFlight; ++u) {
+      const I idx = first + u * stride;
+      if (idx < total) StoreStreaming(out + idx, val[u]);
+    }
   }
 }
 
@@ -311,14 +366,16 @@ struct TapMajorLaunch {
       const int64_t grid = GridSize(g.batch * g.out_pixels * run, info);
       SimtIm2colKernel<V, R><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
           g, TapStepsOf(g, run), x, out, run);
-    } else if (std::max(units, g.batch * g.in_pixels * run) < (int64_t{1} << 31)) {
-      SimtIm2colFlatKernel<V, R, uint32_t>
-          <<<static_cast<unsigned>(GridSize(units, info)), kThreads, 0, stream>>>(
-              g, x, out, static_cast<uint32_t>(run));
     } else {
-      SimtIm2colFlatKernel<V, R, uint64_t>
-          <<<static_cast<unsigned>(GridSize(units, info)), kThreads, 0, stream>>>(
-              g, x, out, static_cast<uint64_t>(run));
+      const auto grid = static_cast<unsigned>(
+          GridSize((units + kFlatInFlight - 1) / kFlatInFlight, info));
+      if (std::max(units, g.batch * g.in_pixels * run) < kFastDivisorLimit) {
+        SimtIm2colFlatKernel<V, R, FastDivisor><<<grid, kThreads, 0, stream>>>(
+            g, FlatDivisorsOf<FastDivisor>(g, run), x, out, static_cast<uint32_t>(run));
+      } else {
+        SimtIm2colFlatKernel<V, R, WideDivisor><<<grid, kThreads, 0, stream>>>(
+            g, FlatDivisorsOf<WideDivisor>(g, run), x, out, static_cast<uint64_t>(run));
+      }
     }
   }
 };

@@ -1,6 +1,6 @@
 // The SIMT window kernel and its launcher: any rank, strides, alignment and start, forward
 // and transpose (window_common.h). Two forms: where PlanVectorWindow takes the
-// window (forward, innermost stride 1, rows of whole 16-B vectors), a thread
+// window (forward, innermost stride 1 or 2, rows of whole 16-B vectors), a thread
 // per 16-B output vector over a grid that covers the window; else warps copy
 // runs of output rows, what lies inside the input as one strided copy, the
 // rest as fill. The path for every geometry the TMA tiled kernel cannot take,
@@ -161,7 +161,8 @@ __device__ __forceinline__ uint4 LoadUnaligned16(const unsigned char* p) {
 // The vector form (VectorWindowArgs): each thread writes kVectorsPerThread
 // output vectors, kWindowThreads apart (the warp's stores coalesce). A
 // vector's row comes from its coordinates (FastDivisor); its elements from one
-// strided-1 run of that row's source. The starts (one set for the window) are
+// run of kStride (the innermost stride, 1 or 2) 16-B vectors of that row's
+// source, every kStride-th element kept. The starts (one set for the window) are
 // read once a block, every dimension's at once, into shared memory, while the
 // threads divide their coordinates (kBatchedStarts: each batch entry has its
 // own, read per vector); every data load is issued before the first store.
@@ -169,11 +170,12 @@ __device__ __forceinline__ uint4 LoadUnaligned16(const unsigned char* p) {
 // (benchmarks/TUNING.md, "The SIMT kernel's vector form").
 constexpr int kVectorsPerThread = 2;
 
-template <typename T, bool kBatchedStarts>
+template <typename T, bool kBatchedStarts, int kStride>
 __global__ void __launch_bounds__(kWindowThreads)
     VectorWindowKernel(const WindowGeometry g, const VectorWindowArgs a,
                        const T* __restrict__ src, uint4* __restrict__ dst) {
   constexpr int kPerVec = 16 / sizeof(T);
+  constexpr int kSpan = kPerVec * kStride;  // source elements a vector's run covers
   constexpr int kU = kVectorsPerThread;
   const uint32_t v0 = blockIdx.x * (kWindowThreads * kU) + threadIdx.x;
   const int last = g.rank - 1;
@@ -187,7 +189,7 @@ __global__ void __launch_bounds__(kWindowThreads)
     // Past the end: vector 0's coordinates, never stored.
     const uint32_t v = v0 + k * kWindowThreads < a.vectors ? v0 + k * kWindowThreads : 0;
     const uint32_t row = a.per_row.Divide(v);
-    c0[k] = (v - row * a.vectors_per_row) * kPerVec;  // its window column, until d == last
+    c0[k] = (v - row * a.vectors_per_row) * kSpan;  // window column * stride, until d == last
     b[k] = g.batch > 1 ? a.per_batch.Divide(row) : 0;
     rest[k] = row - b[k] * a.rows_per_batch;
     off[k] = (g.src_batched ? b[k] : 0) * g.src_spatial;
@@ -229,9 +231,26 @@ __global__ void __launch_bounds__(kWindowThreads)
     const int64_t c = c0[k];
     const T* const row_src = src + off[k];
     out[k] = fill;
-    if (inside[k] && c >= 0 && c + kPerVec <= width) {
-      out[k] = LoadUnaligned16(reinterpret_cast<const unsigned char*>(row_src + c));
-    } else if (inside[k] && c < width && c + kPerVec > 0) {  // the input's edge
+    if (inside[k] && c >= 0 && c + kSpan <= width) {
+      const auto* p = reinterpret_cast<const unsigned char*>(row_src + c);
+      if constexpr (kStride == 1) {
+        out[k] = LoadUnaligned16(p);
+      } else {
+        union {
+          uint4 v[kStride];
+          T e[kSpan];
+        } run;
+#pragma unroll
+        for (int h = 0; h < kStride; ++h) run.v[h] = LoadUnaligned16(p + 16 * h);
+        union {
+          uint4 v;
+          T e[kPerVec];
+        } u;
+#pragma unroll
+        for (int j = 0; j < kPerVec; ++j) u.e[j] = run.e[j * kStride];
+        out[k] = u.v;
+      }
+    } else if (inside[k] && c < width && c + kSpan > 0) {  // the input's edge
       union {
         uint4 v;
         T e[kPerVec];
@@ -239,7 +258,8 @@ __global__ void __launch_bounds__(kWindowThreads)
       u.v = fill;
 #pragma unroll
       for (int j = 0; j < kPerVec; ++j) {
-        if (c + j >= 0 && c + j < width) u.e[j] = row_src[c + j];
+        const int64_t cj = c + j * kStride;
+        if (cj >= 0 && cj < width) u.e[j] = row_src[cj];
       }
       out[k] = u.v;
     }
@@ -256,7 +276,12 @@ ffi::Error Launch(const WindowGeometry& g, const WindowPlan& plan, const void* s
   if (plan.kernel == WindowKernel::kVector) {
     constexpr uint32_t kPerBlock = kWindowThreads * kVectorsPerThread;
     const uint32_t blocks = (plan.vector.vectors + kPerBlock - 1) / kPerBlock;
-    auto kernel = g.starts.batched ? VectorWindowKernel<T, true> : VectorWindowKernel<T, false>;
+    auto kernel = g.starts.batched ? VectorWindowKernel<T, true, 1> : VectorWindowKernel<T, false, 1>;
+    if constexpr (sizeof(T) < 16) {  // PlanVectorWindow: innermost stride 2 below 16-B elements
+      if (g.strides[g.rank - 1] == 2) {
+        kernel = g.starts.batched ? VectorWindowKernel<T, true, 2> : VectorWindowKernel<T, false, 2>;
+      }
+    }
     kernel<<<blocks, kWindowThreads, 0, stream>>>(g, plan.vector, static_cast<const T*>(src),
                                                   static_cast<uint4*>(dst));
     JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());

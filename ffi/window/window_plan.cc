@@ -220,7 +220,8 @@ bool PlanVectorWindow(const WindowGeometry& g, const void* src, const void* dst,
   const int64_t row_bytes = g.dst_dims[last] * g.elem_bytes;
   const int64_t vectors = g.batch * g.dst_spatial * g.elem_bytes / 16;
   const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
-  if (g.transpose || g.strides[last] != 1 || vectors == 0 || row_bytes % 16 != 0 ||
+  const bool stride_fits = g.strides[last] == 1 || (g.strides[last] == 2 && g.elem_bytes < 16);
+  if (g.transpose || !stride_fits || vectors == 0 || row_bytes % 16 != 0 ||
       vectors >= kFastDivisorLimit || misaligned(src) || misaligned(dst)) {
     return false;
   }

@@ -100,7 +100,8 @@ struct VectorWindowArgs {
 };
 
 // Whether the vector form takes the window, and its divisors in *args: a
-// forward window with innermost stride 1, output rows of whole 16-B vectors,
+// forward window with innermost stride 1 (or 2, for elements below 16 B:
+// each vector from two source vectors), output rows of whole 16-B vectors,
 // both buffers 16-B aligned, and between 1 and 2^31 - 1 output vectors
 // (kFastDivisorLimit). Other windows take the SIMT kernel's row form.
 bool PlanVectorWindow(const WindowGeometry& g, const void* src, const void* dst,

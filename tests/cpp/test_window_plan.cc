@@ -228,8 +228,8 @@ void TestKernelChoice() {
 }
 
 void TestVectorForm() {
-  // The vector form: forward, innermost stride 1, rows of whole 16-B
-  // vectors, aligned buffers; its divisors.
+  // The vector form: forward, innermost stride 1 (or 2 below 16-B elements),
+  // rows of whole 16-B vectors, aligned buffers; its divisors.
   VectorWindowArgs a;
   CHECK(PlanVectorWindow(Window({8192, 8192}, {4096, 4096}, {1, 1}, 2, 3), kAligned,
                          kAlignedOut, &a));
@@ -246,7 +246,8 @@ void TestVectorForm() {
   const char* const bytes = static_cast<const char*>(kAligned);
   for (const auto& [g, src] : std::vector<std::pair<WindowGeometry, const void*>>{
            {Window({64, 64}, {32, 6}, {1, 1}, 2), kAligned},   // 12-B rows
-           {Window({64, 64}, {32, 32}, {1, 2}, 4), kAligned},  // innermost stride 2
+           {Window({64, 64}, {32, 32}, {1, 3}, 4), kAligned},  // innermost stride 3
+           {Window({64, 64}, {32, 32}, {1, 2}, 16), kAligned},  // stride 2 of 16-B elements
            {Window({64, 64}, {0, 32}, {1, 1}, 4), kAligned},   // empty
            {Window({64, 64}, {32, 32}, {1, 1}, 4), bytes + 4},  // misaligned x
            {Window({1 << 16, 1 << 16}, {1 << 15, 1 << 16}, {1, 1}, 16), kAligned},  // 2^31 vectors
@@ -258,6 +259,10 @@ void TestVectorForm() {
   CHECK(!PlanVectorWindow(t, kAligned, kAlignedOut, &a));
   CHECK(PlanVectorWindow(Window({1 << 16, 1 << 16}, {(1 << 15) - 1, 1 << 16}, {1, 1}, 16),
                          kAligned, kAlignedOut, &a));
+  for (const int64_t eb : {1, 2, 4, 8}) {  // x[::2, ::2]: 16 B of output a vector, whatever it reads
+    CHECK(PlanVectorWindow(Window({64, 64}, {32, 32}, {2, 2}, eb), kAligned, kAlignedOut, &a));
+    CHECK_EQ(a.vectors, static_cast<uint32_t>(32 * 32 * eb / 16));
+  }
 }
 
 }  // namespace
