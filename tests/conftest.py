@@ -83,13 +83,6 @@ def _name_the_running_test(text: str) -> None:
             f.write(text + "\n")
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests marked `long` first, the rest in their order: pytest-xdist hands
-    tests out in collection order, and a long test handed out last sets the
-    run's wall time."""
-    items.sort(key=lambda item: "long" not in item.keywords)
-
-
 def pytest_runtest_setup(item):
     _name_the_running_test(item.nodeid)
     if "gpu" in item.keywords and not _has_gpu():

@@ -421,7 +421,6 @@ def shared_gpu():
         pytest.skip("needs a CUDA GPU (set JAX_TMA_REQUIRE_GPU=1 to fail instead)")
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("count", [pytest.param(2, marks=pytest.mark.quick), 3, 4])
 def test_processes_sharing_a_gpu_move_blocks_gpu_to_gpu(rng, shared_gpu, count):
     outputs = _run("check", count, rng, platform="gpu")
@@ -499,7 +498,6 @@ def test_a_loop_across_processes_replays_from_command_buffers(rng, shared_gpu):
         assert f"process {pid}: ok" in out, out[-4000:]
 
 
-@pytest.mark.long
 def test_compile_and_free_cycles_release_what_the_transport_holds(rng, shared_gpu):
     # 1000 new executables, each set up at its first call and freed: the
     # participants, mailboxes, VA reservations, mappings and descriptors
