@@ -62,36 +62,82 @@ TapSteps TapStepsOf(const Im2colGeometry& g, int64_t run) {
   return s;
 }
 
+// Division by a divisor fixed on the host, past 2^31 units, where
+// FastDivisor does not reach: a plain division.
+struct WideDivisor {
+  uint64_t d = 1;
+  static WideDivisor Of(uint64_t v) { return WideDivisor{v}; }
+  JAX_TMA_HOST_DEVICE uint64_t Divide(uint64_t n) const { return n / d; }
+};
+
+// The index type of a divisor: what it divides.
+template <typename D>
+using DivIndex = decltype(D{}.Divide(0u));
+
+// What the tap-major kernels divide their index by, fixed on the host: D =
+// FastDivisor (a multiply-high and a shift) where every index is below 2^31,
+// else WideDivisor. Dim 0 needs none: what is left of the index is its
+// coordinate.
+template <typename D>
+struct Im2colDivisors {
+  D row;                            // by taps * run: units a patch row (the flat kernel's)
+  D run;                            // by run: units a channel run
+  D out_pixels;
+  D out_dims[kMaxIm2colRank];       // dims 1 and up
+  D kernel[kMaxIm2colRank];         // dims 1 and up (the flat kernel's)
+};
+
+template <typename D>
+Im2colDivisors<D> Im2colDivisorsOf(const Im2colGeometry& g, int64_t run) {
+  using I = DivIndex<D>;
+  Im2colDivisors<D> f;
+  f.row = D::Of(static_cast<I>(g.taps * run));
+  f.run = D::Of(static_cast<I>(run));
+  f.out_pixels = D::Of(static_cast<I>(g.out_pixels));
+  for (int d = 1; d < g.rank; ++d) {
+    f.out_dims[d] = D::Of(static_cast<I>(g.out_dims[d]));
+    f.kernel[d] = D::Of(static_cast<I>(g.kernel[d]));
+  }
+  return f;
+}
+
 // Tap-major im2col over R = g.rank spatial dims (a template parameter so the
 // per-dim arrays stay in registers). V is the access unit; `run` =
-// C * elem_bytes / sizeof(V) units per pixel. Each tap's input coordinates and
+// C * elem_bytes / sizeof(V) units per pixel. A thread's (pixel, unit) splits
+// into coordinates by the divisors of `f`; each tap's input coordinates and
 // offset follow from the last tap's by adds (TapSteps), row-major: no
 // multiply or division per tap.
-template <typename V, int R>
+template <typename V, int R, typename D>
 __global__ void __launch_bounds__(kThreads)
-    SimtIm2colKernel(const Im2colGeometry g, const TapSteps s, const V* __restrict__ x,
-                     V* __restrict__ out, int64_t run) {
-  const int64_t total = g.batch * g.out_pixels * run;
+    SimtIm2colKernel(const Im2colGeometry g, const TapSteps s, const Im2colDivisors<D> f,
+                     const V* __restrict__ x, V* __restrict__ out, DivIndex<D> run) {
+  using I = DivIndex<D>;
+  const I total = static_cast<I>(g.batch * g.out_pixels) * run;
+  const I out_pixels = static_cast<I>(g.out_pixels);
   constexpr int r = R;
-  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t pix = idx / run;
-    const int64_t v = idx - pix * run;
-    const int64_t n = pix / g.out_pixels;
-    int64_t m = pix - n * g.out_pixels;
+  for (I idx = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<I>(gridDim.x) * blockDim.x) {
+    const I pix = f.run.Divide(idx);
+    const I v = idx - pix * run;
+    const I n = f.out_pixels.Divide(pix);
+    I m = pix - n * out_pixels;
     int64_t c[kMaxIm2colRank];  // the tap's input coordinate per dim, tap 0's first
 #pragma unroll
     for (int d = r - 1; d >= 0; --d) {
-      const int64_t o = m % g.out_dims[d];
-      m /= g.out_dims[d];
-      c[d] = o * g.strides[d] - g.pad_lo[d];
+      I o = m;
+      if (d > 0) {
+        const I q = f.out_dims[d].Divide(m);
+        o = m - q * static_cast<I>(g.out_dims[d]);
+        m = q;
+      }
+      c[d] = static_cast<int64_t>(o) * g.strides[d] - g.pad_lo[d];
     }
     int64_t off = 0;  // the tap's input pixel, in access units from xn (negative: outside)
 #pragma unroll
     for (int d = 0; d < r; ++d) off = off * g.in_dims[d] + c[d];
     off *= run;
-    const V* xn = x + n * g.in_pixels * run + v;
-    V* dst = out + pix * g.taps * run + v;
+    const V* xn = x + static_cast<int64_t>(n) * g.in_pixels * run + v;
+    V* dst = out + static_cast<int64_t>(pix) * g.taps * run + v;
     int64_t k[kMaxIm2colRank] = {0, 0, 0};
     for (int64_t t0 = 0; t0 < g.taps; t0 += kTapsInFlight) {
       V val[kTapsInFlight];
@@ -124,43 +170,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Division by a divisor fixed on the host, for the flat kernel past 2^31
-// units, where FastDivisor does not reach: a plain division.
-struct WideDivisor {
-  uint64_t d = 1;
-  static WideDivisor Of(uint64_t v) { return WideDivisor{v}; }
-  JAX_TMA_HOST_DEVICE uint64_t Divide(uint64_t n) const { return n / d; }
-};
-
-// The index type of a divisor: what it divides.
-template <typename D>
-using DivIndex = decltype(D{}.Divide(0u));
-
-// What SimtIm2colFlatKernel divides its output index by, fixed on the host
-// (D = FastDivisor where every index is below 2^31, else WideDivisor).
-template <typename D>
-struct FlatDivisors {
-  D row;                            // by taps * run: units a patch row
-  D run;                            // by run: units a channel run
-  D out_pixels;
-  D out_dims[kMaxIm2colRank];       // dims 1 and up
-  D kernel[kMaxIm2colRank];
-};
-
-template <typename D>
-FlatDivisors<D> FlatDivisorsOf(const Im2colGeometry& g, int64_t run) {
-  using I = DivIndex<D>;
-  FlatDivisors<D> f;
-  f.row = D::Of(static_cast<I>(g.taps * run));
-  f.run = D::Of(static_cast<I>(run));
-  f.out_pixels = D::Of(static_cast<I>(g.out_pixels));
-  for (int d = 1; d < g.rank; ++d) {  // dim 0 needs none: what is left is its coordinate
-    f.out_dims[d] = D::Of(static_cast<I>(g.out_dims[d]));
-    f.kernel[d] = D::Of(static_cast<I>(g.kernel[d]));
-  }
-  return f;
-}
-
 // Units of the flat kernel's each thread loads before it stores them.
 constexpr int kFlatInFlight = 4;
 
@@ -172,7 +181,7 @@ constexpr int kFlatInFlight = 4;
 // (pixel, tap, unit) and those into coordinates by the divisors of `f`.
 template <typename V, int R, typename D>
 __global__ void __launch_bounds__(kThreads)
-    SimtIm2colFlatKernel(const Im2colGeometry g, const FlatDivisors<D> f, const V* __restrict__ x,
+    SimtIm2colFlatKernel(const Im2colGeometry g, const Im2colDivisors<D> f, const V* __restrict__ x,
                          V* __restrict__ out, DivIndex<D> run) {
   using I = DivIndex<D>;
   const I row = static_cast<I>(g.taps) * run;
@@ -363,18 +372,26 @@ struct TapMajorLaunch {
   void operator()() const {
     const int64_t units = g.batch * g.out_pixels * g.taps * run;
     if ((run * static_cast<int64_t>(sizeof(V))) % 32 == 0) {  // whole sectors per pixel
-      const int64_t grid = GridSize(g.batch * g.out_pixels * run, info);
-      SimtIm2colKernel<V, R><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
-          g, TapStepsOf(g, run), x, out, run);
+      const int64_t items = g.batch * g.out_pixels * run;
+      const auto grid = static_cast<unsigned>(GridSize(items, info));
+      if (items < kFastDivisorLimit) {
+        SimtIm2colKernel<V, R, FastDivisor><<<grid, kThreads, 0, stream>>>(
+            g, TapStepsOf(g, run), Im2colDivisorsOf<FastDivisor>(g, run), x, out,
+            static_cast<uint32_t>(run));
+      } else {
+        SimtIm2colKernel<V, R, WideDivisor><<<grid, kThreads, 0, stream>>>(
+            g, TapStepsOf(g, run), Im2colDivisorsOf<WideDivisor>(g, run), x, out,
+            static_cast<uint64_t>(run));
+      }
     } else {
       const auto grid = static_cast<unsigned>(
           GridSize((units + kFlatInFlight - 1) / kFlatInFlight, info));
       if (std::max(units, g.batch * g.in_pixels * run) < kFastDivisorLimit) {
         SimtIm2colFlatKernel<V, R, FastDivisor><<<grid, kThreads, 0, stream>>>(
-            g, FlatDivisorsOf<FastDivisor>(g, run), x, out, static_cast<uint32_t>(run));
+            g, Im2colDivisorsOf<FastDivisor>(g, run), x, out, static_cast<uint32_t>(run));
       } else {
         SimtIm2colFlatKernel<V, R, WideDivisor><<<grid, kThreads, 0, stream>>>(
-            g, FlatDivisorsOf<WideDivisor>(g, run), x, out, static_cast<uint64_t>(run));
+            g, Im2colDivisorsOf<WideDivisor>(g, run), x, out, static_cast<uint64_t>(run));
       }
     }
   }
