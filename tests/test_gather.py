@@ -1204,6 +1204,20 @@ def test_empty_scatter_of_another_dtype_returns_x(rng):
     assert_bits_equal(y, want)
 
 
+def test_deterministic_scatter_of_2_pow_31_rows_needs_x64():
+    # Its stable order numbers the rows: past int32 without jax_enable_x64,
+    # the call says so when it is lowered (shapes alone: nothing is
+    # allocated).
+    x = jax.ShapeDtypeStruct((2**31, 1), jnp.float32)
+    i = jax.ShapeDtypeStruct((3,), jnp.int32)
+    u = jax.ShapeDtypeStruct((3, 1), jnp.float32)
+    f = jax.jit(lambda x, i, u: jax_tma.scatter(x, i, u, deterministic=True))
+    with jax.enable_x64(False), pytest.raises(
+            ValueError, match=r"^jax_tma\.scatter: 2147483648 rows or indices need int64 row "
+                              r"numbers; enable jax_enable_x64"):
+        f.lower(x, i, u)
+
+
 # ---- every float type: adds and gradients ------------------------------------------
 
 FLOAT_DTYPES = [d for d in ALL_DTYPES if jnp.issubdtype(d, jnp.floating)]

@@ -703,6 +703,8 @@ def test_errors_name_the_op_rule_and_values():
          lambda: jax_tma.im2col(x, 2, padding=((1, 1), (1, 2, 3)))),
         (ValueError, r"im2col: padding\[0\] = \(-1, 0\) is negative",
          lambda: jax_tma.im2col(x, 2, padding=((-1, 0), (0, 0)))),
+        (ValueError, r"im2col: padding\[1\] = \(0, 2147483648\) is over 2\^31 - 1$",
+         lambda: jax_tma.im2col(x, 2, padding=((0, 0), (0, 2**31)))),
         (ValueError, r"im2col: order must be one of 'tap_major', 'channel_major', got 'hwc'",
          lambda: jax_tma.im2col(x, 2, order="hwc")),
         (ValueError, r"im2col: method must be one of 'auto', 'tma', 'simt', got 'bulk'",
@@ -743,7 +745,8 @@ def test_handler_revalidates():
                                         r"lie in \[1, 2\^31 - 1\]; dim 0 has kernel 1, "
                                         r"strides 0"):
         _raw(x, (2, 5, 3), strides=np.zeros(1, np.int64))
-    with pytest.raises(Exception, match=r"jax_tma\.im2col: padding \(-1, 0\) of dim 0"):
+    with pytest.raises(Exception, match=r"jax_tma\.im2col: padding \(-1, 0\) of dim 0 is "
+                                        r"outside \[0, 2\^31 - 1\]"):
         _raw(x, (2, 5, 3), pad_lo=-one)
     with pytest.raises(Exception, match=r"jax_tma\.im2col: patches dim 1 is 1 but spatial "
                                         r"dim 0 gives 0 output pixels \(input 5 \+ padding "

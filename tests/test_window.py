@@ -291,6 +291,8 @@ def test_errors_name_the_op_rule_and_values():
          lambda: jax_tma.window(x, (0, 0), (1, 1), fill="inf")),
         (TypeError, r"fill must be a scalar number, got \[0, 0\]",
          lambda: jax_tma.window(x, (0, 0), (1, 1), fill=[0, 0])),
+        (TypeError, r"fill must be a number, got b'1'",
+         lambda: jax_tma.window(x, (0, 0), (1, 1), fill=b"1")),
         (TypeError, r"fill must be a concrete scalar .* got a traced value",
          lambda: jax.jit(lambda f: jax_tma.window(x, (0, 0), (1, 1), fill=f))(1.0)),
         (TypeError, r"a complex fill \(1\+1j\) needs a complex x, x has dtype float64",
