@@ -87,16 +87,19 @@ struct Im2colDivisors {
   D kernel[kMaxIm2colRank];         // dims 1 and up (the flat kernel's)
 };
 
+// The divisors of a launch whose indices D's index type holds (`flat`: the
+// flat kernel's, whose indices run over taps too; the whole-sector kernel's
+// do not, and taps * run may be past them).
 template <typename D>
-Im2colDivisors<D> Im2colDivisorsOf(const Im2colGeometry& g, int64_t run) {
+Im2colDivisors<D> Im2colDivisorsOf(const Im2colGeometry& g, int64_t run, bool flat) {
   using I = DivIndex<D>;
   Im2colDivisors<D> f;
-  f.row = D::Of(static_cast<I>(g.taps * run));
   f.run = D::Of(static_cast<I>(run));
   f.out_pixels = D::Of(static_cast<I>(g.out_pixels));
-  for (int d = 1; d < g.rank; ++d) {
-    f.out_dims[d] = D::Of(static_cast<I>(g.out_dims[d]));
-    f.kernel[d] = D::Of(static_cast<I>(g.kernel[d]));
+  for (int d = 1; d < g.rank; ++d) f.out_dims[d] = D::Of(static_cast<I>(g.out_dims[d]));
+  if (flat) {
+    f.row = D::Of(static_cast<I>(g.taps * run));
+    for (int d = 1; d < g.rank; ++d) f.kernel[d] = D::Of(static_cast<I>(g.kernel[d]));
   }
   return f;
 }
@@ -376,11 +379,11 @@ struct TapMajorLaunch {
       const auto grid = static_cast<unsigned>(GridSize(items, info));
       if (items < kFastDivisorLimit) {
         SimtIm2colKernel<V, R, FastDivisor><<<grid, kThreads, 0, stream>>>(
-            g, TapStepsOf(g, run), Im2colDivisorsOf<FastDivisor>(g, run), x, out,
+            g, TapStepsOf(g, run), Im2colDivisorsOf<FastDivisor>(g, run, false), x, out,
             static_cast<uint32_t>(run));
       } else {
         SimtIm2colKernel<V, R, WideDivisor><<<grid, kThreads, 0, stream>>>(
-            g, TapStepsOf(g, run), Im2colDivisorsOf<WideDivisor>(g, run), x, out,
+            g, TapStepsOf(g, run), Im2colDivisorsOf<WideDivisor>(g, run, false), x, out,
             static_cast<uint64_t>(run));
       }
     } else {
@@ -388,10 +391,10 @@ struct TapMajorLaunch {
           GridSize((units + kFlatInFlight - 1) / kFlatInFlight, info));
       if (std::max(units, g.batch * g.in_pixels * run) < kFastDivisorLimit) {
         SimtIm2colFlatKernel<V, R, FastDivisor><<<grid, kThreads, 0, stream>>>(
-            g, Im2colDivisorsOf<FastDivisor>(g, run), x, out, static_cast<uint32_t>(run));
+            g, Im2colDivisorsOf<FastDivisor>(g, run, true), x, out, static_cast<uint32_t>(run));
       } else {
         SimtIm2colFlatKernel<V, R, WideDivisor><<<grid, kThreads, 0, stream>>>(
-            g, Im2colDivisorsOf<WideDivisor>(g, run), x, out, static_cast<uint64_t>(run));
+            g, Im2colDivisorsOf<WideDivisor>(g, run, true), x, out, static_cast<uint64_t>(run));
       }
     }
   }
