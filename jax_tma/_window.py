@@ -415,15 +415,19 @@ def _transpose_lowering(ctx, ct, start, *, x_shape, strides, static, **params):
                   strides=strides, static=static, fill=_lowering.ZERO_BITS, **params)
 
 
-def _inner_start(x_shape, static, first) -> int | None:
-    """The start of the innermost (merged) dim, whose first original dim is
-    `first`, in elements, where it is static; None where it is traced or
-    symbolic. The CUDA planner's kernel choice reads it (ffi/window/window_plan.h,
-    InnerStartAligned)."""
-    inner = x_shape[first + 1:]
-    if static[first] is None or not all(isinstance(d, int) for d in inner):
-        return None
-    return static[first] * math.prod(inner)
+def _static_starts(x_shape, static, groups) -> tuple[int | None, ...]:
+    """The start of each (merged) dim of the call, whose first original dim
+    is a group's first, in elements, where it is static; None where it is
+    traced or symbolic. The handlers read a static start from here, not from
+    the operand (a kernel parameter on the GPU: no load before the data's),
+    and the CUDA planner's kernel choice reads the innermost
+    (ffi/window/window_plan.h, InnerStartAligned)."""
+    out = []
+    for first, last in groups:
+        inner = x_shape[first + 1:last + 1]
+        known = static[first] is not None and all(isinstance(d, int) for d in inner)
+        out.append(static[first] * math.prod(inner) if known else None)
+    return tuple(out)
 
 
 def _mergeable_groups(x_shape, shape, strides, static, lead):
@@ -491,7 +495,8 @@ def _call(src, start, *, transpose, box, x_shape, strides, fill, method, static)
     y = window_call_p.bind(src, *starts, out_shape=batch + lead_dims + tuple(out_dims),
                            strides=tuple(strides[first] for first, _ in groups), fill=fill,
                            transpose=transpose, method=method,
-                           inner_start=_inner_start(x_shape, static, groups[-1][0]))
+                           static_start=(None,) * len(groups) if start.ndim > 1
+                           else _static_starts(x_shape, static, groups))
     return y.reshape(batch + tuple(x_shape if transpose else box))
 
 
@@ -508,7 +513,8 @@ def _local_lowering(ctx, src, start, **params):
             src, start)
 
 
-def _call_lowering(ctx, src, *starts, out_shape, strides, fill, transpose, method, inner_start):
+def _call_lowering(ctx, src, *starts, out_shape, strides, fill, transpose, method,
+                   static_start):
     # One scalar operand per start where the starts are shared: XLA folds
     # these slices of the stacked start back into the scalars it was built
     # from, so traced starts reach the call as they are, with no kernel to
@@ -521,8 +527,8 @@ def _call_lowering(ctx, src, *starts, out_shape, strides, fill, transpose, metho
         fill=_lowering.fill_attr([fill]),
         transpose=bool(transpose),
         method=method,
-        inner_start=np.int64(_ffi.rules()["window.unknown_start"] if inner_start is None
-                             else inner_start),
+        static_start=np.array([_ffi.rules()["window.unknown_start"] if s is None else s
+                               for s in static_start], np.int64),
     )
 
 

@@ -27,6 +27,7 @@ from reference import (ALL_DTYPES, assert_bits_equal, assert_no_collectives, col
 
 FLOATS = [d for d in ALL_DTYPES if jnp.issubdtype(d, jnp.inexact)
           and d.name not in ("float4_e2m1fn",)]
+UNKNOWN = -2**63  # a static_start entry of a traced start (the handlers' kUnknownStart)
 
 
 
@@ -326,8 +327,9 @@ def _raw_window(x, start, out_shape, device=None, **attrs):
     call = jax.ffi.ffi_call("jax_tma_window", jax.ShapeDtypeStruct(out_shape, x.dtype),
                             has_side_effect=True)
     base = dict(strides=np.ones(len(out_shape), np.int64), fill=np.zeros(2, np.int64),
-                transpose=False, method="auto", inner_start=np.int64(0))
+                transpose=False, method="auto")
     base.update(attrs)
+    base.setdefault("static_start", np.full(len(base["strides"]), UNKNOWN, np.int64))
     starts = start if isinstance(start, tuple) else (start,)
     put = functools.partial(jax.device_put, device=device)
     return jax.block_until_ready(
@@ -388,6 +390,13 @@ HANDLER_GEOMETRY_ERRORS = [
     ("transpose-unbatched-cotangent", (4, 5), (3, 2), (3, 4, 5),
      dict(transpose=True, strides=np.ones(2, np.int64)),
      r"the transpose needs a batched cotangent"),
+    ("static-start-entries", (4, 5), (2,), (2, 2), dict(static_start=np.zeros(3, np.int64)),
+     r"static_start has 3 entries; expected 2 \(one per dim, -9223372036854775808 where "
+     r"traced\)"),
+    ("static-start-of-batched-starts", (4, 5), (3, 2), (3, 2, 2),
+     dict(strides=np.ones(2, np.int64), static_start=np.array([1, UNKNOWN], np.int64)),
+     r"static_start\[0\] = 1 is known, but the starts are batched \(one set per batch "
+     r"entry\)"),
 ]
 
 
@@ -400,6 +409,19 @@ def test_handler_rejects_bad_geometry(rng, device, x_shape, start_shape, out_sha
     start = np.zeros(start_shape, np.int32)
     with pytest.raises(Exception, match=r"jax_tma\.window: " + match):
         _raw_window(x, start, out_shape, device=jax.devices(device)[0], **attrs)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("shape", [(4, 8), (3, 5)])  # whole 16-B rows (the vector form), not
+def test_handler_reads_a_static_start_in_place_of_the_operand(rng, device, shape):
+    """A known static_start entry is the start (a kernel parameter on the
+    GPU); the operand's value is read only where the entry is unknown."""
+    x = random_array(rng, (9, 12), np.float32)
+    dev = jax.devices(device)[0]
+    ops = (jnp.int32(0), jnp.int32(-2))
+    for static, start in [((2, 3), (2, 3)), ((UNKNOWN, 3), (0, 3)), ((2, UNKNOWN), (2, -2))]:
+        got = _raw_window(x, ops, shape, device=dev, static_start=np.array(static, np.int64))
+        assert_bits_equal(got, window_reference(x, start, shape))
 
 
 def test_handler_accepts_the_geometry_next_to_each_rule(rng):
@@ -435,7 +457,7 @@ for transpose, x_shape, out_shape in [(False, (2, 3), (4, 0)), (True, (0, 2), (2
                             has_side_effect=True)
     f = jax.jit(lambda a, s: call(a, s, strides=np.ones(2, np.int64), fill=np.zeros(2, np.int64),
                                   transpose=transpose, method="auto",
-                                  inner_start=np.int64(0)))
+                                  static_start=np.full(2, -2**63, np.int64)))
     y = f(jax.device_put(np.zeros(x_shape, np.float32), dev),
           jax.device_put(np.zeros(2, np.int32), dev))
     print(jax.block_until_ready(y).shape)
@@ -474,24 +496,28 @@ def test_traced_starts_reach_the_call_as_scalars():
     assert_bits_equal(whole, split)
 
 
-@pytest.mark.parametrize("start, dtype, inner", [
-    ((3, 4), jnp.float32, 4),
-    ((3, 1), jnp.float32, 1),
-    ((0, 8), jnp.bfloat16, 8),
-    ((1, 0), jnp.float32, 64),      # whole rows fold: start 1 * 64 elements
+@pytest.mark.parametrize("start, dtype, static", [
+    ((3, 4), jnp.float32, "dense<[3, 4]> : tensor<2xi64>"),
+    ((3, 1), jnp.float32, "dense<[3, 1]> : tensor<2xi64>"),
+    ((0, 8), jnp.bfloat16, "dense<[0, 8]> : tensor<2xi64>"),
+    ((1, 0), jnp.float32, "dense<64> : tensor<1xi64>"),  # whole rows fold: 1 * 64 elements
 ])
-def test_the_call_carries_the_static_inner_start(start, dtype, inner):
-    """auto's choice is the CUDA planner's (InnerStartAligned, tested in
-    tests/cpp/test_window_plan.cc): the call carries the method as given and
-    the innermost (merged) start where it is static, the "unknown" value
-    where it is traced."""
+def test_the_call_carries_the_static_starts(start, dtype, static):
+    """The handlers read a static start from the call (a kernel parameter on
+    the GPU), and auto's choice is the CUDA planner's (InnerStartAligned,
+    tested in tests/cpp/test_window_plan.cc): the call carries the method as
+    given and each (merged) dim's start where it is static, the "unknown"
+    value where it is traced."""
     x = jnp.zeros((32, 64), dtype)
     full = (31, 64) if start[1] == 0 else (8, 8)
     text = jax.jit(lambda a: jax_tma.window(a, start, full)).lower(x).as_text()
-    assert 'method = "auto"' in text and f"inner_start = {inner} : i64" in text
+    assert 'method = "auto"' in text and f"static_start = {static}" in text
     traced = jax.jit(lambda a, s: jax_tma.window(a, (3, s), (8, 8))).lower(x, 4).as_text()
-    unknown = jax_tma._ffi.rules()["window.unknown_start"]
-    assert unknown == -2**63 and f"inner_start = {unknown} : i64" in traced
+    assert jax_tma._ffi.rules()["window.unknown_start"] == UNKNOWN
+    assert f"static_start = dense<[3, {UNKNOWN}]> : tensor<2xi64>" in traced
+    batched = jax.jit(jax.vmap(lambda a, s: jax_tma.window(a, (3, s), (8, 8)), (None, 0)))
+    assert (f"static_start = dense<{UNKNOWN}> : tensor<2xi64>"
+            in batched.lower(x, jnp.arange(2)).as_text())
 
 
 START_DTYPES = ["int4", "uint4", "int8", "uint8", "int16", "uint16", "int32", "uint32",
@@ -573,7 +599,7 @@ def test_a_numpy_start_array_is_static_and_raises_no_warning(rng, x64):
         got_jit = jax.jit(fn)(on_cpu(x))
         text = jax.jit(fn).lower(x).as_text()
         ref = lax.dynamic_slice(on_cpu(x), np.array([0, 8]), (3, 8))  # silent too
-    assert "inner_start = 8 : i64" in text
+    assert "static_start = dense<[-1, 8]> : tensor<2xi64>" in text
     assert_bits_equal(got, window_reference(x, (-1, 8), (3, 8)))
     assert_bits_equal(got_jit, got)
     assert_bits_equal(ref, x[:3, 8:16])

@@ -162,9 +162,10 @@ __device__ __forceinline__ uint4 LoadUnaligned16(const unsigned char* p) {
 // output vectors, kWindowThreads apart (the warp's stores coalesce). A
 // vector's row comes from its coordinates (FastDivisor); its elements from one
 // run of kStride (the innermost stride, 1 or 2) 16-B vectors of that row's
-// source, every kStride-th element kept. The starts (one set for the window) are
-// read once a block, every dimension's at once, into shared memory, while the
-// threads divide their coordinates (kBatchedStarts: each batch entry has its
+// source, every kStride-th element kept. The starts (one set for the window),
+// where any is traced, are read once a block, every dimension's at once, into
+// shared memory, while the threads divide their coordinates; where all are
+// static they are kernel parameters (kBatchedStarts: each batch entry has its
 // own, read per vector); every data load is issued before the first store.
 // Two vectors a thread were ahead of one and of four on an H200
 // (benchmarks/TUNING.md, "The SIMT kernel's vector form").
@@ -196,14 +197,19 @@ __global__ void __launch_bounds__(kWindowThreads)
     inside[k] = true;
   }
   __shared__ int64_t block_starts[kMaxWindowRank];
-  if constexpr (!kBatchedStarts) {
+  // Starts from memory where any is traced (a block-uniform test); else every
+  // one is a kernel parameter.
+  const bool loaded = !kBatchedStarts && !g.starts.all_known;
+  if (loaded) {
     if (static_cast<int>(threadIdx.x) < g.rank) {
       block_starts[threadIdx.x] = ReadStart(g.starts, g.rank, 0, static_cast<int>(threadIdx.x));
     }
     __syncthreads();
   }
   for (int d = last; d >= 0; --d) {
-    const int64_t s = kBatchedStarts ? 0 : block_starts[d];
+    const int64_t s = kBatchedStarts ? 0
+                      : loaded       ? block_starts[d]
+                                     : ReadStart(g.starts, g.rank, 0, d);
 #pragma unroll
     for (int k = 0; k < kU; ++k) {
       const int64_t sk = kBatchedStarts ? ReadStart(g.starts, g.rank, b[k], d) : s;

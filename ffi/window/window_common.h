@@ -28,22 +28,28 @@ namespace jax_tma {
 inline constexpr int kMaxWindowRank = 16;
 inline constexpr std::string_view kWindowOp = "jax_tma.window";
 
+// An entry of the "static_start" attribute (one per dim: the start the caller
+// knew when it built the call, in src elements) for a start known only on
+// the device (traced).
+inline constexpr int64_t kUnknownStart = std::numeric_limits<int64_t>::min();
+
 // Where the start indices are (device memory on the GPU). `split`: ptr[d]
 // holds start d alone, so that XLA passes traced starts to the call as the
 // scalars they are, without a kernel that stacks them first. Otherwise ptr[0]
-// holds them all, (r,) or, when `batched`, (batch, r).
+// holds them all, (r,) or, when `batched`, (batch, r). Where bit d of
+// `known_mask` is set, start d is `known[d]`, as the call's "static_start"
+// gives it, read in place of the operand, so that a kernel loads no start it
+// was given (all_known: it loads none).
+static_assert(kMaxWindowRank < 32, "WindowStarts::known_mask has a bit per dim");
 struct WindowStarts {
   const void* ptr[kMaxWindowRank] = {};
+  int64_t known[kMaxWindowRank] = {};
+  uint32_t known_mask = 0;
   bool split = false;
   bool batched = false;
   bool is64 = false;            // int64 (else int32)
+  bool all_known = false;
 };
-
-// The "inner_start" attribute (the innermost start in src elements, where
-// the caller knew it when it built the call; the CUDA planner's kernel
-// choice reads it) of a call whose innermost start is known only on the
-// device (traced).
-inline constexpr int64_t kUnknownStart = std::numeric_limits<int64_t>::min();
 
 struct WindowGeometry {
   int rank = 0;                 // spatial rank r
@@ -67,11 +73,14 @@ inline constexpr int64_t kStartClamp = int64_t{1} << 62;
 inline constexpr int64_t kMaxWindowStride = (int64_t{1} << 31) - 1;
 
 // Start d of batch entry b of a window of rank `rank`, clamped to
-// +-kStartClamp.
+// +-kStartClamp: the known one, else the operand's.
 JAX_TMA_HOST_DEVICE inline int64_t ReadStart(const WindowStarts& s, int rank, int64_t b, int d) {
-  const void* p = s.split ? s.ptr[d] : s.ptr[0];
-  const int64_t k = s.split ? 0 : (s.batched ? b : 0) * rank + d;
-  const int64_t v = s.is64 ? static_cast<const int64_t*>(p)[k] : static_cast<const int32_t*>(p)[k];
+  int64_t v = s.known[d];
+  if (((s.known_mask >> d) & 1) == 0) {
+    const void* p = s.split ? s.ptr[d] : s.ptr[0];
+    const int64_t k = s.split ? 0 : (s.batched ? b : 0) * rank + d;
+    v = s.is64 ? static_cast<const int64_t*>(p)[k] : static_cast<const int32_t*>(p)[k];
+  }
   return v < -kStartClamp ? -kStartClamp : (v > kStartClamp ? kStartClamp : v);
 }
 
@@ -86,7 +95,7 @@ auto BindWindowCall(Binding binding) {
       .template Attr<ffi::Span<const int64_t>>("fill")         // fill (fill.h)
       .template Attr<bool>("transpose")                        // transpose
       .template Attr<std::string_view>("method")               // method
-      .template Attr<int64_t>("inner_start");                  // inner_start
+      .template Attr<ffi::Span<const int64_t>>("static_start"); // static_start
 }
 
 // Re-validates a call of "jax_tma_window" and fills in its geometry and
@@ -96,7 +105,7 @@ inline ffi::Error DecodeWindow(const ffi::AnyBuffer& src,
                                ffi::Result<ffi::AnyBuffer>& dst,
                                ffi::Span<const int64_t> strides,
                                ffi::Span<const int64_t> fill, bool transpose,
-                               std::string_view method,
+                               std::string_view method, ffi::Span<const int64_t> static_start,
                                WindowGeometry* g, Method* parsed) {
   const auto op = kWindowOp;
   JAX_TMA_RETURN_IF_FAILED(ParseMethod(op, method, parsed));
@@ -189,6 +198,20 @@ inline ffi::Error DecodeWindow(const ffi::AnyBuffer& src,
                            g->batch * r, " (batch x rank)");
   }
   ws.batched = count != r;
+  if (static_cast<int64_t>(static_start.size()) != r) {
+    return InvalidArgument(op, "static_start has ", static_start.size(), " entries; expected ",
+                           r, " (one per dim, ", kUnknownStart, " where traced)");
+  }
+  for (int64_t i = 0; i < r; ++i) {
+    if (static_start[i] == kUnknownStart) continue;
+    if (ws.batched) {
+      return InvalidArgument(op, "static_start[", i, "] = ", static_start[i],
+                             " is known, but the starts are batched (one set per batch entry)");
+    }
+    ws.known[i] = static_start[i];
+    ws.known_mask |= uint32_t{1} << i;
+  }
+  ws.all_known = ws.known_mask == (uint32_t{1} << r) - 1;
   if (src.element_count() != 0 && src.untyped_data() == nullptr) {
     return InvalidArgument(op, "null input buffer");
   }

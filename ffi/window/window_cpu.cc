@@ -14,11 +14,11 @@ static ffi::Error WindowCpuImpl(ffi::AnyBuffer x, ffi::RemainingArgs starts,
                                 ffi::Result<ffi::AnyBuffer> y,
                                 ffi::Span<const int64_t> strides, ffi::Span<const int64_t> fill,
                                 bool transpose, std::string_view method,
-                                int64_t /*inner_start: read by the CUDA planner alone*/) {
+                                ffi::Span<const int64_t> static_start) {
   WindowGeometry g;
   Method parsed;  // every method is the same loop on the host
-  JAX_TMA_RETURN_IF_FAILED(
-      DecodeWindow(x, starts, y, strides, fill, transpose, method, &g, &parsed));
+  JAX_TMA_RETURN_IF_FAILED(DecodeWindow(x, starts, y, strides, fill, transpose, method,
+                                        static_start, &g, &parsed));
   CountPath(Path::kWindowCpu);
   // Nothing to write; a zero-size window dim would also divide by zero below.
   if (g.batch == 0 || g.dst_spatial == 0) return ffi::Error::Success();

@@ -120,13 +120,13 @@ struct WindowPlan {
   bool simt() const { return kernel != WindowKernel::kTiled; }
 };
 
-// Whether the innermost start (the call's "inner_start", in elements) is
-// known and a multiple of 16 bytes. Only then does Method::kAuto take the
-// tiled kernel, where SIMT's vector form cannot run: a TMA box starts 16-B
-// aligned, so any other start is loaded wider and shifted in shared memory,
-// which measured slower than the SIMT kernel (benchmarks/bench_window.py). A
-// start known only on the device (kUnknownStart) may be anything, so it
-// takes SIMT too.
+// Whether the innermost start (the last entry of the call's "static_start",
+// in elements) is known and a multiple of 16 bytes. Only then does
+// Method::kAuto take the tiled kernel, where SIMT's vector form cannot run: a
+// TMA box starts 16-B aligned, so any other start is loaded wider and shifted
+// in shared memory, which measured slower than the SIMT kernel
+// (benchmarks/bench_window.py). A start known only on the device
+// (kUnknownStart) may be anything, so it takes SIMT too.
 bool InnerStartAligned(const WindowGeometry& g, int64_t inner_start);
 
 // Plans a call once. Method::kSimt: the vector form where it fits

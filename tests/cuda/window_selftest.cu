@@ -70,13 +70,28 @@ bool RunCase(WindowGeometry g, bool tiled, std::mt19937_64& gen) {
   }
   g.starts.is64 = true;
   const std::vector<uint8_t> want = HostWindow(g, src, start);
+  // Static starts (kernel parameters) in two calls of three, of some or all
+  // dims: the start there, and another in the operand, which the kernels
+  // must not read.
+  std::vector<int64_t> operand = start;
+  if (!g.starts.batched && gen() % 3 != 0) {
+    const bool all = gen() % 2;
+    for (int d = 0; d < g.rank; ++d) {
+      if (!all && gen() % 2) continue;
+      g.starts.known[d] = start[d];
+      g.starts.known_mask |= uint32_t{1} << d;
+      operand[d] = start[d] + 5;
+    }
+    g.starts.all_known = g.starts.known_mask == (uint32_t{1} << g.rank) - 1;
+  }
   uint8_t *d_src = nullptr, *d_dst = nullptr;
   int64_t* d_start = nullptr;
   bool ok = Check(cudaMalloc(&d_src, src.size() + 16), "malloc") &&
             Check(cudaMalloc(&d_dst, want.size() + 16), "malloc") &&
             Check(cudaMalloc(&d_start, start.size() * 8), "malloc") &&
             Check(cudaMemcpy(d_src, src.data(), src.size(), cudaMemcpyHostToDevice), "h2d") &&
-            Check(cudaMemcpy(d_start, start.data(), start.size() * 8, cudaMemcpyHostToDevice), "h2d") &&
+            Check(cudaMemcpy(d_start, operand.data(), operand.size() * 8, cudaMemcpyHostToDevice),
+                  "h2d") &&
             Check(cudaMemset(d_dst, 0xA5, want.size()), "memset");
   // Split starts: one one-element buffer per dim (here consecutive ones).
   for (int d = 0; d < (g.starts.split ? g.rank : 1); ++d) g.starts.ptr[d] = d_start + d;

@@ -134,11 +134,13 @@ def _window_call(rng) -> Call:
     start = rng.integers(-3, max(x_shape) + 3, shape).astype(start_dtype)
     starts = list(start.reshape(r, 1)) if layout == 0 else [start]
     fill = np.zeros(2, np.int64) if transpose else random_fill(rng, [dtype])
+    # A static start is the operand's (the handlers read it in its place),
+    # or unknown; batched starts are all unknown.
+    static = [-2**63 if layout == 2 or rng.integers(2) else int(v) for v in start.reshape(-1)[:r]]
     return Call([src] + starts, [S(batch + dst_shape, dtype)],
                 dict(strides=rng.integers(1, 4, r), fill=fill,
                      transpose=transpose, method=pick(rng, PORTABLE),
-                     # any value is valid: it only steers auto's kernel choice
-                     inner_start=np.int64(pick(rng, (-2**63, int(rng.integers(-40, 40)))))))
+                     static_start=np.array(static, np.int64)))
 
 
 def _window_reference(call: Call) -> list[np.ndarray]:
