@@ -56,10 +56,10 @@ CASES = {
     "copy": "jax_tma.copy, method='auto' (the SIMT copy)",
     "copy_tma": "jax_tma.copy, method='tma' (the TMA bulk copy)",
     "copy_simt": "jax_tma.copy, method='simt'",
-    "window_traced": "jax_tma.window at a traced start, method='auto' (SIMT: the start is "
-                     "known on the device only)",
-    "window_static": "jax_tma.window at a static start 0, method='auto' (the TMA tiled "
-                     "kernel: three tensor maps)",
+    "window_traced": "jax_tma.window at a traced start, method='auto' (SIMT's vector form: "
+                     "the start read from device memory)",
+    "window_static": "jax_tma.window at a static start 0, method='auto' (SIMT's vector form: "
+                     "the start a kernel parameter)",
     "gather": "jax_tma.gather of one row at a device index, method='auto'",
     "im2col": "jax_tma.im2col, kernel size 1, method='auto' (the SIMT kernel)",
     "broadcast": "jax_tma.broadcast, n=1, method='auto' (the TMA store kernel: three tensor "
