@@ -418,9 +418,9 @@ def _transpose_lowering(ctx, ct, start, *, x_shape, strides, static, **params):
 def _static_starts(x_shape, static, groups) -> tuple[int | None, ...]:
     """The start of each (merged) dim of the call, whose first original dim
     is a group's first, in elements, where it is static; None where it is
-    traced or symbolic. The handlers read a static start from here, not from
-    the operand (a kernel parameter on the GPU: no load before the data's),
-    and the CUDA planner's kernel choice reads the innermost
+    traced or symbolic. Where all are static the handlers read them from here,
+    not from the operands (kernel parameters on the GPU: no load before the
+    data's), and the CUDA planner's kernel choice reads the innermost
     (ffi/window/window_plan.h, InnerStartAligned)."""
     out = []
     for first, last in groups:

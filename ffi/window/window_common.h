@@ -36,19 +36,20 @@ inline constexpr int64_t kUnknownStart = std::numeric_limits<int64_t>::min();
 // Where the start indices are (device memory on the GPU). `split`: ptr[d]
 // holds start d alone, so that XLA passes traced starts to the call as the
 // scalars they are, without a kernel that stacks them first. Otherwise ptr[0]
-// holds them all, (r,) or, when `batched`, (batch, r). Where bit d of
-// `known_mask` is set, start d is `known[d]`, as the call's "static_start"
-// gives it, read in place of the operand, so that a kernel loads no start it
-// was given (all_known: it loads none).
-static_assert(kMaxWindowRank < 32, "WindowStarts::known_mask has a bit per dim");
+// holds them all, (r,) or, when `batched`, (batch, r). `all_known`: the
+// call's "static_start" gives every start, and the starts are known[], read
+// in place of the operands, so that a kernel loads none (kernel parameters).
+// Where any is traced, all are the operands' (which hold the static ones
+// too: the call is built with them): one load is needed then anyway, and a
+// test of which start is known, on the kernel's first dependent chain, made
+// a tiny traced window 0.07 us slower on an H200 (benchmarks/TUNING.md).
 struct WindowStarts {
-  const void* ptr[kMaxWindowRank] = {};
-  int64_t known[kMaxWindowRank] = {};
-  uint32_t known_mask = 0;
   bool split = false;
   bool batched = false;
   bool is64 = false;            // int64 (else int32)
   bool all_known = false;
+  const void* ptr[kMaxWindowRank] = {};
+  int64_t known[kMaxWindowRank] = {};
 };
 
 struct WindowGeometry {
@@ -73,10 +74,10 @@ inline constexpr int64_t kStartClamp = int64_t{1} << 62;
 inline constexpr int64_t kMaxWindowStride = (int64_t{1} << 31) - 1;
 
 // Start d of batch entry b of a window of rank `rank`, clamped to
-// +-kStartClamp: the known one, else the operand's.
+// +-kStartClamp: the known one where all are, else the operand's.
 JAX_TMA_HOST_DEVICE inline int64_t ReadStart(const WindowStarts& s, int rank, int64_t b, int d) {
   int64_t v = s.known[d];
-  if (((s.known_mask >> d) & 1) == 0) {
+  if (!s.all_known) {
     const void* p = s.split ? s.ptr[d] : s.ptr[0];
     const int64_t k = s.split ? 0 : (s.batched ? b : 0) * rank + d;
     v = s.is64 ? static_cast<const int64_t*>(p)[k] : static_cast<const int32_t*>(p)[k];
@@ -202,16 +203,18 @@ inline ffi::Error DecodeWindow(const ffi::AnyBuffer& src,
     return InvalidArgument(op, "static_start has ", static_start.size(), " entries; expected ",
                            r, " (one per dim, ", kUnknownStart, " where traced)");
   }
+  ws.all_known = true;
   for (int64_t i = 0; i < r; ++i) {
-    if (static_start[i] == kUnknownStart) continue;
+    if (static_start[i] == kUnknownStart) {
+      ws.all_known = false;
+      continue;
+    }
     if (ws.batched) {
       return InvalidArgument(op, "static_start[", i, "] = ", static_start[i],
                              " is known, but the starts are batched (one set per batch entry)");
     }
     ws.known[i] = static_start[i];
-    ws.known_mask |= uint32_t{1} << i;
   }
-  ws.all_known = ws.known_mask == (uint32_t{1} << r) - 1;
   if (src.element_count() != 0 && src.untyped_data() == nullptr) {
     return InvalidArgument(op, "null input buffer");
   }
