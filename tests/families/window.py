@@ -145,13 +145,17 @@ def _window_call(rng) -> Call:
 
 def _window_reference(call: Call) -> list[np.ndarray]:
     """dst[b, i] = src[b, start + i * strides] (transpose: src[b, (i - start) /
-    strides] where that divides), else the fill pattern; bytes throughout."""
+    strides] where that divides), else the fill pattern; bytes throughout. The
+    start is static_start where that gives every one, else the operands'."""
     x, *starts = call.operands
     y = call.results[0]
     strides, transpose = call.attrs["strides"], call.attrs["transpose"]
     r = len(strides)
     eb = x.dtype.itemsize
     start = np.concatenate([s.astype(np.int64).reshape(-1) for s in starts]).reshape(-1, r)
+    static = call.attrs["static_start"]
+    if (static != -2**63).all():  # every start static: the handlers read these, not the operands
+        start = static.reshape(1, r)
     start = start.clip(-2**62, 2**62)
     src = x.view(np.uint8).reshape((math.prod(x.shape[:x.ndim - r]),) + x.shape[x.ndim - r:]
                                    + (eb,))
