@@ -165,13 +165,21 @@ __device__ __forceinline__ uint4 LoadUnaligned16(const unsigned char* p) {
 // source, every kStride-th element kept. The starts (one set for the window),
 // where any is traced, are read once a block, every dimension's at once, into
 // shared memory, while the threads divide their coordinates; where all are
-// static they are kernel parameters (kBatchedStarts: each batch entry has its
-// own, read per vector); every data load is issued before the first store.
+// static they are kernel parameters (VectorStarts; batched: each batch entry
+// has its own, read per vector); every data load is issued before the first
+// store.
 // Two vectors a thread were ahead of one and of four on an H200
 // (benchmarks/TUNING.md, "The SIMT kernel's vector form").
 constexpr int kVectorsPerThread = 2;
 
-template <typename T, bool kBatchedStarts, int kStride>
+// Where a vector window's starts come from, a kernel's template parameter
+// (tested once, on the host): the operands, one set for the window, read
+// once a block (any start traced); the operands, a set per batch entry, read
+// per vector; or the kernel's parameters (every start static: no load, no
+// barrier, before the data's).
+enum class VectorStarts { kLoaded, kBatched, kParameters };
+
+template <typename T, VectorStarts kStarts, int kStride>
 __global__ void __launch_bounds__(kWindowThreads)
     VectorWindowKernel(const WindowGeometry g, const VectorWindowArgs a,
                        const T* __restrict__ src, uint4* __restrict__ dst) {
@@ -196,23 +204,20 @@ __global__ void __launch_bounds__(kWindowThreads)
     off[k] = (g.src_batched ? b[k] : 0) * g.src_spatial;
     inside[k] = true;
   }
+  constexpr bool kBatched = kStarts == VectorStarts::kBatched;
   __shared__ int64_t block_starts[kMaxWindowRank];
-  // Starts from memory where any is traced (a block-uniform test); else every
-  // one is a kernel parameter.
-  const bool loaded = !kBatchedStarts && !g.starts.all_known;
-  if (loaded) {
-    if (static_cast<int>(threadIdx.x) < g.rank) {
-      block_starts[threadIdx.x] = ReadStart(g.starts, g.rank, 0, static_cast<int>(threadIdx.x));
-    }
+  if constexpr (kStarts == VectorStarts::kLoaded) {
+    const int t = static_cast<int>(threadIdx.x);
+    if (t < g.rank) block_starts[t] = ClampStart(LoadStart(g.starts, g.rank, 0, t));
     __syncthreads();
   }
   for (int d = last; d >= 0; --d) {
-    const int64_t s = kBatchedStarts ? 0
-                      : loaded       ? block_starts[d]
-                                     : ReadStart(g.starts, g.rank, 0, d);
+    const int64_t s = kStarts == VectorStarts::kLoaded     ? block_starts[d]
+                      : kStarts == VectorStarts::kParameters ? ClampStart(g.starts.known[d])
+                                                             : 0;
 #pragma unroll
     for (int k = 0; k < kU; ++k) {
-      const int64_t sk = kBatchedStarts ? ReadStart(g.starts, g.rank, b[k], d) : s;
+      const int64_t sk = kBatched ? ClampStart(LoadStart(g.starts, g.rank, b[k], d)) : s;
       if (d == last) {
         c0[k] += sk;
         continue;
@@ -276,17 +281,28 @@ __global__ void __launch_bounds__(kWindowThreads)
   }
 }
 
+template <typename T, int kStride>
+auto VectorKernelOf(VectorStarts starts) {
+  switch (starts) {
+    case VectorStarts::kBatched: return VectorWindowKernel<T, VectorStarts::kBatched, kStride>;
+    case VectorStarts::kParameters:
+      return VectorWindowKernel<T, VectorStarts::kParameters, kStride>;
+    default: return VectorWindowKernel<T, VectorStarts::kLoaded, kStride>;
+  }
+}
+
 template <typename T>
 ffi::Error Launch(const WindowGeometry& g, const WindowPlan& plan, const void* src, void* dst,
                   T fill, cudaStream_t stream, const DeviceInfo& info) {
   if (plan.kernel == WindowKernel::kVector) {
     constexpr uint32_t kPerBlock = kWindowThreads * kVectorsPerThread;
     const uint32_t blocks = (plan.vector.vectors + kPerBlock - 1) / kPerBlock;
-    auto kernel = g.starts.batched ? VectorWindowKernel<T, true, 1> : VectorWindowKernel<T, false, 1>;
+    const VectorStarts starts = g.starts.batched     ? VectorStarts::kBatched
+                                : g.starts.all_known ? VectorStarts::kParameters
+                                                     : VectorStarts::kLoaded;
+    auto kernel = VectorKernelOf<T, 1>(starts);
     if constexpr (sizeof(T) < 16) {  // PlanVectorWindow: innermost stride 2 below 16-B elements
-      if (g.strides[g.rank - 1] == 2) {
-        kernel = g.starts.batched ? VectorWindowKernel<T, true, 2> : VectorWindowKernel<T, false, 2>;
-      }
+      if (g.strides[g.rank - 1] == 2) kernel = VectorKernelOf<T, 2>(starts);
     }
     kernel<<<blocks, kWindowThreads, 0, stream>>>(g, plan.vector, static_cast<const T*>(src),
                                                   static_cast<uint4*>(dst));

@@ -15,6 +15,7 @@
 #ifndef JAX_TMA_FFI_WINDOW_WINDOW_COMMON_H_
 #define JAX_TMA_FFI_WINDOW_WINDOW_COMMON_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string_view>
@@ -37,19 +38,21 @@ inline constexpr int64_t kUnknownStart = std::numeric_limits<int64_t>::min();
 // holds start d alone, so that XLA passes traced starts to the call as the
 // scalars they are, without a kernel that stacks them first. Otherwise ptr[0]
 // holds them all, (r,) or, when `batched`, (batch, r). `all_known`: the
-// call's "static_start" gives every start, and the starts are known[], read
-// in place of the operands, so that a kernel loads none (kernel parameters).
-// Where any is traced, all are the operands' (which hold the static ones
-// too: the call is built with them): one load is needed then anyway, and a
-// test of which start is known, on the kernel's first dependent chain, made
-// a tiny traced window 0.07 us slower on an H200 (benchmarks/TUNING.md).
+// call's "static_start" gives every start, and the starts are known[] (in
+// place of ptr[]), read in place of the operands, so that a kernel loads none
+// (kernel parameters). Where any is traced, all are the operands' (which hold
+// the static ones too: the call is built with them): one load is needed then
+// anyway, and a test of which start is known, on the kernel's first dependent
+// chain, made a tiny traced window slower (benchmarks/TUNING.md).
 struct WindowStarts {
   bool split = false;
   bool batched = false;
   bool is64 = false;            // int64 (else int32)
   bool all_known = false;
-  const void* ptr[kMaxWindowRank] = {};
-  int64_t known[kMaxWindowRank] = {};
+  union {  // one of the two, as all_known says: the kernel's parameters stay as small
+    const void* ptr[kMaxWindowRank] = {};
+    int64_t known[kMaxWindowRank];
+  };
 };
 
 struct WindowGeometry {
@@ -73,16 +76,23 @@ struct WindowGeometry {
 inline constexpr int64_t kStartClamp = int64_t{1} << 62;
 inline constexpr int64_t kMaxWindowStride = (int64_t{1} << 31) - 1;
 
-// Start d of batch entry b of a window of rank `rank`, clamped to
-// +-kStartClamp: the known one where all are, else the operand's.
-JAX_TMA_HOST_DEVICE inline int64_t ReadStart(const WindowStarts& s, int rank, int64_t b, int d) {
-  int64_t v = s.known[d];
-  if (!s.all_known) {
-    const void* p = s.split ? s.ptr[d] : s.ptr[0];
-    const int64_t k = s.split ? 0 : (s.batched ? b : 0) * rank + d;
-    v = s.is64 ? static_cast<const int64_t*>(p)[k] : static_cast<const int32_t*>(p)[k];
-  }
+// A start clamped to +-kStartClamp.
+JAX_TMA_HOST_DEVICE inline int64_t ClampStart(int64_t v) {
   return v < -kStartClamp ? -kStartClamp : (v > kStartClamp ? kStartClamp : v);
+}
+
+// Start d of batch entry b of a window of rank `rank` as the operands hold
+// it (unclamped; not where all_known).
+JAX_TMA_HOST_DEVICE inline int64_t LoadStart(const WindowStarts& s, int rank, int64_t b, int d) {
+  const void* p = s.split ? s.ptr[d] : s.ptr[0];
+  const int64_t k = s.split ? 0 : (s.batched ? b : 0) * rank + d;
+  return s.is64 ? static_cast<const int64_t*>(p)[k] : static_cast<const int32_t*>(p)[k];
+}
+
+// Start d of batch entry b, clamped: the known one where all are, else the
+// operand's.
+JAX_TMA_HOST_DEVICE inline int64_t ReadStart(const WindowStarts& s, int rank, int64_t b, int d) {
+  return ClampStart(s.all_known ? s.known[d] : LoadStart(s, rank, b, d));
 }
 
 // The operands and attributes of "jax_tma_window", appended to a binding
@@ -203,17 +213,18 @@ inline ffi::Error DecodeWindow(const ffi::AnyBuffer& src,
     return InvalidArgument(op, "static_start has ", static_start.size(), " entries; expected ",
                            r, " (one per dim, ", kUnknownStart, " where traced)");
   }
-  ws.all_known = true;
+  bool all_known = true;
   for (int64_t i = 0; i < r; ++i) {
     if (static_start[i] == kUnknownStart) {
-      ws.all_known = false;
-      continue;
-    }
-    if (ws.batched) {
+      all_known = false;
+    } else if (ws.batched) {
       return InvalidArgument(op, "static_start[", i, "] = ", static_start[i],
                              " is known, but the starts are batched (one set per batch entry)");
     }
-    ws.known[i] = static_start[i];
+  }
+  if (all_known) {
+    ws.all_known = true;
+    std::copy(static_start.begin(), static_start.end(), ws.known);
   }
   if (src.element_count() != 0 && src.untyped_data() == nullptr) {
     return InvalidArgument(op, "null input buffer");

@@ -5,6 +5,7 @@
 // Exit status 1 on any mismatch or launch error.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -73,12 +74,9 @@ bool RunCase(WindowGeometry g, bool tiled, std::mt19937_64& gen) {
   // Static starts (kernel parameters) in two calls of three: the starts
   // there, and others in the operand, which the kernels must not read.
   std::vector<int64_t> operand = start;
-  if (!g.starts.batched && gen() % 3 != 0) {
-    g.starts.all_known = true;
-    for (int d = 0; d < g.rank; ++d) {
-      g.starts.known[d] = start[d];
-      operand[d] = start[d] + 5;
-    }
+  const bool all_known = !g.starts.batched && gen() % 3 != 0;
+  if (all_known) {
+    for (int d = 0; d < g.rank; ++d) operand[d] = start[d] + 5;
   }
   uint8_t *d_src = nullptr, *d_dst = nullptr;
   int64_t* d_start = nullptr;
@@ -91,6 +89,10 @@ bool RunCase(WindowGeometry g, bool tiled, std::mt19937_64& gen) {
             Check(cudaMemset(d_dst, 0xA5, want.size()), "memset");
   // Split starts: one one-element buffer per dim (here consecutive ones).
   for (int d = 0; d < (g.starts.split ? g.rank : 1); ++d) g.starts.ptr[d] = d_start + d;
+  if (all_known) {
+    g.starts.all_known = true;
+    std::copy(start.begin(), start.begin() + g.rank, g.starts.known);
+  }
   // The plan of method "tma" where the tiled kernel fits, else of "simt",
   // which then covers this geometry.
   jax_tma::WindowPlan plan;
