@@ -178,4 +178,35 @@ ffi::Error PlanIm2col(const Im2colGeometry& g, Method method, const DeviceInfo& 
   return ffi::Error::Success();
 }
 
+bool PlanStagedIm2col(const Im2colGeometry& g, int64_t run, StagedIm2colArgs* a) {
+  const int last = g.rank - 1;
+  const int64_t inner = g.out_dims[last];
+  if (g.transpose || g.channel_major || inner == 0 || g.batch == 0) return false;
+  if (g.taps > kStagedIm2colSmem || run > kStagedIm2colSmem / 16) return false;  // no overflow
+  const int64_t rows = g.taps / g.kernel[last];
+  const int64_t reach = (g.kernel[last] - 1) * g.dilation[last] + 1;  // one pixel's span
+  const int64_t pixel_bytes = rows * run * 16;
+  // The widest tile: (tile - 1) * stride + reach staged pixels a row.
+  if (reach > kStagedIm2colSmem / pixel_bytes) return false;
+  int64_t tile = (kStagedIm2colSmem / pixel_bytes - reach) / g.strides[last] + 1;
+  tile = std::min(tile, inner);
+  // A tile's output units index a uint32 below FastDivisor's limit.
+  tile = std::min(tile, (static_cast<int64_t>(kFastDivisorLimit) - 1) / (g.taps * run));
+  if (tile < 1) return false;
+  const int64_t span = (tile - 1) * g.strides[last] + reach;
+  a->run = static_cast<uint32_t>(run);
+  a->rows = static_cast<uint32_t>(rows);
+  a->span = static_cast<uint32_t>(span);
+  a->tile_pixels = static_cast<uint32_t>(tile);
+  a->tiles_per_row = (inner + tile - 1) / tile;
+  a->tiles = g.batch * (g.out_pixels / inner) * a->tiles_per_row;
+  a->smem = static_cast<uint32_t>(rows * span * run * 16);
+  a->by_run = FastDivisor::Of(a->run);
+  a->by_span = FastDivisor::Of(a->span);
+  a->by_patch_row = FastDivisor::Of(static_cast<uint32_t>(g.taps * run));
+  a->by_inner_kernel = FastDivisor::Of(static_cast<uint32_t>(g.kernel[last]));
+  a->by_kernel1 = FastDivisor::Of(static_cast<uint32_t>(g.rank == 3 ? g.kernel[1] : 1));
+  return true;
+}
+
 }  // namespace jax_tma

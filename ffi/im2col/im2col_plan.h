@@ -11,6 +11,7 @@
 
 #include "cuda/device_info.h"
 #include "cuda/tensor_map.h"
+#include "fast_divisor.h"
 #include "im2col/im2col_common.h"
 
 namespace jax_tma {
@@ -62,6 +63,33 @@ bool TmaIm2colFits(const Im2colGeometry& g, const void* x, const void* out, std:
 // The grid of a planned, non-empty im2col on `info`'s device: jobs per CTA,
 // CTAs and shared memory.
 void PlanTmaIm2colGrid(const DeviceInfo& info, TmaIm2colPlan* plan);
+
+// The SIMT staged kernel (tap-major, 16-B channel runs): a tile is
+// `tile_pixels` consecutive output pixels along the innermost dim; a block
+// stages the input they read, one row of `span` pixels per tap of the outer
+// kernel dims (`rows` of them, zeros outside x), in shared memory once, then
+// writes the tile's patch rows from there (contiguous, streaming stores). The
+// input crosses L2 once, where the other kernels re-read it for every tap.
+inline constexpr int64_t kStagedIm2colSmem = 48 * 1024;  // bytes a block stages, at most
+struct StagedIm2colArgs {
+  uint32_t run = 1;             // 16-B units of a pixel's channels
+  uint32_t rows = 1;            // taps / kernel[r - 1]
+  uint32_t span = 1;            // input pixels of a staged row
+  uint32_t tile_pixels = 1;
+  int64_t tiles_per_row = 1;    // ceil(out_dims[r - 1] / tile_pixels)
+  int64_t tiles = 0;            // batch * (out_pixels / out_dims[r - 1]) * tiles_per_row
+  uint32_t smem = 0;            // bytes: rows * span * run * 16
+  FastDivisor by_run;
+  FastDivisor by_span;
+  FastDivisor by_patch_row;     // taps * run
+  FastDivisor by_inner_kernel;  // kernel[r - 1]
+  FastDivisor by_kernel1;       // kernel[1] (r == 3: a staged row's two outer taps)
+};
+
+// The staged kernel's tiles for a tap-major im2col of `run` 16-B units a
+// pixel: the widest tile whose staged rows fit kStagedIm2colSmem; false where
+// not even one output pixel's do (then the other SIMT kernels run it).
+bool PlanStagedIm2col(const Im2colGeometry& g, int64_t run, StagedIm2colArgs* a);
 
 enum class Im2colKernel { kTma, kSimt };
 

@@ -236,6 +236,82 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Tap-major im2col through shared memory (PlanStagedIm2col): a block takes
+// tiles of consecutive output pixels along the innermost dim; it stages the
+// input rows a tile reads (row r: the r-th tap of the outer kernel dims, its
+// `span` pixels from the tile's first's leftmost tap on, zeros outside x), then
+// writes the tile's patch rows, contiguous in the output, in output order.
+template <int R>
+__global__ void __launch_bounds__(kThreads)
+    SimtIm2colStagedKernel(const Im2colGeometry g, const StagedIm2colArgs a,
+                           const uint4* __restrict__ x, uint4* __restrict__ out) {
+  extern __shared__ uint4 staged[];
+  constexpr int L = R - 1;  // the innermost dim, along which a tile runs
+  const uint32_t run = a.run;
+  const uint32_t staged_units = a.rows * a.span * run;
+  const uint32_t patch_row = static_cast<uint32_t>(g.taps) * run;
+  const int64_t inner = g.out_dims[L];
+  for (int64_t tile = blockIdx.x; tile < a.tiles; tile += gridDim.x) {
+    int64_t rest = tile / a.tiles_per_row;
+    const int64_t first = (tile - rest * a.tiles_per_row) * a.tile_pixels;
+    const auto pixels = static_cast<uint32_t>(inner - first < a.tile_pixels ? inner - first
+                                                                             : a.tile_pixels);
+    int64_t o[kMaxIm2colRank] = {};  // the tile's output coordinates, dims 0 .. L - 1
+    int64_t pixel = first;           // its first output pixel within the image
+    int64_t pitch = inner;
+#pragma unroll
+    for (int d = L - 1; d >= 0; --d) {
+      const int64_t q = rest / g.out_dims[d];
+      o[d] = rest - q * g.out_dims[d];
+      rest = q;
+      pixel += o[d] * pitch;
+      pitch *= g.out_dims[d];
+    }
+    const uint4* xn = x + rest * g.in_pixels * run;
+    const int64_t left = first * g.strides[L] - g.pad_lo[L];
+    for (uint32_t u = threadIdx.x; u < staged_units; u += kThreads) {
+      const uint32_t q = a.by_run.Divide(u);
+      const uint32_t v = u - q * run;
+      const uint32_t row = a.by_span.Divide(q);
+      uint32_t k[kMaxIm2colRank] = {};  // the row's taps of dims 0 .. L - 1
+      if constexpr (R == 3) {
+        k[0] = a.by_kernel1.Divide(row);
+        k[1] = row - k[0] * static_cast<uint32_t>(g.kernel[1]);
+      } else if constexpr (R == 2) {
+        k[0] = row;
+      }
+      int64_t c = left + (q - row * a.span);
+      bool inside = static_cast<uint64_t>(c) < static_cast<uint64_t>(g.in_dims[L]);
+      int64_t p = c;
+      int64_t in_pitch = g.in_dims[L];
+#pragma unroll
+      for (int d = L - 1; d >= 0; --d) {
+        c = o[d] * g.strides[d] - g.pad_lo[d] + static_cast<int64_t>(k[d]) * g.dilation[d];
+        inside &= static_cast<uint64_t>(c) < static_cast<uint64_t>(g.in_dims[d]);
+        p += c * in_pitch;
+        in_pitch *= g.in_dims[d];
+      }
+      staged[u] = inside ? xn[p * run + v] : uint4{};
+    }
+    __syncthreads();
+    uint4* dst = out + (rest * g.out_pixels + pixel) * patch_row;
+    const uint32_t units = pixels * patch_row;
+#pragma unroll 4
+    for (uint32_t u = threadIdx.x; u < units; u += kThreads) {
+      const uint32_t p = a.by_patch_row.Divide(u);
+      const uint32_t rem = u - p * patch_row;
+      const uint32_t t = a.by_run.Divide(rem);
+      const uint32_t v = rem - t * run;
+      const uint32_t row = a.by_inner_kernel.Divide(t);
+      const uint32_t j = t - row * static_cast<uint32_t>(g.kernel[L]);
+      const uint32_t col = p * static_cast<uint32_t>(g.strides[L]) +
+                           j * static_cast<uint32_t>(g.dilation[L]);
+      StoreStreaming(dst + u, staged[(row * a.span + col) * run + v]);
+    }
+    __syncthreads();
+  }
+}
+
 // Channel-major im2col: one thread per output element.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -374,6 +450,15 @@ struct TapMajorLaunch {
   template <int R>
   void operator()() const {
     const int64_t units = g.batch * g.out_pixels * g.taps * run;
+    if constexpr (sizeof(V) == 16) {
+      StagedIm2colArgs staged;
+      if (PlanStagedIm2col(g, run, &staged)) {
+        const auto grid = static_cast<unsigned>(
+            std::min<int64_t>(staged.tiles, static_cast<int64_t>(info.sm_count) * 16));
+        SimtIm2colStagedKernel<R><<<grid, kThreads, staged.smem, stream>>>(g, staged, x, out);
+        return;
+      }
+    }
     if ((run * static_cast<int64_t>(sizeof(V))) % 32 == 0) {  // whole sectors per pixel
       const int64_t items = g.batch * g.out_pixels * run;
       const auto grid = static_cast<unsigned>(GridSize(items, info));

@@ -206,6 +206,43 @@ void TestKernelChoice() {
                           "capability 8.0 (TMA needs >= 9.0); use method='auto' or 'simt'");
 }
 
+// The staged SIMT kernel's tiles: the widest whose staged rows (one per tap
+// of the outer kernel dims) fit kStagedIm2colSmem, at most a row.
+void TestStagedTiles() {
+  StagedIm2colArgs a;
+  // (16, 224, 224, 4) f32: one 16-B unit a pixel, a whole row a tile.
+  CHECK(PlanStagedIm2col(Im2col(16, {224, 224}, 4, 4, k3x3), 1, &a));
+  CHECK_EQ(a.rows, 3u);
+  CHECK_EQ(a.tile_pixels, 224u);
+  CHECK_EQ(a.span, 226u);
+  CHECK_EQ(a.tiles_per_row, 1);
+  CHECK_EQ(a.tiles, 16 * 224);
+  CHECK_EQ(a.smem, 3u * 226 * 16);
+  // (32, 28, 28, 256) bf16: 32 units a pixel, 32 staged pixels at most: a row.
+  CHECK(PlanStagedIm2col(Im2col(32, {28, 28}, 256, 2, k3x3), 32, &a));
+  CHECK_EQ(a.tile_pixels, 28u);
+  CHECK_EQ(a.smem, 3u * 30 * 32 * 16);
+  // 2 KiB a pixel: 8 staged pixels, tiles of 6 of a row's 100 (the last of 4).
+  CHECK(PlanStagedIm2col(Im2col(1, {8, 100}, 512, 4, k3x3), 128, &a));
+  CHECK_EQ(a.tile_pixels, 6u);
+  CHECK_EQ(a.span, 8u);
+  CHECK_EQ(a.tiles_per_row, 17);
+  CHECK_EQ(a.tiles, 8 * 17);
+  // Stride 2 and dilation 2 along the row: (tile - 1) * 2 + 5 staged pixels.
+  const Conv strided{{3, 3}, {1, 2}, {1, 2}, {2, 2}, {2, 2}};
+  CHECK(PlanStagedIm2col(Im2col(1, {8, 100}, 512, 4, strided), 128, &a));
+  CHECK_EQ(a.tile_pixels, 2u);
+  CHECK_EQ(a.span, 7u);
+  // Not one pixel's taps fit (3 rows x 5 pixels x 4 KiB), nor the other forms.
+  CHECK(!PlanStagedIm2col(Im2col(1, {8, 100}, 1024, 4, strided), 256, &a));
+  Im2colGeometry g = Im2col(1, {8, 8}, 4, 4, k3x3);
+  g.channel_major = true;
+  CHECK(!PlanStagedIm2col(g, 1, &a));
+  g.channel_major = false;
+  g.transpose = true;
+  CHECK(!PlanStagedIm2col(g, 1, &a));
+}
+
 }  // namespace
 }  // namespace jax_tma
 
@@ -216,5 +253,6 @@ int main() {
   jax_tma::TestRules();
   jax_tma::TestGrid();
   jax_tma::TestKernelChoice();
+  jax_tma::TestStagedTiles();
   return jax_tma::testing::Failures("test_im2col_plan");
 }

@@ -141,7 +141,11 @@ int main() {
     Im2colGeometry g;
     g.rank = 1 + trial % 3;
     g.transpose = trial % 3 == 2;
-    const bool friendly = trial % 3 == 0;  // offered to the TMA path
+    const bool friendly = trial % 3 == 0;  // 16-B channel runs
+    // Half the friendly ones go to the SIMT kernels (the staged one: wide
+    // channel runs and long rows, so that a tile is shorter than a row or a
+    // row does not fit at all), the other half are offered to the TMA path.
+    const bool wide = friendly && trial % 6 == 3;
     g.channel_major = !friendly && gen() % 2;
     if (g.transpose) {
       const int k = static_cast<int>(gen() % 8);
@@ -151,8 +155,9 @@ int main() {
     } else {
       g.elem_bytes = sizes[gen() % 5];
     }
-    g.batch = 1 + static_cast<int64_t>(gen() % 3);
-    g.channels = friendly ? (16 / std::min<int64_t>(g.elem_bytes, 16)) * (1 + gen() % 5)
+    g.batch = wide ? 1 : 1 + static_cast<int64_t>(gen() % 3);
+    g.channels = friendly ? (16 / std::min<int64_t>(g.elem_bytes, 16)) *
+                                (wide ? 24 + gen() % 17 : 1 + gen() % 5)
                           : 1 + static_cast<int64_t>(gen() % 6);
     for (int d = 0; d < g.rank; ++d) {
       g.kernel[d] = 1 + static_cast<int64_t>(gen() % 3);
@@ -161,7 +166,8 @@ int main() {
       g.pad_lo[d] = static_cast<int64_t>(gen() % 4);
       g.pad_hi[d] = static_cast<int64_t>(gen() % 4);
       const int64_t span = g.dilation[d] * (g.kernel[d] - 1) + 1;
-      g.in_dims[d] = std::max<int64_t>(span, 1 + static_cast<int64_t>(gen() % (g.rank == 3 ? 7 : 20)));
+      const int64_t most = wide ? (d == g.rank - 1 ? 60 : 6) : g.rank == 3 ? 7 : 20;
+      g.in_dims[d] = std::max<int64_t>(span, 1 + static_cast<int64_t>(gen() % most));
     }
     if (trial >= 90) {
       const int d = static_cast<int>(gen() % g.rank);
@@ -174,7 +180,7 @@ int main() {
     }
     ++cases;
     bool used_tma = false;
-    failures += !RunCase(g, friendly, gen, &used_tma);
+    failures += !RunCase(g, friendly && !wide, gen, &used_tma);
     tma_cases += used_tma;
   }
   std::printf("im2col_selftest: %d cases (%d through the TMA kernel, %d with an empty patch "
