@@ -182,6 +182,7 @@ bool PlanStagedIm2col(const Im2colGeometry& g, int64_t run, StagedIm2colArgs* a)
   const int last = g.rank - 1;
   const int64_t inner = g.out_dims[last];
   if (g.transpose || g.channel_major || inner == 0 || g.batch == 0) return false;
+  if (run % 2 == 0 || g.kernel[last] <= g.strides[last]) return false;
   if (g.taps > kStagedIm2colSmem || run > kStagedIm2colSmem / 16) return false;  // no overflow
   const int64_t rows = g.taps / g.kernel[last];
   const int64_t reach = (g.kernel[last] - 1) * g.dilation[last] + 1;  // one pixel's span

@@ -64,13 +64,15 @@ bool TmaIm2colFits(const Im2colGeometry& g, const void* x, const void* out, std:
 // CTAs and shared memory.
 void PlanTmaIm2colGrid(const DeviceInfo& info, TmaIm2colPlan* plan);
 
-// The SIMT staged kernel (tap-major, 16-B channel runs): a tile is
-// `tile_pixels` consecutive output pixels along the innermost dim; a block
-// stages the input they read, one row of `span` pixels per tap of the outer
-// kernel dims (`rows` of them, zeros outside x), in shared memory once, then
-// writes the tile's patch rows from there (contiguous, streaming stores). The
-// input crosses L2 once, where the other kernels re-read it for every tap.
-inline constexpr int64_t kStagedIm2colSmem = 48 * 1024;  // bytes a block stages, at most
+// The SIMT staged kernel (tap-major, 16-B units): a tile is `tile_pixels`
+// consecutive output pixels along the innermost dim; a block stages the
+// input they read, one row of `span` pixels per tap of the outer kernel dims
+// (`rows` of them, zeros outside x), in shared memory once, then writes the
+// tile's patch rows from there (contiguous, streaming stores). The input
+// crosses L2 once, where the other kernels re-read it for every tap. It
+// runs where a pixel's channels are not whole 32-B sectors (the flat
+// kernel's case, which it beat: benchmarks/TUNING.md, "The staged kernel").
+inline constexpr int64_t kStagedIm2colSmem = 16 * 1024;  // bytes a block stages, at most
 struct StagedIm2colArgs {
   uint32_t run = 1;             // 16-B units of a pixel's channels
   uint32_t rows = 1;            // taps / kernel[r - 1]
@@ -87,8 +89,10 @@ struct StagedIm2colArgs {
 };
 
 // The staged kernel's tiles for a tap-major im2col of `run` 16-B units a
-// pixel: the widest tile whose staged rows fit kStagedIm2colSmem; false where
-// not even one output pixel's do (then the other SIMT kernels run it).
+// pixel: the widest tile whose staged rows fit kStagedIm2colSmem. False
+// where another SIMT kernel runs it: whole 32-B sectors a pixel (an even
+// run), taps of the innermost dim that overlap no other's pixels
+// (kernel <= stride there), or not even one output pixel's rows fit.
 bool PlanStagedIm2col(const Im2colGeometry& g, int64_t run, StagedIm2colArgs* a);
 
 enum class Im2colKernel { kTma, kSimt };

@@ -2,7 +2,9 @@
 // im2col (tap-major): one thread per (output pixel, vector of a channel run)
 // walks the kernel taps, twelve loads in flight, 16-B accesses where the
 // channel run allows, streaming stores; channel runs that are not whole 32-B
-// sectors take one thread per output unit in output order instead.
+// sectors take the staged kernel (input rows in shared memory, patch rows
+// written in output order) or, where it does not fit, one thread per output
+// unit in output order.
 // im2col (channel-major): one thread per output element.
 // col2im: the gather form, one thread per (input pixel, channel vector)
 // summing its patch entries in increasing tap order, so results are
@@ -453,8 +455,7 @@ struct TapMajorLaunch {
     if constexpr (sizeof(V) == 16) {
       StagedIm2colArgs staged;
       if (PlanStagedIm2col(g, run, &staged)) {
-        const auto grid = static_cast<unsigned>(
-            std::min<int64_t>(staged.tiles, static_cast<int64_t>(info.sm_count) * 16));
+        const auto grid = static_cast<unsigned>(std::min<int64_t>(staged.tiles, INT32_MAX));
         SimtIm2colStagedKernel<R><<<grid, kThreads, staged.smem, stream>>>(g, staged, x, out);
         return;
       }

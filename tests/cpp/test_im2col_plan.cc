@@ -207,7 +207,8 @@ void TestKernelChoice() {
 }
 
 // The staged SIMT kernel's tiles: the widest whose staged rows (one per tap
-// of the outer kernel dims) fit kStagedIm2colSmem, at most a row.
+// of the outer kernel dims) fit kStagedIm2colSmem, at most a row; only where
+// a pixel's channels are not whole 32-B sectors and the row's taps overlap.
 void TestStagedTiles() {
   StagedIm2colArgs a;
   // (16, 224, 224, 4) f32: one 16-B unit a pixel, a whole row a tile.
@@ -218,23 +219,29 @@ void TestStagedTiles() {
   CHECK_EQ(a.tiles_per_row, 1);
   CHECK_EQ(a.tiles, 16 * 224);
   CHECK_EQ(a.smem, 3u * 226 * 16);
-  // (32, 28, 28, 256) bf16: 32 units a pixel, 32 staged pixels at most: a row.
-  CHECK(PlanStagedIm2col(Im2col(32, {28, 28}, 256, 2, k3x3), 32, &a));
-  CHECK_EQ(a.tile_pixels, 28u);
-  CHECK_EQ(a.smem, 3u * 30 * 32 * 16);
-  // 2 KiB a pixel: 8 staged pixels, tiles of 6 of a row's 100 (the last of 4).
-  CHECK(PlanStagedIm2col(Im2col(1, {8, 100}, 512, 4, k3x3), 128, &a));
-  CHECK_EQ(a.tile_pixels, 6u);
-  CHECK_EQ(a.span, 8u);
-  CHECK_EQ(a.tiles_per_row, 17);
-  CHECK_EQ(a.tiles, 8 * 17);
+  // 48 B a pixel: 16384 / (3 * 48) = 113 staged pixels, tiles of 111 of 300 (3 a row).
+  CHECK(PlanStagedIm2col(Im2col(2, {8, 300}, 12, 4, k3x3), 3, &a));
+  CHECK_EQ(a.tile_pixels, 111u);
+  CHECK_EQ(a.span, 113u);
+  CHECK_EQ(a.tiles_per_row, 3);
+  CHECK_EQ(a.tiles, 2 * 8 * 3);
   // Stride 2 and dilation 2 along the row: (tile - 1) * 2 + 5 staged pixels.
   const Conv strided{{3, 3}, {1, 2}, {1, 2}, {2, 2}, {2, 2}};
-  CHECK(PlanStagedIm2col(Im2col(1, {8, 100}, 512, 4, strided), 128, &a));
-  CHECK_EQ(a.tile_pixels, 2u);
-  CHECK_EQ(a.span, 7u);
-  // Not one pixel's taps fit (3 rows x 5 pixels x 4 KiB), nor the other forms.
-  CHECK(!PlanStagedIm2col(Im2col(1, {8, 100}, 1024, 4, strided), 256, &a));
+  CHECK(PlanStagedIm2col(Im2col(2, {8, 300}, 12, 4, strided), 3, &a));
+  CHECK_EQ(a.tile_pixels, 55u);
+  CHECK_EQ(a.span, 113u);
+  // 3-D: a staged row per tap of the two outer dims.
+  CHECK(PlanStagedIm2col(Im2col(1, {4, 4, 50}, 4, 4, {{3, 2, 3}, {1, 1, 1}, {1, 1, 1},
+                                                      {1, 0, 1}, {1, 1, 1}}), 1, &a));
+  CHECK_EQ(a.rows, 6u);
+  CHECK_EQ(a.tile_pixels, 50u);
+  // Whole sectors a pixel, no overlap along the row, or not one pixel's rows.
+  CHECK(!PlanStagedIm2col(Im2col(32, {28, 28}, 256, 2, k3x3), 32, &a));
+  CHECK(!PlanStagedIm2col(Im2col(1, {8, 8}, 4, 4, {{3, 2}, {1, 2}, {1, 1}, {1, 0}, {1, 0}}), 1,
+                          &a));
+  CHECK(!PlanStagedIm2col(Im2col(1, {8, 8}, 4, 4, {{3, 1}, {1, 1}, {1, 1}, {1, 0}, {1, 0}}), 1,
+                          &a));
+  CHECK(!PlanStagedIm2col(Im2col(1, {8, 100}, 4092, 4, k3x3), 1023, &a));
   Im2colGeometry g = Im2col(1, {8, 8}, 4, 4, k3x3);
   g.channel_major = true;
   CHECK(!PlanStagedIm2col(g, 1, &a));

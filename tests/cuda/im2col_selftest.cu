@@ -142,9 +142,10 @@ int main() {
     g.rank = 1 + trial % 3;
     g.transpose = trial % 3 == 2;
     const bool friendly = trial % 3 == 0;  // 16-B channel runs
-    // Half the friendly ones go to the SIMT kernels (the staged one: wide
-    // channel runs and long rows, so that a tile is shorter than a row or a
-    // row does not fit at all), the other half are offered to the TMA path.
+    // Half the friendly ones go to the SIMT kernels (the staged one: odd
+    // runs of 16-B units, wide, and long rows, so that a tile is shorter than
+    // a row or a row does not fit at all), the other half are offered to the
+    // TMA path.
     const bool wide = friendly && trial % 6 == 3;
     g.channel_major = !friendly && gen() % 2;
     if (g.transpose) {
@@ -157,7 +158,7 @@ int main() {
     }
     g.batch = wide ? 1 : 1 + static_cast<int64_t>(gen() % 3);
     g.channels = friendly ? (16 / std::min<int64_t>(g.elem_bytes, 16)) *
-                                (wide ? 24 + gen() % 17 : 1 + gen() % 5)
+                                (wide ? 13 + 2 * (gen() % 15) : 1 + gen() % 5)
                           : 1 + static_cast<int64_t>(gen() % 6);
     for (int d = 0; d < g.rank; ++d) {
       g.kernel[d] = 1 + static_cast<int64_t>(gen() % 3);
