@@ -117,6 +117,22 @@ def test_conv_shapes_every_method(gpu, rng, shape, kernel, pads):
         assert_bits_equal(got, want)
 
 
+# The staged SIMT kernel (a pixel's channels an odd number of 16-B units) where a tile is
+# shorter than a row (ffi/im2col/im2col_plan.h, PlanStagedIm2col): 656 B a pixel stages 8
+# pixels of each of 3 rows, tiles of 6 of 40; 176 B at stride 2 and dilation 2, tiles of 14 of
+# 31; one pixel's rows that do not fit (4 KiB + 16 B a pixel), which the flat kernel takes.
+@pytest.mark.parametrize("shape,dtype,kernel,strides,dilation,pads", [
+    ((1, 6, 40, 328), jnp.bfloat16, (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1))),
+    ((2, 5, 61, 44), jnp.float32, (3, 3), (1, 2), (1, 2), ((1, 1), (2, 2))),
+    ((1, 3, 7, 1028), jnp.float32, (3, 3), (1, 1), (1, 1), ((1, 1), (1, 1))),
+])
+def test_staged_tiles(gpu, rng, shape, dtype, kernel, strides, dilation, pads):
+    x = random_array(rng, shape, dtype)
+    got = poisoned(jax_tma.im2col, x, _out_shape(shape, kernel, strides, dilation, pads),
+                   kernel, gpu, "im2col.simt", strides=strides, padding=pads, dilation=dilation)
+    assert_bits_equal(got, im2col_reference(x, kernel, strides, pads, dilation, fill=0))
+
+
 @pytest.mark.parametrize("trial", range(12))
 def test_random_col2im_matches_the_cpu_handler(gpu, rng, trial):
     r = 1 + trial % 3
