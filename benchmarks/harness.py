@@ -2,8 +2,9 @@
 from a jax.profiler trace, checks every case's output bit for bit before it
 is timed, prints progress, and writes each result JSON with its provenance.
 
-Three clocks. Every call of every case runs under ``jax.profiler`` and is
-reduced to two numbers from the same trace, its *span* (first GPU activity
+Three clocks. Every call of every case runs under ``jax.profiler``, inside a
+host annotation of its own, and is reduced to two numbers from the GPU
+activities that start within its annotation: its *span* (first GPU activity
 to last, idle gaps inside the call included: for jax_tma's ops the host's
 tensor-map encoding shows there) and its *busy* time (the union of its GPU
 activities); each case reports the median of both over its counted calls.
@@ -20,6 +21,7 @@ of the trace: it tests the code path and measures nothing.
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import glob
 import itertools
@@ -36,17 +38,24 @@ MIB = 1 << 20
 # The wall clock: calls dispatched per sample, and samples (median taken).
 WALL_CALLS = 20
 WALL_SAMPLES = 5
+# The host annotation around each traced call.
+CALL_ANNOTATION = "jax_tma_bench_call"
 
 
-def _stream_events(trace_dir: str) -> dict[tuple[str, str], list[tuple[int, int]]]:
-    """(start_ns, end_ns) of every GPU activity in the trace, by (GPU, stream)."""
+def _profile(trace_dir: str) -> Any:
+    """The jax.profiler trace written under `trace_dir`."""
     from jax.profiler import ProfileData
 
     paths = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
     if not paths:
         raise RuntimeError(f"no profile written under {trace_dir}")
+    return ProfileData.from_file(paths[0])
+
+
+def _stream_events(trace_dir: str) -> dict[tuple[str, str], list[tuple[int, int]]]:
+    """(start_ns, end_ns) of every GPU activity in the trace, by (GPU, stream)."""
     events: dict[tuple[str, str], list[tuple[int, int]]] = {}
-    for plane in ProfileData.from_file(paths[0]).planes:
+    for plane in _profile(trace_dir).planes:
         if not plane.name.startswith("/device:GPU"):
             continue
         for line in plane.lines:
@@ -64,6 +73,15 @@ def _device_events(trace_dir: str) -> list[tuple[int, int]]:
     return sorted(e for events in _stream_events(trace_dir).values() for e in events)
 
 
+def _call_windows(trace_dir: str) -> list[tuple[int, int]]:
+    """(start_ns, end_ns) of every host annotation named CALL_ANNOTATION in
+    the trace, time-sorted (the host's and the GPUs' clocks are one timeline
+    there)."""
+    return sorted((int(e.start_ns), int(e.start_ns + e.duration_ns))
+                  for plane in _profile(trace_dir).planes if plane.name.startswith("/host:")
+                  for line in plane.lines for e in line.events if e.name == CALL_ANNOTATION)
+
+
 def _busy_ns(events: list[tuple[int, int]]) -> int:
     """The union of activity intervals, time-sorted."""
     busy, reach = 0, events[0][0] if events else 0
@@ -73,11 +91,17 @@ def _busy_ns(events: list[tuple[int, int]]) -> int:
     return busy
 
 
+def _span_busy(group: list[tuple[int, int]]) -> tuple[float, float]:
+    """A call's (span, busy) in seconds from its time-sorted activities:
+    first activity to last, and the union of its activity intervals (the
+    span less idle gaps inside the call)."""
+    return (max(e for _, e in group) - group[0][0]) * 1e-9, _busy_ns(group) * 1e-9
+
+
 def _split_runs(events: list[tuple[int, int]], runs: int) -> list[tuple[float, float]]:
     """Splits time-sorted activities into `runs` calls at the runs-1 largest
-    idle gaps (calls are separated by a host round trip); returns each
-    call's (span, busy) in seconds: first activity to last, and the union of
-    its activity intervals (the span less idle gaps inside the call)."""
+    idle gaps (for calls kept apart by a pause far longer than any idle gap
+    inside one: processes.WorkerSession); each call's (span, busy)."""
     if len(events) < runs:
         raise RuntimeError(f"trace has {len(events)} GPU activities for {runs} calls")
     gaps = []
@@ -86,11 +110,26 @@ def _split_runs(events: list[tuple[int, int]], runs: int) -> list[tuple[float, f
         gaps.append((events[i][0] - end, i))
         end = max(end, events[i][1])
     cuts = sorted(i for _, i in sorted(gaps, reverse=True)[: runs - 1])
-    out = []
-    for lo, hi in zip([0] + cuts, cuts + [len(events)]):
-        group = events[lo:hi]
-        out.append(((max(e for _, e in group) - group[0][0]) * 1e-9, _busy_ns(group) * 1e-9))
-    return out
+    return [_span_busy(events[lo:hi]) for lo, hi in zip([0] + cuts, cuts + [len(events)])]
+
+
+def _split_calls(events: list[tuple[int, int]],
+                 windows: list[tuple[int, int]]) -> list[tuple[float, float]]:
+    """Each call's (span, busy) from the time-sorted activities that start
+    inside its host window (windows time-sorted, apart); activities outside
+    every window (an untimed `before`) are left out. A call's own idle gaps
+    cannot move its activities into another call, whatever their length."""
+    starts = [s for s, _ in windows]
+    groups: list[list[tuple[int, int]]] = [[] for _ in windows]
+    for event in events:
+        i = bisect.bisect_right(starts, event[0]) - 1
+        if i >= 0 and event[0] <= windows[i][1]:
+            groups[i].append(event)
+    empty = [i for i, g in enumerate(groups) if not g]
+    if empty:
+        raise RuntimeError(f"{len(empty)} of {len(windows)} traced calls have no GPU activity "
+                           f"inside their window (the first: call {empty[0]})")
+    return [_span_busy(g) for g in groups]
 
 
 def _wall_clock(cases: dict[str, Callable[[], Any]], calls: int,
@@ -240,11 +279,13 @@ class Session:
             for name in plan:
                 if before is not None:
                     jax.block_until_ready(before())
-                jax.block_until_ready(cases[name]())
+                with jax.profiler.TraceAnnotation(CALL_ANNOTATION):
+                    jax.block_until_ready(cases[name]())
             jax.profiler.stop_trace()
-            events = _device_events(d)
-        stride = 1 if before is None else 2
-        return _split_runs(events, stride * len(plan))[stride - 1::stride]
+            events, windows = _device_events(d), _call_windows(d)
+        if len(windows) != len(plan):
+            raise RuntimeError(f"trace has {len(windows)} call annotations for {len(plan)} calls")
+        return _split_calls(events, windows)
 
     def streams(self, fn: Callable[[], Any], calls: int) -> dict[str, float]:
         """The GPU busy µs per call of each stream that `calls` traced calls

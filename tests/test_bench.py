@@ -57,6 +57,42 @@ def test_split_runs_needs_an_activity_per_call():
         harness._split_runs([(0, 1)], 2)
 
 
+def test_split_calls_keeps_a_call_whole_whatever_its_idle_gaps():
+    # Two calls of a case whose kernels idle 500 ns apart, then a call of one
+    # kernel 20 ns after: the gap split would cut the first call in two and
+    # merge the last two; the host windows keep each call whole. The
+    # activity at 560 runs between windows (an untimed `before`): left out.
+    events = [(10, 20), (520, 530), (560, 570), (600, 610), (1100, 1120), (1140, 1150)]
+    windows = [(0, 540), (590, 1125), (1130, 1160)]
+    runs = harness._split_calls(sorted(events), windows)
+    assert [s for s, _ in runs] == pytest.approx([520e-9, 520e-9, 10e-9])  # span
+    assert [b for _, b in runs] == pytest.approx([20e-9, 30e-9, 10e-9])  # busy
+    # the gap split: the first call's first kernel alone, the last two merged
+    assert [b for _, b in harness._split_runs(sorted(events), 3)] == pytest.approx(
+        [10e-9, 30e-9, 30e-9])
+
+
+def test_split_calls_needs_an_activity_in_every_window():
+    with pytest.raises(RuntimeError, match="1 of 2 traced calls have no GPU activity inside "
+                                          r"their window \(the first: call 1\)"):
+        harness._split_calls([(5, 6)], [(0, 10), (20, 30)])
+
+
+def test_call_windows_are_the_host_annotations(tmp_path):
+    f = jax.jit(lambda x: x + 1)
+    x = jnp.arange(8)
+    jax.block_until_ready(f(x))
+    jax.profiler.start_trace(str(tmp_path))
+    for _ in range(3):
+        with jax.profiler.TraceAnnotation(harness.CALL_ANNOTATION):
+            jax.block_until_ready(f(x))
+    jax.block_until_ready(f(x))  # outside every window
+    jax.profiler.stop_trace()
+    windows = harness._call_windows(str(tmp_path))
+    assert len(windows) == 3
+    assert all(a < b <= c for (a, b), (c, _) in zip(windows, windows[1:]))
+
+
 def test_case_medians_drop_the_first_call_of_each_turn():
     plan = ["a", "a", "a", "b", "b", "b"] * 2
     span = [99.0, 1.0, 3.0, 99.0, 5.0, 7.0, 99.0, 2.0, 4.0, 99.0, 6.0, 8.0]
