@@ -516,8 +516,16 @@ def same_code(path: str, commit: str, kept: set[str] | None = None) -> bool:
         new = None
     if old is None or new is None:
         return old is None and new is None
-    return code_of(path, _family_view(path, old, kept)) == \
-        code_of(path, _family_view(path, new, kept))
+    view = None if kept is None else frozenset(kept)
+    return _view_code(path, old, view) == _view_code(path, new, view)
+
+
+@_memoized
+def _view_code(path: str, text: str, kept: frozenset[str] | None) -> str:
+    """code_of the view of `text` that the families `kept` run through
+    (_family_view): the working tree's text recurs for every results'
+    commit, and most files' committed text for many."""
+    return code_of(path, _family_view(path, text, kept))
 
 
 def record_unmeasured(results: dict[str, tuple[str, dict[str, Any]]], path: str,
