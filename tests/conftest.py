@@ -83,17 +83,6 @@ def _name_the_running_test(text: str) -> None:
             f.write(text + "\n")
 
 
-def pytest_collection_modifyitems(items):
-    """The tests marked long first, longest first, then the others in their
-    order: pytest-xdist hands the first tests out round robin, so every
-    worker begins a long one at once and none is left to start near the end
-    of the run."""
-    def seconds(item) -> float:
-        long = item.get_closest_marker("long")
-        return long.args[0] if long else 0.0
-    items.sort(key=seconds, reverse=True)
-
-
 def pytest_runtest_setup(item):
     _name_the_running_test(item.nodeid)
     if "gpu" in item.keywords and not _has_gpu():

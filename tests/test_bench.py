@@ -370,7 +370,6 @@ def test_run_says_it_needs_a_gpu():
     assert "benchmarks/run.py: needs a CUDA GPU (--smoke runs the code paths" in run.stderr
 
 
-@pytest.mark.long(56)
 def test_smoke_run_of_all_and_the_wheels_case(tmp_path):
     """Every benchmark that runs on the CPU, and the wheel's case, run once
     with tiny sizes: one checked result per op, gather's cases at their
@@ -418,7 +417,6 @@ def test_smoke_run_of_the_multi_group(tmp_path):
     assert "| cudaMemcpyPeerAsync, every pair at once | cudaMemcpyPeerAsync, one way |" in text
 
 
-@pytest.mark.long(26)
 def test_smoke_run_of_the_a2a_group(tmp_path):
     """`run.py a2a`: all_to_all_processes first (two workers under
     jax.distributed, one host device each), then all_to_all (one process,
@@ -587,7 +585,6 @@ def test_a2a_ragged_plans_and_references():
     assert a2a.wall_calls(1 << 20) == 100 and a2a.wall_calls(16 << 20) == 20
 
 
-@pytest.mark.long(26)
 def test_smoke_run_of_the_ep_group(tmp_path):
     """`run.py ep`: moe_processes first (two workers under jax.distributed,
     one host device each), then moe (one process, two host devices): every
@@ -711,7 +708,6 @@ def test_moe_overlap_records_the_cases_that_raise_and_times_the_others(monkeypat
     assert "the GEMM did not run (the table says why)" in text
 
 
-@pytest.mark.long(10)
 @_two_devices
 def test_moe_times_the_lax_route_where_it_runs(monkeypatch):
     # XLA:CPU has no ragged-all-to-all: jax_tma.ragged_all_to_all, its bit-exact

@@ -10,7 +10,6 @@ import pytest
 EXAMPLES = sorted((pathlib.Path(__file__).parent.parent / "examples").glob("*.py"))
 
 
-@pytest.mark.long(12)
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs(path):
     # -P: the installed package, not the source tree, as in the README.

@@ -216,7 +216,6 @@ def _assert_close(got, want):
         assert float(np.abs(np.asarray(g) - w).max()) <= 1e-4 * scale, (g, w)
 
 
-@pytest.mark.long(14)
 @pytest.mark.parametrize("capacity", [None, 2])
 def test_a_layer_matches_the_dense_one_forward_grads_and_linearize(rng, capacity):
     keys = jax.random.split(jax.random.key(int(rng.integers(1 << 31))), 8)

@@ -421,7 +421,6 @@ def shared_gpu():
         pytest.skip("needs a CUDA GPU (set JAX_TMA_REQUIRE_GPU=1 to fail instead)")
 
 
-@pytest.mark.long(20)
 @pytest.mark.parametrize("count", [pytest.param(2, marks=pytest.mark.quick), 3, 4])
 def test_processes_sharing_a_gpu_move_blocks_gpu_to_gpu(rng, shared_gpu, count):
     outputs = _run("check", count, rng, platform="gpu")
@@ -455,7 +454,6 @@ def test_processes_sharing_a_gpu_exchange_ragged_all_to_all(rng, shared_gpu, cou
         assert "lax.all_to_all of padded slices, because" not in out, out[-4000:]
 
 
-@pytest.mark.long(10)
 @pytest.mark.parametrize("count", [2, 3])
 def test_processes_sharing_a_gpu_run_moe(rng, shared_gpu, count):
     outputs = _run("moe", count, rng, platform="gpu")
@@ -500,7 +498,6 @@ def test_a_loop_across_processes_replays_from_command_buffers(rng, shared_gpu):
         assert f"process {pid}: ok" in out, out[-4000:]
 
 
-@pytest.mark.long(55)
 def test_compile_and_free_cycles_release_what_the_transport_holds(rng, shared_gpu):
     # 1000 new executables, each set up at its first call and freed: the
     # participants, mailboxes, VA reservations, mappings and descriptors
@@ -567,7 +564,6 @@ def test_a_gpu_exchange_peer_of_another_shape_fails_every_process(rng, shared_gp
     _survivors_failed(outputs, within_s=30, skip=())
 
 
-@pytest.mark.long(12)
 @pytest.mark.parametrize("op", ["all_to_all", "ragged_all_to_all"])
 def test_a_gpu_exchange_peer_that_stops_calling_fails_the_step_by_name(rng, shared_gpu, op):
     # These buffers (under 4 MiB) go through the inbox exchange: what times
