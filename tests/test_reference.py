@@ -1,13 +1,16 @@
 """The test helpers themselves: random_array mixes every special value of
 each dtype into its draws (finite=True leaves out infinities and NaNs),
-failures name the rng seed, and the collective-op matcher finds every
-collective (async forms too) and nothing else."""
+failures name the rng seed, the collective-op matcher finds every
+collective (async forms too) and nothing else, and pytest-xdist's workers
+steal each other's tests unless a --dist is named."""
 
 import re
+import types
 
 import numpy as np
 import pytest
 
+import conftest
 import reference
 from reference import (ALL_DTYPES, SUB_BYTE_BITS, as_bits, assert_bits_equal, collectives_in,
                        random_array)
@@ -96,3 +99,20 @@ def test_collectives_in_finds_every_collective_and_its_async_forms():
     for name in reference.COLLECTIVE_OPS:
         assert collectives_in(f"%x = {name}-start(y)") == [f"{name}-start"]
         assert re.fullmatch(r"[a-z-]+", name)
+
+
+def _configured_dist(args, addopts="", distload=False, monkeypatch=None):
+    monkeypatch.setenv("PYTEST_ADDOPTS", addopts)
+    config = types.SimpleNamespace(option=types.SimpleNamespace(dist="load", distload=distload),
+                                   invocation_params=types.SimpleNamespace(args=tuple(args)))
+    conftest.pytest_configure(config)
+    return config.option.dist
+
+
+def test_workers_steal_tests_unless_a_dist_is_named(monkeypatch):
+    assert _configured_dist(["tests", "-n", "4"], monkeypatch=monkeypatch) == "worksteal"
+    for args, addopts, distload in [(["-n", "4", "--dist", "load"], "", False),
+                                    (["-n", "4", "--dist=load"], "", False),
+                                    (["-n", "4"], "--dist load", False),
+                                    (["-n", "4", "-d"], "", True)]:
+        assert _configured_dist(args, addopts, distload, monkeypatch) == "load", args
