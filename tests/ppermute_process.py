@@ -43,7 +43,7 @@ MODE:
   replay jitted loops of 128 ppermutes and of 200 all_to_alls replay from
          XLA's command buffers: bit-exact, with fewer handler calls than
          loop iterations.
-  cycles 1000 cycles of compiling, calling and freeing a new jitted
+  cycles 250 cycles of compiling, calling and freeing a new jitted
          ppermute: bit-exact, and what the transport holds (participants,
          mailboxes, VA reservations, mapped allocations) and the process's
          open descriptors do not grow.
@@ -376,7 +376,7 @@ def run_replay():
 
 
 def run_cycles():
-    cycles, warm = 1000, 10
+    cycles, warm = 250, 10
     rng = np.random.default_rng([seed, cycles])
     x = random_array(rng, (n * 1000, 3), np.uint32)
     blocks = np.split(x, n)

@@ -96,7 +96,7 @@ def _run_on_port(port: int, seed: int, mode: str, count: int, timeout_s: float |
     envs = [env if platform == "cpu" else dict(env, CUDA_VISIBLE_DEVICES=visible[pid])
             for pid in range(count)]
     # Output to files, not pipes: a process that writes more than a pipe
-    # holds (the cycles mode logs 1000 lowerings) would block on its write
+    # holds (the cycles mode logs 250 lowerings) would block on its write
     # while this one waits for it to end.
     logs = [tempfile.TemporaryFile("w+") for _ in range(count)]
     procs = [subprocess.Popen([sys.executable, "-P", os.path.join(HERE, "ppermute_process.py"),
@@ -499,9 +499,11 @@ def test_a_loop_across_processes_replays_from_command_buffers(rng, shared_gpu):
 
 
 def test_compile_and_free_cycles_release_what_the_transport_holds(rng, shared_gpu):
-    # 1000 new executables, each set up at its first call and freed: the
+    # 250 new executables, each set up at its first call and freed: the
     # participants, mailboxes, VA reservations, mappings and descriptors
-    # stay as they were after the first 10.
+    # stay as they were after the first 10: one of anything held per cycle
+    # would show 240 times over. (1000 cycles took 58-77 s of the GPU
+    # suite's wall time on an H200, its longest test.)
     outputs = _run("cycles", 2, rng, platform="gpu")
     for pid, (status, out) in enumerate(outputs):
         assert status == 0, _exits(outputs)
