@@ -39,6 +39,12 @@ FULL = [
     ("8 replicas of each row of 4096² bf16 (axis=1)", (4096, 4096), 1, 8, "bfloat16"),
     ("GQA repeat K/V heads: (4, 4096, 8, 128) bf16 ×4 (axis=3)", (4, 4096, 8, 128), 3, 4,
      "bfloat16"),
+    # Outputs of at most 8 MiB, where `auto` takes SIMT (broadcast_plan.h):
+    # the K/V heads of 512 and of 64 tokens, as at decode.
+    ("GQA repeat K/V heads: (1, 512, 8, 128) bf16 ×4 (axis=3)", (1, 512, 8, 128), 3, 4,
+     "bfloat16"),
+    ("GQA repeat K/V heads: (1, 64, 8, 128) bf16 ×4 (axis=3)", (1, 64, 8, 128), 3, 4,
+     "bfloat16"),
 ]
 SMOKE = [("4 replicas of 64² bf16 (axis=0)", (64, 64), 0, 4, "bfloat16"),
          ("4 replicas of 64² f32 (axis=0)", (64, 64), 0, 4, "float32"),

@@ -1145,6 +1145,15 @@ def _auto_beaten(results) -> list[str]:
     return out
 
 
+def test_broadcast_auto_is_not_beaten_in_the_committed_results():
+    # Its rule (the store kernel above 8 MiB of output, SIMT up to it) is
+    # held by the benchmark's cases on both sides of it, on every GPU.
+    results = report.load_results(report.RESULTS)
+    beaten = _auto_beaten({op: r for op, r in results.items()
+                           if report.base_op(op) == "broadcast"})
+    assert not beaten, "\n".join(beaten)
+
+
 def test_no_page_says_auto_is_the_fastest_where_the_results_disagree():
     # Issue 44: docs/getting_started.md said `auto` picks the fastest
     # kernel measured, but on the bf16 window at an aligned traced start

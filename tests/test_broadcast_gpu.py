@@ -63,8 +63,8 @@ SHAPES = [
 def test_every_method_and_cluster_size(gpu, rng, method, cluster_size):
     for (shape, axis, n), dtype in zip(SHAPES, (jnp.bfloat16, np.float32, np.uint8)):
         x = random_array(rng, shape, dtype)
-        # Every shape has a tensor-map form: auto takes the store kernel.
-        path = "broadcast." + ("store" if method == "auto" else method)
+        # Every output is under 8 MiB: auto takes the SIMT kernel.
+        path = "broadcast." + ("simt" if method == "auto" else method)
         got = broadcast_poisoned(x, n, axis, method, cluster_size, gpu, path)
         assert_bits_equal(got, broadcast_reference(x, n, axis))
 
@@ -73,9 +73,17 @@ def test_every_method_and_cluster_size(gpu, rng, method, cluster_size):
 def test_every_dtype(gpu, rng, dtype):
     x = random_array(rng, (48, 256), dtype)  # rows of >= 128 B: multicast slices align
     for method, cluster_size in (("auto", None), ("multicast", 4), ("dsmem", 8), ("simt", None)):
-        path = "broadcast." + ("store" if method == "auto" else method)
+        path = "broadcast." + ("simt" if method == "auto" else method)
         got = broadcast_poisoned(x, 6, 1, method, cluster_size, gpu, path)
         assert_bits_equal(got, broadcast_reference(x, 6, 1))
+
+
+@pytest.mark.parametrize("rows,path", [(2048, "broadcast.simt"), (2049, "broadcast.store")])
+def test_auto_takes_simt_up_to_8_mib_of_output_and_store_above(gpu, rng, rows, path):
+    # 4 replicas of rows x 1 KiB: 8 MiB of output at 2048 rows.
+    x = random_array(rng, (rows, 512), jnp.bfloat16)
+    assert_bits_equal(broadcast_poisoned(x, 4, 0, "auto", None, gpu, path),
+                      broadcast_reference(x, 4, 0))
 
 
 def test_odd_replica_sizes_take_simt_under_auto(gpu, rng):

@@ -130,8 +130,10 @@ ffi::Error PlanBroadcast(const BroadcastGeometry& g, const DeviceInfo& info, int
                  : static_cast<int>(g.cluster_size != 0 ? g.cluster_size : kDefaultClusterSize);
   plan->cluster_size = cluster_size;
   if (method == BroadcastMethod::kAuto) {
-    const bool store = info.has_tma() && PlanClusterBroadcast(g, BroadcastMethod::kStore, 1,
-                                                              &plan->cluster, nullptr);
+    const int64_t x_bytes = g.outer * g.inner_bytes;  // n * x_bytes may overflow
+    const bool store = info.has_tma() && x_bytes > kBroadcastAutoSimtMaxBytes / g.n &&
+                       PlanClusterBroadcast(g, BroadcastMethod::kStore, 1, &plan->cluster,
+                                            nullptr);
     plan->method = store ? BroadcastMethod::kStore : BroadcastMethod::kSimt;
     return ffi::Error::Success();
   }

@@ -20,6 +20,14 @@ inline constexpr int kBroadcastDynamicSmem = SmemWithAlignSlack(kBroadcastTileBu
 inline constexpr int64_t kBroadcastElemBytes = 8;  // tensor-map element: UINT64 (bytes move as is)
 inline constexpr int64_t kMaxBroadcastCoord = (int64_t{1} << 31) - 1;  // s32 tensor coordinates
 
+// "auto" takes the SIMT kernel for outputs of at most this many bytes, where the
+// store kernel's few CTAs (one tile of up to 32 KiB each, stored n times) bound
+// it. Busy µs a call on an H200, 2026-11-29, rows of 1 KiB, store / simt: n=4,
+// 512 KiB out 3.36 / 1.28, 2 MiB 3.46 / 1.54, 8 MiB 3.81 / 3.07, 32 MiB 9.90 / 10.21;
+// n=1, 8 KiB 1.31 / 1.03, 8 MiB 3.68 / 3.65, 32 MiB 18.0 / 17.1 (the cases of
+// benchmarks/bench_broadcast.py at these sizes hold it to the rule).
+inline constexpr int64_t kBroadcastAutoSimtMaxBytes = int64_t{8} << 20;
+
 // cluster_size 0 under multicast/dsmem: 2, the fastest size at every shape
 // benchmarks/bench_broadcast.py measures (a cluster must find all its SMs free
 // in one GPC at once, which leaves SMs idle at larger sizes).
@@ -70,10 +78,11 @@ struct BroadcastPlan {
 };
 
 // Plans a non-empty call once on `device` (`info`). "auto" takes the TMA
-// store kernel wherever its tensor-map rules hold, SIMT otherwise and below
-// sm_90: every method reads x from DRAM once, so the cluster methods save no
-// traffic, and the store kernel saves their cluster barriers and
-// co-scheduling (benchmarks/bench_broadcast.py). Cluster size 0 takes
+// store kernel for outputs over kBroadcastAutoSimtMaxBytes wherever its
+// tensor-map rules hold, SIMT otherwise and below sm_90: every method reads x
+// from DRAM once, so the cluster methods save no traffic, and the store
+// kernel saves their cluster barriers and co-scheduling
+// (benchmarks/bench_broadcast.py). Cluster size 0 takes
 // kDefaultClusterSize. An explicit TMA method that cannot run (no kernel for
 // that cluster size, no TMA, a broken tensor-map rule) is an error naming
 // the rule and the values.

@@ -105,11 +105,26 @@ const DeviceInfo kA100{8, 0, 108, 166912, 167936};
 void TestPlan() {
   const BroadcastGeometry fits = Broadcast(8, 8192, 4);
   BroadcastPlan p;
+  // auto: SIMT up to kBroadcastAutoSimtMaxBytes of output, the store kernel
+  // above it (its tiles planned too), SIMT below sm_90 at any size.
   CHECK(PlanBroadcast(fits, kH100, 0, &p).success());
+  CHECK(p.method == BroadcastMethod::kSimt);
+  const BroadcastGeometry at_most = Broadcast(256, 8192, 4);  // 8 MiB out
+  CHECK(PlanBroadcast(at_most, kH100, 0, &p).success());
+  CHECK(p.method == BroadcastMethod::kSimt);
+  const BroadcastGeometry over = Broadcast(257, 8192, 4);  // 8 MiB + 32 KiB
+  CHECK(PlanBroadcast(over, kH100, 0, &p).success());
   CHECK(p.method == BroadcastMethod::kStore);
   CHECK_EQ(p.cluster_size, 1);
-  CHECK_EQ(p.cluster.grid, int64_t{2});  // the store kernel's tiles are planned too
-  CHECK(PlanBroadcast(fits, kA100, 0, &p).success());  // below sm_90
+  ClusterBroadcastPlan store;
+  CHECK(PlanClusterBroadcast(over, BroadcastMethod::kStore, 1, &store, nullptr));
+  CHECK_EQ(p.cluster.grid, store.grid);
+  CHECK(p.cluster.grid > 0);
+  CHECK(PlanBroadcast(Broadcast(1, 8192, 1024), kH100, 0, &p).success());  // n x 8 KiB
+  CHECK(p.method == BroadcastMethod::kSimt);
+  CHECK(PlanBroadcast(Broadcast(1, 8192, 1025), kH100, 0, &p).success());
+  CHECK(p.method == BroadcastMethod::kStore);
+  CHECK(PlanBroadcast(over, kA100, 0, &p).success());  // below sm_90
   CHECK(p.method == BroadcastMethod::kSimt);
   CHECK(PlanBroadcast(Broadcast(8, 24, 4), kH100, 0, &p).success());  // no tensor map fits
   CHECK(p.method == BroadcastMethod::kSimt);
