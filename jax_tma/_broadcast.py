@@ -52,9 +52,9 @@ def broadcast(
 
     ``method="auto"`` takes ``"store"`` for outputs over 8 MiB wherever the
     tensor-map rules hold (the replica, ``x.shape[axis:]``, a multiple of 16
-    bytes), and ``"simt"`` for smaller outputs (there the store kernel's few
-    tiles bound it: 2.6× slower at 512 KiB on an H200), every other shape and
-    on GPUs without TMA (compute capability below 9.0).
+    bytes), and ``"simt"`` for smaller outputs (there the store kernel has too
+    few tiles to fill the GPU), every other shape and on GPUs without TMA
+    (compute capability below 9.0).
 
     Args:
       x: an array of any shape and dtype (sub-byte types are widened around
