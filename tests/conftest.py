@@ -73,7 +73,8 @@ def pytest_configure(config):
     (2026-11-29, an H200, 14 workers) eight workers sat idle from 73 s of
     test time while two worked through queues of long tests to 189 s."""
     args = [*config.invocation_params.args, *shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))]
-    named = getattr(config.option, "distload", False) or any(str(arg).startswith("--dist") for arg in args)
+    named = getattr(config.option, "distload", False) or any(
+        str(arg).startswith("--dist") for arg in args)
     if getattr(config.option, "dist", "no") == "load" and not named:
         config.option.dist = "worksteal"
 
