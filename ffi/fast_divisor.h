@@ -1,7 +1,7 @@
 // Division by a divisor fixed before a kernel launches, for kernels that
 // split a flat index into coordinates once per thread (gather's flat kernels,
-// window's vector form). Host and device; tests/cpp/test_gather_plan.cc
-// checks it against `/`.
+// window's vector form, broadcast's SIMT kernel). Host and device;
+// tests/cpp/test_gather_plan.cc checks it against `/`.
 #ifndef JAX_TMA_FFI_FAST_DIVISOR_H_
 #define JAX_TMA_FFI_FAST_DIVISOR_H_
 
