@@ -4,7 +4,8 @@ version is tests/test_sharding.py): every op of the family descriptors
 NumPy result bit for bit, and the compiled program has no collectives for
 the dims the op splits; then ppermute's peer copies between real GPUs, and
 the MoE ops composed on the exchanges.
-Needs >= 2 GPUs; JAX_TMA_REQUIRE_MULTI_GPU=1 turns the skip into a failure."""
+Needs >= 2 GPUs (the pull's index traps: one); JAX_TMA_REQUIRE_MULTI_GPU=1 turns
+the skip into a failure."""
 
 import functools
 import os
@@ -395,7 +396,9 @@ def _assert_traps(script: str, case: str, tmp_path, op: str, message: str) -> No
 
 
 # A traced index of the MoE dispatch's pull that breaks a rule traps its
-# meet kernel, before any copy: a process of its own for each case.
+# meet kernel, before any copy: a process of its own for each case, on up to
+# two GPUs (one: the pull's own rows alone, checked all the same), the bad
+# entry on the last.
 _BAD_PULL = textwrap.dedent("""
     import sys, time
     import jax, jax.numpy as jnp, numpy as np
@@ -409,11 +412,14 @@ _BAD_PULL = textwrap.dedent("""
     slots = np.arange(n * per, dtype=np.int32)[None, :, None].repeat(n, 0)
     sizes = np.full((n, n), per, np.int32)
     if case == "token":
-        tokens[1, 3] = rows  # device 1's entry 3 names a row past its source's 64
+        tokens[n - 1, 3] = rows  # the entry 3 names a row past its source's 64
     elif case == "slot":
-        slots[1, 5, 0] = n * per  # device 1's entry 5 stores past its result's rows
+        slots[n - 1, 5, 0] = n * per  # the entry 5 stores past the result's rows
+    elif case == "lowest":  # two bad entries: the lower one is named
+        tokens[n - 1, 6] = rows
+        slots[n - 1, 2, 0] = -2
     else:
-        sizes[1, 1] = per + 1  # device 1 expects more rows from position 1 than it may
+        sizes[n - 1, n - 1] = per + 1  # more rows from the last position than it may send
 
     def f(x, tokens, slots, sizes):
         return _pull_p.bind(x, tokens[0], slots[0], sizes[0], rows=n * per, axis_name=("x",),
@@ -431,14 +437,17 @@ _BAD_PULL = textwrap.dedent("""
 
 @pytest.mark.parametrize("case,message", [
     ("token", "tokens[3] = 64 is outside the operand's 64 rows"),
-    ("slot", "slots[5, 0] = 16 is neither -1 nor a row of the result's 16"),
-    ("size", "recv_sizes[1] = 9 is outside [0, 8]"),
+    ("slot", "slots[5, 0] = {rows} is neither -1 nor a row of the result's {rows}"),
+    ("lowest", "slots[2, 0] = -2 is neither -1 nor a row of the result's {rows}"),
+    ("size", "recv_sizes[{last}] = 9 is outside [0, 8]"),
 ])
-def test_moe_dispatch_pull_indices_that_break_a_rule_trap_by_name(mesh, tmp_path, case,
+def test_moe_dispatch_pull_indices_that_break_a_rule_trap_by_name(gpu, tmp_path, case,
                                                                    message):
     """Checked on the device before any copy: the call fails, and stderr
-    names the op, the call site and the values."""
-    _assert_traps(_BAD_PULL, case, tmp_path, "jax_tma.moe_dispatch", message)
+    names the op, the call site and the values. One GPU is enough."""
+    n = min(2, len(jax.devices("cuda")))
+    _assert_traps(_BAD_PULL, case, tmp_path, "jax_tma.moe_dispatch",
+                  message.format(rows=8 * n, last=n - 1))
 
 
 # ---- jax_tma.moe_dispatch / moe_combine: composed on the exchanges above ----

@@ -8,7 +8,9 @@
 //   per_cta chunks as above, then claims chunks one at a time from a work
 //   counter in device memory, so that every SM keeps its stages in flight
 //   until the copy ends.
-// Unaligned head/tail bytes are copied by CTA 0 in the same launch.
+// Unaligned head/tail bytes are copied by CTA 0 in the same launch. Static
+// plans of one chunk a CTA take BulkChunkKernel, the same copy without the
+// pipeline.
 #include <string>
 
 #include "copy/bulk_pipeline.cuh"
@@ -59,6 +61,35 @@ __global__ void __launch_bounds__(kBulkThreads)
 #endif
 }
 
+// The static schedule's plans of one chunk a CTA (bodies of up to one chunk
+// an SM): CTA b copies chunk b, one bulk load and one bulk store, without
+// the pipeline's bookkeeping. A tiny copy's time is then what those two cost
+// (0.2-0.35 us less a call than BulkCopyKernel's: benchmarks/TUNING.md).
+__global__ void __launch_bounds__(kBulkThreads)
+    BulkChunkKernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t bytes,
+                    int64_t head, int64_t body, uint32_t chunk) {
+#if JAX_TMA_HAS_BULK_COPY
+  using namespace device;
+  extern __shared__ __align__(128) uint8_t buf[];
+  __shared__ uint64_t full;
+  CopyBulkEdges(src, dst, bytes, head, body, blockIdx.x);
+  if (threadIdx.x != 0) return;
+  const int64_t at = head + static_cast<int64_t>(blockIdx.x) * chunk;
+  const auto n = static_cast<uint32_t>(min(static_cast<int64_t>(chunk), head + body - at));
+  mbarrier_init(&full, 1);
+  fence_mbarrier_init();
+  expect_tx(&full, n);
+  bulk_load(buf, src + at, n, &full);
+  mbarrier_wait(&full, 0);
+  bulk_store(dst + at, buf, n);
+  store_commit_group();
+  store_wait_read<0>();  // shared memory must outlive the store that reads it
+#endif
+}
+
+// Dynamic shared memory every launch may take without opting in.
+constexpr std::size_t kDefaultDynamicSmem = 48 * 1024;
+
 }  // namespace
 
 ffi::Error AllowBulkSmem(const void* kernel, int device, int* limit) {
@@ -104,6 +135,13 @@ ffi::Error LaunchBulkCopy(const void* src, void* dst, std::size_t bytes,
     return InvalidArgument(kOp, config.stages, " stages of ", plan.chunk,
                            " B need ", plan.smem, " B of shared memory; device ",
                            device, " allows ", limit, " B");
+  }
+  if (!config.dynamic && plan.chunks_per_cta == 1 && plan.chunk <= kDefaultDynamicSmem) {
+    BulkChunkKernel<<<static_cast<int>(plan.blocks), kBulkThreads, plan.chunk, stream>>>(
+        static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst),
+        static_cast<int64_t>(bytes), plan.head, plan.body, plan.chunk);
+    JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    return ffi::Error::Success();
   }
   BulkCopyKernel<<<static_cast<int>(plan.blocks), kBulkThreads, plan.smem, stream>>>(
       static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst),

@@ -375,11 +375,20 @@ constexpr int kPullThreads = 256;  // a warp per row at a time
 constexpr int kPullBatch = 4;      // vectors a lane loads before it stores them
 static_assert(sizeof(PeerLegs) + sizeof(PeerPullRows) + sizeof(PeerWait) <= 4096);
 
+// The pull's meet: the index checks are most of its work (a DeepEP-shaped
+// dispatch checks 32,768 entries of nine int32 each), so it takes a whole
+// CTA of its own size, and each thread checks kPullCheckBatch entries at once.
+constexpr int kPullMeetThreads = 1024;
+constexpr int kPullCheckBatch = 4;
+
 // Every thread of the CTA: this participant's receive sizes, then the
 // tokens they cover and those tokens' slots (PeerSizeRule::kPull*), trapping
-// on the first that breaks a rule (an entry's token before its slots, each
-// entry checked by one thread, so no two threads report one index).
-__device__ __noinline__ void CheckPullRows(const PeerPullRows& p, const PeerWait& check) {
+// on the first that breaks a rule (an entry's token before its slots, its
+// slots in order; each entry checked by one thread, so no two threads report
+// one index). A thread loads the tokens of its batch of entries, then their
+// slots a choice at a time, before it tests any: the loads of a batch are in
+// flight together, not one after another.
+__device__ __forceinline__ void CheckPullRows(const PeerPullRows& p, const PeerWait& check) {
   BadSlice sizes{0, 0, 0, 0, 0};
   for (int64_t s = 0; s < p.parts; ++s) {
     const int64_t size = p.recv_sizes[s];
@@ -389,19 +398,42 @@ __device__ __noinline__ void CheckPullRows(const PeerPullRows& p, const PeerWait
     }
   }
   ReportBadSlice(check, sizes);
+  constexpr int kBatch = kPullCheckBatch;
+  const int64_t step = blockDim.x;
   BadSlice mine{0, 0, 0, 0, 0};
   for (int64_t s = 0; s < p.parts && mine.rule == 0; ++s) {
-    const int64_t first = s * p.per_part;
-    for (int64_t e = first + threadIdx.x; e < first + p.recv_sizes[s] && mine.rule == 0;
-         e += blockDim.x) {
-      const int64_t token = p.tokens[e];
-      if (token < 0 || token >= p.src_rows) {
-        mine = {e, static_cast<unsigned int>(PeerSizeRule::kPullToken), token, 0, p.src_rows};
+    const int64_t end = s * p.per_part + p.recv_sizes[s];
+    for (int64_t e0 = s * p.per_part + threadIdx.x; e0 < end && mine.rule == 0;
+         e0 += kBatch * step) {
+      int64_t token[kBatch], slot_j[kBatch], slot[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        token[u] = e0 + u * step < end ? p.tokens[e0 + u * step] : 0;
+        slot_j[u] = -1;
+        slot[u] = 0;
       }
-      for (int64_t j = 0; j < p.choices && mine.rule == 0; ++j) {
-        const int64_t slot = p.slots[e * p.choices + j];
-        if (slot < -1 || slot >= p.dst_rows) {
-          mine = {e, static_cast<unsigned int>(PeerSizeRule::kPullSlot), slot, j, p.dst_rows};
+      // Down from the last choice: what is left is each entry's first bad one.
+      for (int64_t j = p.choices - 1; j >= 0; --j) {
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          if (e0 + u * step >= end) continue;
+          const int64_t v = p.slots[(e0 + u * step) * p.choices + j];
+          if (v < -1 || v >= p.dst_rows) {
+            slot_j[u] = j;
+            slot[u] = v;
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int64_t e = e0 + u * step;
+        if (mine.rule != 0 || e >= end) continue;
+        if (token[u] < 0 || token[u] >= p.src_rows) {
+          mine = {e, static_cast<unsigned int>(PeerSizeRule::kPullToken), token[u], 0,
+                  p.src_rows};
+        } else if (slot_j[u] >= 0) {
+          mine = {e, static_cast<unsigned int>(PeerSizeRule::kPullSlot), slot[u], slot_j[u],
+                  p.dst_rows};
         }
       }
     }
@@ -411,7 +443,7 @@ __device__ __noinline__ void CheckPullRows(const PeerPullRows& p, const PeerWait
 
 // Checks the indices, publishes this participant's operand to every reader
 // of it and waits for every source's.
-__global__ void __launch_bounds__(kMeetThreads)
+__global__ void __launch_bounds__(kPullMeetThreads)
     PeerPullMeetKernel(PeerLegs legs, PeerPullRows p, PeerWait check) {
   LaunchNextGrid();  // the copy's CTAs take their SMs while this one waits for the peers
   CheckPullRows(p, check);
@@ -742,7 +774,7 @@ ffi::Error LaunchPeerPull(std::string_view op, const PeerLegs& legs, const PeerP
   }
   const bool early = info.cc_major >= 9;
   JAX_TMA_RETURN_IF_FAILED(
-      LaunchOn(stream, false, PeerPullMeetKernel, 1, kMeetThreads, 0, legs, rows, check));
+      LaunchOn(stream, false, PeerPullMeetKernel, 1, kPullMeetThreads, 0, legs, rows, check));
   JAX_TMA_RETURN_IF_FAILED(LaunchOn(stream, early, PeerPullCopyKernel,
                                     static_cast<unsigned int>(grid), kPullThreads, 0, legs,
                                     rows));

@@ -2,7 +2,8 @@
 // racecheck, synccheck), without JAX in the process: every method, source
 // and destination misalignments, several pipeline shapes of both bulk
 // schedules (the dynamic ones small enough that CTAs claim chunks at the
-// larger sizes, on one counter slot reused by every case), poisoned
+// larger sizes, on one counter slot reused by every case) and the static
+// one's kernel of one chunk a CTA, poisoned
 // destinations with guard bytes on both sides; and the counter-slot pool.
 // Exit status 1 on any failure.
 #include <cuda_runtime_api.h>
@@ -115,7 +116,9 @@ int main() {
       jax_tma::kDefaultBulkCopyConfig, {1024, 2, 1}, {4096, 3, 7}, {65536, 4, 100},
       jax_tma::kCopyDevicePlans[0].dynamic, jax_tma::kCopyDevicePlans[1].dynamic,
       {1024, 2, 1, true}, {4096, 4, 1, true}};
-  const std::size_t sizes[] = {0, 1, 15, 16, 17, 4099, 1 << 20, (3 << 20) + 48, (9 << 20) + 5};
+  // 4099 and 40 KiB + 5: static plans of one chunk a CTA (BulkChunkKernel).
+  const std::size_t sizes[] = {0, 1, 15, 16, 17, 4099, (40 << 10) + 5, 1 << 20,
+                               (3 << 20) + 48, (9 << 20) + 5};
   int cases = 0, failures = 0;
   for (auto method : {jax_tma::Method::kTma, jax_tma::Method::kSimt, jax_tma::Method::kAuto}) {
     for (const auto& config : configs) {
