@@ -450,10 +450,19 @@ __global__ void __launch_bounds__(kPullMeetThreads)
   MeetLeg(legs, threadIdx.x);
 }
 
+// A row's pieces, each a warp's span of 32 * kPullBatch 16-B vectors (one
+// piece where the row is not copied in vectors): the unit of the pull's
+// work, so that a few rows (a decode step's) still spread over the GPU.
+JAX_TMA_HOST_DEVICE inline int64_t PullPieces(int64_t bytes, bool vector) {
+  constexpr int64_t kPiece = int64_t{32} * kPullBatch;
+  const int64_t pieces = (bytes / 16 + kPiece - 1) / kPiece;
+  return vector && pieces > 1 ? pieces : 1;
+}
+
 // CTA b reads leg b mod parts's rows (0: this participant's own), a warp a
-// row: the row is loaded once, from wherever its source's operand lies,
-// and stored to each of its slots. The last CTA of a leg tells its source
-// that its operand is read.
+// piece of a row at a time: the piece is loaded once, from wherever its
+// source's operand lies, and stored to each of the row's slots. The last CTA
+// of a leg tells its source that its operand is read.
 __global__ void __launch_bounds__(kPullThreads)
     PeerPullCopyKernel(PeerLegs legs, PeerPullRows p) {
   LaunchNextGrid();
@@ -467,25 +476,27 @@ __global__ void __launch_bounds__(kPullThreads)
   const int64_t first = s * p.per_part;
   const bool vector = p.bytes % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(p.dst) % 16 == 0;
-  for (int64_t i = cta * warps + threadIdx.x / 32; i < p.recv_sizes[s]; i += ctas * warps) {
+  const int64_t pieces = PullPieces(p.bytes, vector);
+  const int64_t units = p.recv_sizes[s] * pieces;
+  for (int64_t unit = cta * warps + threadIdx.x / 32; unit < units; unit += ctas * warps) {
+    const int64_t i = unit / pieces;
     const uint8_t* row = src + p.tokens[first + i] * p.bytes;
     const int32_t* slots = p.slots + (first + i) * p.choices;
     if (vector) {
       const int64_t nvec = p.bytes / 16;
-      for (int64_t v = lane; v < nvec; v += kPullBatch * 32) {
-        uint4 r[kPullBatch];
+      const int64_t v = (unit - i * pieces) * (kPullBatch * 32) + lane;
+      uint4 r[kPullBatch];
+#pragma unroll
+      for (int u = 0; u < kPullBatch; ++u) {
+        if (v + u * 32 < nvec) r[u] = reinterpret_cast<const uint4*>(row)[v + u * 32];
+      }
+      for (int64_t j = 0; j < p.choices; ++j) {
+        const int64_t slot = slots[j];
+        if (slot < 0) continue;
+        auto* out = reinterpret_cast<uint4*>(p.dst + slot * p.bytes);
 #pragma unroll
         for (int u = 0; u < kPullBatch; ++u) {
-          if (v + u * 32 < nvec) r[u] = reinterpret_cast<const uint4*>(row)[v + u * 32];
-        }
-        for (int64_t j = 0; j < p.choices; ++j) {
-          const int64_t slot = slots[j];
-          if (slot < 0) continue;
-          auto* out = reinterpret_cast<uint4*>(p.dst + slot * p.bytes);
-#pragma unroll
-          for (int u = 0; u < kPullBatch; ++u) {
-            if (v + u * 32 < nvec) out[v + u * 32] = r[u];
-          }
+          if (v + u * 32 < nvec) out[v + u * 32] = r[u];
         }
       }
     } else {
@@ -762,11 +773,12 @@ ffi::Error LaunchPeerPull(std::string_view op, const PeerLegs& legs, const PeerP
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   // Each leg gets its share of two CTAs an SM (or of the budget), and no
-  // more than a warp a row.
+  // more than a warp a piece of a row (the pieces of rows copied in vectors).
   const int64_t warps = kPullThreads / 32;
   const int64_t budget = max_ctas > 0 ? max_ctas : int64_t{2} * info.sm_count;
-  const int64_t ctas = std::max<int64_t>(
-      1, std::min<int64_t>(budget / rows.parts, (rows.per_part + warps - 1) / warps));
+  const int64_t units = rows.per_part * PullPieces(rows.bytes, rows.bytes % 16 == 0);
+  const int64_t ctas =
+      std::max<int64_t>(1, std::min<int64_t>(budget / rows.parts, (units + warps - 1) / warps));
   const int64_t grid = ctas * rows.parts;
   if (grid > 0x7fffffff) {
     return InvalidArgument(op, "a pull of ", rows.parts, " legs of ", ctas,
