@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 
+#include "copy/bulk_pipeline.cuh"
 #include "cuda/cuda_status.h"
 #include "cuda/device_helpers.cuh"
 #include "cuda/device_info.h"
@@ -32,14 +33,7 @@ __global__ void __launch_bounds__(32)
   if (threadIdx.x != 0) return;
   const int64_t off = static_cast<int64_t>(blockIdx.x) * kSeedChunk;
   const uint32_t n = static_cast<uint32_t>(min(static_cast<int64_t>(kSeedChunk), bytes - off));
-  mbarrier_init(&full, 1);
-  fence_mbarrier_init();
-  expect_tx(&full, n);
-  bulk_load(buf, src + off, n, &full);
-  mbarrier_wait(&full, 0);
-  bulk_store(dst + off, buf, n);
-  store_commit_group();
-  store_wait_read<0>();
+  CopyOneBulkChunk(src + off, dst + off, n, buf, &full);
 #endif
 }
 

@@ -76,14 +76,7 @@ __global__ void __launch_bounds__(kBulkThreads)
   if (threadIdx.x != 0) return;
   const int64_t at = head + static_cast<int64_t>(blockIdx.x) * chunk;
   const auto n = static_cast<uint32_t>(min(static_cast<int64_t>(chunk), head + body - at));
-  mbarrier_init(&full, 1);
-  fence_mbarrier_init();
-  expect_tx(&full, n);
-  bulk_load(buf, src + at, n, &full);
-  mbarrier_wait(&full, 0);
-  bulk_store(dst + at, buf, n);
-  store_commit_group();
-  store_wait_read<0>();  // shared memory must outlive the store that reads it
+  CopyOneBulkChunk(src + at, dst + at, n, buf, &full);
 #endif
 }
 

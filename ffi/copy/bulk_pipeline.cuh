@@ -28,6 +28,24 @@ __device__ __forceinline__ void CopyBulkEdges(const uint8_t* __restrict__ src,
   }
 }
 
+// One chunk of `bytes` (16-B aligned addresses, a multiple of 16) from
+// `src` to `dst` through `buf` by the calling thread alone: a bulk load
+// completing on `bar` (initialised here), then a bulk store. Returns once
+// shared memory is no longer read; the store may still be writing global
+// memory.
+__device__ __forceinline__ void CopyOneBulkChunk(const uint8_t* __restrict__ src,
+                                                 uint8_t* __restrict__ dst, uint32_t bytes,
+                                                 uint8_t* buf, uint64_t* bar) {
+  mbarrier_init(bar, 1);
+  fence_mbarrier_init();
+  expect_tx(bar, bytes);
+  bulk_load(buf, src, bytes, bar);
+  mbarrier_wait(bar, 0);
+  bulk_store(dst, buf, bytes);
+  store_commit_group();
+  store_wait_read<0>();
+}
+
 // One thread drives the whole pipeline of this CTA (the copy engine does the
 // moving): CTA b (`cta` of the copy's `ctas`, in a grid that may run other
 // copies too) copies the chunks [b * chunks_per_cta, (b+1) * chunks_per_cta)
