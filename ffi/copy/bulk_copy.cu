@@ -61,8 +61,8 @@ __global__ void __launch_bounds__(kBulkThreads)
 #endif
 }
 
-// The static schedule's plans of one chunk a CTA (bodies of up to one chunk
-// an SM): CTA b copies chunk b, one bulk load and one bulk store, without
+// A one-chunk plan (BulkCopyPlan::one_chunk: bodies of up to one chunk an
+// SM): CTA b copies chunk b, one bulk load and one bulk store, without
 // the pipeline's bookkeeping. A tiny copy's time is then what those two cost
 // (0.2-0.35 us less a call than BulkCopyKernel's: benchmarks/TUNING.md).
 __global__ void __launch_bounds__(kBulkThreads)
@@ -79,9 +79,6 @@ __global__ void __launch_bounds__(kBulkThreads)
   CopyOneBulkChunk(src + at, dst + at, n, buf, &full);
 #endif
 }
-
-// Dynamic shared memory every launch may take without opting in.
-constexpr std::size_t kDefaultDynamicSmem = 48 * 1024;
 
 }  // namespace
 
@@ -129,7 +126,7 @@ ffi::Error LaunchBulkCopy(const void* src, void* dst, std::size_t bytes,
                            " B need ", plan.smem, " B of shared memory; device ",
                            device, " allows ", limit, " B");
   }
-  if (!config.dynamic && plan.chunks_per_cta == 1 && plan.chunk <= kDefaultDynamicSmem) {
+  if (plan.one_chunk) {
     BulkChunkKernel<<<static_cast<int>(plan.blocks), kBulkThreads, plan.chunk, stream>>>(
         static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst),
         static_cast<int64_t>(bytes), plan.head, plan.body, plan.chunk);

@@ -132,6 +132,8 @@ bool PlanBulkCopy(const BulkCopyConfig& config, int counter_slot, std::size_t by
                     " CTAs, over the grid limit");
     }
   }
+  p->one_chunk = !config.dynamic && p->body > 0 && p->chunks_per_cta == 1 &&
+                 p->chunk <= kOneChunkMaxBytes;
   p->smem = static_cast<std::size_t>(config.stages) * p->chunk;
   return true;
 }

@@ -119,7 +119,17 @@ struct BulkCopyPlan {
   int64_t chunks_per_cta = 0;
   int64_t blocks = 0;
   std::size_t smem = 0;  // dynamic shared memory per CTA
+  // A static plan of one chunk a CTA, each at most kOneChunkMaxBytes: the
+  // copy family's launch copies each chunk with one bulk load and one bulk
+  // store, without the pipeline (BulkChunkKernel), in one chunk of shared
+  // memory. (`smem` stays the pipeline's: other launchers run the pipeline
+  // on the same plan with CTAs of their own.)
+  bool one_chunk = false;
 };
+
+// The largest chunk of a one-chunk plan: the dynamic shared memory any
+// launch may take without opting in.
+inline constexpr uint32_t kOneChunkMaxBytes = 48 * 1024;
 
 // The configuration rules: stages in [2, kMaxBulkStages], chunks a multiple of
 // 128 B in [1 KiB, 1 MiB) (one mbarrier phase counts < 2^20 transaction

@@ -92,6 +92,7 @@ void TestStaticLayout() {
   CHECK_EQ(p.chunks_per_cta, int64_t{4});
   CHECK_EQ(p.blocks, int64_t{128});
   CHECK_EQ(p.smem, std::size_t{4 * 2048});
+  CHECK(!p.one_chunk);
   // Large copies keep the configured chunk; one round per CTA.
   CHECK(PlanBulkCopy(kDefaultBulkCopyConfig, kNoCounterSlot, 1024 * kMiB, Addr(0x100000), 132,
                      0, &p, &why));
@@ -110,10 +111,47 @@ void TestStaticLayout() {
   CHECK(PlanBulkCopy(kDefaultBulkCopyConfig, kNoCounterSlot, 5, Addr(0x100003), 132, 0, &p, &why));
   CHECK_EQ(p.head, int64_t{5});
   CHECK_EQ(p.body, int64_t{0});
+  CHECK(!p.one_chunk);  // nothing for the bulk engine
   // Past the grid limit.
   CHECK(!PlanBulkCopy({1024, 2, 1}, kNoCounterSlot, std::size_t{1} << 50, Addr(0x100000), 132, 0,
                       &p, &why));
   CHECK_EQ(why, "the copy of 1125899906842624 B needs 1099511627776 CTAs, over the grid limit");
+}
+
+void TestOneChunkPlans() {
+  // Up to one chunk an SM, each CTA copies one chunk alone (BulkChunkKernel):
+  // 8 KiB in eight CTAs of 1 KiB, 132 KiB in 132; the pipeline's shared
+  // memory stays in `smem` for the exchanges' launchers.
+  BulkCopyPlan p;
+  std::string why;
+  CHECK(PlanBulkCopy(kDefaultBulkCopyConfig, kNoCounterSlot, 8192, Addr(0x100000), 132, 0, &p,
+                     &why));
+  CHECK(p.one_chunk);
+  CHECK_EQ(p.chunk, 1024u);
+  CHECK_EQ(p.blocks, int64_t{8});
+  CHECK_EQ(p.smem, std::size_t{4 * 1024});
+  CHECK(PlanBulkCopy(kDefaultBulkCopyConfig, kNoCounterSlot, 132 * 1024, Addr(0x100000), 132, 0,
+                     &p, &why));
+  CHECK(p.one_chunk);
+  CHECK_EQ(p.blocks, int64_t{132});
+  // One chunk more than SMs: two chunks for some CTAs, the pipeline.
+  CHECK(PlanBulkCopy(kDefaultBulkCopyConfig, kNoCounterSlot, 133 * 1024, Addr(0x100000), 132, 0,
+                     &p, &why));
+  CHECK(!p.one_chunk);
+  CHECK_EQ(p.chunks_per_cta, int64_t{2});
+  // A shape of one chunk a CTA at any size: one-chunk plans up to 48-KiB
+  // chunks, the pipeline above (its shared memory needs the opt-in).
+  CHECK(PlanBulkCopy({32768, 2, 1}, kNoCounterSlot, 1024 * kMiB, Addr(0x100000), 132, 0, &p,
+                     &why));
+  CHECK(p.one_chunk);
+  CHECK_EQ(p.blocks, int64_t{32768});
+  CHECK(PlanBulkCopy({65536, 2, 1}, kNoCounterSlot, 1024 * kMiB, Addr(0x100000), 132, 0, &p,
+                     &why));
+  CHECK(!p.one_chunk);
+  CHECK_EQ(p.chunk, 65536u);
+  // The dynamic schedule never.
+  CHECK(PlanBulkCopy({1024, 2, 1, true}, 3, 8192, Addr(0x100000), 132, 1, &p, &why));
+  CHECK(!p.one_chunk);
 }
 
 void TestDynamicLayout() {
@@ -160,6 +198,7 @@ int main() {
   jax_tma::TestDevicePlans();
   jax_tma::TestConfigRules();
   jax_tma::TestStaticLayout();
+  jax_tma::TestOneChunkPlans();
   jax_tma::TestDynamicLayout();
   jax_tma::TestSlotPool();
   return jax_tma::testing::Failures("test_copy_plan");
