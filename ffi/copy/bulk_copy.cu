@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kBulkThreads)
 // A one-chunk plan (BulkCopyPlan::one_chunk: bodies of up to one chunk an
 // SM): CTA b copies chunk b, one bulk load and one bulk store, without
 // the pipeline's bookkeeping. A tiny copy's time is then what those two cost
-// (0.2-0.35 us less a call than BulkCopyKernel's: benchmarks/TUNING.md).
+// (at 8 KiB, 0.35 µs a call less than BulkCopyKernel's: benchmarks/TUNING.md).
 __global__ void __launch_bounds__(kBulkThreads)
     BulkChunkKernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t bytes,
                     int64_t head, int64_t body, uint32_t chunk) {

@@ -371,7 +371,7 @@ __global__ void PeerScatterFinishKernel(PeerLegs legs) {
 
 // ---- PeerPull (peer_copy.h) ----
 
-constexpr int kPullThreads = 256;  // a warp per row at a time
+constexpr int kPullThreads = 256;  // a warp per piece of a row at a time
 constexpr int kPullBatch = 4;      // vectors a lane loads before it stores them
 static_assert(sizeof(PeerLegs) + sizeof(PeerPullRows) + sizeof(PeerWait) <= 4096);
 
