@@ -584,13 +584,20 @@ def _to_experts(rows: jax.Array, r: _Routes, fill, **ex) -> jax.Array:
     return _exchange(rows, regions, fill, *r.routes.T[:4], **ex)
 
 
+def _home_indices(r: _Routes) -> tuple[jax.Array, ...]:
+    """The inverse route's ragged exchange: each region (T rows a source
+    position, the pairs it sent here) back to that position, into the rows
+    of its pairs there; input_offsets, send_sizes, output_offsets,
+    recv_sizes."""
+    n, tokens = r.routes.shape[0], r.choice_row.shape[0]
+    return (jnp.arange(n, dtype=_I32) * tokens, r.routes[:, 3], r.routes[:, 4], r.routes[:, 1])
+
+
 def _home(regions: jax.Array, r: _Routes, **ex) -> jax.Array:
     """The inverse route: each region's rows back to its source position,
     into the rows of its pairs (send order; the rows of no pair are
     unspecified)."""
-    n, tokens = r.routes.shape[0], r.choice_row.shape[0]
-    return _exchange(regions, r.pair_token.shape[0], None, jnp.arange(n, dtype=_I32) * tokens,
-                     r.routes[:, 3], r.routes[:, 4], r.routes[:, 1], **ex)
+    return _exchange(regions, r.pair_token.shape[0], None, *_home_indices(r), **ex)
 
 
 def _accumulator(dtype) -> np.dtype:
@@ -683,6 +690,10 @@ _combine_tangent_p = Primitive("jax_tma_moe_combine_tangent")
 # (ffi/ppermute/moe_dispatch.h); no AD of its own (the dispatch's rules hold
 # it), vmap folding the members into one pull.
 _pull_p = Primitive("jax_tma_moe_pull")
+# jax_tma_moe_home_sums: the combine's pair rows, summed as they are sent
+# home (ffi/ppermute/moe_combine.h); no AD of its own (the combine's rules
+# hold it), vmap mapping its composition over the members.
+_home_sums_p = Primitive("jax_tma_moe_home_sums")
 
 
 def _aval(like, shape, dtype=None):
@@ -797,12 +808,53 @@ def _rows(v, *route, toward, **ex):
 
 def _combine(y, weights, *route, **ex):
     """The weights to the experts' devices (once the dispatch's exchange is
-    done), each pair's weighted sum home, each token's sum there."""
+    done), each pair's weighted sum home, each token's sum there. Rows of
+    f16, bf16, f32 or f64 are summed on their way home (_home_sums_p); the
+    other dtypes' pair rows are summed first, then exchanged."""
     r = _Routes(*route)
     acc = _accumulator(y.dtype)
     got = _to_experts(_after(_take(weights, r.pair_token), r.pair_token, y), r, 0, **ex)
-    pairs = _per_pair([(y, got)], r.slots, acc).astype(y.dtype)
-    return _per_token(_home(pairs, r, **ex), r, acc).astype(y.dtype)
+    if np.dtype(y.dtype) in _SUMMED_ON_THE_WAY:
+        home = _home_sums_p.bind(y, got.astype(acc), r.slots, *_home_indices(r),
+                                 rows=r.pair_token.shape[0], **ex)
+    else:
+        home = _home(_per_pair([(y, got)], r.slots, acc).astype(y.dtype), r, **ex)
+    return _per_token(home, r, acc).astype(y.dtype)
+
+
+# The dtypes whose pair rows jax_tma_moe_combine sums as it sends them
+# (ffi/ppermute/moe_combine.h).
+_SUMMED_ON_THE_WAY = {np.dtype(t) for t in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)}
+
+
+def _home_sums(y, weights, slots, *indices, rows, axis_name, size, site, ctas):
+    """_home_sums_p's composition: each pair row's weighted sum (_per_pair),
+    then the ragged exchange home (`indices`: _home_indices's) into `rows`
+    rows, those of no pair unspecified."""
+    pairs = _per_pair([(y, weights)], slots, _accumulator(y.dtype)).astype(y.dtype)
+    return _exchange(pairs, rows, None, *indices, axis_name=axis_name, size=size, site=site,
+                     ctas=ctas)
+
+
+def _home_sums_by_transport(y, weights, slots, *indices, rows, ctas, attrs):
+    """One jax_tma_moe_combine call: the rows of no pair are unspecified."""
+    return jax.ffi.ffi_call("jax_tma_moe_combine",
+                            jax.ShapeDtypeStruct((rows,) + y.shape[1:], y.dtype))(
+        y, weights, slots, *indices, ctas=np.int64(ctas), **attrs)
+
+
+def _home_sums_lowering(ctx, *args, platform, rows, axis_name, size, site, ctas):
+    return lower_exchange(
+        ctx, *args, op=_COMBINE, target="jax_tma_moe_combine", platform=platform,
+        axis_name=axis_name, size=size, site=site,
+        by_transport=functools.partial(_home_sums_by_transport, rows=rows, ctas=ctas),
+        fallback=functools.partial(_home_sums, rows=rows, axis_name=axis_name, size=size,
+                                   site=site, ctas=ctas),
+        fallback_name="the pairs' sums, then lax.all_to_all of them")
+
+
+def _home_sums_abstract_eval(y, *_, rows, **__):
+    return _aval(y, (rows,) + y.shape[1:])
 
 
 def _combine_tangent(dy, dweights, y, weights, after, *route, **ex):
@@ -943,6 +995,10 @@ for _prim, _eval, _impl, _outputs in (
 _lowering.register(_pull_p, _pull_abstract_eval,
                    {p: functools.partial(_pull_lowering, platform=p) for p in ("cpu", "cuda")},
                    batcher=_pull_batcher, jitted=False)
+_lowering.register(_home_sums_p, _home_sums_abstract_eval,
+                   {p: functools.partial(_home_sums_lowering, platform=p)
+                    for p in ("cpu", "cuda")},
+                   batcher=_vmapped(_home_sums, None), jitted=False)
 ad.primitive_jvps[_dispatch_p] = _dispatch_jvp
 ad.primitive_jvps[_rows_p] = _rows_jvp
 ad.primitive_transposes[_rows_p] = _rows_transpose

@@ -13,6 +13,7 @@
 #include "cuda/cuda_status.h"
 #include "cuda/device_info.h"
 #include "cuda/launch.h"
+#include "element_sum.h"
 
 namespace jax_tma {
 namespace {
@@ -285,9 +286,7 @@ __device__ unsigned long long MeetLeg(const PeerLegs& legs, int t) {
 // Checks this participant's slices, publishes its output (and receive
 // sizes) to every source, waits for every destination's, then checks each
 // destination's receive size for the slices it gets.
-__global__ void __launch_bounds__(kMeetThreads)
-    PeerScatterMeetKernel(PeerLegs legs, PeerSlices s, PeerWait check) {
-  LaunchNextGrid();  // the copy's CTAs take their SMs while this one waits for the peers
+__device__ void ScatterMeet(const PeerLegs& legs, const PeerSlices& s, const PeerWait& check) {
   const int t = threadIdx.x;
   BadSlice mine{0, 0, 0, 0, 0};
   if (s.ragged()) CheckOwnSlices(s, check);
@@ -306,6 +305,28 @@ __global__ void __launch_bounds__(kMeetThreads)
     }
   }
   ReportBadSlice(check, mine);
+}
+
+__global__ void __launch_bounds__(kMeetThreads)
+    PeerScatterMeetKernel(PeerLegs legs, PeerSlices s, PeerWait check) {
+  LaunchNextGrid();  // the copy's CTAs take their SMs while this one waits for the peers
+  ScatterMeet(legs, s, check);
+}
+
+// After a CTA's part of a slice of leg k (0: this participant's own): the
+// last of the leg's `leg_ctas` CTAs to finish tells its destination, once
+// every CTA's writes are visible there.
+__device__ __forceinline__ void ScatterLegDone(const PeerLegs& legs, int k, int64_t leg_ctas) {
+  __syncthreads();
+  if (k != 0 && threadIdx.x == 0) {
+    const PeerLeg& leg = legs.leg[k - 1];
+    __threadfence_system();
+    if (atomicAdd(&leg.own->ctas, 1u) == leg_ctas - 1) {
+      leg.own->ctas = 0;
+      __threadfence_system();
+      StoreRelease(&leg.partner_box->done, leg.own->calls);
+    }
+  }
 }
 
 // CTA b copies its part of slice b mod slices, with the other CTAs of
@@ -349,16 +370,7 @@ __global__ void __launch_bounds__(kScatterThreads)
   }
 #endif
   if (bytes > 0) SimtCopy(src, dst, bytes, cta, ctas);
-  __syncthreads();
-  if (k != 0 && threadIdx.x == 0) {
-    const PeerLeg& leg = legs.leg[k - 1];
-    __threadfence_system();
-    if (atomicAdd(&leg.own->ctas, 1u) == ctas * s.per_part - 1) {
-      leg.own->ctas = 0;
-      __threadfence_system();
-      StoreRelease(&leg.partner_box->done, leg.own->calls);
-    }
-  }
+  ScatterLegDone(legs, k, ctas * s.per_part);
 }
 
 __global__ void PeerScatterFinishKernel(PeerLegs legs) {
@@ -367,6 +379,144 @@ __global__ void PeerScatterFinishKernel(PeerLegs legs) {
     const PeerLeg leg = legs.leg[t];  // as in PeerScatterMeetKernel
     AwaitCall(&leg.own->done, leg.own->calls, leg.wait_by, PeerWaitFor::kDone);
   }
+}
+
+// ---- PeerScatterSum (peer_copy.h) ----
+
+constexpr int kSumThreads = 256;     // a warp per piece of a row at a time
+constexpr int kSumMeetThreads = 1024;  // the meet checks every slot
+constexpr int kSumCheckBatch = 4;      // slots a thread loads before it tests them
+static_assert(sizeof(PeerLegs) + sizeof(PeerSlices) + sizeof(PeerSumRows) + sizeof(PeerWait) <=
+              4096);
+
+// Every thread of the CTA: each of the sums' slots -1 or a row of y,
+// trapping on the first that breaks the rule (the flat entry is the index
+// reported, so no two threads report one). A thread loads kSumCheckBatch
+// entries before it tests them.
+__device__ __forceinline__ void CheckSumSlots(const PeerSumRows& sums, int64_t rows,
+                                              const PeerWait& check) {
+  const int64_t entries = rows * sums.choices, step = blockDim.x;
+  BadSlice mine{0, 0, 0, 0, 0};
+  for (int64_t e0 = threadIdx.x; e0 < entries && mine.rule == 0;
+       e0 += kSumCheckBatch * step) {
+    int64_t slot[kSumCheckBatch];
+#pragma unroll
+    for (int u = 0; u < kSumCheckBatch; ++u) {
+      slot[u] = e0 + u * step < entries ? sums.slots[e0 + u * step] : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kSumCheckBatch; ++u) {
+      if (mine.rule == 0 && (slot[u] < -1 || slot[u] >= sums.y_rows)) {
+        mine = {e0 + u * step, static_cast<unsigned int>(PeerSizeRule::kSumSlot), slot[u],
+                sums.choices, sums.y_rows};
+      }
+    }
+  }
+  ReportBadSlice(check, mine);
+}
+
+// The slots, then the slices and the meeting as PeerScatter's meet.
+__global__ void __launch_bounds__(kSumMeetThreads)
+    PeerScatterSumMeetKernel(PeerLegs legs, PeerSlices s, PeerSumRows sums, PeerWait check) {
+  LaunchNextGrid();  // the sums' CTAs take their SMs while this one waits for the peers
+  CheckSumSlots(sums, s.src_rows, check);
+  ScatterMeet(legs, s, check);
+}
+
+// Products and sums rounded on their own: never fused into a multiply-add.
+__device__ __forceinline__ float MulRn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double MulRn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float AddRn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double AddRn(double a, double b) { return __dadd_rn(a, b); }
+
+// The `rows` rows of the operand from `first` on, summed (PeerSumRows) into
+// `dst` (a row of `bytes` each), by this CTA (`cta` of `ctas`): a warp a
+// piece of a row at a time, each lane V elements (16 B), the row's slots and
+// weights read by every lane (one line, broadcast).
+template <SumKind K>
+__device__ void SumRowsInto(const PeerSumRows& sums, int64_t bytes, int64_t first, int64_t rows,
+                            uint8_t* dst, int64_t cta, int64_t ctas) {
+  using E = ElementSum<K>;
+  using T = typename E::T;
+  using Acc = typename E::Acc;
+  constexpr int V = 16 / sizeof(T);
+  const int64_t elements = bytes / static_cast<int64_t>(sizeof(T));
+  const int64_t span = int64_t{32} * V;
+  const int64_t pieces = (elements + span - 1) / span;
+  const bool vector = bytes % 16 == 0 &&
+                      (reinterpret_cast<uintptr_t>(sums.y) | reinterpret_cast<uintptr_t>(dst)) %
+                              16 == 0;
+  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  const auto* weights = static_cast<const Acc*>(sums.weights);
+  for (int64_t unit = cta * warps + threadIdx.x / 32; unit < rows * pieces;
+       unit += ctas * warps) {
+    const int64_t r = unit / pieces;
+    const int64_t e0 = (unit - r * pieces) * span + lane * V;
+    if (e0 >= elements) continue;
+    const bool whole = vector && e0 + V <= elements;
+    const int64_t row = first + r;
+    Acc acc[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] = SumStart<K>();
+    bool any = false;
+    for (int64_t j = 0; j < sums.choices; ++j) {
+      const int64_t slot = sums.slots[row * sums.choices + j];
+      if (slot < 0) continue;
+      any = true;
+      const Acc w = weights[row * sums.choices + j];
+      const T* from = reinterpret_cast<const T*>(sums.y + slot * bytes) + e0;
+      union {
+        uint4 vec;
+        T el[V];
+      } x;
+      if (whole) {
+        x.vec = *reinterpret_cast<const uint4*>(from);
+      } else {
+#pragma unroll
+        for (int v = 0; v < V; ++v) x.el[v] = e0 + v < elements ? from[v] : T{};
+      }
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] = AddRn(acc[v], MulRn(E::Load(x.el[v]), w));
+    }
+    union {
+      uint4 vec;
+      T el[V];
+    } out;
+#pragma unroll
+    for (int v = 0; v < V; ++v) out.el[v] = E::Store(any ? acc[v] : EmptySum<K>());
+    T* to = reinterpret_cast<T*>(dst + r * bytes) + e0;
+    if (whole) {
+      *reinterpret_cast<uint4*>(to) = out.vec;
+    } else {
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        if (e0 + v < elements) to[v] = out.el[v];
+      }
+    }
+  }
+}
+
+// CTA b sums its part of slice b mod slices into the slice's destination
+// (this participant's own result, or a destination's across the link), as
+// PeerScatterCopyKernel copies one.
+__global__ void __launch_bounds__(kSumThreads)
+    PeerScatterSumKernel(PeerLegs legs, PeerSlices s, PeerSumRows sums) {
+  LaunchNextGrid();
+  AwaitPreviousGrid();  // the meet: every destination's result is known, the indices checked
+  const int64_t i = blockIdx.x % s.slices;
+  const int64_t cta = blockIdx.x / s.slices, ctas = gridDim.x / s.slices;
+  const int k = LegOf(s, i);
+  uint8_t* base = k == 0 ? s.local : reinterpret_cast<uint8_t*>(legs.leg[k - 1].own->peer);
+  const int64_t first = IndexAt(s.input_offsets, s.index64, i);
+  const int64_t rows = IndexAt(s.send_sizes, s.index64, i);
+  uint8_t* dst = base + IndexAt(s.output_offsets, s.index64, i) * s.bytes;
+  switch (static_cast<SumKind>(sums.kind)) {
+    case SumKind::kF16: SumRowsInto<SumKind::kF16>(sums, s.bytes, first, rows, dst, cta, ctas); break;
+    case SumKind::kBF16: SumRowsInto<SumKind::kBF16>(sums, s.bytes, first, rows, dst, cta, ctas); break;
+    case SumKind::kF32: SumRowsInto<SumKind::kF32>(sums, s.bytes, first, rows, dst, cta, ctas); break;
+    default: SumRowsInto<SumKind::kF64>(sums, s.bytes, first, rows, dst, cta, ctas); break;
+  }
+  ScatterLegDone(legs, k, ctas * s.per_part);
 }
 
 // ---- PeerPull (peer_copy.h) ----
@@ -760,6 +910,41 @@ ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
                                     static_cast<unsigned int>(grid), kScatterThreads, plan.smem,
                                     legs, slices, tma, plan.chunk,
                                     kDefaultBulkCopyConfig.stages));
+  if (legs.count > 0) {
+    JAX_TMA_RETURN_IF_FAILED(
+        LaunchOn(stream, early, PeerScatterFinishKernel, 1, 32, 0, legs));
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error LaunchPeerScatterSum(std::string_view op, const PeerLegs& legs,
+                                const PeerSlices& slices, const PeerSumRows& sums,
+                                int64_t max_ctas, const PeerWait& check, cudaStream_t stream,
+                                int device) {
+  if (slices.slices < 1 || !slices.ragged()) {
+    return InvalidArgument(op, "a summed exchange needs ragged slices");
+  }
+  DeviceInfo info;
+  JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
+  // The slices share two CTAs an SM (or the budget), each no more than a
+  // warp a piece of the rows an even share of the operand gives it.
+  const int64_t warps = kSumThreads / 32;
+  const int64_t budget = max_ctas > 0 ? max_ctas : int64_t{2} * info.sm_count;
+  const int64_t piece = int64_t{32} * 16;
+  const int64_t units = (slices.src_rows / slices.slices + 1) * ((slices.bytes + piece - 1) / piece);
+  const int64_t ctas = std::max<int64_t>(
+      1, std::min<int64_t>(budget / slices.slices, (units + warps - 1) / warps));
+  const int64_t grid = ctas * slices.slices;
+  if (grid > 0x7fffffff) {
+    return InvalidArgument(op, "an exchange of ", slices.slices, " slices of ", ctas,
+                           " CTAs each, over the grid limit");
+  }
+  const bool early = info.cc_major >= 9;
+  JAX_TMA_RETURN_IF_FAILED(LaunchOn(stream, false, PeerScatterSumMeetKernel, 1, kSumMeetThreads,
+                                    0, legs, slices, sums, check));
+  JAX_TMA_RETURN_IF_FAILED(LaunchOn(stream, early, PeerScatterSumKernel,
+                                    static_cast<unsigned int>(grid), kSumThreads, 0, legs,
+                                    slices, sums));
   if (legs.count > 0) {
     JAX_TMA_RETURN_IF_FAILED(
         LaunchOn(stream, early, PeerScatterFinishKernel, 1, 32, 0, legs));

@@ -75,6 +75,7 @@ enum class PeerSizeRule : unsigned int {
   kPullSize = 4,   // a pull's recv_sizes[i] in [0, rows a position may send]
   kPullToken = 5,  // a pull's tokens[i] in [0, operand rows]
   kPullSlot = 6,   // a pull's slots[i][j] -1 or in [0, result rows)
+  kSumSlot = 7,    // a summed exchange's slots[r][j] -1 or in [0, y's rows)
 };
 
 // Written once per process by the first wait that gives up (host-mapped).
@@ -195,6 +196,36 @@ ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
                              const PeerSlices& slices, bool tma, int64_t expected_bytes,
                              int64_t max_ctas, const PeerWait& check, cudaStream_t stream,
                              int device);
+
+// ---- PeerScatterSum: a ragged exchange whose rows are sums ----
+//
+// PeerScatter of the ragged slices `slices` (per_part of them a position)
+// of an operand that is never stored: its row r is
+//   Σ_j y[slots[r * choices + j]] · weights[r * choices + j] over slots >= 0,
+// ascending j, of `kind` (SumKind: f16, bf16, f32, f64) in ElementSum's
+// accumulator, each product rounded before it is added, +0.0 where no slot
+// is set (ppermute/moe_combine.h). The meet checks the slices as
+// PeerScatter's does and every slot (PeerSizeRule::kSumSlot, the entry's
+// flat index reported, `seen` = choices) before any copy; the copy stage
+// computes each row's pieces and stores them straight into the
+// destination's result.
+struct PeerSumRows {
+  const uint8_t* y = nullptr;
+  int64_t y_rows = 0;
+  const void* weights = nullptr;  // operand rows of `choices` accumulators
+  const int32_t* slots = nullptr;  // operand rows of `choices`
+  int64_t choices = 0;
+  int kind = 0;  // SumKind
+};
+
+// The three kernels of one summed exchange on `stream`: `slices.src` is not
+// read (the rows are the sums), `slices.src_rows` is the operand's rows. At
+// most `max_ctas` summing CTAs where that is not 0 (but one a slice at
+// least). A broken rule is reported under `check`'s site. Errors name `op`.
+ffi::Error LaunchPeerScatterSum(std::string_view op, const PeerLegs& legs,
+                                const PeerSlices& slices, const PeerSumRows& sums,
+                                int64_t max_ctas, const PeerWait& check, cudaStream_t stream,
+                                int device);
 
 // ---- PeerPull: rows read from every source, each written to its slots ----
 //

@@ -610,6 +610,10 @@ ffi::Error BadSizeFault(const volatile PeerFault* f, const Waits& w) {
       m << "slots[" << i << ", " << size << "] = " << value << " is neither -1 nor a row of "
         << "the result's " << limit;
       break;
+    case PeerSizeRule::kSumSlot:  // i: the flat entry, size: the choices
+      m << "slots[" << i / std::max(size, 1LL) << ", " << i % std::max(size, 1LL) << "] = "
+        << value << " is neither -1 nor a row of y's " << limit;
+      break;
     default:
       m << "slice " << i << ": send_sizes[" << i << "] = " << size << " but its receiver's "
         << "recv_sizes entry for it is " << value;

@@ -19,31 +19,31 @@ ffi::Error CheckIndexArrays(const ffi::AnyBuffer* arrays[4], RaggedAllToAllCall*
   for (int a = 0; a < 4; ++a) {
     const ffi::AnyBuffer& b = *arrays[a];
     if (b.element_type() != ffi::DataType::S32 && b.element_type() != ffi::DataType::S64) {
-      return InvalidArgument(kOp, kNames[a], " has element type ",
+      return InvalidArgument(call->op, kNames[a], " has element type ",
                              DataTypeName(b.element_type()),
                              "; the offsets and sizes take s32 or s64");
     }
     if (b.element_type() != type) {
-      return InvalidArgument(kOp, kNames[a], " has element type ",
+      return InvalidArgument(call->op, kNames[a], " has element type ",
                              DataTypeName(b.element_type()), " but input_offsets has ",
                              DataTypeName(type),
                              "; the four offset and size arrays share one element type");
     }
     if (b.dimensions().size() != 1) {
-      return InvalidArgument(kOp, kNames[a], " must have rank 1, got shape ",
+      return InvalidArgument(call->op, kNames[a], " must have rank 1, got shape ",
                              ShapeOf(b.dimensions()));
     }
     if (b.dimensions()[0] != arrays[0]->dimensions()[0]) {
-      return InvalidArgument(kOp, kNames[a], " has ", b.dimensions()[0],
+      return InvalidArgument(call->op, kNames[a], " has ", b.dimensions()[0],
                              " entries but input_offsets has ", arrays[0]->dimensions()[0],
                              "; the four offset and size arrays have one entry per slice");
     }
     if (b.dimensions()[0] > 0 && b.untyped_data() == nullptr) {
-      return InvalidArgument(kOp, "null buffer for ", kNames[a]);
+      return InvalidArgument(call->op, "null buffer for ", kNames[a]);
     }
   }
   if (arrays[0]->dimensions()[0] < 1) {
-    return InvalidArgument(kOp, "input_offsets has 0 entries; the call needs at least one "
+    return InvalidArgument(call->op, "input_offsets has 0 entries; the call needs at least one "
                                 "slice per position");
   }
   call->index_type = type;
@@ -68,6 +68,32 @@ bool Inside(int64_t offset, int64_t size, int64_t rows) {
 }
 
 }  // namespace
+
+ffi::Error DecodeRaggedSlices(int device, const ffi::AnyBuffer& input_offsets,
+                              const ffi::AnyBuffer& send_sizes,
+                              const ffi::AnyBuffer& output_offsets,
+                              const ffi::AnyBuffer& recv_sizes, ffi::Span<const int64_t> devices,
+                              ffi::Span<const int64_t> sources,
+                              ffi::Span<const int64_t> positions, int64_t parts, int64_t ctas,
+                              int64_t process, ffi::Span<const int64_t> processes,
+                              std::string_view links, std::string_view site, int64_t timeout_ms,
+                              RaggedAllToAllCall* call) {
+  const ffi::AnyBuffer* arrays[4] = {&input_offsets, &send_sizes, &output_offsets,
+                                     &recv_sizes};
+  JAX_TMA_RETURN_IF_FAILED(CheckIndexArrays(arrays, call));
+  JAX_TMA_RETURN_IF_FAILED(DecodeExchangeGroup(call->op, device, devices, sources, positions,
+                                               parts, process, processes, links, site,
+                                               timeout_ms, call));
+  if (call->slices % parts != 0) {
+    return InvalidArgument(call->op, "input_offsets has ", call->slices,
+                           " entries, not a whole number of slices for each of the ", parts,
+                           " positions");
+  }
+  call->slices_per_part = call->slices / parts;
+  JAX_TMA_RETURN_IF_FAILED(CheckCtas(call->op, ctas));
+  call->ctas = ctas;
+  return ffi::Error::Success();
+}
 
 ffi::Error DecodeRaggedAllToAll(
     int device, const ffi::AnyBuffer& operand, const ffi::AnyBuffer& output,
@@ -114,20 +140,10 @@ ffi::Error DecodeRaggedAllToAll(
                            ShapeOf(out_dims), "; they must be equal, or output must have 0 "
                            "rows of the result's row shape (a result of rows of its own)");
   }
-  const ffi::AnyBuffer* arrays[4] = {&input_offsets, &send_sizes, &output_offsets,
-                                     &recv_sizes};
-  JAX_TMA_RETURN_IF_FAILED(CheckIndexArrays(arrays, call));
-  JAX_TMA_RETURN_IF_FAILED(DecodeExchangeGroup(kOp, device, devices, sources, positions, parts,
-                                               process, processes, links, site, timeout_ms,
-                                               call));
-  if (call->slices % parts != 0) {
-    return InvalidArgument(kOp, "input_offsets has ", call->slices,
-                           " entries, not a whole number of slices for each of the ", parts,
-                           " positions");
-  }
-  call->slices_per_part = call->slices / parts;
-  JAX_TMA_RETURN_IF_FAILED(CheckCtas(kOp, ctas));
-  call->ctas = ctas;
+  JAX_TMA_RETURN_IF_FAILED(DecodeRaggedSlices(device, input_offsets, send_sizes, output_offsets,
+                                              recv_sizes, devices, sources, positions, parts,
+                                              ctas, process, processes, links, site,
+                                              timeout_ms, call));
   call->operand_rows = in_dims[0];
   call->output_rows = res_dims[0];
   size_t row_elements = 1;
@@ -158,15 +174,15 @@ ffi::Error CheckOwnSlices(const RaggedAllToAllCall& call) {
         {"recv_sizes", recv}};
     for (const auto& [name, value] : values) {
       if (value < 0) {
-        return InvalidArgument(kOp, name, "[", i, "] = ", value, " on ", me, " is negative");
+        return InvalidArgument(call.op, name, "[", i, "] = ", value, " on ", me, " is negative");
       }
     }
     if (!Inside(in, size, call.operand_rows)) {
-      return InvalidArgument(kOp, Sum("input_offsets", "send_sizes", i, in, size), " on ", me,
+      return InvalidArgument(call.op, Sum("input_offsets", "send_sizes", i, in, size), " on ", me,
                              " runs past the operand's ", call.operand_rows, " rows");
     }
     if (!Inside(out, size, call.output_rows)) {
-      return InvalidArgument(kOp, Sum("output_offsets", "send_sizes", i, out, size), " on ", me,
+      return InvalidArgument(call.op, Sum("output_offsets", "send_sizes", i, out, size), " on ", me,
                              " runs past the output's ", call.output_rows,
                              " rows (on the device at position ", i / call.slices_per_part,
                              ", which receives slice ", i, ")");
@@ -183,13 +199,13 @@ ffi::Error CheckReceived(const RaggedAllToAllCall& receiver, const std::string& 
   for (int64_t t = 0; t < receiver.slices_per_part; ++t) {
     const int64_t expected = receiver.HostIndex(receiver.recv_sizes, mine + t);
     if (sizes[t] != expected) {
-      return InvalidArgument(kOp, "recv_sizes[", mine + t, "] = ", expected, " on ",
+      return InvalidArgument(receiver.op, "recv_sizes[", mine + t, "] = ", expected, " on ",
                              receiver.Describe(receiver.self), " differs from send_sizes[",
                              theirs + t, "] = ", sizes[t], " on ", sender,
                              ", the slice it sends there");
     }
     if (!Inside(output_offsets[t], sizes[t], receiver.output_rows)) {
-      return InvalidArgument(kOp, Sum("output_offsets", "send_sizes", theirs + t,
+      return InvalidArgument(receiver.op, Sum("output_offsets", "send_sizes", theirs + t,
                                       output_offsets[t], sizes[t]),
                              " on ", sender, " runs past the ", receiver.output_rows,
                              " rows of the output of ", receiver.Describe(receiver.self));

@@ -56,6 +56,7 @@ auto BindRaggedAllToAllCall(Binding binding) {
 // index arrays. The index arrays' values are checked by whoever reads them
 // (the CPU handler on the host: CheckOwnSlices, CheckReceived).
 struct RaggedAllToAllCall : ExchangeGroup {
+  std::string_view op = kRaggedAllToAllOp;  // what errors name
   Method method = Method::kAuto;
   int64_t ctas = 0;               // CheckCtas
   const void* operand = nullptr;  // operand_rows rows of row_bytes
@@ -94,6 +95,31 @@ ffi::Error DecodeRaggedAllToAll(
     std::string_view method, int64_t ctas, int64_t process, ffi::Span<const int64_t> processes,
     std::string_view links, std::string_view site, int64_t timeout_ms,
     RaggedAllToAllCall* call);
+
+// The index arrays and the group of a ragged exchange of `call->op` whose
+// rows (operand_rows, output_rows, row_bytes) are set by the caller: the
+// arrays' types and shapes, the group (ExchangeGroup), a whole number of
+// slices a position, and `ctas`.
+ffi::Error DecodeRaggedSlices(int device, const ffi::AnyBuffer& input_offsets,
+                              const ffi::AnyBuffer& send_sizes,
+                              const ffi::AnyBuffer& output_offsets,
+                              const ffi::AnyBuffer& recv_sizes, ffi::Span<const int64_t> devices,
+                              ffi::Span<const int64_t> sources,
+                              ffi::Span<const int64_t> positions, int64_t parts, int64_t ctas,
+                              int64_t process, ffi::Span<const int64_t> processes,
+                              std::string_view links, std::string_view site, int64_t timeout_ms,
+                              RaggedAllToAllCall* call);
+
+// The exchange of a decoded call on the host (ragged_all_to_all_cpu.cc),
+// after the output's rows are in the result: the index values checked
+// (below), the slices that stay copied, then each step, which meets its
+// partners whatever the checks found (so that none waits for this one) but
+// sends no rows where they failed. `checks`: the caller's own, of what made
+// the operand (a failure there sends nothing either). `instance` and `run`
+// are the call's (steps meet under instance + k - 1). Returns the first
+// failure.
+ffi::Error RunRaggedAllToAllCpu(const RaggedAllToAllCall& call, int64_t instance,
+                                ffi::RunId run, ffi::Error checks = ffi::Error::Success());
 
 // The checks of the index values, on the host. Each error names the op, the
 // participant, the array, the entry and its value.

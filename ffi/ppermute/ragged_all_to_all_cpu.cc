@@ -175,7 +175,14 @@ ffi::Error RaggedAllToAllCpuImpl(
   if (call.result != call.output && output.size_bytes() != 0) {
     std::memcpy(call.result, call.output, output.size_bytes());
   }
-  ffi::Error checks = CheckOwnSlices(call);
+  return RunRaggedAllToAllCpu(call, instance, run);
+}
+
+}  // namespace
+
+ffi::Error RunRaggedAllToAllCpu(const RaggedAllToAllCall& call, int64_t instance,
+                                ffi::RunId run, ffi::Error checks) {
+  if (checks.success()) checks = CheckOwnSlices(call);
   const bool own_ok = checks.success();
   if (own_ok) {  // the slices that stay
     const Slices s = SlicesFor(call, call.position);
@@ -195,7 +202,6 @@ ffi::Error RaggedAllToAllCpuImpl(
   return checks;
 }
 
-}  // namespace
 }  // namespace jax_tma
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTmaRaggedAllToAllCpu, jax_tma::RaggedAllToAllCpuImpl,

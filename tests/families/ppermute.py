@@ -3,8 +3,9 @@ each name is for): jax_tma.ppermute, whose copies are the copy family's
 kernels, jax_tma.all_to_all and jax_tma.ragged_all_to_all, which run on
 ppermute's transport, and their NumPy references. jax_tma.moe_dispatch and
 moe_combine, Python compositions of those two exchanges and of the
-dispatch's pull of its rows (target jax_tma_moe_dispatch), are this
-family's code too (MODULES); tests/test_moe.py tests them."""
+dispatch's pull of its rows (target jax_tma_moe_dispatch) and of the
+combine's rows summed on their way home (target jax_tma_moe_combine), are
+this family's code too (MODULES); tests/test_moe.py tests them.""" 
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_tma
 from families.copy import copy_call, copy_reference
-from jax_tma._moe import _pull_p
+from jax_tma._moe import _home_sums_p, _pull_p
 from jax_tma._ragged_all_to_all import composed
 from fuzz import S, Call, Spec, i64, pick, some_dtype, with_
 from ops_table import (BATCH, MESH_AXES, SUB_BYTE_WIDE, Case, Op, dim_size, dims_spec, extra_rank,
@@ -438,7 +439,110 @@ _PULL_NASTY = (
 )
 
 
+_SUMMED = (np.float16, jnp.bfloat16, np.float32, np.float64)
+
+
+def combine_sums(y, weights, slots) -> np.ndarray:
+    """jax_tma_moe_combine's pair rows: each row's Σ_j y[slot] · weight in
+    float32 (float64 for float64 y), ascending j, each product rounded,
+    +0.0 where no slot is set, rounded to y's dtype; a NaN as the positive
+    quiet NaN."""
+    y = np.asarray(y)
+    acc = np.float64 if y.dtype == np.float64 else np.float32
+    out = np.zeros((slots.shape[0],) + y.shape[1:], acc)
+    with np.errstate(all="ignore"):
+        for r in range(slots.shape[0]):
+            terms = [y[s].astype(acc) * acc(weights[r, j]) for j, s in enumerate(slots[r])
+                     if s >= 0]
+            for i, term in enumerate(terms):
+                out[r] = out[r] + term if i else term
+        rows = out.astype(y.dtype)
+    rows[np.isnan(out)] = np.abs(np.array(np.nan, y.dtype))
+    return rows
+
+
+def _combine_call(rng) -> Call:
+    """This device (ordinal 0) in a group of its own (one part: its pair
+    rows go to its own result), alone or beside devices in groups of their
+    own: P pair rows of k choices, slots -1 or rows of y, weights in the
+    sums' type; y of a summed dtype and any row shape; int32 or int64
+    offsets and sizes."""
+    dtype = np.dtype(pick(rng, _SUMMED))
+    row = tuple(int(v) for v in rng.integers(1, 4, int(rng.integers(0, 3))))
+    g = ragged_geometry(rng, 1, int(rng.integers(1, 4)),
+                        index_dtype=pick(rng, (np.int32, np.int64)))
+    y_rows, k = (int(v) for v in rng.integers(1, 5, 2))
+    slots = rng.integers(-1, y_rows, (g["rows"], k)).astype(np.int32)
+    acc = np.float64 if dtype == np.float64 else np.float32
+    return Call([random_array(rng, (y_rows,) + row, dtype),
+                 rng.standard_normal((g["rows"], k)).astype(acc), slots,
+                 *(g[k] for k in _RAGGED_INDICES)], [S((g["out_rows"],) + row, dtype)],
+                _alone(rng))
+
+
+def _combine_written_rows(call: Call, got: list[np.ndarray]) -> None:
+    """The rows that the slices write are the pairs' sums (the others are
+    unspecified); NaNs of any bits match."""
+    y, weights, slots, *indices = call.operands
+    sums = combine_sums(y, weights, slots)
+    out = np.zeros(call.results[0].shape, y.dtype)
+    written = ragged_reference(np.ones(sums.shape[:1], bool), np.zeros(out.shape[:1], bool),
+                               *indices, 1)
+    want = ragged_reference(sums, out, *indices, 1)[written]
+    have = got[0][written]
+    nan = np.isnan(want.astype(np.float64))
+    assert (np.isnan(have.astype(np.float64)) == nan).all()
+    assert_bits_equal(np.where(nan, 0, have).astype(y.dtype), np.where(nan, 0, want).astype(y.dtype))
+
+
+def _combine_set(c: Call, i: int, value, at=0) -> Call:
+    """`c` with entry `at` (flat) of operand i set to `value`, of at least
+    one pair row."""
+    ops = [np.array(a) for a in c.operands]
+    if ops[i].size:
+        ops[i].reshape(-1)[at] = value
+    return with_(c, operands=ops)
+
+
+_COMBINE_NASTY = (
+    (lambda c: with_(c, ctas=np.int64(-1)),
+     r"ctas must be >= 0 \(0: the device's choice\), got -1"),
+    (lambda c: _combine_set(c, 2, -2), rf"slots\[0, 0\] = -2 {_ME} is neither -1 nor a row of "
+     r"y's \d+"),
+    (lambda c: _combine_set(c, 2, c.operands[0].shape[0]),
+     r"slots\[0, 0\] = \d+ .* is neither -1 nor a row of y's"),
+    (lambda c: _combine_set(c, 3, -1), rf"input_offsets\[0\] = -1 {_ME} is negative"),
+    (lambda c: with_(c, operands=[c.operands[0].astype(np.int32)] + c.operands[1:],
+                     results=[S(c.results[0].shape, np.int32)]),
+     r"y has element type s32; the combine's kernel sums f16, bf16, f32 or f64 rows"),
+    (lambda c: with_(c, operands=c.operands[:1] + [c.operands[1].astype(np.int8)]
+                     + c.operands[2:]), r"weights has element type s8; it takes f(32|64)"),
+    (lambda c: with_(c, operands=c.operands[:2] + [c.operands[2].astype(np.int64)]
+                     + c.operands[3:]), r"slots has element type s64; it takes s32"),
+    (lambda c: with_(c, operands=c.operands[:2] + [c.operands[2][:, :0]] + c.operands[3:]),
+     r"slots has shape \(\d+, 0\) but weights has"),
+    (lambda c: with_(c, results=[S(c.results[0].shape + (1,), c.results[0].dtype)]),
+     r"y and the result must have rows \(dim 0\) of one shape"),
+    (lambda c: with_(c, parts=np.int64(0)), r"parts must be in \[1, \d+\]"),
+)
+
+
 SPECS: dict[str, Spec] = {
+    "jax_tma_moe_combine": Spec(
+        ("jax_tma.moe_combine",), _combine_call, lambda call: [], _COMBINE_NASTY,
+        # A mutated operand may give values that break a rule (random_array
+        # draws new values), which the handler names.
+        rules={k: r"is negative|runs past|differs from|is neither -1|element type|must have rank"
+               r"|one shape|but weights has|entries" for k in ("shape", "dtype")},
+        attr_rules={"parts": r"parts|slices|sources|positions", "positions": r"positions?\b",
+                    "sources": r"sources", "devices": r"devices|process|positions",
+                    "process": r"process|among the devices", "processes": r"process|devices",
+                    "ctas": r"ctas"},
+        keep=("instance",), waits_for_peer=_all_to_all_waits_for_peer,
+        exact=lambda platform, call: False, bounds=_combine_written_rows,
+        # The slots, offsets and sizes stay on the GPU, whose meet kernel checks them.
+        device_checked=r"jax_tma\.moe_combine: .*(?:is negative|runs past|differs from"
+                       r"|is neither -1)"),
     "jax_tma_all_to_all": Spec(
         ("jax_tma.all_to_all",), _all_to_all_call, copy_reference, _ALL_TO_ALL_NASTY,
         attr_rules={"parts": r"parts|chunks|sources|positions", "positions": r"positions?\b",
@@ -511,7 +615,26 @@ def _pull_pair(b):
     return _pull(b, [1, 0, 1, 0], [[0], [1], [2], [3]], [2, 2], 4, 2)
 
 
-CPU_CALLS = {} if _PAIR is None else {"moe_dispatch": CpuCall(
+def _home_sums(y, weights, slots, indices, rows: int, n: int):
+    """jax_tma.moe_combine's pair rows summed home over axis "i" of `n`
+    devices (`indices`: the ragged exchange's four arrays)."""
+    return _home_sums_p.bind(y, jnp.asarray(weights, np.float32), jnp.asarray(slots, np.int32),
+                             *(jnp.asarray(a, np.int32) for a in indices), rows=rows,
+                             axis_name=("i",), size=n, site="paths", ctas=0)
+
+
+def _home_sums_pair(b):
+    """Each device's pair rows 0, 1 (rows 0 + 1/2 row 1, and row 1 / 4) to
+    device 0 and rows 2, 3 (row 2 alone; rows 2, 3 and 3) to device 1,
+    landing at row 2 * its position there."""
+    at = jnp.full(2, 2 * lax.axis_index("i"), np.int32)
+    return _home_sums(b, [[1, 0.5], [0.25, 0], [1, 1], [1, 2]],
+                      [[0, 1], [1, -1], [2, -1], [2, 3]], ([0, 2], [2, 2], at, [2, 2]), 4, 2)
+
+
+CPU_CALLS = {} if _PAIR is None else {"moe_combine": CpuCall(
+    jax.shard_map(_home_sums_pair, mesh=_PAIR, in_specs=P("i"), out_specs=P("i")),
+    where=NamedSharding(_PAIR, P("i")), handler_calls=2), "moe_dispatch": CpuCall(
     jax.shard_map(_pull_pair, mesh=_PAIR, in_specs=P("i"), out_specs=P("i")),
     where=NamedSharding(_PAIR, P("i")), handler_calls=2), "ragged_all_to_all": CpuCall(
     jax.shard_map(_ragged_pair, mesh=_PAIR, in_specs=P("i"), out_specs=P("i")),
@@ -572,8 +695,19 @@ def _self_pull(x, device):
         in_specs=P("i"), out_specs=P("i"))(x)
 
 
+def _self_home_sums(x, device):
+    """x's rows summed in pairs (row i and, at half weight, row 63 - i) over
+    a one-device mesh of `device`, into rows 0..63 of its result."""
+    one = jax.sharding.Mesh(np.array([device]), ("i",))
+    i = np.arange(64)
+    return jax.shard_map(
+        lambda b: _home_sums(b, np.tile([1, 0.5], (64, 1)), np.stack([i, 63 - i], 1),
+                             ([0], [64], [0], [64]), 64, 1), mesh=one,
+        in_specs=P("i"), out_specs=P("i"))(x)
+
+
 # (64, 16) float32 x 1100: 4.5 MB, over the inbox's limit.
-GPU_CALLS = {"moe_dispatch.peer": _self_pull, "ppermute.tma": _self_permute("tma"), "ppermute.simt": _self_permute("simt"),
+GPU_CALLS = {"moe_combine.peer": _self_home_sums, "moe_dispatch.peer": _self_pull, "ppermute.tma": _self_permute("tma"), "ppermute.simt": _self_permute("simt"),
              "all_to_all.inbox": _self_exchange(1), "all_to_all.peer": _self_exchange(1100),
              "ragged_all_to_all.inbox": _self_ragged(1),
              "ragged_all_to_all.peer": _self_ragged(1100)}
