@@ -269,9 +269,13 @@ def moe_combine(y: Any, plan: MoePlan, weights: Any) -> jax.Array:
     0 … k−1``, each device's term rounded to ``y``'s dtype on its way home
     (no rounding for float32 ``y``). The weights travel to the experts'
     devices first (one ``ragged_all_to_all`` of ``(rows, k)``), then the
-    summed rows home (a second one). CPUs and GPUs run this composition,
-    every sum in this order; where a float32 product or sum is subnormal,
-    XLA's CPU code flushes it to zero.
+    rows home: for float16, bfloat16, float32 and float64 ``y`` each
+    device's sums are computed as they are sent (one kernel, which reads
+    ``y`` once and writes each sum straight into its home's result, across
+    the link where home is another GPU), for the other dtypes summed first
+    and sent by a second ``ragged_all_to_all``. CPUs and GPUs sum in this
+    order; where a float32 product or sum at home is subnormal, XLA's CPU
+    code flushes it to zero (the experts' sums keep subnormals on both).
 
     Derivatives in both modes, bilinear in ``(y, weights)``: ``y``'s
     cotangent is the dispatch of the output's cotangent, each row scaled by

@@ -604,10 +604,10 @@ CASES: dict[str, tuple[Case, ...]] = {
         Case("all_to_all_large", ("all_to_all.peer",), _all_to_all(16_000)),
         Case("ragged_all_to_all", ("ragged_all_to_all.inbox",), _ragged(48, 16)),
         Case("ragged_all_to_all_large", ("ragged_all_to_all.peer",), _ragged(100, 4096)),
-        Case("moe_dropless", ("all_to_all.inbox", "ragged_all_to_all.inbox", "moe_dispatch.peer"),
-             _moe(None), steps=200),
-        Case("moe_capacity", ("all_to_all.inbox", "ragged_all_to_all.inbox", "moe_dispatch.peer"),
-             _moe(12), steps=200),
+        Case("moe_dropless", ("all_to_all.inbox", "ragged_all_to_all.inbox", "moe_dispatch.peer",
+                              "moe_combine.peer"), _moe(None), steps=200),
+        Case("moe_capacity", ("all_to_all.inbox", "ragged_all_to_all.inbox", "moe_dispatch.peer",
+                              "moe_combine.peer"), _moe(12), steps=200),
     ),
 }
 DEVICES = {"local": 1, "multi": 2}

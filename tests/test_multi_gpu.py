@@ -459,8 +459,8 @@ def test_moe_dispatch_and_combine_match_the_reference(mesh, rng, capacity, least
     same on host devices). One dispatch carries each token's random bf16
     bits, then normal values that combine sums (no subnormal sum). With the
     least SM budget (num_sms = n: a CTA for each source's rows, each
-    slice), at rows wide enough that the combine's exchange home takes
-    PeerScatter (over kPeerInboxMaxBytes), the small ones the inbox."""
+    slice), at wide rows (the combine's sums home, PeerScatterSum, at 5 MiB
+    a device; its weights out by the inbox), and at narrow ones."""
     n, k, experts = mesh.size, 4, 8
     # n·T rows of width bf16 home: 5 MiB at n = 2
     tokens, width = (160, 8192) if least_sms else (64, 128)
