@@ -806,8 +806,7 @@ def _rows(v, *route, toward, **ex):
         rows = _after(_gather(v, r.pair_token), r.pair_token, r.source)
         return _gather(_to_experts(rows, r, None, **ex), r.source // r.slots.shape[1])
     acc = _accumulator(v.dtype)
-    pairs = _per_pair([(v, None)], r.slots, acc).astype(v.dtype)
-    return _per_token(_home(pairs, r, **ex), r, acc).astype(v.dtype)
+    return _per_token(_pairs_home(v, None, r, **ex), r, acc).astype(v.dtype)
 
 
 def _combine(y, weights, *route, **ex):
@@ -816,19 +815,26 @@ def _combine(y, weights, *route, **ex):
     f16, bf16, f32 or f64 are summed on their way home (_home_sums_p); the
     other dtypes' pair rows are summed first, then exchanged."""
     r = _Routes(*route)
-    acc = _accumulator(y.dtype)
     got = _to_experts(_after(_take(weights, r.pair_token), r.pair_token, y), r, 0, **ex)
-    if np.dtype(y.dtype) in _SUMMED_ON_THE_WAY:
-        home = _home_sums_p.bind(y, got.astype(acc), r.slots, *_home_indices(r),
-                                 rows=r.pair_token.shape[0], **ex)
-    else:
-        home = _home(_per_pair([(y, got)], r.slots, acc).astype(y.dtype), r, **ex)
-    return _per_token(home, r, acc).astype(y.dtype)
+    return _per_token(_pairs_home(y, got, r, **ex), r, _accumulator(y.dtype)).astype(y.dtype)
 
 
 # The dtypes whose pair rows jax_tma_moe_combine sums as it sends them
 # (ffi/ppermute/moe_combine.h).
 _SUMMED_ON_THE_WAY = {np.dtype(t) for t in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64)}
+
+
+def _pairs_home(v, weights, r: _Routes, **ex) -> jax.Array:
+    """Each pair row's sum of the rows of `v` its slots name, times
+    `weights` (None: 1), home into the rows of its pairs: summed on the way
+    (_home_sums_p) for the dtypes of _SUMMED_ON_THE_WAY, else summed here
+    (_per_pair) and sent by a ragged exchange."""
+    acc = _accumulator(v.dtype)
+    if np.dtype(v.dtype) in _SUMMED_ON_THE_WAY:
+        w = jnp.ones(r.slots.shape, acc) if weights is None else weights.astype(acc)
+        return _home_sums_p.bind(v, w, r.slots, *_home_indices(r), rows=r.pair_token.shape[0],
+                                 **ex)
+    return _home(_per_pair([(v, weights)], r.slots, acc).astype(v.dtype), r, **ex)
 
 
 def _home_sums(y, weights, slots, *indices, rows, axis_name, size, site, ctas):

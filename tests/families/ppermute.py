@@ -512,7 +512,7 @@ _COMBINE_NASTY = (
     (lambda c: _combine_set(c, 2, c.operands[0].shape[0]),
      r"slots\[0, 0\] = \d+ .* is neither -1 nor a row of y's"),
     (lambda c: _combine_set(c, 3, -1), rf"input_offsets\[0\] = -1 {_ME} is negative"),
-    (lambda c: with_(c, operands=[c.operands[0].astype(np.int32)] + c.operands[1:],
+    (lambda c: with_(c, operands=[np.zeros(c.operands[0].shape, np.int32)] + c.operands[1:],
                      results=[S(c.results[0].shape, np.int32)]),
      r"y has element type s32; the combine's kernel sums f16, bf16, f32 or f64 rows"),
     (lambda c: with_(c, operands=c.operands[:1] + [c.operands[1].astype(np.int8)]
