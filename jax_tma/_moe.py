@@ -19,7 +19,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
-from jax_tma import _checks, _lowering
+from jax_tma import _checks, _ffi, _lowering
 from jax_tma._all_to_all import all_to_all, lower_exchange
 from jax_tma._gather import gather
 from jax_tma._ppermute import bound_axes, call_site
@@ -269,11 +269,12 @@ def moe_combine(y: Any, plan: MoePlan, weights: Any) -> jax.Array:
     0 … k−1``, each device's term rounded to ``y``'s dtype on its way home
     (no rounding for float32 ``y``). The weights travel to the experts'
     devices first (one ``ragged_all_to_all`` of ``(rows, k)``), then the
-    rows home: for float16, bfloat16, float32 and float64 ``y`` each
-    device's sums are computed as they are sent (one kernel, which reads
-    ``y`` once and writes each sum straight into its home's result, across
-    the link where home is another GPU), for the other dtypes summed first
-    and sent by a second ``ragged_all_to_all``. CPUs and GPUs sum in this
+    rows home: for float16, bfloat16, float32 and float64 ``y`` whose pair
+    rows are over 4 MiB a device, each device's sums are computed as they
+    are sent (one kernel, which reads ``y`` once and writes each sum
+    straight into its home's result, across the link where home is another
+    GPU); otherwise summed first and sent by a second ``ragged_all_to_all``
+    (up to 4 MiB through the transport's inbox, one crossing of the link). CPUs and GPUs sum in this
     order; where a float32 product or sum at home is subnormal, XLA's CPU
     code flushes it to zero (the experts' sums keep subnormals on both).
 
@@ -827,10 +828,14 @@ _SUMMED_ON_THE_WAY = {np.dtype(t) for t in (jnp.float16, jnp.bfloat16, jnp.float
 def _pairs_home(v, weights, r: _Routes, **ex) -> jax.Array:
     """Each pair row's sum of the rows of `v` its slots name, times
     `weights` (None: 1), home into the rows of its pairs: summed on the way
-    (_home_sums_p) for the dtypes of _SUMMED_ON_THE_WAY, else summed here
-    (_per_pair) and sent by a ragged exchange."""
+    (_home_sums_p) for the dtypes of _SUMMED_ON_THE_WAY where the pair rows
+    are over the inbox's limit, else summed here (_per_pair) and sent by a
+    ragged exchange, which takes the inbox up to its limit (one crossing of
+    the link a call, where PeerScatter's meetings take two)."""
     acc = _accumulator(v.dtype)
-    if np.dtype(v.dtype) in _SUMMED_ON_THE_WAY:
+    row_bytes = int(np.prod(v.shape[1:], dtype=np.int64)) * np.dtype(v.dtype).itemsize
+    large = r.slots.shape[0] * row_bytes > _ffi._ext.exchange_inbox_max_bytes
+    if np.dtype(v.dtype) in _SUMMED_ON_THE_WAY and large:
         w = jnp.ones(r.slots.shape, acc) if weights is None else weights.astype(acc)
         return _home_sums_p.bind(v, w, r.slots, *_home_indices(r), rows=r.pair_token.shape[0],
                                  **ex)

@@ -356,26 +356,38 @@ def test_eager(rng):
     _check(_on_mesh(_body(8, None), jit=False)(x, ids, weights), x, ids, weights, 8, None)
 
 
-def test_no_buffer_is_filled_for_the_token_exchanges_to_overwrite(rng):
+@pytest.mark.parametrize("hidden", [6, 32784])
+def test_no_buffer_is_filled_for_the_token_exchanges_to_overwrite(rng, hidden):
     """The exchanges of token rows write into results of rows of their own:
     the dispatch's pull has no output operand, and neither has combine's
-    exchange home, which sums the pair rows as it sends them (one call of
-    y, the weights, the slots and the four index arrays), not a buffer of
-    fill (on an H200 at DeepEP's shape each fill took about 70 µs of the
-    op's GPU time) nor a buffer of the pairs' sums."""
-    hidden = 6
+    exchange home: at small rows a ragged_all_to_all of the pairs' sums with
+    an output of no rows, not a buffer of fill (on an H200 at DeepEP's shape
+    each fill took about 70 µs of the op's GPU time); past the inbox's limit
+    of pair rows (32 rows a device of 32,784 float32: 4.1 MiB) one
+    jax_tma_moe_combine of y, the weights, the slots and the four index
+    arrays, which sums the pairs as it sends them (no buffer of sums
+    either). The results are the reference's, bit for bit."""
     x, ids, weights = (_normal(rng, (N * 4, hidden)), _routing(rng, "random", 4, 2, 16),
                        _normal(rng, (N * 4, 2)))
-    text = _layer(16, None).lower(x, ids, weights).compile().as_text()
+    layer = _layer(16, None)
+    text = layer.lower(x, ids, weights).compile().as_text()
     shapes = dict(re.findall(r"^\s*(%[\w.-]+) = (\S+)", text, re.M))
-    rows = rf"= f32\[\d+,{hidden}\]\S* custom-call\(([^)]*)\).*custom_call_target="
-    assert not re.findall(rows + '"jax_tma_ragged_all_to_all"', text), text
-    combine = re.findall(rows + '"jax_tma_moe_combine"', text)
-    assert len(combine) == 1, text
-    operands = [shapes[re.sub(r"/\*.*?\*/", "", o).strip()] for o in combine[0].split(",")]
-    assert [o.split("[")[0] for o in operands] == ["f32", "f32", "s32"] + ["s32"] * 4, operands
-    assert len(re.findall(rf"= f32\[\d+,{hidden}\]\S* custom-call\(.*"
-                          r'custom_call_target="jax_tma_moe_dispatch"', text)) == 1, text
+    calls = {t: [[shapes[re.sub(r"/\*.*?\*/", "", o).strip()] for o in args.split(",")]
+                 for args in re.findall(rf"= f32\[\d+,{hidden}\]\S* custom-call\(([^)]*)\).*"
+                                        rf'custom_call_target="{t}"', text)]
+             for t in ("jax_tma_ragged_all_to_all", "jax_tma_moe_combine",
+                       "jax_tma_moe_dispatch")}
+    assert len(calls["jax_tma_moe_dispatch"]) == 1, text
+    large = N * 4 * hidden * 4 > jax_tma._ffi._ext.exchange_inbox_max_bytes  # n·T f32 rows
+    if large:
+        assert not calls["jax_tma_ragged_all_to_all"], text
+        [operands] = calls["jax_tma_moe_combine"]
+        assert [o.split("[")[0] for o in operands] == ["f32", "f32"] + ["s32"] * 5, operands
+    else:
+        assert not calls["jax_tma_moe_combine"], text
+        [operands] = calls["jax_tma_ragged_all_to_all"]
+        assert operands[1].startswith(f"f32[0,{hidden}]"), operands
+    _check(layer(x, ids, weights), x, ids, weights, 16, None)
 
 
 def test_num_sms_is_the_cta_budget_of_every_exchange_that_copies_rows(rng):

@@ -274,11 +274,6 @@ ffi::Error LaunchPeerPull(std::string_view op, const PeerLegs& legs, const PeerP
 // this participant's own push of that call, which it makes only once its
 // earlier call (and so its copy out of the slot) is done.
 
-// Exchanges of at most this many bytes per participant (the operand) take
-// the inbox; larger ones PeerScatter, which moves every byte once. Not swept
-// (benchmarks/TUNING.md).
-inline constexpr std::size_t kPeerInboxMaxBytes = std::size_t{4} << 20;
-
 // A ragged slot's header entry, one per slice for the receiver: where the
 // slice's rows sit in the source's operand (and so in the slot's data), how
 // many, and where they go in the receiver's output.

@@ -11,6 +11,7 @@
 #ifndef JAX_TMA_FFI_PPERMUTE_ALL_TO_ALL_H_
 #define JAX_TMA_FFI_PPERMUTE_ALL_TO_ALL_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -21,6 +22,13 @@
 #include "ppermute/ppermute_common.h"
 
 namespace jax_tma {
+
+// Exchanges of at most this many bytes per participant (the operand) take
+// the peer transport's inbox (PeerInboxExchange, ffi/peer/peer_copy.h: one
+// crossing of the link a call); larger ones PeerScatter, which moves every
+// byte once. Not swept (benchmarks/TUNING.md). jax_tma/_moe.py reads it
+// (exchange_inbox_max_bytes) to keep the combine's small sums on the inbox.
+inline constexpr std::size_t kPeerInboxMaxBytes = std::size_t{4} << 20;
 
 inline constexpr std::string_view kAllToAllOp = "jax_tma.all_to_all";
 

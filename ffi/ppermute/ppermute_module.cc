@@ -14,6 +14,7 @@
 
 #include "module_defs.h"
 #include "peer/peer_link.h"
+#include "ppermute/all_to_all.h"
 
 #if JAX_TMA_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -47,6 +48,11 @@ void PpermuteModule(nanobind::module_& m) {
         if (err.failure()) throw std::runtime_error(std::string(err.message()));
       },
       nanobind::arg("process"), nanobind::arg("name"), nanobind::arg("pid"));
+  // The largest exchange (operand bytes a participant) that all_to_all and
+  // ragged_all_to_all run through the inbox on a GPU (all_to_all.h): the
+  // combine's choice of its exchange home (jax_tma/_moe.py), and the tests
+  // that check which path ran.
+  m.attr("exchange_inbox_max_bytes") = kPeerInboxMaxBytes;
   // An eventfd that becomes readable when the link refused something, and
   // the refusals since the last call (peer_link.h).
   m.def("link_refusal_signal", &LinkRefusalSignal);
@@ -67,10 +73,6 @@ void PpermuteModule(nanobind::module_& m) {
         return can != 0;
       },
       nanobind::arg("device"), nanobind::arg("peer"));
-  // The largest exchange (operand bytes a participant) that all_to_all and
-  // ragged_all_to_all run through the inbox (peer_copy.h), for the tests
-  // that check which path ran.
-  m.attr("exchange_inbox_max_bytes") = kPeerInboxMaxBytes;
   // CountPeerResources (peer_memory.h) by name.
   m.def("peer_resources", []() {
     const PeerResources r = CountPeerResources();
