@@ -6,9 +6,10 @@ script.
     usage: python -P tests/command_buffer_worker.py GROUP PLATFORM SEED DUMP_DIR
 
 GROUP: "local" (one device: copy with its dynamic schedule, window, im2col,
-col2im, broadcast, gather, scatter, and ppermute, all_to_all and
-ragged_all_to_all over a one-device mesh) or "multi" (two devices in this
-process: ppermute, all_to_all, ragged_all_to_all, and moe_dispatch with
+col2im, broadcast, gather, scatter, and ppermute, all_to_all,
+ragged_all_to_all and moe_combine's summing exchange over a one-device
+mesh) or "multi" (two devices in this process: ppermute, all_to_all,
+ragged_all_to_all, moe_combine's summing exchange, and moe_dispatch with
 moe_combine over 200 steps). Each case is a `lax.scan` of >= 100 steps whose
 inputs change with the step (data XOR a word of the step, starts, indices,
 slice sizes and expert ids computed from it), so that a graph replayed with
@@ -80,10 +81,11 @@ import jax_tma  # noqa: E402
 from families.broadcast import broadcast_reference  # noqa: E402
 from families.gather import gather_reference, scatter_reference  # noqa: E402
 from families.im2col import col2im_reference, im2col_reference  # noqa: E402
-from families.ppermute import (all_to_all_reference, ppermute_reference,  # noqa: E402
-                               ragged_geometry, ragged_reference)
+from families.ppermute import (all_to_all_reference, combine_sums,  # noqa: E402
+                               ppermute_reference, ragged_geometry, ragged_reference)
 from families.window import window_expect  # noqa: E402
 from jax_tma import _ffi  # noqa: E402
+from jax_tma._moe import _home_sums_p  # noqa: E402
 from paths import paths_ran  # noqa: E402
 from reference import moe_dispatch_reference, random_array  # noqa: E402
 
@@ -508,6 +510,42 @@ def _ragged_built(devices, max_size: int, width: int) -> Built:
     return _collective(devices, body, want, (P("i"), P("i")) + (P(None, "i"),) * 4, draw)
 
 
+def _home_sums(per: int, width: int):
+    """moe_combine's summing exchange alone (_home_sums_p, past the size
+    rule that picks it in moe_combine): each device's n * per pair rows of
+    `width` float32 (16 on the CPU), each the weighted sum of two rows of
+    y that random slots name (-1 among them), y new bits every step (NaNs,
+    subnormals: both platforms keep subnormals and quiet NaNs alike); the
+    rows of position p's slice land at rows me * per of p's result."""
+    def build(devices, big) -> Built:
+        n, w = len(devices), width if big else 16
+        y_rows = 2 * per
+
+        def draw(rng):
+            return (random_array(rng, (n * y_rows, w), np.float32),
+                    rng.standard_normal((n * n * per, 2)).astype(np.float32),
+                    rng.integers(-1, y_rows, (n * n * per, 2)).astype(np.int32))
+
+        def body(i, y, weights, slots):
+            starts = jnp.arange(n, dtype=np.int32) * per
+            sizes = jnp.full(n, per, np.int32)
+            at = jnp.full(n, lax.axis_index("i") * per, np.int32)
+            return _home_sums_p.bind(xor_step(y, i, 0x3C6EF372), weights, slots, starts, sizes,
+                                     at, sizes, rows=n * per, axis_name=("i",), size=n,
+                                     site="command_buffers", ctas=0)
+
+        def want(i, y, weights, slots):
+            y = xor_step(y, i, 0x3C6EF372).reshape(n, y_rows, w)
+            sums = [combine_sums(y[d], weights.reshape(n, -1, 2)[d], slots.reshape(n, -1, 2)[d])
+                    .reshape(n, per, w) for d in range(n)]
+            # position p's result: row block s is what position s sent it
+            return (np.stack([np.concatenate([sums[s][p] for s in range(n)])
+                              for p in range(n)]).reshape(n * n * per, w),)
+
+        return _collective(devices, body, want, (P("i"),) * 3, draw)
+    return build
+
+
 def _moe(capacity: int | None):
     """moe_dispatch then moe_combine of its rows, 200 steps. Each token's
     row: random bfloat16 bits (moved bit for bit), then small integers that
@@ -595,6 +633,7 @@ CASES: dict[str, tuple[Case, ...]] = {
         Case("ppermute_self_simt", ("ppermute.simt",), _ppermute("simt", "push")),
         Case("all_to_all_self", ("all_to_all.inbox",), _all_to_all(96)),
         Case("ragged_all_to_all_self", ("ragged_all_to_all.inbox",), _ragged(48, 16)),
+        Case("moe_combine_sums_self", ("moe_combine.peer",), _home_sums(24, 4096), steps=200),
     ),
     "multi": (
         Case("ppermute_pull", ("ppermute.tma",), _ppermute("tma", "pull")),
@@ -604,10 +643,11 @@ CASES: dict[str, tuple[Case, ...]] = {
         Case("all_to_all_large", ("all_to_all.peer",), _all_to_all(16_000)),
         Case("ragged_all_to_all", ("ragged_all_to_all.inbox",), _ragged(48, 16)),
         Case("ragged_all_to_all_large", ("ragged_all_to_all.peer",), _ragged(100, 4096)),
-        Case("moe_dropless", ("all_to_all.inbox", "ragged_all_to_all.inbox", "moe_dispatch.peer",
-                              "moe_combine.peer"), _moe(None), steps=200),
-        Case("moe_capacity", ("all_to_all.inbox", "ragged_all_to_all.inbox", "moe_dispatch.peer",
-                              "moe_combine.peer"), _moe(12), steps=200),
+        Case("moe_combine_sums", ("moe_combine.peer",), _home_sums(24, 4096), steps=200),
+        Case("moe_dropless", ("all_to_all.inbox", "ragged_all_to_all.inbox", "moe_dispatch.peer"),
+             _moe(None), steps=200),
+        Case("moe_capacity", ("all_to_all.inbox", "ragged_all_to_all.inbox", "moe_dispatch.peer"),
+             _moe(12), steps=200),
     ),
 }
 DEVICES = {"local": 1, "multi": 2}

@@ -98,7 +98,7 @@ def test_every_cuda_path_has_a_case():
     assert all(c.steps >= 200 for c in cases if c.name.startswith("moe_"))
     multi = {p for c in worker.CASES["multi"] for p in c.paths}
     assert {"ppermute.tma", "ppermute.simt", "all_to_all.peer", "all_to_all.inbox",
-            "ragged_all_to_all.peer", "ragged_all_to_all.inbox"} <= multi
+            "ragged_all_to_all.peer", "ragged_all_to_all.inbox", "moe_combine.peer"} <= multi
 
 
 # ---- the marker: XLA's thunk dump ---------------------------------------------------
