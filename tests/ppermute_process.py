@@ -294,22 +294,24 @@ def run_ragged():
 def run_moe():
     """Tokens carry their random bits through dispatch (row for row against
     the reference), then normal values that combine sums (no subnormal
-    sum), as tests/test_multi_gpu.py checks them in one process."""
+    sum), as tests/test_multi_gpu.py checks them in one process. Rows of 64
+    elements, and of 22,016 once: past the inbox's limit of pair rows, where
+    combine sums them on their way home (jax_tma_moe_combine)."""
     from reference import moe_combine_reference, moe_dispatch_reference
 
-    tokens, k, width, experts = 48, 4, 64, 2 * n
+    tokens, k, experts = 48, 4, 2 * n
     spec = NamedSharding(mesh_1d, P("i"))
     put = lambda a: jax.make_array_from_callback(a.shape, spec, lambda i: a[i])  # noqa: E731
     rng = np.random.default_rng([seed, 43])
-    for capacity in (None, 20):
-        def body(x, ids, weights, capacity=capacity):
+    for width, capacity, calls in ((64, None, 2), (64, 20, 2), (22_016, None, 1)):
+        def body(x, ids, weights, capacity=capacity, width=width):
             recv, plan = jax_tma.moe_dispatch(x, ids, num_experts=experts, axis_name="i",
                                               capacity=capacity)
             out = jax_tma.moe_combine(recv[:, width:], plan, weights)
             return recv, plan.group_sizes, plan.dropped, out
 
         f = jax.jit(jax.shard_map(body, mesh=mesh_1d, in_specs=P("i"), out_specs=P("i")))
-        for _ in range(2):
+        for _ in range(calls):
             ids = rng.integers(-1, experts, (n * tokens, k)).astype(np.int32)
             bits = random_array(rng, (n * tokens, width), jax.numpy.bfloat16)
             values = rng.standard_normal((n * tokens, width)).astype(jax.numpy.bfloat16)
@@ -332,6 +334,10 @@ def run_moe():
                                   (out, want_out)):
                 for shard in got.addressable_shards:
                     assert_bits_equal(shard.data, want_all[shard.index])
+    # Every process's checks done before any exits (process 0's exit ends
+    # the coordinator, which the others' references take seconds to reach).
+    from jax._src import distributed
+    distributed.global_state.client.wait_at_barrier("moe checked", 120_000)
 
 
 def run_replay():

@@ -193,8 +193,9 @@ def test_processes_exchange_ragged_all_to_all_over_the_link(rng, count):
 @pytest.mark.parametrize("count", [2, 3])
 def test_processes_run_moe_over_the_link(rng, count):
     outputs = _run("moe", count, rng)
-    _all_moved(outputs, "ragged_all_to_all", f"cpu blocks over the process link between "
-               f"{2 * count} devices of {count} processes")
+    for op in ("ragged_all_to_all", "moe_combine"):
+        _all_moved(outputs, op, f"cpu blocks over the process link between {2 * count} "
+                   f"devices of {count} processes")
 
 
 def _all_moved(outputs, op: str, transport: str) -> None:
@@ -457,8 +458,9 @@ def test_processes_sharing_a_gpu_exchange_ragged_all_to_all(rng, shared_gpu, cou
 @pytest.mark.parametrize("count", [2, 3])
 def test_processes_sharing_a_gpu_run_moe(rng, shared_gpu, count):
     outputs = _run("moe", count, rng, platform="gpu")
-    _all_moved(outputs, "ragged_all_to_all", f"cuda peer copies between {count} devices of "
-               f"{count} processes {list(range(count))}")
+    for op in ("ragged_all_to_all", "moe_combine"):
+        _all_moved(outputs, op, f"cuda peer copies between {count} devices of {count} "
+                   f"processes {list(range(count))}")
 
 
 # ---- one GPU each ----
