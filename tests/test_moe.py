@@ -337,6 +337,25 @@ def test_the_plan_passes_out_specs_jit_scan_and_custom_vjp(rng):
     assert_bits_equal(grads(moved)(x, ids, ct), plain(x, ids, ct))
 
 
+def test_the_dispatch_transpose_sums_on_the_way_home_past_the_inbox_limit(rng):
+    """At rows past the inbox's limit of pair rows, the dispatch's transpose
+    (its cotangent's rows summed home with unit weights) is one
+    jax_tma_moe_combine too, and equal bit for bit to combine with unit
+    weights."""
+    hidden = 32784
+    x, ids = _normal(rng, (N * 4, hidden)), _routing(rng, "random", 4, 2, 8)
+    recv, plan = _on_mesh(lambda x, ids: jax_tma.moe_dispatch(x, ids, num_experts=8,
+                                                              axis_name="x"))(x, ids)
+    ct = _normal(rng, recv.shape)
+    vjp = _on_mesh(lambda x, ids, ct: jax.vjp(
+        lambda v: jax_tma.moe_dispatch(v, ids, num_experts=8, axis_name="x")[0], x)[1](ct)[0])
+    text = vjp.lower(x, ids, ct).compile().as_text()
+    assert len(re.findall(r'custom_call_target="jax_tma_moe_combine"', text)) == 1, text
+    unit = _on_mesh(lambda ct, p: jax_tma.moe_combine(
+        ct, p, jnp.ones(p.dropped.shape, jnp.float32)))
+    assert_bits_equal(vjp(x, ids, ct), unit(ct, plan))
+
+
 # ---- modes ---------------------------------------------------------------------------
 
 def test_vmap_gives_each_member_its_own_dispatch(rng):
