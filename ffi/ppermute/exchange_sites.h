@@ -14,6 +14,7 @@
 
 #include "peer/peer_copy.h"
 #include "ppermute/all_to_all.h"
+#include "ppermute/ragged_all_to_all.h"
 #include "ppermute/ppermute_launch.h"
 
 namespace jax_tma {
@@ -68,6 +69,11 @@ ffi::Error ExchangeLegs(ExchangeSites* sites, Method method, std::size_t bytes,
 ffi::Error ExchangeInboxLegs(ExchangeSites* sites, Method method, std::size_t bytes,
                              const ExchangeGroup& group, int device, int64_t payload,
                              PeerInboxLegs* legs);
+
+// The slices of a decoded ragged exchange for PeerScatter and
+// PeerInboxExchange: `call`'s operand (src), result (local), group and
+// index arrays, a row of row_bytes.
+PeerSlices RaggedPeerSlices(const RaggedAllToAllCall& call);
 
 // The copy kernel of `method` on a device (`info`): the bulk pipeline for
 // kTma and, where the device has TMA, kAuto; an error for kTma without it.

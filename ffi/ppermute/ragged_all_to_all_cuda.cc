@@ -55,21 +55,7 @@ ffi::Error RaggedAllToAllCudaImpl(
   JAX_TMA_RETURN_IF_FAILED(ExchangeUsesTma(kRaggedAllToAllOp, call.method, info, device, &tma));
   PeerWait check;
   JAX_TMA_RETURN_IF_FAILED(sites->Check(call, device, &check));
-  PeerSlices slices;
-  slices.src = static_cast<const uint8_t*>(call.operand);
-  slices.local = static_cast<uint8_t*>(call.result);
-  slices.parts = call.parts;
-  slices.position = call.position;
-  slices.per_part = static_cast<int>(call.slices_per_part);
-  slices.slices = call.slices;
-  slices.bytes = static_cast<int64_t>(call.row_bytes);
-  slices.input_offsets = call.input_offsets;
-  slices.send_sizes = call.send_sizes;
-  slices.output_offsets = call.output_offsets;
-  slices.recv_sizes = call.recv_sizes;
-  slices.index64 = call.index_type == ffi::DataType::S64;
-  slices.src_rows = call.operand_rows;
-  slices.dst_rows = call.output_rows;
+  const PeerSlices slices = RaggedPeerSlices(call);
   if (operand.size_bytes() <= kPeerInboxMaxBytes) {
     CountPath(Path::kRaggedAllToAllInbox);
     PeerInboxLegs legs;
