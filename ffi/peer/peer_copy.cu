@@ -431,8 +431,13 @@ __device__ __forceinline__ double AddRn(double a, double b) { return __dadd_rn(a
 
 // The `rows` rows of the operand from `first` on, summed (PeerSumRows) into
 // `dst` (a row of `bytes` each), by this CTA (`cta` of `ctas`): a warp a
-// piece of a row at a time, each lane V elements (16 B), the row's slots and
-// weights read by every lane (one line, broadcast).
+// piece of a row at a time, each lane V elements (16 B). The choices go in
+// groups of kSumBatch: their slots and weights loaded together (the same
+// for every lane: one line, broadcast), then their rows' pieces, then the
+// products added in ascending j; so a group costs two round trips to
+// memory, not two a choice.
+constexpr int kSumBatch = 4;
+
 template <SumKind K>
 __device__ void SumRowsInto(const PeerSumRows& sums, int64_t bytes, int64_t first, int64_t rows,
                             uint8_t* dst, int64_t cta, int64_t ctas) {
@@ -440,6 +445,10 @@ __device__ void SumRowsInto(const PeerSumRows& sums, int64_t bytes, int64_t firs
   using T = typename E::T;
   using Acc = typename E::Acc;
   constexpr int V = 16 / sizeof(T);
+  union Piece {
+    uint4 vec;
+    T el[V];
+  };
   const int64_t elements = bytes / static_cast<int64_t>(sizeof(T));
   const int64_t span = int64_t{32} * V;
   const int64_t pieces = (elements + span - 1) / span;
@@ -454,34 +463,40 @@ __device__ void SumRowsInto(const PeerSumRows& sums, int64_t bytes, int64_t firs
     const int64_t e0 = (unit - r * pieces) * span + lane * V;
     if (e0 >= elements) continue;
     const bool whole = vector && e0 + V <= elements;
-    const int64_t row = first + r;
+    const int64_t entry = (first + r) * sums.choices;
     Acc acc[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[v] = SumStart<K>();
     bool any = false;
-    for (int64_t j = 0; j < sums.choices; ++j) {
-      const int64_t slot = sums.slots[row * sums.choices + j];
-      if (slot < 0) continue;
-      any = true;
-      const Acc w = weights[row * sums.choices + j];
-      const T* from = reinterpret_cast<const T*>(sums.y + slot * bytes) + e0;
-      union {
-        uint4 vec;
-        T el[V];
-      } x;
-      if (whole) {
-        x.vec = *reinterpret_cast<const uint4*>(from);
-      } else {
+    for (int64_t j0 = 0; j0 < sums.choices; j0 += kSumBatch) {
+      int64_t slot[kSumBatch];
+      Acc w[kSumBatch];
 #pragma unroll
-        for (int v = 0; v < V; ++v) x.el[v] = e0 + v < elements ? from[v] : T{};
+      for (int u = 0; u < kSumBatch; ++u) {
+        slot[u] = j0 + u < sums.choices ? sums.slots[entry + j0 + u] : -1;
+        w[u] = j0 + u < sums.choices ? weights[entry + j0 + u] : Acc{0};
+      }
+      Piece x[kSumBatch];
+#pragma unroll
+      for (int u = 0; u < kSumBatch; ++u) {
+        if (slot[u] < 0) continue;
+        const T* from = reinterpret_cast<const T*>(sums.y + slot[u] * bytes) + e0;
+        if (whole) {
+          x[u].vec = *reinterpret_cast<const uint4*>(from);
+        } else {
+#pragma unroll
+          for (int v = 0; v < V; ++v) x[u].el[v] = e0 + v < elements ? from[v] : T{};
+        }
       }
 #pragma unroll
-      for (int v = 0; v < V; ++v) acc[v] = AddRn(acc[v], MulRn(E::Load(x.el[v]), w));
+      for (int u = 0; u < kSumBatch; ++u) {
+        if (slot[u] < 0) continue;
+        any = true;
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[v] = AddRn(acc[v], MulRn(E::Load(x[u].el[v]), w[u]));
+      }
     }
-    union {
-      uint4 vec;
-      T el[V];
-    } out;
+    Piece out;
 #pragma unroll
     for (int v = 0; v < V; ++v) out.el[v] = E::Store(any ? acc[v] : EmptySum<K>());
     T* to = reinterpret_cast<T*>(dst + r * bytes) + e0;
@@ -510,11 +525,20 @@ __global__ void __launch_bounds__(kSumThreads)
   const int64_t first = IndexAt(s.input_offsets, s.index64, i);
   const int64_t rows = IndexAt(s.send_sizes, s.index64, i);
   uint8_t* dst = base + IndexAt(s.output_offsets, s.index64, i) * s.bytes;
+  const int64_t bytes = s.bytes;
   switch (static_cast<SumKind>(sums.kind)) {
-    case SumKind::kF16: SumRowsInto<SumKind::kF16>(sums, s.bytes, first, rows, dst, cta, ctas); break;
-    case SumKind::kBF16: SumRowsInto<SumKind::kBF16>(sums, s.bytes, first, rows, dst, cta, ctas); break;
-    case SumKind::kF32: SumRowsInto<SumKind::kF32>(sums, s.bytes, first, rows, dst, cta, ctas); break;
-    default: SumRowsInto<SumKind::kF64>(sums, s.bytes, first, rows, dst, cta, ctas); break;
+    case SumKind::kF16:
+      SumRowsInto<SumKind::kF16>(sums, bytes, first, rows, dst, cta, ctas);
+      break;
+    case SumKind::kBF16:
+      SumRowsInto<SumKind::kBF16>(sums, bytes, first, rows, dst, cta, ctas);
+      break;
+    case SumKind::kF32:
+      SumRowsInto<SumKind::kF32>(sums, bytes, first, rows, dst, cta, ctas);
+      break;
+    default:
+      SumRowsInto<SumKind::kF64>(sums, bytes, first, rows, dst, cta, ctas);
+      break;
   }
   ScatterLegDone(legs, k, ctas * s.per_part);
 }
