@@ -409,6 +409,22 @@ def test_no_buffer_is_filled_for_the_token_exchanges_to_overwrite(rng, hidden):
     _check(layer(x, ids, weights), x, ids, weights, 16, None)
 
 
+def test_no_partition_id_in_a_layer_or_its_gradient(rng):
+    """Every device learns its position from the counts' all_to_all, not
+    from lax.axis_index: XLA issues the partition id as a memset ahead of a
+    program's command buffer, and on a GPU that memset then waits for the
+    host to launch the buffer (on an H200, 64 µs of idle GPU before a chain
+    of twelve small kernels, against none without it)."""
+    x, ids, weights = (_normal(rng, (N * 4, 8)), _routing(rng, "random", 4, 2, 16),
+                       _normal(rng, (N * 4, 2)))
+    layer = _layer(16, None)
+    grad = jax.jit(jax.grad(lambda x, ids, w: jnp.sum(layer(x, ids, w)[3] ** 2), argnums=(0, 2)))
+    for text in (layer.lower(x, ids, weights).compile().as_text(),
+                 grad.lower(x, ids, weights).compile().as_text()):
+        assert "partition-id" not in text and "replica-id" not in text, text
+    _check(layer(x, ids, weights), x, ids, weights, 16, None)
+
+
 def test_num_sms_is_the_cta_budget_of_every_exchange_that_copies_rows(rng):
     """num_sms reaches every call that copies rows, as its ctas (the GPU
     handlers' budget; the CPU's check it): the dispatch's pull and ragged

@@ -452,7 +452,8 @@ def test_moe_dispatch_pull_indices_that_break_a_rule_trap_by_name(gpu, tmp_path,
 
 # ---- jax_tma.moe_dispatch / moe_combine: composed on the exchanges above ----
 
-@pytest.mark.parametrize("capacity,least_sms", [(None, False), (40, False), (None, True)])
+@pytest.mark.parametrize("capacity,least_sms", [
+    (None, False), (40, False), pytest.param(None, True, marks=pytest.mark.memcheck)])
 def test_moe_dispatch_and_combine_match_the_reference(mesh, rng, capacity, least_sms):
     """Every GPU (2 or 4): recv row for row, group sizes and drops, and combine's sums
     bit for bit, as the NumPy reference has them (tests/test_moe.py runs the
