@@ -32,7 +32,8 @@
 #            those of two GPUs (multi also runs test_multi_gpu.py, the
 #            exchanges replayed from command buffers in
 #            test_command_buffers.py, the processes on GPUs of their own in
-#            test_ppermute_processes.py, and memcheck over test_multi_gpu.py's
+#            test_ppermute_processes.py, and memcheck, then racecheck and
+#            synccheck of the Peer* kernels, over test_multi_gpu.py's
 #            memcheck-marked tests).
 # Logs under $OUT, the benchmarks' result JSON and log in
 # $OUT/bench_<ops>.tgz and the sanitizers' result JSON in
@@ -366,6 +367,22 @@ for stage in "${stages[@]}"; do
     rc=$?
     cat /tmp/sanitizer.log >> "$OUT/sanitizer.log"
     record $rc "compute-sanitizer memcheck on the memcheck-marked multi-GPU tests: $(grep -E 'ERROR SUMMARY|passed|failed' /tmp/sanitizer.log | tr '\n' ' ')"
+    # racecheck and synccheck over the same tests, the peer kernels alone
+    # instrumented (XLA's are not ours to check) and XLA's command buffers
+    # off: inside CUDA graphs both tools crashed in some runs on one H200
+    # (2026-11-29, a segfault and no report; benchmarks/TUNING.md, "The peer
+    # kernels under racecheck and synccheck"). A crash is recorded as one.
+    for tool in racecheck synccheck; do
+      CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1} PYTHONPATH=${site[source]}:$bench_site \
+        XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_command_buffer=" \
+        JAX_TMA_REQUIRE_MULTI_GPU=1 timeout 300 compute-sanitizer --tool $tool --kernel-name kns=Peer \
+        --report-api-errors no --error-exitcode 9 \
+        python3 -P -m pytest tests/test_multi_gpu.py -q -p no:cacheprovider -m memcheck \
+        > /tmp/sanitizer.log 2>&1
+      rc=$?
+      cat /tmp/sanitizer.log >> "$OUT/sanitizer.log"
+      record $rc "compute-sanitizer $tool (Peer* kernels, command buffers off) on the memcheck-marked multi-GPU tests: $( [ $rc -ge 128 ] && echo "the tool crashed (signal $((rc - 128))); ")$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|passed|failed' /tmp/sanitizer.log | tr '\n' ' ')"
+    done
     # shellcheck disable=SC2086
     bench multi ${BENCH_OPS:-multi}
     ;;
