@@ -180,6 +180,23 @@ def test_over_two_mesh_axes_and_over_one(rng):
         _check(part, *(np.split(a, 2)[row] for a in (x, ids, weights)), 8, 2, n=4)
 
 
+def test_a_shard_map_manual_over_some_axes_takes_the_lax_formulations(rng, caplog):
+    """Manual over "b" alone ("a" automatic: the same dispatch in both rows
+    of the mesh): every exchange is lax's, and each device still learns its
+    position from the counts' all_to_all."""
+    tokens, k = 4, 2
+    x = _normal(rng, (4 * tokens, 3))
+    ids = _routing(rng, "random", tokens, k, 8)[:4 * tokens]
+    weights = _normal(rng, (4 * tokens, k))
+    f = jax.jit(jax.shard_map(_body(8, 2, ("b",)), mesh=GRID, in_specs=P("b"), out_specs=P("b"),
+                              axis_names={"b"}))
+    with caplog.at_level(logging.DEBUG, logger="jax_tma"):
+        got = f(x, ids, weights)
+    _check(got, x, ids, weights, 8, 2, n=4)
+    assert "lax.all_to_all of the tokens and their rows, because the shard_map is manual over" \
+        in caplog.text, caplog.text
+
+
 # ---- a whole layer against the dense formulation --------------------------------
 
 TOKENS, DIM, HIDDEN, EXPERTS, TOP_K = 6, 8, 4, 16, 2
