@@ -230,13 +230,13 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
     tokens, k = ids.shape
     rows = n * tokens * k if capacity is None else num_experts // n * capacity
     sends = _planned(ids, num_experts, capacity, names, n)
-    x, meta, routes, pair_token, choice_row, dropped, group_sizes = _checks.align_varying(
-        x, sends.meta, sends.routes, sends.pair_token, sends.choice_row, sends.dropped,
+    x, sent, routes, pair_token, choice_row, dropped, group_sizes = _checks.align_varying(
+        x, sends.sent, sends.routes, sends.pair_token, sends.choice_row, sends.dropped,
         sends.group_sizes)
     ex = dict(axis_name=names, size=n, site=call_site(), ctas=num_sms or 0)
     if quantised:
         x, scales = _quantise(x)
-    recv, slots, source = _dispatch_p.bind(x, meta, routes, pair_token, choice_row, dropped,
+    recv, slots, source = _dispatch_p.bind(x, sent, routes, pair_token, choice_row, dropped,
                                            rows=rows, **ex)
     if quantised:
         recv = recv, _rows_p.bind(scales, routes, pair_token, choice_row, dropped, slots, source,
@@ -448,7 +448,9 @@ class _Sends(NamedTuple):
     routes: jax.Array
     pair_token: jax.Array
     choice_row: jax.Array
-    meta: jax.Array  # (pairs, k): the slot of each choice on the pair's device, -1 elsewhere
+    # (pairs, k + 1): each pair's token, then the slot of each choice on the
+    # pair's device (-1 elsewhere); (T, -1, ...) past the pairs.
+    sent: jax.Array
 
 
 def _exclusive(a: jax.Array, axis: int = 0) -> jax.Array:
@@ -460,7 +462,34 @@ def _plan_sends(ids, num_experts: int, capacity: int | None, names, n: int) -> _
     integer work and one all_to_all, which gives every device every
     device's count per expert (so that each sender places, and drops, its
     own choices) and per destination (so that each knows what it
-    receives)."""
+    receives). Within the limits of the plan's kernels
+    (ffi/ppermute/moe_dispatch_plan.h), a call before the all_to_all and one
+    after it; beyond them, the same plan in jnp (_plan_in_jnp)."""
+    rules = _ffi.rules()
+    if (num_experts > rules["ppermute.moe_plan_max_experts"]
+            or n > rules["ppermute.moe_plan_max_parts"]):
+        return _plan_in_jnp(ids, num_experts, capacity, names, n)
+    ids = _ids32(ids, num_experts)
+    attrs = dict(experts=num_experts, parts=n)
+    table = all_to_all(_plan_counts_p.bind(ids, **attrs), names, 0, 0, tiled=True)
+    return _Sends(*_plan_p.bind(ids, table, capacity=-1 if capacity is None else capacity,
+                                 **attrs))
+
+
+def _ids32(ids: jax.Array, num_experts: int) -> jax.Array:
+    """`ids` as int32, each id outside [0, num_experts) still outside it."""
+    dtype = np.dtype(ids.dtype)
+    if dtype == _I32:
+        return ids
+    if dtype.itemsize < 4:
+        return ids.astype(_I32)
+    low = 0 if jnp.issubdtype(dtype, jnp.unsignedinteger) else -1
+    return jnp.clip(ids, low, num_experts).astype(_I32)
+
+
+def _plan_in_jnp(ids, num_experts: int, capacity: int | None, names, n: int) -> _Sends:
+    """_plan_sends in jnp, the same bits (ffi/ppermute/moe_dispatch_plan.h says
+    which), for any number of experts and positions."""
     tokens, k = ids.shape
     local = num_experts // n
     pairs_max = tokens * min(k, n)
@@ -519,7 +548,8 @@ def _plan_sends(ids, num_experts: int, capacity: int | None, names, n: int) -> _
         jnp.where(on, slot[:, None, :], -1).reshape(tokens * n, k), mode="drop")
     routes = jnp.stack([send_start, per_device, jnp.full(n, me * tokens, _I32), pairs[:, me],
                         _exclusive(pairs, 1)[:, me]], axis=1)
-    return _Sends(group[me], valid & ~kept, routes, pair_token, choice_row, meta)
+    return _Sends(group[me], valid & ~kept, routes, pair_token, choice_row,
+                  jnp.concatenate([pair_token[:, None], meta], 1))
 
 
 # One program for the routing's many small steps, also where shard_map runs
@@ -711,12 +741,20 @@ _pull_p = Primitive("jax_tma_moe_pull")
 _home_sums_p = Primitive("jax_tma_moe_home_sums")
 
 
+# jax_tma_moe_dispatch_counts and jax_tma_moe_dispatch_plan: the routing plan before and
+# after the counts' all_to_all (ffi/ppermute/moe_dispatch_plan.h); integer results
+# (no AD), vmap as a batch of plans.
+_plan_counts_p = Primitive("jax_tma_moe_dispatch_counts")
+_plan_p = Primitive("jax_tma_moe_dispatch_plan")
+_plan_p.multiple_results = True
+
+
 def _aval(like, shape, dtype=None):
     return _lowering.out_aval(like, shape, dtype, spec=(None,) * len(shape))
 
 
-def _dispatch_abstract_eval(x, meta, routes, *_, rows, **__):
-    slots = (routes.shape[0] * x.shape[0], meta.shape[1])
+def _dispatch_abstract_eval(x, sent, routes, *_, rows, **__):
+    slots = (routes.shape[0] * x.shape[0], sent.shape[1] - 1)
     return (_aval(x, (rows,) + x.shape[1:]), _aval(x, slots, _I32), _aval(x, (rows,), _I32))
 
 
@@ -734,17 +772,48 @@ def _combine_tangent_abstract_eval(dy, dweights, y, weights, after, *_, **__):
     return _aval(after, after.shape)
 
 
-def _dispatch(x, meta, routes, pair_token, choice_row, dropped, *, rows, **ex):
-    """Each pair's token index and slots to the experts' device (a row of
-    k + 1 int32 a pair; unwritten rows read as -1), then each device pulls
-    its pairs' token rows from their sources, once each, into their slots
-    (_pull_p)."""
+def _dispatch(x, sent, routes, pair_token, choice_row, dropped, *, rows, **ex):
+    """Each pair's token index and slots (`sent`: a row of k + 1 int32 a
+    pair) to the experts' device (unwritten rows read as -1), then each
+    device pulls its pairs' token rows from their sources, once each, into
+    their slots (_pull_p)."""
     r = _Routes(routes, pair_token, choice_row, dropped, None, None)
-    got = _to_experts(jnp.concatenate([pair_token[:, None], meta], 1), r, -1, **ex)
+    got = _to_experts(sent, r, -1, **ex)
     tokens, slots = got[:, 0], got[:, 1:]
     source = _sources(slots, rows)
     recv = _pull_p.bind(_checks.widen(x), tokens, slots, routes[:, 3], rows=rows, **ex)
     return _checks.narrow(recv, x.dtype), slots, source
+
+
+def _plan_counts_abstract_eval(ids, *, experts, parts):
+    return _aval(ids, ids.shape[:-2] + (parts, experts + parts + 1), _I32)
+
+
+def _plan_abstract_eval(ids, table, *, experts, parts, capacity):
+    *lead, tokens, k = ids.shape
+    lead, pairs = tuple(lead), tokens * min(k, parts)
+    return (_aval(ids, lead + (experts // parts,), _I32), _aval(ids, ids.shape, np.dtype(bool)),
+            _aval(ids, lead + (parts, 5), _I32), _aval(ids, lead + (pairs,), _I32),
+            _aval(ids, ids.shape, _I32), _aval(ids, lead + (pairs, k + 1), _I32))
+
+
+def _plan_lowering(target: str):
+    def rule(ctx, *args, **attrs):
+        return jax.ffi.ffi_lowering(target)(ctx, *args,
+                                            **{a: np.int64(v) for a, v in attrs.items()})
+    return rule
+
+
+def _plan_batcher(prim):
+    """vmap: the batch dims in front (an unbatched operand broadcast), each
+    member its own plan."""
+    def rule(args, dims, **attrs):
+        batch = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+        args = [jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (batch,) + a.shape)
+                for a, d in zip(args, dims)]
+        out = prim.bind(*args, **attrs)
+        return out, ((0,) * len(out) if prim.multiple_results else 0)
+    return rule
 
 
 def _pull_abstract_eval(x, tokens, slots, recv_sizes, *, rows, **_):
@@ -945,7 +1014,7 @@ def _zero_like(x):
 
 
 def _dispatch_jvp(primals, tangents, *, rows, **ex):
-    x, meta, routes, pair_token, choice_row, dropped = primals
+    x, sent, routes, pair_token, choice_row, dropped = primals
     recv, slots, source = _dispatch_p.bind(*primals, rows=rows, **ex)
     dx = tangents[0]
     d_recv = _zero_like(recv) if type(dx) is ad.Zero else _rows_p.bind(
@@ -1024,6 +1093,10 @@ _lowering.register(_home_sums_p, _home_sums_abstract_eval,
                    {p: functools.partial(_home_sums_lowering, platform=p)
                     for p in ("cpu", "cuda")},
                    batcher=_vmapped(_home_sums, None), jitted=False)
+for _prim, _eval, _target in ((_plan_counts_p, _plan_counts_abstract_eval,
+                               "jax_tma_moe_dispatch_counts"),
+                              (_plan_p, _plan_abstract_eval, "jax_tma_moe_dispatch_plan")):
+    _lowering.register(_prim, _eval, _plan_lowering(_target), batcher=_plan_batcher(_prim))
 ad.primitive_jvps[_dispatch_p] = _dispatch_jvp
 ad.primitive_jvps[_rows_p] = _rows_jvp
 ad.primitive_transposes[_rows_p] = _rows_transpose

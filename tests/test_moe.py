@@ -23,8 +23,10 @@ from jax.sharding import PartitionSpec as P
 
 import jax_tma
 import ops_table
-from jax_tma._moe import _pull_composed, _pull_p
-from reference import (assert_bits_equal, cpu_mesh, moe_combine_reference,
+from jax_tma import _ffi
+from jax_tma._moe import (_plan_counts_p, _plan_in_jnp, _plan_p, _plan_sends, _pull_composed,
+                          _pull_p)
+from reference import (assert_bits_equal, cpu_device, cpu_mesh, moe_combine_reference,
                        moe_dispatch_reference, random_array)
 
 N = 8
@@ -122,6 +124,83 @@ def test_the_plan_says_what_it_dropped_where_a_device_holds_several_choices(rng)
     _check(got, x, ids, weights, 32, 5)
     dropped = np.asarray(got[2]).reshape(N, 4, 2)
     assert not dropped[:1].any() and dropped[2:].all() and dropped[1, 1:].all()
+
+
+# ---- the plan's kernels -------------------------------------------------------
+
+def _plans(ids, num_experts: int, capacity, mesh=MESH, axes=("x",)):
+    """The plan of each device's ids (ids: (n·T, k) on `mesh`) by the plan's
+    kernels (_plan_sends) and by its jnp formulation (_plan_in_jnp), every
+    field of each stacked over the devices."""
+    n = mesh.size
+
+    def both(ids):
+        return (_plan_sends(ids, num_experts, capacity, axes, n),
+                _plan_in_jnp(ids, num_experts, capacity, axes, n))
+    spec = P(axes)
+    return _on_mesh(both, mesh, spec, spec)(ids)
+
+
+@pytest.mark.parametrize("capacity", [None, 0, 2])
+@pytest.mark.parametrize("dtype", [np.int32, np.int8, np.uint8, np.int16, np.uint32, np.int64])
+def test_the_plans_kernels_give_the_jnp_formulations_bits(rng, capacity, dtype):
+    """Every field of the plan, for random, skewed and masked routing in the
+    ids' own integer dtype (wide ids past int32's range, which mask)."""
+    num_experts = 16
+    for kind in ("random", "skewed", "masked"):
+        ids = _routing(rng, kind, 5, 3, num_experts).astype(np.int64)
+        if np.dtype(dtype).kind == "u":
+            ids = np.where(ids < 0, np.iinfo(dtype).max, ids)
+        if dtype is np.int64:
+            ids = np.where(rng.random(ids.shape) < 0.1, 2**32 + 3, ids)
+        kernels, composed = _plans(ids.astype(dtype), num_experts, capacity)
+        for field, a, b in zip(kernels._fields, kernels, composed):
+            assert_bits_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_plans_kernels_over_two_mesh_axes_and_under_vmap(rng):
+    ids = np.stack([_routing(rng, "random", 4, 2, 8) for _ in range(3)])
+    plans = jax.vmap(lambda i: _plans(i, 8, 1, GRID, ("a", "b")))(ids)
+    for a, b in zip(*plans):
+        assert_bits_equal(np.asarray(a), np.asarray(b))
+
+
+def test_past_the_plans_kernels_limits_the_jnp_formulation_keeps_the_contract(rng):
+    """More experts than the kernels hold (ffi/ppermute/moe_dispatch_plan.h):
+    the jnp plan, the same contract."""
+    num_experts = N * 40
+    assert num_experts > _ffi.rules()["ppermute.moe_plan_max_experts"]
+    x = _normal(rng, (N * 6, 5))
+    ids = _routing(rng, "random", 6, 3, num_experts)
+    weights = _normal(rng, (N * 6, 3))
+    _check(_layer(num_experts, 2)(x, ids, weights), x, ids, weights, num_experts, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens,k,num_experts,n,capacity", [
+    (128, 8, 32, 2, -1), (4096, 8, 32, 2, -1), (4096, 8, 256, 8, 600), (999, 6, 60, 4, 90),
+    (64, 8, 256, 64, -1), (3000, 1, 8, 1, 5), (0, 4, 8, 2, -1)])
+def test_the_plans_kernels_on_a_gpu_give_the_cpu_handlers_bits(rng, gpu, tokens, k, num_experts,
+                                                               n, capacity):
+    """Both calls on the GPU and on the CPU: decode and DeepEP's shapes, 256
+    experts, 64 positions, skewed ids (a third of the choices to one expert),
+    a table of every position's counts naming a random position, a batch of
+    two."""
+    ids = rng.integers(-1, num_experts, (2, tokens, k)).astype(np.int32)
+    ids[rng.random(ids.shape) < 0.3] = 3 % num_experts
+    table = np.tile(rng.integers(0, tokens * k + 1, (2, n, 1)), (1, 1, num_experts + n + 1))
+    table[..., :num_experts] = rng.integers(0, 2 * tokens + 1, (2, n, num_experts))
+    table[..., -1] = rng.integers(0, n, (2, 1))
+    attrs = dict(experts=num_experts, parts=n)
+
+    def calls(ids, table):
+        return _plan_counts_p.bind(ids, **attrs), _plan_p.bind(ids, table, capacity=capacity,
+                                                               **attrs)
+    f = jax.jit(calls)
+    want = f(jax.device_put(ids, cpu_device()), jax.device_put(table, cpu_device()))
+    got = f(jax.device_put(ids, gpu), jax.device_put(table, gpu))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert_bits_equal(np.asarray(a), np.asarray(b))
 
 
 # The float8 types each cost a compile: a run takes the common two, e8m0

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_tma
 from families.copy import copy_call, copy_reference
-from jax_tma._moe import _home_sums_p, _pull_p
+from jax_tma._moe import _home_sums_p, _pull_p, _plan_counts_p, _plan_p
 from jax_tma._ragged_all_to_all import composed
 from fuzz import S, Call, Spec, i64, pick, some_dtype, with_
 from ops_table import (BATCH, MESH_AXES, SUB_BYTE_WIDE, Case, Op, dim_size, dims_spec, extra_rank,
@@ -527,7 +527,199 @@ _COMBINE_NASTY = (
 )
 
 
+# ---- the MoE routing plan (ffi/ppermute/moe_dispatch_plan.h) -----------------------------------
+
+def plan_counts_reference(ids: np.ndarray, experts: int, parts: int) -> np.ndarray:
+    """jax_tma_moe_dispatch_counts: each position's row, the counts of each
+    expert's valid choices and of the tokens with a choice on each device,
+    then the position."""
+    ids = np.asarray(ids)
+    valid = (ids >= 0) & (ids < experts)
+    expert = np.where(valid, ids, experts)
+    per_expert = (expert[..., None] == np.arange(experts)).sum((-3, -2))
+    device = np.where(valid, expert // (experts // parts), parts)
+    per_device = (device[..., None] == np.arange(parts)).any(-2).sum(-2)
+    row = np.concatenate([per_expert, per_device], -1)[..., None, :]
+    lead = ids.shape[:-2]
+    return np.concatenate([np.broadcast_to(row, lead + (parts, experts + parts)),
+                           np.broadcast_to(np.arange(parts)[:, None], lead + (parts, 1))],
+                          -1).astype(np.int32)
+
+
+def _plan_member(ids, table, experts: int, parts: int, capacity: int) -> list[np.ndarray]:
+    """One member's jax_tma_moe_dispatch_plan results, the header's rules in loops,
+    the table's sums in int32 (wrapping)."""
+    tokens, k = ids.shape
+    local, pairs = experts // parts, tokens * min(k, parts)
+    me = int(table[0, -1])
+    assert 0 <= me < parts
+    counts = table[:, :experts].astype(np.int32)
+    with np.errstate(over="ignore"):
+        place = counts[:me].sum(0, dtype=np.int32)
+        kept = counts.sum(0, dtype=np.int32)
+        if capacity >= 0:
+            kept = np.minimum(kept, np.int32(capacity))
+        start = np.zeros(experts, np.int32)
+        for e in range(experts):
+            if e % local:
+                start[e] = start[e - 1] + kept[e - 1]
+        below = table[:, experts:experts + me].sum(1, dtype=np.int32)
+    has = np.zeros((tokens, parts), bool)
+    for t in range(tokens):
+        for e in ids[t]:
+            if 0 <= e < experts:
+                has[t, e // local] = True
+    per_device = has.sum(0)
+    first = np.concatenate([[0], np.cumsum(per_device)[:-1]])
+    routes = np.stack([first, per_device, np.full(parts, me * tokens),
+                       table[:, experts + me], below], 1).astype(np.int32)
+    pair_token = np.full(pairs, tokens, np.int32)
+    sent = np.full((pairs, k + 1), -1, np.int32)
+    sent[:, 0] = tokens
+    choice_row = np.full((tokens, k), -1, np.int32)
+    dropped = np.zeros((tokens, k), bool)
+    rank = np.zeros(experts, np.int32)
+    row = {}
+    for t in range(tokens):
+        for d in np.flatnonzero(has[t]):
+            row[t, d] = first[d]
+            first[d] += 1
+            pair_token[row[t, d]] = sent[row[t, d], 0] = t
+        for j, e in enumerate(ids[t]):
+            if not 0 <= e < experts:
+                continue
+            with np.errstate(over="ignore"):
+                at = place[e] + rank[e]
+                rank[e] += 1
+                keep = capacity < 0 or at < capacity
+                choice_row[t, j] = r = row[t, e // local]
+                dropped[t, j] = not keep
+                sent[r, 1 + j] = start[e] + at if keep else -1
+    return [kept[me * local:(me + 1) * local], dropped, routes, pair_token, choice_row, sent]
+
+
+def plan_reference(ids, table, experts: int, parts: int, capacity: int) -> list[np.ndarray]:
+    """jax_tma_moe_dispatch_plan's results, member by member of the leading dims."""
+    ids, table = np.asarray(ids), np.asarray(table)
+    batch = int(np.prod(ids.shape[:-2]))
+    members = [_plan_member(i, t, experts, parts, capacity) for i, t in
+               zip(ids.reshape((batch,) + ids.shape[-2:]),
+                   table.reshape((batch,) + table.shape[-2:]))]
+    shapes = _plan_shapes(ids.shape, experts, parts)
+    return [np.array([m[r] for m in members]).reshape(s.shape).astype(s.dtype)
+            for r, s in enumerate(shapes)]
+
+
+def _plan_shapes(ids_shape, experts: int, parts: int) -> list[S]:
+    """jax_tma_moe_dispatch_plan's results for ids of `ids_shape`."""
+    *lead, tokens, k = ids_shape
+    lead, pairs = tuple(lead), tokens * min(k, parts)
+    return [S(lead + (experts // parts,), np.int32), S(tuple(ids_shape), np.bool_),
+            S(lead + (parts, 5), np.int32), S(lead + (pairs,), np.int32),
+            S(tuple(ids_shape), np.int32), S(lead + (pairs, k + 1), np.int32)]
+
+
+def _plan_ids_and_attrs(rng):
+    """ids of a few tokens (some out of range, masked) and their plan's
+    attributes: 1 to 4 positions, 1 to 4 experts each."""
+    parts = int(rng.integers(1, 5))
+    experts = parts * int(rng.integers(1, 5))
+    lead = pick(rng, ((), (2,), (1, 3)))
+    tokens, k = int(rng.integers(0, 30)), int(rng.integers(1, 6))
+    ids = rng.integers(-2, experts + 2, lead + (tokens, k)).astype(np.int32)
+    return ids, dict(experts=np.int64(experts), parts=np.int64(parts))
+
+
+def _plan_counts_call(rng) -> Call:
+    ids, attrs = _plan_ids_and_attrs(rng)
+    n, e = int(attrs["parts"]), int(attrs["experts"])
+    return Call([ids], [S(ids.shape[:-2] + (n, e + n + 1), np.int32)], attrs)
+
+
+def _plan_call(rng) -> Call:
+    """A table of random counts up to T * k from each position, naming a
+    random position; a random capacity or none (-1)."""
+    ids, attrs = _plan_ids_and_attrs(rng)
+    n, e = int(attrs["parts"]), int(attrs["experts"])
+    tokens, k = ids.shape[-2:]
+    table = rng.integers(0, tokens * k + 1, ids.shape[:-2] + (n, e + n + 1)).astype(np.int32)
+    table[..., -1] = rng.integers(0, n, ids.shape[:-2] + (1,))
+    return Call([ids, table], _plan_shapes(ids.shape, e, n),
+                {**attrs, "capacity": np.int64(pick(rng, (-1, 0, 1, 3, 50)))})
+
+
+def _plan_with(c: Call, i: int, operand) -> Call:
+    return with_(c, operands=c.operands[:i] + [operand] + c.operands[i + 1:])
+
+
+def _plan_last_entry(c: Call, value) -> Call:
+    table = np.array(c.operands[1])
+    table[..., -1] = value
+    return _plan_with(c, 1, table)
+
+
+_PLAN_ATTR_NASTY = (
+    (lambda c: with_(c, parts=np.int64(0)),
+     r"the routing plan takes 1 to 64 positions and a multiple of them up to 256 experts, got 0 "
+     r"positions"),
+    (lambda c: with_(c, parts=np.int64(65), experts=np.int64(65)), r"got 65 positions"),
+    (lambda c: with_(c, experts=np.int64(257)), r"got \d+ positions and 257 experts"),
+    (lambda c: with_(c, experts=np.int64(5), parts=np.int64(2)),
+     r"a multiple of them"),
+    (lambda c: _plan_with(c, 0, c.operands[0].astype(np.int64)),
+     r"the routing plan's ids have element type s64 and rank \d+; it takes s32 ids of rank 2"),
+    (lambda c: _plan_with(c, 0, np.zeros(5, np.int32)),
+     r"ids have element type s32 and rank 1; it takes s32 ids of rank 2 or more"),
+    (lambda c: _plan_with(c, 0, c.operands[0][..., :0]),
+     r"ids have \d+ tokens of 0 choices \(their last two dims\); it takes 1 to 2\^31 - 1"),
+)
+
+_PLAN_COUNTS_NASTY = _PLAN_ATTR_NASTY + (
+    (lambda c: with_(c, results=[S(c.results[0].shape[:-1] + (1,), np.int32)]),
+     r"the routing plan's send has shape \(.*\); expected \(.*\) \(a row of counts for each "
+     r"position\)"),
+    (lambda c: with_(c, results=[S(c.results[0].shape, np.int64)]),
+     r"send has element type s64; it takes s32"),
+)
+
+_PLAN_NASTY = _PLAN_ATTR_NASTY + (
+    (lambda c: _plan_last_entry(c, c.attrs["parts"]),
+     r"the routing plan's table names position \d+ of \d+ \(not a table of the counts' "
+     r"exchange\)"),
+    (lambda c: _plan_last_entry(c, -1), r"table names position -1 of"),
+    (lambda c: with_(c, capacity=np.int64(-2)),
+     r"capacity must be -1 \(none\) or in \[0, 2\^31 - 1\], got -2"),
+    (lambda c: with_(c, capacity=np.int64(2**31)), r"capacity .* got 2147483648"),
+    (lambda c: _plan_with(c, 1, c.operands[1].astype(np.int64)),
+     r"table has element type s64; it takes s32"),
+    (lambda c: _plan_with(c, 1, c.operands[1][..., :-1]),
+     r"table has shape \(.*\); expected \(.*\) \(a row of counts from each position\)"),
+    (lambda c: with_(c, results=c.results[:1] + [S(c.results[1].shape, np.int32)]
+                     + c.results[2:]), r"dropped has element type s32; it takes pred"),
+    (lambda c: with_(c, results=c.results[:5] + [S(c.results[5].shape[:-1] + (1,), np.int32)]),
+     r"sent has shape \(.*\); expected \(.*\) \(a pair's token and its k slots\)"),
+    (lambda c: with_(c, results=c.results[:3] + [S((7,) + c.results[3].shape, np.int32)]
+                     + c.results[4:]), r"pair_token has shape"),
+)
+
+_PLAN_ATTR_RULES = {"experts": r"experts|shape", "parts": r"positions|shape"}
+
+
 SPECS: dict[str, Spec] = {
+    "jax_tma_moe_dispatch_counts": Spec(
+        ("jax_tma.moe_dispatch",), _plan_counts_call,
+        lambda c: [plan_counts_reference(c.operands[0], int(c.attrs["experts"]),
+                                          int(c.attrs["parts"]))],
+        _PLAN_COUNTS_NASTY, attr_rules=_PLAN_ATTR_RULES),
+    "jax_tma_moe_dispatch_plan": Spec(
+        ("jax_tma.moe_dispatch",), _plan_call,
+        lambda c: plan_reference(*c.operands, int(c.attrs["experts"]), int(c.attrs["parts"]),
+                                  int(c.attrs["capacity"])),
+        _PLAN_NASTY, attr_rules={**_PLAN_ATTR_RULES, "capacity": r"capacity"},
+        # A mutated table (random_array draws new values) may name no position.
+        rules={k: r"names position" for k in ("shape", "dtype", "operands")},
+        # The GPU reads the table on the device, where such a table traps.
+        device_checked=r"jax_tma\.moe_dispatch: the routing plan's table names position"),
     "jax_tma_moe_combine": Spec(
         ("jax_tma.moe_combine",), _combine_call, lambda call: [], _COMBINE_NASTY,
         # A mutated operand may give values that break a rule (random_array
@@ -632,7 +824,29 @@ def _home_sums_pair(b):
                       [[0, 1], [1, -1], [2, -1], [2, 3]], ([0, 2], [2, 2], at, [2, 2]), 4, 2)
 
 
-CPU_CALLS = {} if _PAIR is None else {"moe_combine": CpuCall(
+def _plan_ids(x):
+    """(rows, 6) ids drawn from x, -1 to 11: for 8 experts, some masked, some
+    out of range."""
+    return (jnp.abs(x[:, :6]) * 4).astype(np.int32) - 1
+
+
+def _plan_counts_alone(x):
+    """The counts of 8 experts over 2 positions."""
+    return _plan_counts_p.bind(_plan_ids(x), experts=8, parts=2)
+
+
+def _plan_alone(x):
+    """The plan of 8 experts over 2 positions with a capacity of 3, from a
+    table drawn from x (position 0), every result flat in one int32 array."""
+    table = jnp.concatenate([(jnp.abs(x[:2, 6:16]) * 5).astype(np.int32),
+                             jnp.zeros((2, 1), np.int32)], 1)
+    plan = _plan_p.bind(_plan_ids(x), table, experts=8, parts=2, capacity=3)
+    return jnp.concatenate([a.reshape(-1).astype(np.int32) for a in plan])
+
+
+CPU_CALLS = {} if _PAIR is None else {
+    "moe_dispatch_plan": CpuCall(_plan_alone), "moe_dispatch_counts": CpuCall(_plan_counts_alone),
+                                      "moe_combine": CpuCall(
     jax.shard_map(_home_sums_pair, mesh=_PAIR, in_specs=P("i"), out_specs=P("i")),
     where=NamedSharding(_PAIR, P("i")), handler_calls=2), "moe_dispatch": CpuCall(
     jax.shard_map(_pull_pair, mesh=_PAIR, in_specs=P("i"), out_specs=P("i")),
@@ -707,7 +921,9 @@ def _self_home_sums(x, device):
 
 
 # (64, 16) float32 x 1100: 4.5 MB, over the inbox's limit.
-GPU_CALLS = {"moe_combine.peer": _self_home_sums, "moe_dispatch.peer": _self_pull, "ppermute.tma": _self_permute("tma"), "ppermute.simt": _self_permute("simt"),
+GPU_CALLS = {"moe_dispatch_plan.simt": lambda x, device: _plan_alone(x),
+             "moe_dispatch_counts.simt": lambda x, device: _plan_counts_alone(x),
+             "moe_combine.peer": _self_home_sums, "moe_dispatch.peer": _self_pull, "ppermute.tma": _self_permute("tma"), "ppermute.simt": _self_permute("simt"),
              "all_to_all.inbox": _self_exchange(1), "all_to_all.peer": _self_exchange(1100),
              "ragged_all_to_all.inbox": _self_ragged(1),
              "ragged_all_to_all.peer": _self_ragged(1100)}

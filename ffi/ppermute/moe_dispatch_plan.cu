@@ -1,0 +1,375 @@
+// CUDA handlers of the routing plan's calls (moe_dispatch_plan.h): one CTA a batch
+// member, where XLA's formulation of the same plan takes about twenty small
+// kernels (benchmarks/TUNING.md, the decode dispatch's plan).
+//
+// Each warp owns a run of T / 32 tokens (rounded up), so that its choices are
+// a run of the (t, j) order. The ranks come in two passes over those runs,
+// 32 choices at a time: the first counts each warp's choices of each expert
+// (and tokens of each device) in shared memory, a scan over the warps turns
+// the counts into each warp's start, and the second adds each choice's rank
+// among the equal ids of its 32 (__match_any_sync) and advances the start.
+// The second pass over the choices leaves each choice's slot in choice_row;
+// the pass over the tokens then reads it into the pair's row of `sent` and
+// writes the pair row in its place (__syncthreads orders the global memory of
+// one CTA).
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "cuda/cuda_status.h"
+#include "cuda/handlers.h"
+#include "path_counts.h"
+#include "ppermute/moe_dispatch_plan.h"
+
+namespace jax_tma {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kAll = 0xffffffffu;
+// Global loads issued before the first is used, 32 choices each.
+constexpr int kUnroll = 4;
+
+struct RouteDims {
+  int32_t tokens, choices, experts, parts, capacity;  // capacity -1: none
+  __device__ int32_t Local() const { return experts / parts; }
+  __device__ int32_t Width() const { return experts + parts + 1; }
+  __device__ int32_t Pairs() const { return tokens * min(choices, parts); }
+  // A choice's expert, `experts` where it is not valid.
+  __device__ int32_t Expert(int32_t id) const { return id >= 0 && id < experts ? id : experts; }
+  // The devices of token t's valid choices, one bit each.
+  __device__ uint64_t Devices(const int32_t* ids, int32_t t) const {
+    uint64_t mask = 0;
+    for (int32_t j = 0; j < choices; ++j) {
+      const int32_t e = Expert(ids[t * choices + j]);
+      if (e < experts) mask |= uint64_t{1} << (e / Local());
+    }
+    return mask;
+  }
+};
+
+__device__ uint64_t WarpOr(uint64_t v) {
+  const unsigned lo = __reduce_or_sync(kAll, static_cast<unsigned>(v));
+  const unsigned hi = __reduce_or_sync(kAll, static_cast<unsigned>(v >> 32));
+  return (uint64_t{hi} << 32) | lo;
+}
+
+__device__ unsigned LanesBelow() {
+  return (1u << (threadIdx.x % 32)) - 1;
+}
+
+// The warp's run of tokens: [*lo, *hi).
+__device__ void TokenRun(const RouteDims& d, int32_t* lo, int32_t* hi) {
+  const int32_t per = (d.tokens + kWarps - 1) / kWarps;
+  const int32_t warp = static_cast<int32_t>(threadIdx.x / 32);
+  *lo = min(d.tokens, warp * per);
+  *hi = min(d.tokens, *lo + per);
+}
+
+// Calls visit(c, expert, same) for each choice c of [lo, hi) (32 lanes a
+// round; lanes past hi see c >= hi and expert `experts`), `same` the lanes
+// of the round whose choices have the same expert. The loads of kUnroll
+// rounds are in flight together.
+template <typename Visit>
+__device__ void ForChoices(const RouteDims& d, const int32_t* ids, int32_t lo, int32_t hi,
+                           Visit visit) {
+  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
+  for (int32_t base = lo; base < hi; base += 32 * kUnroll) {
+    int32_t e[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int32_t c = base + u * 32 + lane;
+      e[u] = c < hi ? d.Expert(__ldg(ids + c)) : d.experts;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u * 32 >= hi) break;  // the same for every lane
+      visit(base + u * 32 + lane, e[u], __match_any_sync(kAll, e[u]));
+    }
+  }
+}
+
+// Calls visit(t, devices, present) for each token t of [lo, hi) (32 lanes a
+// round; lanes past hi see no devices), `present` the devices of the
+// round's tokens together.
+template <typename Visit>
+__device__ void ForTokens(const RouteDims& d, const int32_t* ids, int32_t lo, int32_t hi,
+                          Visit visit) {
+  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
+  for (int32_t base = lo; base < hi; base += 32) {
+    const int32_t t = base + lane;
+    const uint64_t mask = t < hi ? d.Devices(ids, t) : 0;
+    visit(t, mask, WarpOr(mask));
+  }
+}
+
+// The counts every position sends (moe_dispatch_plan.h): shared counters, each
+// round's equal ids added once by their lowest lane.
+__global__ void __launch_bounds__(kThreads) MoeDispatchCountsKernel(const int32_t* ids,
+                                                                int32_t* send, RouteDims d) {
+  extern __shared__ int32_t counts[];  // experts, then parts
+  ids += static_cast<int64_t>(blockIdx.x) * d.tokens * d.choices;
+  send += static_cast<int64_t>(blockIdx.x) * d.parts * d.Width();
+  for (int32_t i = threadIdx.x; i < d.experts + d.parts; i += kThreads) counts[i] = 0;
+  __syncthreads();
+  int32_t lo, hi;
+  TokenRun(d, &lo, &hi);
+  ForChoices(d, ids, lo * d.choices, hi * d.choices, [&](int32_t, int32_t e, unsigned same) {
+    if (e < d.experts && (same & LanesBelow()) == 0) atomicAdd(&counts[e], __popc(same));
+  });
+  ForTokens(d, ids, lo, hi, [&](int32_t, uint64_t mask, uint64_t present) {
+    for (uint64_t left = present; left != 0; left &= left - 1) {
+      const int32_t dev = __ffsll(static_cast<long long>(left)) - 1;
+      const unsigned has = __ballot_sync(kAll, (mask >> dev) & 1);
+      if (threadIdx.x % 32 == 0) atomicAdd(&counts[d.experts + dev], __popc(has));
+    }
+  });
+  __syncthreads();
+  const int32_t w = d.Width();
+  for (int32_t i = threadIdx.x; i < d.parts * w; i += kThreads) {
+    const int32_t col = i % w;
+    send[i] = col < d.experts + d.parts ? counts[col] : i / w;
+  }
+}
+
+// An exclusive scan over the 32 lanes, modulo 2^32.
+__device__ uint32_t WarpExclusive(uint32_t v, uint32_t* total) {
+  uint32_t sum = v;
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const uint32_t up = __shfl_up_sync(kAll, sum, off);
+    if (threadIdx.x % 32 >= static_cast<unsigned>(off)) sum += up;
+  }
+  *total = __shfl_sync(kAll, sum, 31);
+  return sum - v;
+}
+
+struct RouteOut {
+  int32_t* group;
+  bool* dropped;
+  int32_t* routes;
+  int32_t* pair_token;
+  int32_t* choice_row;
+  int32_t* sent;
+};
+
+// The plan (moe_dispatch_plan.h). Shared memory: each warp's count of each expert
+// (then its start among its device's choices of it), each warp's count of
+// each device's tokens (then its first pair row there), and each expert's
+// place (the rows from lower positions), kept total (then its slot start:
+// its device's kept rows of lower experts) and kept rows of lower experts.
+__global__ void __launch_bounds__(kThreads) MoeDispatchPlanKernel(const int32_t* ids,
+                                                          const int32_t* table, RouteOut out,
+                                                          RouteDims d) {
+  extern __shared__ int32_t smem[];
+  const int32_t E = d.experts, n = d.parts, k = d.choices, w = d.Width(), P = d.Pairs();
+  int32_t* by_expert = smem;             // [kWarps][E]
+  int32_t* by_device = smem + kWarps * E;  // [kWarps][n]
+  int32_t* place = by_device + kWarps * n;  // [E]
+  int32_t* start = place + E;               // [E]
+  int32_t* prefix = start + E;              // [E]: the kept rows of lower experts
+  int32_t* pairs = prefix + E;              // [n]: this member's pairs to each device
+  const int64_t b = blockIdx.x;
+  ids += b * d.tokens * k;
+  table += b * n * w;
+  out.group += b * d.Local();
+  out.dropped += b * d.tokens * k;
+  out.routes += b * n * kMoePlanColumns;
+  out.pair_token += b * P;
+  out.choice_row += b * d.tokens * k;
+  out.sent += b * P * (k + 1);
+  const int32_t me = table[E + n];
+  if (me < 0 || me >= n) __trap();  // not a table of the counts' exchange
+  for (int32_t i = threadIdx.x; i < kWarps * (E + n); i += kThreads) smem[i] = 0;
+  __syncthreads();
+
+  const int32_t warp = static_cast<int32_t>(threadIdx.x / 32);
+  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
+  int32_t lo, hi;
+  TokenRun(d, &lo, &hi);
+  ForChoices(d, ids, lo * k, hi * k, [&](int32_t, int32_t e, unsigned same) {
+    if (e < E && (same & LanesBelow()) == 0) by_expert[warp * E + e] += __popc(same);
+    __syncwarp();
+  });
+  ForTokens(d, ids, lo, hi, [&](int32_t, uint64_t mask, uint64_t present) {
+    for (uint64_t left = present; left != 0; left &= left - 1) {
+      const int32_t dev = __ffsll(static_cast<long long>(left)) - 1;
+      const unsigned has = __ballot_sync(kAll, (mask >> dev) & 1);
+      if (lane == 0) by_device[warp * n + dev] += __popc(has);
+    }
+  });
+  // Each expert's place and kept total from the table (`start` holds the
+  // totals until the scan below).
+  // Sums of the table's entries wrap modulo 2^32 (moe_dispatch_plan.h).
+  for (int32_t e = threadIdx.x; e < E; e += kThreads) {
+    uint32_t below = 0, total = 0;
+    for (int32_t src = 0; src < n; ++src) {
+      const uint32_t count = static_cast<uint32_t>(table[src * w + e]);
+      below += src < me ? count : 0;
+      total += count;
+    }
+    place[e] = static_cast<int32_t>(below);
+    start[e] = d.capacity < 0 ? static_cast<int32_t>(total)
+                              : min(static_cast<int32_t>(total), d.capacity);
+  }
+  __syncthreads();
+
+  // Each warp's start per expert and per device (lane l: warp l's count).
+  for (int32_t e = warp; e < E; e += kWarps) {
+    uint32_t total;
+    by_expert[lane * E + e] = static_cast<int32_t>(WarpExclusive(by_expert[lane * E + e], &total));
+  }
+  for (int32_t dev = warp; dev < n; dev += kWarps) {
+    uint32_t total;
+    by_device[lane * n + dev] =
+        static_cast<int32_t>(WarpExclusive(by_device[lane * n + dev], &total));
+    if (lane == 0) pairs[dev] = static_cast<int32_t>(total);
+  }
+  if (warp == 0) {  // the group sizes, then each expert's start within its device's
+    const int32_t local = d.Local();
+    for (int32_t i = lane; i < local; i += 32) out.group[i] = start[me * local + i];
+    __syncwarp();
+    uint32_t carry = 0;
+    for (int32_t base = 0; base < E; base += 32) {
+      const int32_t e = base + lane;
+      uint32_t total;
+      const uint32_t below = carry + WarpExclusive(e < E ? start[e] : 0, &total);
+      if (e < E) prefix[e] = static_cast<int32_t>(below);
+      carry += total;
+    }
+    __syncwarp();
+    for (int32_t e = lane; e < E; e += 32) {
+      start[e] = static_cast<int32_t>(static_cast<uint32_t>(prefix[e]) -
+                                      static_cast<uint32_t>(prefix[e - e % local]));
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {  // routes, and the first pair row to each device
+    int32_t carry = 0;
+    for (int32_t base = 0; base < n; base += 32) {
+      const int32_t dev = base + lane;
+      const int32_t count = dev < n ? pairs[dev] : 0;
+      uint32_t total;
+      const int32_t first = carry + static_cast<int32_t>(WarpExclusive(count, &total));
+      carry += static_cast<int32_t>(total);
+      if (dev < n) {
+        uint32_t below = 0;
+        for (int32_t dd = 0; dd < me; ++dd) below += static_cast<uint32_t>(table[dev * w + E + dd]);
+        int32_t* route = out.routes + dev * kMoePlanColumns;
+        route[0] = first;
+        route[1] = count;
+        route[2] = static_cast<int32_t>(static_cast<uint32_t>(me) *
+                                        static_cast<uint32_t>(d.tokens));
+        route[3] = table[dev * w + E + me];
+        route[4] = static_cast<int32_t>(below);
+        pairs[dev] = first;
+      }
+    }
+  }
+  __syncthreads();
+  for (int32_t dev = warp; dev < n; dev += kWarps) by_device[lane * n + dev] += pairs[dev];
+
+  // The slots, into choice_row for now.
+  ForChoices(d, ids, lo * k, hi * k, [&](int32_t c, int32_t e, unsigned same) {
+    const int32_t rank = e < E ? by_expert[warp * E + e] + __popc(same & LanesBelow()) : 0;
+    __syncwarp();
+    if (e < E && (same & LanesBelow()) == 0) by_expert[warp * E + e] += __popc(same);
+    __syncwarp();
+    if (c >= hi * k) return;
+    const uint32_t at = static_cast<uint32_t>(place[e < E ? e : 0]) + rank;
+    const bool kept = e < E && (d.capacity < 0 || static_cast<int32_t>(at) < d.capacity);
+    out.dropped[c] = e < E && !kept;
+    out.choice_row[c] = kept ? static_cast<int32_t>(static_cast<uint32_t>(start[e]) + at) : -1;
+  });
+  __syncthreads();
+  // The pairs: each token's row to each of its devices in `sent`, with the
+  // slots of its choices there; then each choice's pair row.
+  ForTokens(d, ids, lo, hi, [&](int32_t t, uint64_t mask, uint64_t present) {
+    for (uint64_t left = present; left != 0; left &= left - 1) {
+      const int32_t dev = __ffsll(static_cast<long long>(left)) - 1;
+      const bool here = (mask >> dev) & 1;
+      const unsigned has = __ballot_sync(kAll, here);
+      if (here) {
+        const int32_t row = by_device[warp * n + dev] + __popc(has & LanesBelow());
+        out.pair_token[row] = t;
+        int32_t* sent = out.sent + static_cast<int64_t>(row) * (k + 1);
+        sent[0] = t;
+        for (int32_t j = 0; j < k; ++j) {
+          const int32_t e = d.Expert(ids[t * k + j]);
+          const bool on = e < E && e / d.Local() == dev;
+          sent[1 + j] = on ? out.choice_row[t * k + j] : -1;
+          if (on) out.choice_row[t * k + j] = row;
+        }
+      }
+      __syncwarp();
+      if (lane == 0) by_device[warp * n + dev] += __popc(has);
+      __syncwarp();
+    }
+  });
+  // The rows past the pairs.
+  int32_t used = 0;
+  for (int32_t dev = 0; dev < n; ++dev) used += out.routes[dev * kMoePlanColumns + 1];
+  for (int64_t i = used * int64_t{k + 1} + threadIdx.x; i < int64_t{P} * (k + 1); i += kThreads) {
+    out.sent[i] = i % (k + 1) == 0 ? d.tokens : -1;
+  }
+  for (int32_t p = used + threadIdx.x; p < P; p += kThreads) out.pair_token[p] = d.tokens;
+}
+
+RouteDims DimsOf(const MoePlanShape& s) {
+  return RouteDims{static_cast<int32_t>(s.tokens), static_cast<int32_t>(s.choices),
+                   static_cast<int32_t>(s.experts), static_cast<int32_t>(s.parts),
+                   static_cast<int32_t>(s.capacity)};
+}
+
+ffi::Error MoeDispatchCountsCudaImpl(cudaStream_t stream, ffi::AnyBuffer ids,
+                                  ffi::Result<ffi::AnyBuffer> send, int64_t experts,
+                                  int64_t parts) {
+  MoePlanShape s;
+  JAX_TMA_RETURN_IF_FAILED(DecodeMoeDispatchCounts(ids, *send, experts, parts, &s));
+  if (s.batch == 0) return ffi::Error::Success();
+  const size_t smem = sizeof(int32_t) * static_cast<size_t>(s.experts + s.parts);
+  MoeDispatchCountsKernel<<<static_cast<unsigned>(s.batch), kThreads, smem, stream>>>(
+      ids.typed_data<int32_t>(), send->typed_data<int32_t>(), DimsOf(s));
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  CountPath(Path::kMoeDispatchCountsSimt);
+  return ffi::Error::Success();
+}
+
+ffi::Error MoeDispatchPlanCudaImpl(cudaStream_t stream, ffi::AnyBuffer ids, ffi::AnyBuffer table,
+                            ffi::Result<ffi::AnyBuffer> group,
+                            ffi::Result<ffi::AnyBuffer> dropped,
+                            ffi::Result<ffi::AnyBuffer> routes,
+                            ffi::Result<ffi::AnyBuffer> pair_token,
+                            ffi::Result<ffi::AnyBuffer> choice_row,
+                            ffi::Result<ffi::AnyBuffer> sent, int64_t experts, int64_t parts,
+                            int64_t capacity) {
+  MoePlanShape s;
+  MoePlanResults r;
+  JAX_TMA_RETURN_IF_FAILED(DecodeMoeDispatchPlan(ids, table, group, dropped, routes, pair_token,
+                                          choice_row, sent, experts, parts, capacity, &s, &r));
+  if (s.batch == 0) return ffi::Error::Success();
+  // Within the 48 KiB every device gives a CTA: the limits of moe_dispatch_plan.h.
+  const size_t smem =
+      sizeof(int32_t) * static_cast<size_t>(kWarps * (s.experts + s.parts) + 3 * s.experts +
+                                            s.parts);
+  const RouteOut out{r.group, r.dropped, r.routes, r.pair_token, r.choice_row, r.sent};
+  MoeDispatchPlanKernel<<<static_cast<unsigned>(s.batch), kThreads, smem, stream>>>(
+      ids.typed_data<int32_t>(), table.typed_data<int32_t>(), out, DimsOf(s));
+  JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  CountPath(Path::kMoeDispatchPlanSimt);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jax_tma
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxTmaMoeDispatchCountsCuda, jax_tma::MoeDispatchCountsCudaImpl,
+    jax_tma::BindMoeDispatchCountsCall(
+        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxTmaMoeDispatchPlanCuda, jax_tma::MoeDispatchPlanCudaImpl,
+    jax_tma::BindMoeDispatchPlanCall(
+        xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
