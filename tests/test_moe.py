@@ -188,7 +188,8 @@ def test_the_plans_kernels_on_a_gpu_give_the_cpu_handlers_bits(rng, gpu, tokens,
     two."""
     ids = rng.integers(-1, num_experts, (2, tokens, k)).astype(np.int32)
     ids[rng.random(ids.shape) < 0.3] = 3 % num_experts
-    table = np.tile(rng.integers(0, tokens * k + 1, (2, n, 1)), (1, 1, num_experts + n + 1))
+    table = np.tile(rng.integers(0, tokens * k + 1, (2, n, 1)),
+                    (1, 1, num_experts + n + 1)).astype(np.int32)
     table[..., :num_experts] = rng.integers(0, 2 * tokens + 1, (2, n, num_experts))
     table[..., -1] = rng.integers(0, n, (2, 1))
     attrs = dict(experts=num_experts, parts=n)
