@@ -467,7 +467,8 @@ def _plan_sends(ids, num_experts: int, capacity: int | None, names, n: int) -> _
     after it; beyond them, the same plan in jnp (_plan_in_jnp)."""
     rules = _ffi.rules()
     if (num_experts > rules["ppermute.moe_plan_max_experts"]
-            or n > rules["ppermute.moe_plan_max_parts"]):
+            or n > rules["ppermute.moe_plan_max_parts"]
+            or ids.size > rules["ppermute.moe_plan_max_choices"]):
         return _plan_in_jnp(ids, num_experts, capacity, names, n)
     ids = _ids32(ids, num_experts)
     attrs = dict(experts=num_experts, parts=n)

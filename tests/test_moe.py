@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_tma
 import ops_table
+from paths import paths_ran
 from jax_tma import _ffi
 from jax_tma._moe import (_plan_counts_p, _plan_in_jnp, _plan_p, _plan_sends, _pull_composed,
                           _pull_p)
@@ -165,6 +166,16 @@ def test_the_plans_kernels_over_two_mesh_axes_and_under_vmap(rng):
         assert_bits_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.parametrize("tokens,k,num_experts", [(683, 6, 16), (4, 2, 264)])
+def test_past_the_plans_kernels_limits_the_plan_is_the_jnp_formulations(rng, tokens, k,
+                                                                        num_experts):
+    """Over 4,096 choices a device, or 256 experts: no call of the kernels."""
+    ids = _routing(rng, "random", tokens, k, num_experts)
+    with paths_ran() as ran:
+        jax.block_until_ready(_plans(ids, num_experts, None))
+    assert not {p for p in ran if p.startswith("moe_dispatch_")}, ran
+
+
 def test_past_the_plans_kernels_limits_the_jnp_formulation_keeps_the_contract(rng):
     """More experts than the kernels hold (ffi/ppermute/moe_dispatch_plan.h):
     the jnp plan, the same contract."""
@@ -178,12 +189,12 @@ def test_past_the_plans_kernels_limits_the_jnp_formulation_keeps_the_contract(rn
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens,k,num_experts,n,capacity", [
-    (128, 8, 32, 2, -1), (4096, 8, 32, 2, -1), (4096, 8, 256, 8, 600), (999, 6, 60, 4, 90),
-    (64, 8, 256, 64, -1), (3000, 1, 8, 1, 5), (0, 4, 8, 2, -1)])
+    (128, 8, 32, 2, -1), (512, 8, 32, 2, -1), (512, 8, 256, 8, 100), (682, 6, 60, 4, 90),
+    (64, 8, 256, 64, -1), (4096, 1, 8, 1, 5), (0, 4, 8, 2, -1)])
 def test_the_plans_kernels_on_a_gpu_give_the_cpu_handlers_bits(rng, gpu, tokens, k, num_experts,
                                                                n, capacity):
-    """Both calls on the GPU and on the CPU: decode and DeepEP's shapes, 256
-    experts, 64 positions, skewed ids (a third of the choices to one expert),
+    """Both calls on the GPU and on the CPU: decode shapes up to the kernels'
+    4,096 choices, 256 experts, 64 positions, skewed ids (a third of the choices to one expert),
     a table of every position's counts naming a random position, a batch of
     two."""
     ids = rng.integers(-1, num_experts, (2, tokens, k)).astype(np.int32)

@@ -50,10 +50,10 @@ ffi::Error DecodeIds(const ffi::AnyBuffer& ids, int64_t experts, int64_t parts,
   s->choices = dims[dims.size() - 1];
   s->batch = 1;
   for (size_t i = 0; i + 2 < dims.size(); ++i) s->batch *= dims[i];
-  if (s->choices < 1 || s->tokens * s->choices > INT32_MAX) {
+  if (s->choices < 1 || s->tokens * s->choices > kMoePlanMaxChoices) {
     return InvalidArgument(kMoePlanOp, "the routing plan's ids have ", s->tokens, " tokens of ",
-                           s->choices, " choices (their last two dims); it takes 1 to 2^31 - 1 "
-                           "choices a member, 1 or more a token");
+                           s->choices, " choices (their last two dims); it takes up to ",
+                           kMoePlanMaxChoices, " choices a member, 1 or more a token");
   }
   if (parts < 1 || parts > kMoePlanMaxParts || experts < parts ||
       experts > kMoePlanMaxExperts || experts % parts != 0) {
@@ -259,6 +259,7 @@ ffi::Error DecodeMoeDispatchPlan(const ffi::AnyBuffer& ids, const ffi::AnyBuffer
 void PpermuteRules(Rules* rules) {
   rules->Int("ppermute.moe_plan_max_experts", kMoePlanMaxExperts);
   rules->Int("ppermute.moe_plan_max_parts", kMoePlanMaxParts);
+  rules->Int("ppermute.moe_plan_max_choices", kMoePlanMaxChoices);
 }
 
 }  // namespace jax_tma

@@ -1,17 +1,16 @@
-// CUDA handlers of the routing plan's calls (moe_dispatch_plan.h): one CTA a batch
-// member, where XLA's formulation of the same plan takes about twenty small
-// kernels (benchmarks/TUNING.md, the decode dispatch's plan).
+// CUDA handlers of the routing plan's calls (moe_dispatch_plan.h): one CTA a
+// batch member, where XLA's formulation of the same plan takes about fifteen
+// small kernels (benchmarks/TUNING.md, the decode dispatch's plan).
 //
-// Each warp owns a run of T / 32 tokens (rounded up), so that its choices are
-// a run of the (t, j) order. The ranks come in two passes over those runs,
-// 32 choices at a time: the first counts each warp's choices of each expert
-// (and tokens of each device) in shared memory, a scan over the warps turns
-// the counts into each warp's start, and the second adds each choice's rank
-// among the equal ids of its 32 (__match_any_sync) and advances the start.
-// The second pass over the choices leaves each choice's slot in choice_row;
-// the pass over the tokens then reads it into the pair's row of `sent` and
-// writes the pair row in its place (__syncthreads orders the global memory of
-// one CTA).
+// The member's ids are read once, coalesced, into shared memory (each
+// choice's expert in 16 bits), where every pass reads them. Each warp owns a
+// run of T / 32 tokens (rounded up), so that its choices are a run of the
+// (t, j) order. The ranks come in two passes over those runs, 32 choices at
+// a time: the first counts each warp's choices of each expert (and tokens of
+// each device), a scan over the warps turns the counts into each warp's
+// start, and the second adds each choice's rank among the equal experts of
+// its 32 (__match_any_sync), advances the start and leaves the choice's slot
+// in shared memory; the pass over the tokens then writes each pair's row.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -27,26 +26,33 @@ namespace {
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr unsigned kAll = 0xffffffffu;
-// Global loads issued before the first is used, 32 choices each.
-constexpr int kUnroll = 4;
 
 struct RouteDims {
   int32_t tokens, choices, experts, parts, capacity;  // capacity -1: none
+  __device__ int32_t Choices() const { return tokens * choices; }
   __device__ int32_t Local() const { return experts / parts; }
   __device__ int32_t Width() const { return experts + parts + 1; }
   __device__ int32_t Pairs() const { return tokens * min(choices, parts); }
-  // A choice's expert, `experts` where it is not valid.
-  __device__ int32_t Expert(int32_t id) const { return id >= 0 && id < experts ? id : experts; }
-  // The devices of token t's valid choices, one bit each.
-  __device__ uint64_t Devices(const int32_t* ids, int32_t t) const {
+  // The devices of token t's valid choices, one bit each (`ex`: StageExperts's).
+  __device__ uint64_t Devices(const uint16_t* ex, int32_t t) const {
     uint64_t mask = 0;
     for (int32_t j = 0; j < choices; ++j) {
-      const int32_t e = Expert(ids[t * choices + j]);
+      const int32_t e = ex[t * choices + j];
       if (e < experts) mask |= uint64_t{1} << (e / Local());
     }
     return mask;
   }
 };
+
+// Each choice's expert into shared memory, `experts` where it is not valid:
+// one coalesced read of the member's ids, which every pass then reads here.
+__device__ void StageExperts(const RouteDims& d, const int32_t* ids, uint16_t* ex) {
+#pragma unroll 4
+  for (int32_t c = threadIdx.x; c < d.Choices(); c += kThreads) {
+    const int32_t id = __ldg(ids + c);
+    ex[c] = static_cast<uint16_t>(id >= 0 && id < d.experts ? id : d.experts);
+  }
+}
 
 __device__ uint64_t WarpOr(uint64_t v) {
   const unsigned lo = __reduce_or_sync(kAll, static_cast<unsigned>(v));
@@ -68,24 +74,14 @@ __device__ void TokenRun(const RouteDims& d, int32_t* lo, int32_t* hi) {
 
 // Calls visit(c, expert, same) for each choice c of [lo, hi) (32 lanes a
 // round; lanes past hi see c >= hi and expert `experts`), `same` the lanes
-// of the round whose choices have the same expert. The loads of kUnroll
-// rounds are in flight together.
+// of the round whose choices have the same expert.
 template <typename Visit>
-__device__ void ForChoices(const RouteDims& d, const int32_t* ids, int32_t lo, int32_t hi,
+__device__ void ForChoices(const RouteDims& d, const uint16_t* ex, int32_t lo, int32_t hi,
                            Visit visit) {
-  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
-  for (int32_t base = lo; base < hi; base += 32 * kUnroll) {
-    int32_t e[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int32_t c = base + u * 32 + lane;
-      e[u] = c < hi ? d.Expert(__ldg(ids + c)) : d.experts;
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (base + u * 32 >= hi) break;  // the same for every lane
-      visit(base + u * 32 + lane, e[u], __match_any_sync(kAll, e[u]));
-    }
+  for (int32_t base = lo; base < hi; base += 32) {
+    const int32_t c = base + static_cast<int32_t>(threadIdx.x % 32);
+    const int32_t e = c < hi ? ex[c] : d.experts;
+    visit(c, e, __match_any_sync(kAll, e));
   }
 }
 
@@ -93,36 +89,46 @@ __device__ void ForChoices(const RouteDims& d, const int32_t* ids, int32_t lo, i
 // round; lanes past hi see no devices), `present` the devices of the
 // round's tokens together.
 template <typename Visit>
-__device__ void ForTokens(const RouteDims& d, const int32_t* ids, int32_t lo, int32_t hi,
+__device__ void ForTokens(const RouteDims& d, const uint16_t* ex, int32_t lo, int32_t hi,
                           Visit visit) {
-  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
   for (int32_t base = lo; base < hi; base += 32) {
-    const int32_t t = base + lane;
-    const uint64_t mask = t < hi ? d.Devices(ids, t) : 0;
+    const int32_t t = base + static_cast<int32_t>(threadIdx.x % 32);
+    const uint64_t mask = t < hi ? d.Devices(ex, t) : 0;
     visit(t, mask, WarpOr(mask));
   }
 }
 
-// The counts every position sends (moe_dispatch_plan.h): shared counters, each
-// round's equal ids added once by their lowest lane.
+// Calls visit(dev, has) for each device of `present` (ForTokens's), `has`
+// the lanes whose token has a choice there.
+template <typename Visit>
+__device__ void ForDevices(uint64_t mask, uint64_t present, Visit visit) {
+  for (uint64_t left = present; left != 0; left &= left - 1) {
+    const int32_t dev = __ffsll(static_cast<long long>(left)) - 1;
+    visit(dev, __ballot_sync(kAll, (mask >> dev) & 1));
+  }
+}
+
+// The counts every position sends (moe_dispatch_plan.h): shared counters,
+// each round's equal experts added once by their lowest lane.
 __global__ void __launch_bounds__(kThreads) MoeDispatchCountsKernel(const int32_t* ids,
-                                                                int32_t* send, RouteDims d) {
-  extern __shared__ int32_t counts[];  // experts, then parts
-  ids += static_cast<int64_t>(blockIdx.x) * d.tokens * d.choices;
+                                                                    int32_t* send, RouteDims d) {
+  extern __shared__ int32_t smem[];
+  int32_t* counts = smem;                                            // experts, then parts
+  uint16_t* ex = reinterpret_cast<uint16_t*>(counts + d.experts + d.parts);  // Choices()
+  ids += static_cast<int64_t>(blockIdx.x) * d.Choices();
   send += static_cast<int64_t>(blockIdx.x) * d.parts * d.Width();
+  StageExperts(d, ids, ex);
   for (int32_t i = threadIdx.x; i < d.experts + d.parts; i += kThreads) counts[i] = 0;
   __syncthreads();
   int32_t lo, hi;
   TokenRun(d, &lo, &hi);
-  ForChoices(d, ids, lo * d.choices, hi * d.choices, [&](int32_t, int32_t e, unsigned same) {
+  ForChoices(d, ex, lo * d.choices, hi * d.choices, [&](int32_t, int32_t e, unsigned same) {
     if (e < d.experts && (same & LanesBelow()) == 0) atomicAdd(&counts[e], __popc(same));
   });
-  ForTokens(d, ids, lo, hi, [&](int32_t, uint64_t mask, uint64_t present) {
-    for (uint64_t left = present; left != 0; left &= left - 1) {
-      const int32_t dev = __ffsll(static_cast<long long>(left)) - 1;
-      const unsigned has = __ballot_sync(kAll, (mask >> dev) & 1);
+  ForTokens(d, ex, lo, hi, [&](int32_t, uint64_t mask, uint64_t present) {
+    ForDevices(mask, present, [&](int32_t dev, unsigned has) {
       if (threadIdx.x % 32 == 0) atomicAdd(&counts[d.experts + dev], __popc(has));
-    }
+    });
   });
   __syncthreads();
   const int32_t w = d.Width();
@@ -153,53 +159,46 @@ struct RouteOut {
   int32_t* sent;
 };
 
-// The plan (moe_dispatch_plan.h). Shared memory: each warp's count of each expert
-// (then its start among its device's choices of it), each warp's count of
-// each device's tokens (then its first pair row there), and each expert's
-// place (the rows from lower positions), kept total (then its slot start:
-// its device's kept rows of lower experts) and kept rows of lower experts.
+// The shared memory of MoeDispatchPlanKernel, in bytes: int32 arrays first.
+__host__ __device__ constexpr int64_t PlanSmem(int64_t experts, int64_t parts, int64_t choices) {
+  return 4 * (3 * experts + parts + choices) + 2 * (kWarps * (experts + parts) + choices);
+}
+static_assert(PlanSmem(kMoePlanMaxExperts, kMoePlanMaxParts, kMoePlanMaxChoices) <= 48 * 1024,
+              "the plan's limits fit the 48 KiB every device gives a CTA");
+
+// The plan (moe_dispatch_plan.h). Shared memory: each expert's place (the
+// rows from lower positions), kept total (then its slot start: its device's
+// kept rows of lower experts) and kept rows of lower experts, this member's
+// pairs to each device, each choice's slot; each warp's count of each
+// expert (then its start among the member's choices of it) and of each
+// device's tokens (then its first pair row there), each choice's expert.
+// Counts and starts are below kMoePlanMaxChoices: 16 bits.
 __global__ void __launch_bounds__(kThreads) MoeDispatchPlanKernel(const int32_t* ids,
-                                                          const int32_t* table, RouteOut out,
-                                                          RouteDims d) {
+                                                                  const int32_t* table,
+                                                                  RouteOut out, RouteDims d) {
   extern __shared__ int32_t smem[];
   const int32_t E = d.experts, n = d.parts, k = d.choices, w = d.Width(), P = d.Pairs();
-  int32_t* by_expert = smem;             // [kWarps][E]
-  int32_t* by_device = smem + kWarps * E;  // [kWarps][n]
-  int32_t* place = by_device + kWarps * n;  // [E]
-  int32_t* start = place + E;               // [E]
-  int32_t* prefix = start + E;              // [E]: the kept rows of lower experts
-  int32_t* pairs = prefix + E;              // [n]: this member's pairs to each device
+  int32_t* place = smem;                  // [E]
+  int32_t* start = place + E;             // [E]
+  int32_t* prefix = start + E;            // [E]
+  int32_t* pairs = prefix + E;            // [n]
+  int32_t* slot = pairs + n;              // [Choices()]
+  uint16_t* by_expert = reinterpret_cast<uint16_t*>(slot + d.Choices());  // [kWarps][E]
+  uint16_t* by_device = by_expert + kWarps * E;                           // [kWarps][n]
+  uint16_t* ex = by_device + kWarps * n;                                  // [Choices()]
   const int64_t b = blockIdx.x;
-  ids += b * d.tokens * k;
+  ids += b * d.Choices();
   table += b * n * w;
   out.group += b * d.Local();
-  out.dropped += b * d.tokens * k;
+  out.dropped += b * d.Choices();
   out.routes += b * n * kMoePlanColumns;
   out.pair_token += b * P;
-  out.choice_row += b * d.tokens * k;
+  out.choice_row += b * d.Choices();
   out.sent += b * P * (k + 1);
   const int32_t me = table[E + n];
   if (me < 0 || me >= n) __trap();  // not a table of the counts' exchange
-  for (int32_t i = threadIdx.x; i < kWarps * (E + n); i += kThreads) smem[i] = 0;
-  __syncthreads();
-
-  const int32_t warp = static_cast<int32_t>(threadIdx.x / 32);
-  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
-  int32_t lo, hi;
-  TokenRun(d, &lo, &hi);
-  ForChoices(d, ids, lo * k, hi * k, [&](int32_t, int32_t e, unsigned same) {
-    if (e < E && (same & LanesBelow()) == 0) by_expert[warp * E + e] += __popc(same);
-    __syncwarp();
-  });
-  ForTokens(d, ids, lo, hi, [&](int32_t, uint64_t mask, uint64_t present) {
-    for (uint64_t left = present; left != 0; left &= left - 1) {
-      const int32_t dev = __ffsll(static_cast<long long>(left)) - 1;
-      const unsigned has = __ballot_sync(kAll, (mask >> dev) & 1);
-      if (lane == 0) by_device[warp * n + dev] += __popc(has);
-    }
-  });
-  // Each expert's place and kept total from the table (`start` holds the
-  // totals until the scan below).
+  StageExperts(d, ids, ex);
+  for (int32_t i = threadIdx.x; i < kWarps * (E + n); i += kThreads) by_expert[i] = 0;
   // Sums of the table's entries wrap modulo 2^32 (moe_dispatch_plan.h).
   for (int32_t e = threadIdx.x; e < E; e += kThreads) {
     uint32_t below = 0, total = 0;
@@ -214,21 +213,22 @@ __global__ void __launch_bounds__(kThreads) MoeDispatchPlanKernel(const int32_t*
   }
   __syncthreads();
 
-  // Each warp's start per expert and per device (lane l: warp l's count).
-  for (int32_t e = warp; e < E; e += kWarps) {
-    uint32_t total;
-    by_expert[lane * E + e] = static_cast<int32_t>(WarpExclusive(by_expert[lane * E + e], &total));
-  }
-  for (int32_t dev = warp; dev < n; dev += kWarps) {
-    uint32_t total;
-    by_device[lane * n + dev] =
-        static_cast<int32_t>(WarpExclusive(by_device[lane * n + dev], &total));
-    if (lane == 0) pairs[dev] = static_cast<int32_t>(total);
-  }
+  const int32_t warp = static_cast<int32_t>(threadIdx.x / 32);
+  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
+  int32_t lo, hi;
+  TokenRun(d, &lo, &hi);
+  ForChoices(d, ex, lo * k, hi * k, [&](int32_t, int32_t e, unsigned same) {
+    if (e < E && (same & LanesBelow()) == 0) by_expert[warp * E + e] += __popc(same);
+    __syncwarp();
+  });
+  ForTokens(d, ex, lo, hi, [&](int32_t, uint64_t mask, uint64_t present) {
+    ForDevices(mask, present, [&](int32_t dev, unsigned has) {
+      if (lane == 0) by_device[warp * n + dev] += __popc(has);
+    });
+  });
   if (warp == 0) {  // the group sizes, then each expert's start within its device's
     const int32_t local = d.Local();
     for (int32_t i = lane; i < local; i += 32) out.group[i] = start[me * local + i];
-    __syncwarp();
     uint32_t carry = 0;
     for (int32_t base = 0; base < E; base += 32) {
       const int32_t e = base + lane;
@@ -242,6 +242,20 @@ __global__ void __launch_bounds__(kThreads) MoeDispatchPlanKernel(const int32_t*
       start[e] = static_cast<int32_t>(static_cast<uint32_t>(prefix[e]) -
                                       static_cast<uint32_t>(prefix[e - e % local]));
     }
+  }
+  __syncthreads();
+
+  // Each warp's start per expert and per device (lane l: warp l's count).
+  for (int32_t e = warp; e < E; e += kWarps) {
+    uint32_t total;
+    by_expert[lane * E + e] = static_cast<uint16_t>(WarpExclusive(by_expert[lane * E + e],
+                                                                  &total));
+  }
+  for (int32_t dev = warp; dev < n; dev += kWarps) {
+    uint32_t total;
+    by_device[lane * n + dev] = static_cast<uint16_t>(WarpExclusive(by_device[lane * n + dev],
+                                                                    &total));
+    if (lane == 0) pairs[dev] = static_cast<int32_t>(total);
   }
   __syncthreads();
   if (warp == 0) {  // routes, and the first pair row to each device
@@ -269,42 +283,41 @@ __global__ void __launch_bounds__(kThreads) MoeDispatchPlanKernel(const int32_t*
   __syncthreads();
   for (int32_t dev = warp; dev < n; dev += kWarps) by_device[lane * n + dev] += pairs[dev];
 
-  // The slots, into choice_row for now.
-  ForChoices(d, ids, lo * k, hi * k, [&](int32_t c, int32_t e, unsigned same) {
-    const int32_t rank = e < E ? by_expert[warp * E + e] + __popc(same & LanesBelow()) : 0;
+  // Each choice's slot (-1 where not kept), and what a choice that is not
+  // valid writes.
+  ForChoices(d, ex, lo * k, hi * k, [&](int32_t c, int32_t e, unsigned same) {
+    const uint32_t rank = e < E ? by_expert[warp * E + e] + __popc(same & LanesBelow()) : 0;
     __syncwarp();
     if (e < E && (same & LanesBelow()) == 0) by_expert[warp * E + e] += __popc(same);
     __syncwarp();
     if (c >= hi * k) return;
     const uint32_t at = static_cast<uint32_t>(place[e < E ? e : 0]) + rank;
     const bool kept = e < E && (d.capacity < 0 || static_cast<int32_t>(at) < d.capacity);
+    slot[c] = kept ? static_cast<int32_t>(static_cast<uint32_t>(start[e]) + at) : -1;
     out.dropped[c] = e < E && !kept;
-    out.choice_row[c] = kept ? static_cast<int32_t>(static_cast<uint32_t>(start[e]) + at) : -1;
+    if (e == E) out.choice_row[c] = -1;
   });
   __syncthreads();
   // The pairs: each token's row to each of its devices in `sent`, with the
-  // slots of its choices there; then each choice's pair row.
-  ForTokens(d, ids, lo, hi, [&](int32_t t, uint64_t mask, uint64_t present) {
-    for (uint64_t left = present; left != 0; left &= left - 1) {
-      const int32_t dev = __ffsll(static_cast<long long>(left)) - 1;
-      const bool here = (mask >> dev) & 1;
-      const unsigned has = __ballot_sync(kAll, here);
-      if (here) {
+  // slots of its choices there, and each of those choices' pair row.
+  ForTokens(d, ex, lo, hi, [&](int32_t t, uint64_t mask, uint64_t present) {
+    ForDevices(mask, present, [&](int32_t dev, unsigned has) {
+      if ((mask >> dev) & 1) {
         const int32_t row = by_device[warp * n + dev] + __popc(has & LanesBelow());
         out.pair_token[row] = t;
         int32_t* sent = out.sent + static_cast<int64_t>(row) * (k + 1);
         sent[0] = t;
         for (int32_t j = 0; j < k; ++j) {
-          const int32_t e = d.Expert(ids[t * k + j]);
+          const int32_t e = ex[t * k + j];
           const bool on = e < E && e / d.Local() == dev;
-          sent[1 + j] = on ? out.choice_row[t * k + j] : -1;
+          sent[1 + j] = on ? slot[t * k + j] : -1;
           if (on) out.choice_row[t * k + j] = row;
         }
       }
       __syncwarp();
       if (lane == 0) by_device[warp * n + dev] += __popc(has);
       __syncwarp();
-    }
+    });
   });
   // The rows past the pairs.
   int32_t used = 0;
@@ -327,7 +340,8 @@ ffi::Error MoeDispatchCountsCudaImpl(cudaStream_t stream, ffi::AnyBuffer ids,
   MoePlanShape s;
   JAX_TMA_RETURN_IF_FAILED(DecodeMoeDispatchCounts(ids, *send, experts, parts, &s));
   if (s.batch == 0) return ffi::Error::Success();
-  const size_t smem = sizeof(int32_t) * static_cast<size_t>(s.experts + s.parts);
+  const size_t smem = sizeof(int32_t) * static_cast<size_t>(s.experts + s.parts) +
+                      sizeof(uint16_t) * static_cast<size_t>(s.tokens * s.choices);
   MoeDispatchCountsKernel<<<static_cast<unsigned>(s.batch), kThreads, smem, stream>>>(
       ids.typed_data<int32_t>(), send->typed_data<int32_t>(), DimsOf(s));
   JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
@@ -349,9 +363,7 @@ ffi::Error MoeDispatchPlanCudaImpl(cudaStream_t stream, ffi::AnyBuffer ids, ffi:
                                           choice_row, sent, experts, parts, capacity, &s, &r));
   if (s.batch == 0) return ffi::Error::Success();
   // Within the 48 KiB every device gives a CTA: the limits of moe_dispatch_plan.h.
-  const size_t smem =
-      sizeof(int32_t) * static_cast<size_t>(kWarps * (s.experts + s.parts) + 3 * s.experts +
-                                            s.parts);
+  const auto smem = static_cast<size_t>(PlanSmem(s.experts, s.parts, s.tokens * s.choices));
   const RouteOut out{r.group, r.dropped, r.routes, r.pair_token, r.choice_row, r.sent};
   MoeDispatchPlanKernel<<<static_cast<unsigned>(s.batch), kThreads, smem, stream>>>(
       ids.typed_data<int32_t>(), table.typed_data<int32_t>(), out, DimsOf(s));

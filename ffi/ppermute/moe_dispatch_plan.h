@@ -48,10 +48,13 @@ namespace jax_tma {
 
 inline constexpr std::string_view kMoePlanOp = "jax_tma.moe_dispatch";
 
-// The plan's limits, where one CTA holds each warp's count of every expert
-// and device in shared memory (Python takes its jnp formulation beyond them).
+// The plan's limits, where one CTA holds a member's experts and slots and
+// each warp's count of every expert and device in shared memory (Python
+// takes its jnp formulation beyond them: at DeepEP's 32,768 choices, XLA's
+// kernels spread over the GPU are faster than one CTA).
 inline constexpr int64_t kMoePlanMaxExperts = 256;
 inline constexpr int64_t kMoePlanMaxParts = 64;
+inline constexpr int64_t kMoePlanMaxChoices = 4096;  // T * k: a decode step's
 // The columns of routes (above).
 inline constexpr int64_t kMoePlanColumns = 5;
 
@@ -96,7 +99,7 @@ struct MoePlanShape {
 };
 
 // The shape of "jax_tma_moe_dispatch_counts" (ids, send), checked: int32 ids of
-// rank >= 2 with k >= 1 and T * k below 2^31, E and n within the limits above,
+// rank >= 2 with k >= 1, T * k, E and n within the limits above,
 // E a multiple of n, and send (..., n, E + n + 1) with ids' leading dims.
 ffi::Error DecodeMoeDispatchCounts(const ffi::AnyBuffer& ids, const ffi::AnyBuffer& send,
                                 int64_t experts, int64_t parts, MoePlanShape* shape);

@@ -671,7 +671,10 @@ _PLAN_ATTR_NASTY = (
     (lambda c: _plan_with(c, 0, np.zeros(5, np.int32)),
      r"ids have element type s32 and rank 1; it takes s32 ids of rank 2 or more"),
     (lambda c: _plan_with(c, 0, c.operands[0][..., :0]),
-     r"ids have \d+ tokens of 0 choices \(their last two dims\); it takes 1 to 2\^31 - 1"),
+     r"ids have \d+ tokens of 0 choices \(their last two dims\); it takes up to 4096 "
+     r"choices a member, 1 or more a token"),
+    (lambda c: _plan_with(c, 0, np.zeros(c.operands[0].shape[:-2] + (2049, 2), np.int32)),
+     r"ids have 2049 tokens of 2 choices"),
 )
 
 _PLAN_COUNTS_NASTY = _PLAN_ATTR_NASTY + (
