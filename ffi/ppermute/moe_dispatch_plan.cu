@@ -3,14 +3,19 @@
 // small kernels (benchmarks/TUNING.md, the decode dispatch's plan).
 //
 // The member's ids are read once, coalesced, into shared memory (each
-// choice's expert in 16 bits), where every pass reads them. Each warp owns a
-// run of T / 32 tokens (rounded up), so that its choices are a run of the
-// (t, j) order. The ranks come in two passes over those runs, 32 choices at
-// a time: the first counts each warp's choices of each expert (and tokens of
-// each device), a scan over the warps turns the counts into each warp's
-// start, and the second adds each choice's rank among the equal experts of
-// its 32 (__match_any_sync), advances the start and leaves the choice's slot
-// in shared memory; the pass over the tokens then writes each pair's row.
+// choice's expert in 16 bits, with a table of each expert's device), where
+// every pass reads them. The choices, in (t, j) order, are cut into one run
+// a warp, and the tokens too (whole rounds of 32: at a decode step's 128
+// tokens four warps hold them all, and the others skip the token passes).
+// The ranks come in two passes over the runs, 32 choices at a time: the
+// first counts each warp's choices of each expert (and tokens of each
+// device), a scan over the warps turns the counts into each warp's start,
+// and the second adds each choice's rank among the equal experts of its 32
+// (__match_any_sync), advances the start and leaves the choice's slot in
+// shared memory; the pass over the tokens then writes each pair's row.
+// One SM issues every instruction of a member, so the passes do as few a
+// warp as they can (Nsight Compute, H200: the first form's 68 K warp
+// instructions took 21 us at a decode step, at 2.3 a cycle).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -33,24 +38,35 @@ struct RouteDims {
   __device__ int32_t Local() const { return experts / parts; }
   __device__ int32_t Width() const { return experts + parts + 1; }
   __device__ int32_t Pairs() const { return tokens * min(choices, parts); }
-  // The devices of token t's valid choices, one bit each (`ex`: StageExperts's).
-  __device__ uint64_t Devices(const uint16_t* ex, int32_t t) const {
+};
+
+// A member's choices in shared memory (StageExperts): each one's expert
+// (`experts` where it is not valid), and each expert's device (`parts` for
+// `experts`).
+struct Staged {
+  uint16_t* expert;  // [Choices()]
+  uint8_t* device;   // [experts + 1]
+  // The devices of token t's valid choices, one bit each.
+  __device__ uint64_t Devices(const RouteDims& d, int32_t t) const {
     uint64_t mask = 0;
-    for (int32_t j = 0; j < choices; ++j) {
-      const int32_t e = ex[t * choices + j];
-      if (e < experts) mask |= uint64_t{1} << (e / Local());
+    for (int32_t j = 0; j < d.choices; ++j) {
+      const int32_t dev = device[expert[t * d.choices + j]];
+      mask |= dev < d.parts ? uint64_t{1} << dev : 0;
     }
     return mask;
   }
 };
 
-// Each choice's expert into shared memory, `experts` where it is not valid:
-// one coalesced read of the member's ids, which every pass then reads here.
-__device__ void StageExperts(const RouteDims& d, const int32_t* ids, uint16_t* ex) {
+// One coalesced read of the member's ids into `s`, which every pass then
+// reads; a __syncthreads must follow.
+__device__ void StageExperts(const RouteDims& d, const int32_t* ids, const Staged& s) {
 #pragma unroll 4
   for (int32_t c = threadIdx.x; c < d.Choices(); c += kThreads) {
     const int32_t id = __ldg(ids + c);
-    ex[c] = static_cast<uint16_t>(id >= 0 && id < d.experts ? id : d.experts);
+    s.expert[c] = static_cast<uint16_t>(id >= 0 && id < d.experts ? id : d.experts);
+  }
+  for (int32_t e = threadIdx.x; e <= d.experts; e += kThreads) {
+    s.device[e] = static_cast<uint8_t>(e / d.Local());
   }
 }
 
@@ -64,23 +80,25 @@ __device__ unsigned LanesBelow() {
   return (1u << (threadIdx.x % 32)) - 1;
 }
 
-// The warp's run of tokens: [*lo, *hi).
-__device__ void TokenRun(const RouteDims& d, int32_t* lo, int32_t* hi) {
-  const int32_t per = (d.tokens + kWarps - 1) / kWarps;
+// The warp's run of `items` (choices or tokens): [*lo, *hi), whole rounds of
+// 32 but the last, so that no warp walks a round of few lanes that another
+// could have taken.
+__device__ void WarpRun(int32_t items, int32_t* lo, int32_t* hi) {
+  const int32_t per = (items + 32 * kWarps - 1) / (32 * kWarps) * 32;
   const int32_t warp = static_cast<int32_t>(threadIdx.x / 32);
-  *lo = min(d.tokens, warp * per);
-  *hi = min(d.tokens, *lo + per);
+  *lo = min(items, warp * per);
+  *hi = min(items, *lo + per);
 }
 
 // Calls visit(c, expert, same) for each choice c of [lo, hi) (32 lanes a
 // round; lanes past hi see c >= hi and expert `experts`), `same` the lanes
 // of the round whose choices have the same expert.
 template <typename Visit>
-__device__ void ForChoices(const RouteDims& d, const uint16_t* ex, int32_t lo, int32_t hi,
+__device__ void ForChoices(const RouteDims& d, const Staged& s, int32_t lo, int32_t hi,
                            Visit visit) {
   for (int32_t base = lo; base < hi; base += 32) {
     const int32_t c = base + static_cast<int32_t>(threadIdx.x % 32);
-    const int32_t e = c < hi ? ex[c] : d.experts;
+    const int32_t e = c < hi ? s.expert[c] : d.experts;
     visit(c, e, __match_any_sync(kAll, e));
   }
 }
@@ -89,11 +107,11 @@ __device__ void ForChoices(const RouteDims& d, const uint16_t* ex, int32_t lo, i
 // round; lanes past hi see no devices), `present` the devices of the
 // round's tokens together.
 template <typename Visit>
-__device__ void ForTokens(const RouteDims& d, const uint16_t* ex, int32_t lo, int32_t hi,
+__device__ void ForTokens(const RouteDims& d, const Staged& s, int32_t lo, int32_t hi,
                           Visit visit) {
   for (int32_t base = lo; base < hi; base += 32) {
     const int32_t t = base + static_cast<int32_t>(threadIdx.x % 32);
-    const uint64_t mask = t < hi ? d.Devices(ex, t) : 0;
+    const uint64_t mask = t < hi ? s.Devices(d, t) : 0;
     visit(t, mask, WarpOr(mask));
   }
 }
@@ -113,19 +131,21 @@ __device__ void ForDevices(uint64_t mask, uint64_t present, Visit visit) {
 __global__ void __launch_bounds__(kThreads) MoeDispatchCountsKernel(const int32_t* ids,
                                                                     int32_t* send, RouteDims d) {
   extern __shared__ int32_t smem[];
-  int32_t* counts = smem;                                            // experts, then parts
-  uint16_t* ex = reinterpret_cast<uint16_t*>(counts + d.experts + d.parts);  // Choices()
+  int32_t* counts = smem;  // experts, then parts
+  uint16_t* expert = reinterpret_cast<uint16_t*>(counts + d.experts + d.parts);
+  const Staged s{expert, reinterpret_cast<uint8_t*>(expert + d.Choices())};
   ids += static_cast<int64_t>(blockIdx.x) * d.Choices();
   send += static_cast<int64_t>(blockIdx.x) * d.parts * d.Width();
-  StageExperts(d, ids, ex);
+  StageExperts(d, ids, s);
   for (int32_t i = threadIdx.x; i < d.experts + d.parts; i += kThreads) counts[i] = 0;
   __syncthreads();
   int32_t lo, hi;
-  TokenRun(d, &lo, &hi);
-  ForChoices(d, ex, lo * d.choices, hi * d.choices, [&](int32_t, int32_t e, unsigned same) {
+  WarpRun(d.Choices(), &lo, &hi);
+  ForChoices(d, s, lo, hi, [&](int32_t, int32_t e, unsigned same) {
     if (e < d.experts && (same & LanesBelow()) == 0) atomicAdd(&counts[e], __popc(same));
   });
-  ForTokens(d, ex, lo, hi, [&](int32_t, uint64_t mask, uint64_t present) {
+  WarpRun(d.tokens, &lo, &hi);
+  ForTokens(d, s, lo, hi, [&](int32_t, uint64_t mask, uint64_t present) {
     ForDevices(mask, present, [&](int32_t dev, unsigned has) {
       if (threadIdx.x % 32 == 0) atomicAdd(&counts[d.experts + dev], __popc(has));
     });
@@ -159,9 +179,15 @@ struct RouteOut {
   int32_t* sent;
 };
 
-// The shared memory of MoeDispatchPlanKernel, in bytes: int32 arrays first.
+// The shared memory of MoeDispatchCountsKernel and MoeDispatchPlanKernel, in
+// bytes: int32 arrays, then 16-bit, then 8-bit.
+__host__ __device__ constexpr int64_t CountsSmem(int64_t experts, int64_t parts,
+                                                 int64_t choices) {
+  return 4 * (experts + parts) + 2 * choices + (experts + 1);
+}
 __host__ __device__ constexpr int64_t PlanSmem(int64_t experts, int64_t parts, int64_t choices) {
-  return 4 * (3 * experts + parts + choices) + 2 * (kWarps * (experts + parts) + choices);
+  return 4 * (3 * experts + parts + choices) + 2 * (kWarps * (experts + parts) + choices) +
+         (experts + 1);
 }
 static_assert(PlanSmem(kMoePlanMaxExperts, kMoePlanMaxParts, kMoePlanMaxChoices) <= 48 * 1024,
               "the plan's limits fit the 48 KiB every device gives a CTA");
@@ -185,7 +211,8 @@ __global__ void __launch_bounds__(kThreads) MoeDispatchPlanKernel(const int32_t*
   int32_t* slot = pairs + n;              // [Choices()]
   uint16_t* by_expert = reinterpret_cast<uint16_t*>(slot + d.Choices());  // [kWarps][E]
   uint16_t* by_device = by_expert + kWarps * E;                           // [kWarps][n]
-  uint16_t* ex = by_device + kWarps * n;                                  // [Choices()]
+  uint16_t* expert = by_device + kWarps * n;                              // [Choices()]
+  const Staged st{expert, reinterpret_cast<uint8_t*>(expert + d.Choices())};  // [E + 1]
   const int64_t b = blockIdx.x;
   ids += b * d.Choices();
   table += b * n * w;
@@ -197,7 +224,7 @@ __global__ void __launch_bounds__(kThreads) MoeDispatchPlanKernel(const int32_t*
   out.sent += b * P * (k + 1);
   const int32_t me = table[E + n];
   if (me < 0 || me >= n) __trap();  // not a table of the counts' exchange
-  StageExperts(d, ids, ex);
+  StageExperts(d, ids, st);
   for (int32_t i = threadIdx.x; i < kWarps * (E + n); i += kThreads) by_expert[i] = 0;
   // Sums of the table's entries wrap modulo 2^32 (moe_dispatch_plan.h).
   for (int32_t e = threadIdx.x; e < E; e += kThreads) {
@@ -215,13 +242,14 @@ __global__ void __launch_bounds__(kThreads) MoeDispatchPlanKernel(const int32_t*
 
   const int32_t warp = static_cast<int32_t>(threadIdx.x / 32);
   const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
-  int32_t lo, hi;
-  TokenRun(d, &lo, &hi);
-  ForChoices(d, ex, lo * k, hi * k, [&](int32_t, int32_t e, unsigned same) {
+  int32_t lo, hi, t_lo, t_hi;
+  WarpRun(d.Choices(), &lo, &hi);
+  WarpRun(d.tokens, &t_lo, &t_hi);
+  ForChoices(d, st, lo, hi, [&](int32_t, int32_t e, unsigned same) {
     if (e < E && (same & LanesBelow()) == 0) by_expert[warp * E + e] += __popc(same);
     __syncwarp();
   });
-  ForTokens(d, ex, lo, hi, [&](int32_t, uint64_t mask, uint64_t present) {
+  ForTokens(d, st, t_lo, t_hi, [&](int32_t, uint64_t mask, uint64_t present) {
     ForDevices(mask, present, [&](int32_t dev, unsigned has) {
       if (lane == 0) by_device[warp * n + dev] += __popc(has);
     });
@@ -285,12 +313,12 @@ __global__ void __launch_bounds__(kThreads) MoeDispatchPlanKernel(const int32_t*
 
   // Each choice's slot (-1 where not kept), and what a choice that is not
   // valid writes.
-  ForChoices(d, ex, lo * k, hi * k, [&](int32_t c, int32_t e, unsigned same) {
+  ForChoices(d, st, lo, hi, [&](int32_t c, int32_t e, unsigned same) {
     const uint32_t rank = e < E ? by_expert[warp * E + e] + __popc(same & LanesBelow()) : 0;
     __syncwarp();
     if (e < E && (same & LanesBelow()) == 0) by_expert[warp * E + e] += __popc(same);
     __syncwarp();
-    if (c >= hi * k) return;
+    if (c >= hi) return;
     const uint32_t at = static_cast<uint32_t>(place[e < E ? e : 0]) + rank;
     const bool kept = e < E && (d.capacity < 0 || static_cast<int32_t>(at) < d.capacity);
     slot[c] = kept ? static_cast<int32_t>(static_cast<uint32_t>(start[e]) + at) : -1;
@@ -300,7 +328,7 @@ __global__ void __launch_bounds__(kThreads) MoeDispatchPlanKernel(const int32_t*
   __syncthreads();
   // The pairs: each token's row to each of its devices in `sent`, with the
   // slots of its choices there, and each of those choices' pair row.
-  ForTokens(d, ex, lo, hi, [&](int32_t t, uint64_t mask, uint64_t present) {
+  ForTokens(d, st, t_lo, t_hi, [&](int32_t t, uint64_t mask, uint64_t present) {
     ForDevices(mask, present, [&](int32_t dev, unsigned has) {
       if ((mask >> dev) & 1) {
         const int32_t row = by_device[warp * n + dev] + __popc(has & LanesBelow());
@@ -308,8 +336,7 @@ __global__ void __launch_bounds__(kThreads) MoeDispatchPlanKernel(const int32_t*
         int32_t* sent = out.sent + static_cast<int64_t>(row) * (k + 1);
         sent[0] = t;
         for (int32_t j = 0; j < k; ++j) {
-          const int32_t e = ex[t * k + j];
-          const bool on = e < E && e / d.Local() == dev;
+          const bool on = st.device[expert[t * k + j]] == dev;
           sent[1 + j] = on ? slot[t * k + j] : -1;
           if (on) out.choice_row[t * k + j] = row;
         }
@@ -340,8 +367,7 @@ ffi::Error MoeDispatchCountsCudaImpl(cudaStream_t stream, ffi::AnyBuffer ids,
   MoePlanShape s;
   JAX_TMA_RETURN_IF_FAILED(DecodeMoeDispatchCounts(ids, *send, experts, parts, &s));
   if (s.batch == 0) return ffi::Error::Success();
-  const size_t smem = sizeof(int32_t) * static_cast<size_t>(s.experts + s.parts) +
-                      sizeof(uint16_t) * static_cast<size_t>(s.tokens * s.choices);
+  const auto smem = static_cast<size_t>(CountsSmem(s.experts, s.parts, s.tokens * s.choices));
   MoeDispatchCountsKernel<<<static_cast<unsigned>(s.batch), kThreads, smem, stream>>>(
       ids.typed_data<int32_t>(), send->typed_data<int32_t>(), DimsOf(s));
   JAX_TMA_CUDA_RETURN_IF_ERROR(cudaGetLastError());
