@@ -34,8 +34,8 @@ constexpr unsigned kAll = 0xffffffffu;
 
 struct RouteDims {
   int32_t tokens, choices, experts, parts, capacity;  // capacity -1: none
+  int32_t local;                                      // experts / parts
   __device__ int32_t Choices() const { return tokens * choices; }
-  __device__ int32_t Local() const { return experts / parts; }
   __device__ int32_t Width() const { return experts + parts + 1; }
   __device__ int32_t Pairs() const { return tokens * min(choices, parts); }
 };
@@ -66,7 +66,7 @@ __device__ void StageExperts(const RouteDims& d, const int32_t* ids, const Stage
     s.expert[c] = static_cast<uint16_t>(id >= 0 && id < d.experts ? id : d.experts);
   }
   for (int32_t e = threadIdx.x; e <= d.experts; e += kThreads) {
-    s.device[e] = static_cast<uint8_t>(e / d.Local());
+    s.device[e] = static_cast<uint8_t>(e / d.local);
   }
 }
 
@@ -170,6 +170,21 @@ __device__ uint32_t WarpExclusive(uint32_t v, uint32_t* total) {
   return sum - v;
 }
 
+// counts[w * stride] for w < kWarps, each warp's count, into each warp's
+// exclusive start; returns their total.
+__device__ int32_t WarpStarts(uint16_t* counts, int32_t stride) {
+  uint16_t count[kWarps];
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) count[w] = counts[w * stride];
+  int32_t sum = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    counts[w * stride] = static_cast<uint16_t>(sum);
+    sum += count[w];
+  }
+  return sum;
+}
+
 struct RouteOut {
   int32_t* group;
   bool* dropped;
@@ -189,8 +204,9 @@ __host__ __device__ constexpr int64_t PlanSmem(int64_t experts, int64_t parts, i
   return 4 * (3 * experts + parts + choices) + 2 * (kWarps * (experts + parts) + choices) +
          (experts + 1);
 }
-static_assert(PlanSmem(kMoePlanMaxExperts, kMoePlanMaxParts, kMoePlanMaxChoices) <= 48 * 1024,
-              "the plan's limits fit the 48 KiB every device gives a CTA");
+static_assert(PlanSmem(kMoePlanMaxExperts, kMoePlanMaxParts, kMoePlanMaxChoices) + 4 <=
+                  48 * 1024,
+              "the plan's limits (and its static word) fit the 48 KiB every device gives a CTA");
 
 // The plan (moe_dispatch_plan.h). Shared memory: each expert's place (the
 // rows from lower positions), kept total (then its slot start: its device's
@@ -203,6 +219,7 @@ __global__ void __launch_bounds__(kThreads) MoeDispatchPlanKernel(const int32_t*
                                                                   const int32_t* table,
                                                                   RouteOut out, RouteDims d) {
   extern __shared__ int32_t smem[];
+  __shared__ int32_t used[1];  // the member's pairs
   const int32_t E = d.experts, n = d.parts, k = d.choices, w = d.Width(), P = d.Pairs();
   int32_t* place = smem;                  // [E]
   int32_t* start = place + E;             // [E]
@@ -216,7 +233,7 @@ __global__ void __launch_bounds__(kThreads) MoeDispatchPlanKernel(const int32_t*
   const int64_t b = blockIdx.x;
   ids += b * d.Choices();
   table += b * n * w;
-  out.group += b * d.Local();
+  out.group += b * d.local;
   out.dropped += b * d.Choices();
   out.routes += b * n * kMoePlanColumns;
   out.pair_token += b * P;
@@ -255,7 +272,7 @@ __global__ void __launch_bounds__(kThreads) MoeDispatchPlanKernel(const int32_t*
     });
   });
   if (warp == 0) {  // the group sizes, then each expert's start within its device's
-    const int32_t local = d.Local();
+    const int32_t local = d.local;
     for (int32_t i = lane; i < local; i += 32) out.group[i] = start[me * local + i];
     uint32_t carry = 0;
     for (int32_t base = 0; base < E; base += 32) {
@@ -273,17 +290,13 @@ __global__ void __launch_bounds__(kThreads) MoeDispatchPlanKernel(const int32_t*
   }
   __syncthreads();
 
-  // Each warp's start per expert and per device (lane l: warp l's count).
-  for (int32_t e = warp; e < E; e += kWarps) {
-    uint32_t total;
-    by_expert[lane * E + e] = static_cast<uint16_t>(WarpExclusive(by_expert[lane * E + e],
-                                                                  &total));
-  }
-  for (int32_t dev = warp; dev < n; dev += kWarps) {
-    uint32_t total;
-    by_device[lane * n + dev] = static_cast<uint16_t>(WarpExclusive(by_device[lane * n + dev],
-                                                                    &total));
-    if (lane == 0) pairs[dev] = static_cast<int32_t>(total);
+  // Each warp's start per expert and per device: a thread each, its loads
+  // of the warps' counts in flight together.
+  if (threadIdx.x < E) {
+    WarpStarts(by_expert + threadIdx.x, E);
+  } else if (threadIdx.x < E + n) {
+    const int32_t dev = threadIdx.x - E;
+    pairs[dev] = WarpStarts(by_device + dev, n);
   }
   __syncthreads();
   if (warp == 0) {  // routes, and the first pair row to each device
@@ -307,6 +320,7 @@ __global__ void __launch_bounds__(kThreads) MoeDispatchPlanKernel(const int32_t*
         pairs[dev] = first;
       }
     }
+    if (lane == 0) *used = carry;
   }
   __syncthreads();
   for (int32_t dev = warp; dev < n; dev += kWarps) by_device[lane * n + dev] += pairs[dev];
@@ -347,18 +361,17 @@ __global__ void __launch_bounds__(kThreads) MoeDispatchPlanKernel(const int32_t*
     });
   });
   // The rows past the pairs.
-  int32_t used = 0;
-  for (int32_t dev = 0; dev < n; ++dev) used += out.routes[dev * kMoePlanColumns + 1];
-  for (int64_t i = used * int64_t{k + 1} + threadIdx.x; i < int64_t{P} * (k + 1); i += kThreads) {
+  for (int64_t i = *used * int64_t{k + 1} + threadIdx.x; i < int64_t{P} * (k + 1);
+       i += kThreads) {
     out.sent[i] = i % (k + 1) == 0 ? d.tokens : -1;
   }
-  for (int32_t p = used + threadIdx.x; p < P; p += kThreads) out.pair_token[p] = d.tokens;
+  for (int32_t p = *used + threadIdx.x; p < P; p += kThreads) out.pair_token[p] = d.tokens;
 }
 
 RouteDims DimsOf(const MoePlanShape& s) {
-  return RouteDims{static_cast<int32_t>(s.tokens), static_cast<int32_t>(s.choices),
-                   static_cast<int32_t>(s.experts), static_cast<int32_t>(s.parts),
-                   static_cast<int32_t>(s.capacity)};
+  return RouteDims{static_cast<int32_t>(s.tokens),   static_cast<int32_t>(s.choices),
+                   static_cast<int32_t>(s.experts),  static_cast<int32_t>(s.parts),
+                   static_cast<int32_t>(s.capacity), static_cast<int32_t>(s.Local())};
 }
 
 ffi::Error MoeDispatchCountsCudaImpl(cudaStream_t stream, ffi::AnyBuffer ids,
