@@ -7,8 +7,8 @@ script.
 
 GROUP: "local" (one device: copy with its dynamic schedule, window, im2col,
 col2im, broadcast, gather, scatter, and ppermute, all_to_all,
-ragged_all_to_all and moe_combine's summing exchange over a one-device
-mesh) or "multi" (two devices in this process: ppermute, all_to_all,
+ragged_all_to_all, moe_combine's summing exchange, and moe_dispatch with
+moe_combine over a one-device mesh) or "multi" (two devices in this process: ppermute, all_to_all,
 ragged_all_to_all, moe_combine's summing exchange, and moe_dispatch with
 moe_combine over 200 steps). Each case is a `lax.scan` of >= 100 steps whose
 inputs change with the step (data XOR a word of the step, starts, indices,
@@ -604,6 +604,11 @@ def _moe(capacity: int | None):
     return build
 
 
+# moe_dispatch with moe_combine at _moe's sizes: the plan's kernels, its
+# counts' and slots' exchanges (inboxes), the pull; combine's exchanges home.
+_MOE_PATHS = ("moe_dispatch_counts.simt", "all_to_all.inbox", "moe_dispatch_plan.simt",
+              "ragged_all_to_all.inbox", "moe_dispatch.peer")
+
 CASES: dict[str, tuple[Case, ...]] = {
     "local": (
         Case("copy_dynamic", ("copy.tma",), _one(_copy_dynamic)),
@@ -634,6 +639,7 @@ CASES: dict[str, tuple[Case, ...]] = {
         Case("all_to_all_self", ("all_to_all.inbox",), _all_to_all(96)),
         Case("ragged_all_to_all_self", ("ragged_all_to_all.inbox",), _ragged(48, 16)),
         Case("moe_combine_sums_self", ("moe_combine.peer",), _home_sums(24, 4096), steps=200),
+        Case("moe_self", _MOE_PATHS, _moe(None), steps=200),
     ),
     "multi": (
         Case("ppermute_pull", ("ppermute.tma",), _ppermute("tma", "pull")),
@@ -644,10 +650,8 @@ CASES: dict[str, tuple[Case, ...]] = {
         Case("ragged_all_to_all", ("ragged_all_to_all.inbox",), _ragged(48, 16)),
         Case("ragged_all_to_all_large", ("ragged_all_to_all.peer",), _ragged(100, 4096)),
         Case("moe_combine_sums", ("moe_combine.peer",), _home_sums(24, 4096), steps=200),
-        Case("moe_dropless", ("all_to_all.inbox", "ragged_all_to_all.inbox", "moe_dispatch.peer"),
-             _moe(None), steps=200),
-        Case("moe_capacity", ("all_to_all.inbox", "ragged_all_to_all.inbox", "moe_dispatch.peer"),
-             _moe(12), steps=200),
+        Case("moe_dropless", _MOE_PATHS, _moe(None), steps=200),
+        Case("moe_capacity", _MOE_PATHS, _moe(12), steps=200),
     ),
 }
 DEVICES = {"local": 1, "multi": 2}
