@@ -13,8 +13,9 @@
 namespace jax_tma {
 namespace {
 
-// `a` is `type` with the dims `lead` then `tail`, else an error naming
-// `name`, its shape and the one expected.
+// The array `name` (of element type `type`, dims `dims`) is `want` with the
+// dims `lead` then `tail`, else an error naming it, its shape and the one
+// expected, and `why`.
 ffi::Error CheckArray(std::string_view name, ffi::DataType type, ffi::DataType want,
                       ffi::Span<const int64_t> dims, ffi::Span<const int64_t> lead,
                       std::initializer_list<int64_t> tail, std::string_view why) {
@@ -22,7 +23,7 @@ ffi::Error CheckArray(std::string_view name, ffi::DataType type, ffi::DataType w
     return InvalidArgument(kMoePlanOp, "the routing plan's ", name, " has element type ",
                            DataTypeName(type), "; it takes ", DataTypeName(want));
   }
-  bool same = dims.size() == lead.size() + tail.size() &&
+  const bool same = dims.size() == lead.size() + tail.size() &&
               std::equal(lead.begin(), lead.end(), dims.begin()) &&
               std::equal(tail.begin(), tail.end(), dims.begin() + lead.size());
   if (same) return ffi::Error::Success();
@@ -173,7 +174,7 @@ ffi::Error Route(const MoePlanShape& s, const int32_t* ids, const int32_t* table
 }
 
 ffi::Error MoeDispatchCountsCpuImpl(ffi::AnyBuffer ids, ffi::Result<ffi::AnyBuffer> send,
-                                 int64_t experts, int64_t parts) {
+                                    int64_t experts, int64_t parts) {
   MoePlanShape s;
   JAX_TMA_RETURN_IF_FAILED(DecodeMoeDispatchCounts(ids, *send, experts, parts, &s));
   CountPath(Path::kMoeDispatchCountsCpu);
@@ -185,16 +186,18 @@ ffi::Error MoeDispatchCountsCpuImpl(ffi::AnyBuffer ids, ffi::Result<ffi::AnyBuff
 }
 
 ffi::Error MoeDispatchPlanCpuImpl(ffi::AnyBuffer ids, ffi::AnyBuffer table,
-                           ffi::Result<ffi::AnyBuffer> group, ffi::Result<ffi::AnyBuffer> dropped,
-                           ffi::Result<ffi::AnyBuffer> routes,
-                           ffi::Result<ffi::AnyBuffer> pair_token,
-                           ffi::Result<ffi::AnyBuffer> choice_row,
-                           ffi::Result<ffi::AnyBuffer> sent, int64_t experts, int64_t parts,
-                           int64_t capacity) {
+                                  ffi::Result<ffi::AnyBuffer> group,
+                                  ffi::Result<ffi::AnyBuffer> dropped,
+                                  ffi::Result<ffi::AnyBuffer> routes,
+                                  ffi::Result<ffi::AnyBuffer> pair_token,
+                                  ffi::Result<ffi::AnyBuffer> choice_row,
+                                  ffi::Result<ffi::AnyBuffer> sent, int64_t experts, int64_t parts,
+                                  int64_t capacity) {
   MoePlanShape s;
   MoePlanResults r;
-  JAX_TMA_RETURN_IF_FAILED(DecodeMoeDispatchPlan(ids, table, group, dropped, routes, pair_token,
-                                          choice_row, sent, experts, parts, capacity, &s, &r));
+  JAX_TMA_RETURN_IF_FAILED(DecodeMoeDispatchPlan(ids, table, group, dropped, routes,
+                                                 pair_token, choice_row, sent, experts, parts,
+                                                 capacity, &s, &r));
   CountPath(Path::kMoeDispatchPlanCpu);
   const int64_t choices = s.tokens * s.choices, pairs = s.Pairs();
   for (int64_t b = 0; b < s.batch; ++b) {
@@ -210,20 +213,20 @@ ffi::Error MoeDispatchPlanCpuImpl(ffi::AnyBuffer ids, ffi::AnyBuffer table,
 }  // namespace
 
 ffi::Error DecodeMoeDispatchCounts(const ffi::AnyBuffer& ids, const ffi::AnyBuffer& send,
-                                int64_t experts, int64_t parts, MoePlanShape* shape) {
+                                   int64_t experts, int64_t parts, MoePlanShape* shape) {
   JAX_TMA_RETURN_IF_FAILED(DecodeIds(ids, experts, parts, shape));
   return CheckArray("send", send.element_type(), ffi::DataType::S32, send.dimensions(),
                     Lead(ids), {parts, shape->Width()}, "a row of counts for each position");
 }
 
 ffi::Error DecodeMoeDispatchPlan(const ffi::AnyBuffer& ids, const ffi::AnyBuffer& table,
-                          ffi::Result<ffi::AnyBuffer>& group,
-                          ffi::Result<ffi::AnyBuffer>& dropped,
-                          ffi::Result<ffi::AnyBuffer>& routes,
-                          ffi::Result<ffi::AnyBuffer>& pair_token,
-                          ffi::Result<ffi::AnyBuffer>& choice_row,
-                          ffi::Result<ffi::AnyBuffer>& sent, int64_t experts, int64_t parts,
-                          int64_t capacity, MoePlanShape* shape, MoePlanResults* results) {
+                                 ffi::Result<ffi::AnyBuffer>& group,
+                                 ffi::Result<ffi::AnyBuffer>& dropped,
+                                 ffi::Result<ffi::AnyBuffer>& routes,
+                                 ffi::Result<ffi::AnyBuffer>& pair_token,
+                                 ffi::Result<ffi::AnyBuffer>& choice_row,
+                                 ffi::Result<ffi::AnyBuffer>& sent, int64_t experts, int64_t parts,
+                                 int64_t capacity, MoePlanShape* shape, MoePlanResults* results) {
   MoePlanShape& s = *shape;
   JAX_TMA_RETURN_IF_FAILED(DecodeIds(ids, experts, parts, &s));
   if (capacity < -1 || capacity > INT32_MAX) {

@@ -381,8 +381,8 @@ RouteDims DimsOf(const MoePlanShape& s) {
 }
 
 ffi::Error MoeDispatchCountsCudaImpl(cudaStream_t stream, ffi::AnyBuffer ids,
-                                  ffi::Result<ffi::AnyBuffer> send, int64_t experts,
-                                  int64_t parts) {
+                                     ffi::Result<ffi::AnyBuffer> send, int64_t experts,
+                                     int64_t parts) {
   MoePlanShape s;
   JAX_TMA_RETURN_IF_FAILED(DecodeMoeDispatchCounts(ids, *send, experts, parts, &s));
   if (s.batch == 0) return ffi::Error::Success();
@@ -395,17 +395,18 @@ ffi::Error MoeDispatchCountsCudaImpl(cudaStream_t stream, ffi::AnyBuffer ids,
 }
 
 ffi::Error MoeDispatchPlanCudaImpl(cudaStream_t stream, ffi::AnyBuffer ids, ffi::AnyBuffer table,
-                            ffi::Result<ffi::AnyBuffer> group,
-                            ffi::Result<ffi::AnyBuffer> dropped,
-                            ffi::Result<ffi::AnyBuffer> routes,
-                            ffi::Result<ffi::AnyBuffer> pair_token,
-                            ffi::Result<ffi::AnyBuffer> choice_row,
-                            ffi::Result<ffi::AnyBuffer> sent, int64_t experts, int64_t parts,
-                            int64_t capacity) {
+                                   ffi::Result<ffi::AnyBuffer> group,
+                                   ffi::Result<ffi::AnyBuffer> dropped,
+                                   ffi::Result<ffi::AnyBuffer> routes,
+                                   ffi::Result<ffi::AnyBuffer> pair_token,
+                                   ffi::Result<ffi::AnyBuffer> choice_row,
+                                   ffi::Result<ffi::AnyBuffer> sent, int64_t experts, int64_t parts,
+                                   int64_t capacity) {
   MoePlanShape s;
   MoePlanResults r;
-  JAX_TMA_RETURN_IF_FAILED(DecodeMoeDispatchPlan(ids, table, group, dropped, routes, pair_token,
-                                          choice_row, sent, experts, parts, capacity, &s, &r));
+  JAX_TMA_RETURN_IF_FAILED(DecodeMoeDispatchPlan(ids, table, group, dropped, routes,
+                                                 pair_token, choice_row, sent, experts, parts,
+                                                 capacity, &s, &r));
   if (s.batch == 0) return ffi::Error::Success();
   // Within the 48 KiB every device gives a CTA: the limits of moe_dispatch_plan.h.
   const auto smem = static_cast<size_t>(PlanSmem(s.experts, s.parts, s.tokens * s.choices));

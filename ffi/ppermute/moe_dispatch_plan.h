@@ -102,7 +102,7 @@ struct MoePlanShape {
 // rank >= 2 with k >= 1, T * k, E and n within the limits above,
 // E a multiple of n, and send (..., n, E + n + 1) with ids' leading dims.
 ffi::Error DecodeMoeDispatchCounts(const ffi::AnyBuffer& ids, const ffi::AnyBuffer& send,
-                                int64_t experts, int64_t parts, MoePlanShape* shape);
+                                   int64_t experts, int64_t parts, MoePlanShape* shape);
 
 // The results of "jax_tma_moe_dispatch_plan", in their order.
 struct MoePlanResults {
@@ -117,13 +117,13 @@ struct MoePlanResults {
 // The shape of "jax_tma_moe_dispatch_plan", checked as above, and the table and every
 // result shaped as the header says; capacity -1 or >= 0.
 ffi::Error DecodeMoeDispatchPlan(const ffi::AnyBuffer& ids, const ffi::AnyBuffer& table,
-                          ffi::Result<ffi::AnyBuffer>& group,
-                          ffi::Result<ffi::AnyBuffer>& dropped,
-                          ffi::Result<ffi::AnyBuffer>& routes,
-                          ffi::Result<ffi::AnyBuffer>& pair_token,
-                          ffi::Result<ffi::AnyBuffer>& choice_row,
-                          ffi::Result<ffi::AnyBuffer>& sent, int64_t experts, int64_t parts,
-                          int64_t capacity, MoePlanShape* shape, MoePlanResults* results);
+                                 ffi::Result<ffi::AnyBuffer>& group,
+                                 ffi::Result<ffi::AnyBuffer>& dropped,
+                                 ffi::Result<ffi::AnyBuffer>& routes,
+                                 ffi::Result<ffi::AnyBuffer>& pair_token,
+                                 ffi::Result<ffi::AnyBuffer>& choice_row,
+                                 ffi::Result<ffi::AnyBuffer>& sent, int64_t experts, int64_t parts,
+                                 int64_t capacity, MoePlanShape* shape, MoePlanResults* results);
 
 }  // namespace jax_tma
 
