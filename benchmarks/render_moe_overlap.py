@@ -1,5 +1,5 @@
 """How the overlap benchmark's results read (bench_moe_overlap.py writes
-them, on two GPUs): the `moe_overlap` section of docs/ops/moe.md, which
+them, on every GPU there is): the `moe_overlap` section of docs/ops/moe.md, which
 report.py collects from RENDERERS and WRITTEN_BY."""
 
 from __future__ import annotations
@@ -72,6 +72,6 @@ def render_moe_overlap(r: dict[str, Any]) -> str:
 
 RENDERERS = {"moe_overlap": render_moe_overlap}
 WRITTEN_BY = {
-    "moe_overlap": "`python benchmarks/run.py moe_overlap --out-dir benchmarks/results` (two "
-                   "GPUs; not in `all`)",
+    "moe_overlap": "`python benchmarks/run.py moe_overlap --out-dir benchmarks/results` (every "
+                   "GPU there is, one at least; not in `all`)",
 }
