@@ -281,6 +281,8 @@ def render_targets(results: dict[str, tuple[str, dict[str, Any]]], suffix: str =
 RENDERERS = {"all_to_all": render_all_to_all, "all_to_all_processes": render_all_to_all}
 DERIVED = {"all_to_all-targets": render_targets,
            "all_to_all-targets@2x-h200": functools.partial(render_targets, suffix="@2x-h200",
+                                                          small_why=_inbox),
+           "all_to_all-targets@4x-h200": functools.partial(render_targets, suffix="@4x-h200",
                                                           small_why=_inbox)}
 HEADLINES = (Headline(8, "all_to_all", "each device's chunk `j` to device `j`, GPU to GPU",
                       "all_to_all", _headline,

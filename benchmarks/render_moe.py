@@ -6,6 +6,8 @@ RENDERERS, DERIVED, HEADLINES and WRITTEN_BY."""
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any
 
 from tables import (WALL_MIN_US, Headline, clock_names, clocks_text, loop_busy_text, num_text,
@@ -153,14 +155,16 @@ def _met(values: list[float | None], at_least: float) -> str:
     return "✓" if known and len(known) == len(values) and min(known) >= at_least else "✗"
 
 
-def render_targets(results: dict[str, tuple[str, dict[str, Any]]]) -> str | None:
+def render_targets(results: dict[str, tuple[str, dict[str, Any]]],
+                   suffix: str = "") -> str | None:
     """moe's page's account of issue 43's targets, every number from the
-    results (one process; one process per GPU beside where there is one);
-    None without the one-process result."""
-    if "moe" not in results:
+    results of GPUs `suffix` (report.py's keys: "" or "@4x-h200"; one
+    process, and one process per GPU beside where there is one); None
+    without the one-process result."""
+    if f"moe{suffix}" not in results:
         return None
-    one = results["moe"][1]
-    procs = results["moe_processes"][1] if "moe_processes" in results else None
+    one = results[f"moe{suffix}"][1]
+    procs = results.get(f"moe_processes{suffix}", (None, None))[1]
     prov = one.get("provenance") or {}
     def where(mode: str, r: dict[str, Any]) -> str:
         commit = str((r.get("provenance") or {}).get("commit", "?"))[:7]
@@ -219,7 +223,8 @@ def _headline(r: dict[str, Any]) -> str:
 
 
 RENDERERS = {"moe": render_moe, "moe_processes": render_moe}
-DERIVED = {"moe-targets": render_targets}
+DERIVED = {"moe-targets": render_targets,
+           "moe-targets@4x-h200": functools.partial(render_targets, suffix="@4x-h200")}
 HEADLINES = (Headline(9, "moe_dispatch", "tokens to their experts' devices, grouped by "
                       "expert, and home as weighted sums (`moe_combine`)", "moe", _headline,
                       page="moe", no_result="no result at this commit (it needs two GPUs)"),)
