@@ -18,15 +18,19 @@ The cases, one program a step each:
                       the main one);
   stream_sms<m>       as stream, the dispatch with num_sms=m for each m of
                       BUDGETS: its copies hold at most m SMs, the GEMM the
-                      rest.
+                      rest;
+  stream_no_graphs    as stream, compiled with XLA's command buffers off
+                      (NO_GRAPHS): a command buffer is one CUDA graph
+                      launched on one stream, whose kernels a trace puts on
+                      that stream.
 Every case's output is checked bit for bit against serial's (the GEMM's
 products and sums are of small integers, exact in float32 in any order;
 the dispatch's received rows). Then REPETITIONS timed runs
 (harness.Session.time: the cases take turns within each). What a case hid
 is span(gemm) + span(dispatch) − its span: 0 where the two ran one after
 the other, the shorter one's span where it ran entirely beside the other.
-Last, a trace of serial and of stream gives each one's GPU busy time by
-stream: which streams XLA ran them on.
+Last, a trace of serial, stream and stream_no_graphs gives each one's GPU
+busy time by stream: which streams XLA ran them on.
 """
 
 from __future__ import annotations
@@ -63,7 +67,11 @@ SMOKE_BUDGETS = (MIN_DEVICES,)
 GEMM_STREAM = "gpu_stream:1"
 REPETITIONS = 3  # timed runs (--quick: one), of bench_moe's ROUNDS turns
 WALL_CALLS = 10  # calls per wall-clock sample (each holds its dropless recv)
-STREAM_CALLS = 3  # traced calls of serial and stream for their busy time by stream
+STREAM_CALLS = 3  # traced calls of the STREAM_CASES for their busy time by stream
+STREAM_CASES = ("serial", "stream", "stream_no_graphs")
+# XLA's compile options of stream_no_graphs: no run of commands is long
+# enough to become a command buffer.
+NO_GRAPHS = {"xla_gpu_graph_min_graph_size": 1_000_000}
 
 
 def gemm(a: jax.Array, w: jax.Array) -> jax.Array:
@@ -72,7 +80,21 @@ def gemm(a: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def case_names(budgets: tuple[int, ...]) -> tuple[str, ...]:
-    return ("gemm", "dispatch", "serial", "stream") + tuple(f"stream_sms{m}" for m in budgets)
+    return (("gemm", "dispatch", "serial", "stream") + tuple(f"stream_sms{m}" for m in budgets)
+            + ("stream_no_graphs",))
+
+
+def _compiled_with(fn: Any, options: dict[str, Any]) -> Callable[..., Any]:
+    """`fn` (jitted) compiled with XLA's compile `options` at its first
+    call's arguments, then that executable for every call."""
+    executable: list[Any] = []
+
+    def call(*args: Any) -> Any:
+        if not executable:
+            executable.append(fn.lower(*args).compile(compiler_options=options))
+        return executable[0](*args)
+
+    return call
 
 
 def programs(mesh: Mesh, shape: Shape, budgets: tuple[int, ...]
@@ -98,8 +120,9 @@ def programs(mesh: Mesh, shape: Shape, budgets: tuple[int, ...]
         bodies[f"stream_sms{m}"] = lambda x, ids, a, w, m=m: (dispatch(x, ids, m),
                                                                on_stream(a, w))
     specs = (P("i"), P("i"), P("i"), P())
-    return {name: jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P("i")))
-            for name, body in bodies.items()}
+    jitted = {name: jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P("i")))
+              for name, body in bodies.items()}
+    return {**jitted, "stream_no_graphs": _compiled_with(jitted["stream"], NO_GRAPHS)}
 
 
 def _matrix(mesh: Mesh, shape: Shape) -> jax.Array:
@@ -162,7 +185,7 @@ def measure(s: Session, mesh: Mesh, shape: Shape, budgets: tuple[int, ...],
         lowered = cases["stream"].lower(*turns[0]).compile().as_text()
         annotated = f'_xla_stream_annotation="{GEMM_STREAM.split(":")[1]}"' in lowered
     streams = {name: s.streams(functools.partial(cases[name], *turns[0]), STREAM_CALLS)
-               for name in ("serial", "stream") if name in timed}
+               for name in STREAM_CASES if name in timed}
     return {"shape": shape.name, "what": shape.what, "tokens": shape.tokens,
             "hidden": shape.hidden, "k": shape.k, "experts": shape.experts, "n": n,
             "gemm": f"({shape.tokens}, {shape.hidden}) @ ({shape.hidden}, {shape.hidden}) "

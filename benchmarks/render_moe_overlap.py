@@ -17,6 +17,8 @@ _LABELS = {
     "dispatch": "`moe_dispatch` alone",
     "serial": "both, one program, as a user writes it",
     "stream": "both, the GEMM under `compute_on(\"gpu_stream:1\")`",
+    "stream_no_graphs": "both, the GEMM under `compute_on(\"gpu_stream:1\")`, XLA's command "
+                        "buffers off",
 }
 
 

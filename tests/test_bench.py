@@ -666,16 +666,19 @@ def test_moe_overlap_checks_and_times_every_case_and_renders_what_each_hid():
     r = bench_moe_overlap.bench_moe_overlap(s, quick=True)
     (row,) = r["rows"]
     cases = bench_moe_overlap.case_names(bench_moe_overlap.SMOKE_BUDGETS)
-    assert r["cases"] == list(cases) == ["gemm", "dispatch", "serial", "stream", "stream_sms2"]
+    assert r["cases"] == list(cases) == ["gemm", "dispatch", "serial", "stream", "stream_sms2",
+                                         "stream_no_graphs"]
     assert set(s.checked) == set(cases) and not s.differs
     assert set(row["times"]) == set(cases) and set(row["hid"]) == set(cases[2:])
     t = row["times"]
     for case in cases[2:]:
         assert row["hid"][case]["span"]["us"] == pytest.approx(
             t["gemm"]["span_us"] + t["dispatch"]["span_us"] - t[case]["span_us"])
-    assert row["gemm_on_its_stream"] and row["streams"] == {"serial": {}, "stream": {}}
+    assert row["gemm_on_its_stream"]
+    assert row["streams"] == {"serial": {}, "stream": {}, "stream_no_graphs": {}}
     text = render_moe_overlap.render_moe_overlap(r)
     assert "| as above, `num_sms=2` |" in text and "keeps its stream annotation" in text
+    assert "| both, the GEMM under `compute_on(\"gpu_stream:1\")`, XLA's command buffers off |" in text
     assert len(re.findall(r"^\| ", text, re.M)) == 1 + len(cases)  # the header, a row a case
 
 
@@ -697,7 +700,8 @@ def test_moe_overlap_records_the_cases_that_raise_and_times_the_others(monkeypat
     monkeypatch.setattr(bench_moe_overlap, "compute_on", refused)
     s = harness.Session(smoke=True, refs=None)
     (row,) = bench_moe_overlap.bench_moe_overlap(s, quick=True)["rows"]
-    assert row["failed"] == {c: "RuntimeError: no stream here" for c in ("stream", "stream_sms2")}
+    assert row["failed"] == {c: "RuntimeError: no stream here"
+                             for c in ("stream", "stream_sms2", "stream_no_graphs")}
     assert set(row["times"]) == set(s.checked) == {"gemm", "dispatch", "serial"}
     assert row["gemm_on_its_stream"] is None and set(row["streams"]) == {"serial"}
     r = {"n": 2, "devices": ["cpu"] * 2, "dtype": "bfloat16", "repetitions": 1,
