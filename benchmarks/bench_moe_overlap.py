@@ -22,15 +22,19 @@ The cases, one program a step each:
   stream_no_graphs    as stream, compiled with XLA's command buffers off
                       (NO_GRAPHS): a command buffer is one CUDA graph
                       launched on one stream, whose kernels a trace puts on
-                      that stream.
+                      that stream;
+  stream_no_graphs_lhs
+                      as stream_no_graphs, with XLA's latency-hiding
+                      scheduler (LHS), which may move the GEMM's async done
+                      past the dispatch.
 Every case's output is checked bit for bit against serial's (the GEMM's
 products and sums are of small integers, exact in float32 in any order;
 the dispatch's received rows). Then REPETITIONS timed runs
 (harness.Session.time: the cases take turns within each). What a case hid
 is span(gemm) + span(dispatch) − its span: 0 where the two ran one after
 the other, the shorter one's span where it ran entirely beside the other.
-Last, a trace of serial, stream and stream_no_graphs gives each one's GPU
-busy time by stream: which streams XLA ran them on.
+Last, a trace of the STREAM_CASES gives each one's GPU busy time by stream:
+which streams XLA ran them on.
 """
 
 from __future__ import annotations
@@ -68,10 +72,12 @@ GEMM_STREAM = "gpu_stream:1"
 REPETITIONS = 3  # timed runs (--quick: one), of bench_moe's ROUNDS turns
 WALL_CALLS = 10  # calls per wall-clock sample (each holds its dropless recv)
 STREAM_CALLS = 3  # traced calls of the STREAM_CASES for their busy time by stream
-STREAM_CASES = ("serial", "stream", "stream_no_graphs")
+STREAM_CASES = ("serial", "stream", "stream_no_graphs", "stream_no_graphs_lhs")
 # XLA's compile options of stream_no_graphs: no run of commands is long
-# enough to become a command buffer.
+# enough to become a command buffer; of stream_no_graphs_lhs, also the
+# latency-hiding scheduler.
 NO_GRAPHS = {"xla_gpu_graph_min_graph_size": 1_000_000}
+LHS = {**NO_GRAPHS, "xla_gpu_enable_latency_hiding_scheduler": True}
 
 
 def gemm(a: jax.Array, w: jax.Array) -> jax.Array:
@@ -81,7 +87,7 @@ def gemm(a: jax.Array, w: jax.Array) -> jax.Array:
 
 def case_names(budgets: tuple[int, ...]) -> tuple[str, ...]:
     return (("gemm", "dispatch", "serial", "stream") + tuple(f"stream_sms{m}" for m in budgets)
-            + ("stream_no_graphs",))
+            + ("stream_no_graphs", "stream_no_graphs_lhs"))
 
 
 def _compiled_with(fn: Any, options: dict[str, Any]) -> Callable[..., Any]:
@@ -122,7 +128,8 @@ def programs(mesh: Mesh, shape: Shape, budgets: tuple[int, ...]
     specs = (P("i"), P("i"), P("i"), P())
     jitted = {name: jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P("i")))
               for name, body in bodies.items()}
-    return {**jitted, "stream_no_graphs": _compiled_with(jitted["stream"], NO_GRAPHS)}
+    return {**jitted, "stream_no_graphs": _compiled_with(jitted["stream"], NO_GRAPHS),
+            "stream_no_graphs_lhs": _compiled_with(jitted["stream"], LHS)}
 
 
 def _matrix(mesh: Mesh, shape: Shape) -> jax.Array:

@@ -19,6 +19,7 @@ _LABELS = {
     "stream": "both, the GEMM under `compute_on(\"gpu_stream:1\")`",
     "stream_no_graphs": "both, the GEMM under `compute_on(\"gpu_stream:1\")`, XLA's command "
                         "buffers off",
+    "stream_no_graphs_lhs": "as above, with XLA's latency-hiding scheduler",
 }
 
 

@@ -667,7 +667,7 @@ def test_moe_overlap_checks_and_times_every_case_and_renders_what_each_hid():
     (row,) = r["rows"]
     cases = bench_moe_overlap.case_names(bench_moe_overlap.SMOKE_BUDGETS)
     assert r["cases"] == list(cases) == ["gemm", "dispatch", "serial", "stream", "stream_sms2",
-                                         "stream_no_graphs"]
+                                         "stream_no_graphs", "stream_no_graphs_lhs"]
     assert set(s.checked) == set(cases) and not s.differs
     assert set(row["times"]) == set(cases) and set(row["hid"]) == set(cases[2:])
     t = row["times"]
@@ -675,10 +675,12 @@ def test_moe_overlap_checks_and_times_every_case_and_renders_what_each_hid():
         assert row["hid"][case]["span"]["us"] == pytest.approx(
             t["gemm"]["span_us"] + t["dispatch"]["span_us"] - t[case]["span_us"])
     assert row["gemm_on_its_stream"]
-    assert row["streams"] == {"serial": {}, "stream": {}, "stream_no_graphs": {}}
+    assert row["streams"] == {c: {} for c in ("serial", "stream", "stream_no_graphs",
+                                              "stream_no_graphs_lhs")}
     text = render_moe_overlap.render_moe_overlap(r)
     assert "| as above, `num_sms=2` |" in text and "keeps its stream annotation" in text
     assert "| both, the GEMM under `compute_on(\"gpu_stream:1\")`, XLA's command buffers off |" in text
+    assert "| as above, with XLA's latency-hiding scheduler |" in text
     assert len(re.findall(r"^\| ", text, re.M)) == 1 + len(cases)  # the header, a row a case
 
 
@@ -701,7 +703,8 @@ def test_moe_overlap_records_the_cases_that_raise_and_times_the_others(monkeypat
     s = harness.Session(smoke=True, refs=None)
     (row,) = bench_moe_overlap.bench_moe_overlap(s, quick=True)["rows"]
     assert row["failed"] == {c: "RuntimeError: no stream here"
-                             for c in ("stream", "stream_sms2", "stream_no_graphs")}
+                             for c in ("stream", "stream_sms2", "stream_no_graphs",
+                                       "stream_no_graphs_lhs")}
     assert set(row["times"]) == set(s.checked) == {"gemm", "dispatch", "serial"}
     assert row["gemm_on_its_stream"] is None and set(row["streams"]) == {"serial"}
     r = {"n": 2, "devices": ["cpu"] * 2, "dtype": "bfloat16", "repetitions": 1,
