@@ -128,6 +128,11 @@ SPARSE = ("lax_dispatch", "lax_combine", "lax_pair")
 PAIRS = (("dispatch", "lax_dispatch"), ("combine", "lax_combine"), ("pair", "lax_pair"),
          ("dispatch", "dense_dispatch"), ("combine", "dense_combine"), ("pair", "dense_pair"),
          ("dispatch", "a2a"))
+# At a loop shape, in one process: one call of each of these, activity by
+# activity on every GPU (Session.timeline; the median span of TIMELINE_CALLS
+# traced calls), to show where a single call's span goes.
+TIMELINE_CASES = ("dispatch", "a2a")
+TIMELINE_CALLS = 5
 # The process mode: each worker's share of its GPU, how long the workers may
 # take, the pause after each traced call (processes.WorkerSession).
 MEM_FRACTION = 0.75
@@ -575,13 +580,20 @@ def measure(s: Session, mesh: Mesh, shape: Shape, repetitions: int) -> dict[str,
             for name, v in sparse_run["cases"].items()))
     loops, loop_busy = (_loops(s, mesh, shape, c["capacity"], ids, inputs[0], timed)
                         if shape.loop else ({}, {}))
+    timelines = {}
+    if shape.loop:
+        for name in TIMELINE_CASES:
+            t = s.timeline(functools.partial(fast[name], inputs[0]),
+                           TIMELINE_CALLS) if name in fast else None
+            if t is not None:
+                timelines[name] = t
     deepep, link = nbytes(shape, n, c)
     return {"shape": shape.name, "what": shape.what, "tokens": shape.tokens,
             "hidden": shape.hidden, "k": shape.k, "experts": shape.experts, "n": n,
             **c, "capacity_factor": c["capacity"] / (shape.tokens * shape.k / shape.experts),
             "wall_calls": wall_calls, "deepep_bytes": deepep, "link_bytes": link,
             "failed": failed, "runs": runs, "sparse_run": sparse_run, "loop_us": loops,
-            "loop_busy_us": loop_busy}
+            "loop_busy_us": loop_busy, "timeline": timelines}
 
 
 def timed_runs(s: Session, label: str, cases: dict[str, Callable[..., Any]],

@@ -29,7 +29,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +40,8 @@ WALL_CALLS = 20
 WALL_SAMPLES = 5
 # The host annotation around each traced call.
 CALL_ANNOTATION = "jax_tma_bench_call"
+# A traced activity: a tuple whose first item is its start in ns.
+_E = TypeVar("_E", bound=tuple)
 
 
 def _profile(trace_dir: str) -> Any:
@@ -52,19 +54,34 @@ def _profile(trace_dir: str) -> Any:
     return ProfileData.from_file(paths[0])
 
 
-def _stream_events(trace_dir: str) -> dict[tuple[str, str], list[tuple[int, int]]]:
-    """(start_ns, end_ns) of every GPU activity in the trace, by (GPU, stream)."""
-    events: dict[tuple[str, str], list[tuple[int, int]]] = {}
+class _Activity(NamedTuple):
+    start_ns: int
+    end_ns: int
+    gpu: str  # the trace's plane, "/device:GPU:0"
+    stream: str
+    name: str
+
+
+def _activities(trace_dir: str) -> list[_Activity]:
+    """Every GPU activity in the trace (kernels, copies, memsets), time-sorted."""
+    out = []
     for plane in _profile(trace_dir).planes:
         if not plane.name.startswith("/device:GPU"):
             continue
         for line in plane.lines:
             # "Stream #N(...)" lines hold the activities themselves; other
             # lines (XLA Ops, XLA Modules, ...) are annotations over them.
-            if not line.name.startswith("Stream"):
-                continue
-            events.setdefault((plane.name, line.name), []).extend(
-                (int(e.start_ns), int(e.start_ns + e.duration_ns)) for e in line.events)
+            if line.name.startswith("Stream"):
+                out.extend(_Activity(int(e.start_ns), int(e.start_ns + e.duration_ns),
+                                     plane.name, line.name, e.name) for e in line.events)
+    return sorted(out)
+
+
+def _stream_events(trace_dir: str) -> dict[tuple[str, str], list[tuple[int, int]]]:
+    """(start_ns, end_ns) of every GPU activity in the trace, by (GPU, stream)."""
+    events: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for a in _activities(trace_dir):
+        events.setdefault((a.gpu, a.stream), []).append((a.start_ns, a.end_ns))
     return events
 
 
@@ -113,14 +130,14 @@ def _split_runs(events: list[tuple[int, int]], runs: int) -> list[tuple[float, f
     return [_span_busy(events[lo:hi]) for lo, hi in zip([0] + cuts, cuts + [len(events)])]
 
 
-def _split_calls(events: list[tuple[int, int]],
-                 windows: list[tuple[int, int]]) -> list[tuple[float, float]]:
-    """Each call's (span, busy) from the time-sorted activities that start
-    inside its host window (windows time-sorted, apart); activities outside
-    every window (an untimed `before`) are left out. A call's own idle gaps
-    cannot move its activities into another call, whatever their length."""
+def _by_call(events: Sequence[_E], windows: list[tuple[int, int]]) -> list[list[_E]]:
+    """The time-sorted activities (each starting with its start ns) that
+    start inside each host window (windows time-sorted, apart), a list a
+    window; activities outside every window (an untimed `before`) are left
+    out. A call's own idle gaps cannot move its activities into another
+    call, whatever their length."""
     starts = [s for s, _ in windows]
-    groups: list[list[tuple[int, int]]] = [[] for _ in windows]
+    groups: list[list[_E]] = [[] for _ in windows]
     for event in events:
         i = bisect.bisect_right(starts, event[0]) - 1
         if i >= 0 and event[0] <= windows[i][1]:
@@ -129,7 +146,14 @@ def _split_calls(events: list[tuple[int, int]],
     if empty:
         raise RuntimeError(f"{len(empty)} of {len(windows)} traced calls have no GPU activity "
                            f"inside their window (the first: call {empty[0]})")
-    return [_span_busy(g) for g in groups]
+    return groups
+
+
+def _split_calls(events: list[tuple[int, int]],
+                 windows: list[tuple[int, int]]) -> list[tuple[float, float]]:
+    """Each call's (span, busy) from the time-sorted activities inside its
+    host window (_by_call)."""
+    return [_span_busy(g) for g in _by_call(events, windows)]
 
 
 def _wall_clock(cases: dict[str, Callable[[], Any]], calls: int,
@@ -301,6 +325,31 @@ class Session:
             by_stream = _stream_events(d)
         return {f"{plane.removeprefix('/device:')} {line}": _busy_ns(sorted(e)) / 1e3 / calls
                 for (plane, line), e in sorted(by_stream.items())}
+
+    def timeline(self, fn: Callable[[], Any], calls: int) -> dict[str, Any] | None:
+        """One call of `fn`, activity by activity: of `calls` traced calls,
+        each in its host window, the one of median span; its span, when the
+        host window opened, and each GPU activity's GPU, stream, name, start
+        and end, in µs from the call's first activity (time-sorted). None on
+        the CPU."""
+        jax.block_until_ready(fn())
+        if self.smoke:
+            return None
+        with tempfile.TemporaryDirectory() as d:
+            jax.profiler.start_trace(d)
+            for _ in range(calls):
+                with jax.profiler.TraceAnnotation(CALL_ANNOTATION):
+                    jax.block_until_ready(fn())
+            jax.profiler.stop_trace()
+            activities, windows = _activities(d), _call_windows(d)
+        groups = _by_call(activities, windows)
+        spans = [max(a.end_ns for a in g) - g[0].start_ns for g in groups]
+        i = sorted(range(len(groups)), key=spans.__getitem__)[len(groups) // 2]
+        t0 = groups[i][0].start_ns
+        return {"span_us": spans[i] / 1e3, "host_window_us": (windows[i][0] - t0) / 1e3,
+                "activities": [{"gpu": a.gpu.removeprefix("/device:"), "stream": a.stream,
+                                "name": a.name, "start_us": (a.start_ns - t0) / 1e3,
+                                "end_us": (a.end_ns - t0) / 1e3} for a in groups[i]]}
 
     def check(self, name: str, got: Any, want: Any, *, comparator: bool = False) -> None:
         """Checks a case's output against the reference formulation, bit for

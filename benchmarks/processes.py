@@ -53,6 +53,12 @@ class WorkerSession(Session):
     untraced: str | None = None
     call_gap_s = 0.02
 
+    def timeline(self, fn: Callable[[], Any], calls: int) -> None:
+        """None, with no call made (every worker alike, so the processes stay
+        in step): a process traces its own GPU alone, so one process's trace
+        cannot show how the GPUs' activities line up."""
+        return None
+
     def _trace(self, cases, plan, before) -> list[tuple[float, float]]:
         with tempfile.TemporaryDirectory() as d:
             try:

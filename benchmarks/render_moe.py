@@ -84,6 +84,35 @@ def _cases(r: dict[str, Any], row: dict[str, Any]) -> list[str]:
     return [c for c in r["cases"] if c in row["times"] or c in row["failed"]]
 
 
+def _short(name: str) -> str:
+    """An activity's name without its return type, namespaces, template
+    arguments and parameters: `void ns::Kernel<8>(Params)` -> `Kernel`."""
+    name = name.removeprefix("void ").split("(")[0]
+    depth, out = 0, []
+    for ch in name:
+        depth += ch == "<"
+        if depth == 0:
+            out.append(ch)
+        depth -= ch == ">"
+    return "".join(out).rsplit("::", 1)[-1]
+
+
+def _timeline_lines(row: dict[str, Any]) -> list[str]:
+    """One call of each case that has a timeline, activity by activity a GPU:
+    name start–end, in µs from the call's first GPU activity."""
+    lines = []
+    for case, t in (row.get("timeline") or {}).items():
+        by_gpu: dict[str, list[str]] = {}
+        for a in t["activities"]:
+            by_gpu.setdefault(a["gpu"], []).append(
+                f"{_short(a['name'])} {a['start_us']:.1f}–{a['end_us']:.1f}")
+        lines += ["", f"One call of {LABELS[case]}, of median span ({t['span_us']:.1f} µs) of "
+                      f"its traced calls, activity by activity (µs from the call's first GPU "
+                      f"activity; the host's call began at {t['host_window_us']:.1f}):", ""]
+        lines += [f"- {gpu}: " + ", ".join(items) for gpu, items in sorted(by_gpu.items())]
+    return lines
+
+
 def render_moe(r: dict[str, Any]) -> str:
     devices = ", ".join(dict.fromkeys(r["devices"]))
     lines = [
@@ -111,6 +140,7 @@ def render_moe(r: dict[str, Any]) -> str:
             lines.append(f"| {LABELS[c]} | {clocks_text(row['times'][c])} | "
                          f"{num_text(row['deepep_gbps'][c]['span'])} | "
                          f"{_mb(row['link_bytes'][c])} | {num_text(row['link_gbps'][c]['span'])} |")
+        lines += _timeline_lines(row)
     ratios = [(k, h) for k, h in RATIOS if any(k in row["ratios"] for row in r["rows"])]
     if ratios:
         lines += ["", f"Ratios, {clock_names(r)}: *A vs B* is B's time ÷ A's (above 1, A "

@@ -78,6 +78,30 @@ def test_split_calls_needs_an_activity_in_every_window():
         harness._split_calls([(5, 6)], [(0, 10), (20, 30)])
 
 
+def test_timeline_is_the_call_of_median_span_activity_by_activity(monkeypatch):
+    # Three traced calls of spans 30, 10 and 20 ns: the last is the median.
+    # Its activities, GPU by GPU, in µs from its first one; the host window's
+    # start on the same clock; an activity between windows is left out.
+    A = harness._Activity
+    acts = [A(10, 40, "/device:GPU:0", "Stream #1", "void ns::K<2>(int)"),
+            A(100, 110, "/device:GPU:0", "Stream #1", "K"), A(150, 160, "/device:GPU:0", "S", "x"),
+            A(205, 215, "/device:GPU:1", "Stream #2", "fusion"),
+            A(210, 225, "/device:GPU:0", "Stream #1", "K")]
+    monkeypatch.setattr(harness, "_activities", lambda d: acts)
+    monkeypatch.setattr(harness, "_call_windows", lambda d: [(0, 50), (90, 120), (200, 230)])
+    monkeypatch.setattr(jax.profiler, "start_trace", lambda d: None)
+    monkeypatch.setattr(jax.profiler, "stop_trace", lambda: None)
+    calls = []
+    t = harness.Session(smoke=False, refs=None).timeline(lambda: calls.append(1), 3)
+    assert len(calls) == 4  # one untraced, then the three traced
+    assert t["span_us"] == pytest.approx(0.020) and t["host_window_us"] == pytest.approx(-0.005)
+    assert [(a["gpu"], a["name"]) for a in t["activities"]] == [("GPU:1", "fusion"),
+                                                                ("GPU:0", "K")]
+    assert [x for a in t["activities"] for x in (a["start_us"], a["end_us"])] == pytest.approx(
+        [0.0, 0.010, 0.005, 0.020])
+    assert harness.Session(smoke=True, refs=None).timeline(lambda: None, 3) is None
+
+
 def test_call_windows_are_the_host_annotations(tmp_path):
     f = jax.jit(lambda x: x + 1)
     x = jnp.arange(8)
@@ -650,6 +674,25 @@ def test_smoke_run_of_the_ep_group(tmp_path):
     assert "| target | mode | measured (busy / span) | met |" in text
     assert "| dispatch ≥ 300 GB/s per GPU at DeepEP's shape" in text
     assert "one process per GPU, 2 × cpu (" in text and "old" not in text
+
+
+def test_moe_renders_a_timeline_a_gpu_with_short_names():
+    import render_moe
+
+    assert render_moe._short("void jax_tma::PeerInboxExchangeKernel<8, (bool)1>(Params)") \
+        == "PeerInboxExchangeKernel"
+    assert render_moe._short("loop_fusion_3") == "loop_fusion_3"
+    acts = [{"gpu": "GPU:1", "stream": "s", "name": "f", "start_us": 1.0, "end_us": 3.0},
+            {"gpu": "GPU:0", "stream": "s", "name": "void a::K<1>(int)", "start_us": 0.0,
+             "end_us": 2.5}, {"gpu": "GPU:0", "stream": "s", "name": "g", "start_us": 4.0,
+                              "end_us": 5.25}]
+    lines = render_moe._timeline_lines(
+        {"timeline": {"dispatch": {"span_us": 5.25, "host_window_us": -12.3,
+                                   "activities": acts}}})
+    assert lines[1].startswith("One call of `moe_dispatch`, of median span (5.2 µs)")
+    assert "the host's call began at -12.3" in lines[1]
+    assert lines[3:] == ["- GPU:0: K 0.0–2.5, g 4.0–5.2", "- GPU:1: f 1.0–3.0"]
+    assert render_moe._timeline_lines({"timeline": {}}) == []
 
 
 @_two_devices
