@@ -357,9 +357,13 @@ for stage in "${stages[@]}"; do
     record $rc "multi-GPU tests: $(tail -1 "$OUT/multi_tests.log")"
     while read -r line; do summary+=("not run: $line"); done \
       < <(grep -E '^SKIPPED' "$OUT/multi_tests.log")
-    # On two GPUs: under memcheck on 4 x H200 (2026-11-28), in every
-    # memcheck-marked all_to_all test, a kernel waiting for a peer's buffer
-    # timed out (30 s) and trapped; the same tests pass without the sanitizer.
+    # On two GPUs: under memcheck (2026-11-28) and racecheck (2026-11-29)
+    # on 4 x H200, the first memcheck-marked all_to_all test's waiting kernel
+    # timed out (30 s) and trapped; the same tests pass without the tools.
+    # Under the tools the peers' waits get SANITIZER_PEER_TIMEOUT_S (default
+    # 120 s), so that a slow instrumented peer is told from one that never
+    # comes (set CUDA_VISIBLE_DEVICES=0,1,2,3 to run them on four).
+    export JAX_TMA_PPERMUTE_TIMEOUT_S=${SANITIZER_PEER_TIMEOUT_S:-120}
     CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1} PYTHONPATH=${site[source]}:$bench_site \
       JAX_TMA_REQUIRE_MULTI_GPU=1 timeout 300 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
       python3 -P -m pytest tests/test_multi_gpu.py -q -p no:cacheprovider -m memcheck \
@@ -383,6 +387,7 @@ for stage in "${stages[@]}"; do
       cat /tmp/sanitizer.log >> "$OUT/sanitizer.log"
       record $rc "compute-sanitizer $tool (Peer* kernels, command buffers off) on the memcheck-marked multi-GPU tests: $( [ $rc -ge 128 ] && echo "the tool crashed (signal $((rc - 128))); ")$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|passed|failed' /tmp/sanitizer.log | tr '\n' ' ')"
     done
+    unset JAX_TMA_PPERMUTE_TIMEOUT_S
     # shellcheck disable=SC2086
     bench multi ${BENCH_OPS:-multi}
     ;;
