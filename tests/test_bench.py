@@ -676,6 +676,26 @@ def test_smoke_run_of_the_ep_group(tmp_path):
     assert "one process per GPU, 2 × cpu (" in text and "old" not in text
 
 
+def test_all_to_all_targets_say_where_50x_lax_asks_for_more_than_the_link():
+    # The committed 4-GPU results: lax.ragged_all_to_all runs at about 8 GB/s
+    # there, so 50x it asks for more than NVLink carries at every size from
+    # 16 MiB; with lax's ten times slower the sentence goes.
+    import copy
+
+    import render_all_to_all
+
+    results = report.load_results(os.path.join(_BENCHMARKS, "results"))
+    if "all_to_all@4x-h200" not in results or "all_to_all_processes@4x-h200" not in results:
+        pytest.skip("no 4-GPU all_to_all results committed")
+    text = render_all_to_all.render_targets(results, suffix="@4x-h200")
+    assert "a target beyond the link, so the measured ratio is the answer" in text
+    assert f"above the {render_all_to_all.LINK_GBPS} GB/s that NVLink carries" in text
+    slower = copy.deepcopy(results)
+    for row in slower["all_to_all@4x-h200"][1]["rows"]:
+        row["gbps"]["lax_ragged"]["span"] /= 10
+    assert "beyond the link" not in render_all_to_all.render_targets(slower, suffix="@4x-h200")
+
+
 def test_moe_renders_a_timeline_a_gpu_with_short_names():
     import render_moe
 
