@@ -7,7 +7,6 @@ RENDERERS, DERIVED, HEADLINES and WRITTEN_BY."""
 from __future__ import annotations
 
 import functools
-
 from typing import Any
 
 from tables import (WALL_MIN_US, Headline, clock_names, clocks_text, loop_busy_text, num_text,
