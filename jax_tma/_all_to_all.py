@@ -244,7 +244,8 @@ _MAX_GPU_GROUP = 32
 
 
 def lower_exchange(ctx, *args, op: str, target: str, platform: str, axis_name, size: int,
-                   site: str, by_transport, fallback, fallback_name: str):
+                   site: str, by_transport, fallback, fallback_name: str,
+                   multiple_results: bool = False):
     """An exchange's lowering: `by_transport(*args, attrs=...)` (one call of
     FFI target `target`) where ppermute's transport can run every step
     (exchange_plan) and the target has a handler on `platform`, `fallback`
@@ -260,10 +261,10 @@ def lower_exchange(ctx, *args, op: str, target: str, platform: str, axis_name, s
         attrs, why = exchange_plan(ctx, axis_name=axis_name, size=size, platform=platform)
     if attrs is None:
         _log.debug("%s: %s, because %s", where, fallback_name, why)
-        return mlir.lower_fun(fallback, multiple_results=False)(ctx, *args)
+        return mlir.lower_fun(fallback, multiple_results=multiple_results)(ctx, *args)
     _log.debug("%s: %s (%s, %d steps)", where, target, why, size - 1)
     return mlir.lower_fun(functools.partial(by_transport, attrs=dict(attrs, site=site)),
-                          multiple_results=False)(ctx, *args)
+                          multiple_results=multiple_results)(ctx, *args)
 
 
 def _all_to_all_lowering(ctx, x, *, platform, **params):

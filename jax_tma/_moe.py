@@ -1,9 +1,10 @@
 """jax_tma.moe_dispatch and jax_tma.moe_combine: expert parallelism inside
 ``shard_map``, composed in Python on jax_tma's exchanges (``all_to_all`` of
-the counts, ``ragged_all_to_all`` of the slots and of rows home) and the
-dispatch's pull of its rows (ffi/ppermute/moe_dispatch.h), each token read
-once by each device that holds one of its experts; derivatives in both
-modes, whose sums run in float32 in one order on every platform."""
+the counts, ``ragged_all_to_all`` of rows home and of the derivatives'
+rows) and the dispatch's pull of its pairs and their rows
+(ffi/ppermute/moe_dispatch.h), each token read once by each device that
+holds one of its experts; derivatives in both modes, whose sums run in
+float32 in one order on every platform."""
 
 from __future__ import annotations
 
@@ -118,11 +119,11 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
 
     A token crosses to each device once, whatever number of its choices
     that device holds: one ``all_to_all`` of the counts (every device learns
-    every device's count per expert and per destination), then one
-    ``ragged_all_to_all`` of each token's index and the rows of ``recv`` its
-    choices take there; each receiver then reads each of its token rows
-    once from its source and stores it to its slots. The sender knows every
-    count, so it decides the drops itself
+    every device's count per expert and per destination), then one pull:
+    each receiver reads, from each source, the pairs (token, device) that
+    source sends it, each with the rows of ``recv`` its choices take there,
+    and each pair's token row, once, which it stores to those rows. The
+    sender knows every count, so it decides the drops itself
     (``plan.dropped``) and no count comes back. With a ``capacity``, a token
     whose choices on a device are all dropped still crosses to it (and is
     not placed): knowing in advance would take one more exchange.
@@ -736,6 +737,7 @@ _combine_tangent_p = Primitive("jax_tma_moe_combine_tangent")
 # (ffi/ppermute/moe_dispatch.h); no AD of its own (the dispatch's rules hold
 # it), vmap folding the members into one pull.
 _pull_p = Primitive("jax_tma_moe_pull")
+_pull_p.multiple_results = True
 # jax_tma_moe_home_sums: the combine's pair rows, summed as they are sent
 # home (ffi/ppermute/moe_combine.h); no AD of its own (the combine's rules
 # hold it), vmap mapping its composition over the members.
@@ -774,16 +776,12 @@ def _combine_tangent_abstract_eval(dy, dweights, y, weights, after, *_, **__):
 
 
 def _dispatch(x, sent, routes, pair_token, choice_row, dropped, *, rows, **ex):
-    """Each pair's token index and slots (`sent`: a row of k + 1 int32 a
-    pair) to the experts' device (unwritten rows read as -1), then each
-    device pulls its pairs' token rows from their sources, once each, into
-    their slots (_pull_p)."""
-    r = _Routes(routes, pair_token, choice_row, dropped, None, None)
-    got = _to_experts(sent, r, -1, **ex)
-    tokens, slots = got[:, 0], got[:, 1:]
-    source = _sources(slots, rows)
-    recv = _pull_p.bind(_checks.widen(x), tokens, slots, routes[:, 3], rows=rows, **ex)
-    return _checks.narrow(recv, x.dtype), slots, source
+    """Each device pulls, from every source, its pairs (`sent`: a row of
+    k + 1 int32 a pair, the token and its slots) and their token rows, once
+    each, into their slots (_pull_p): the pairs travel in the rows' own
+    meeting."""
+    recv, slots = _pull_p.bind(_checks.widen(x), sent, routes, rows=rows, **ex)
+    return _checks.narrow(recv, x.dtype), slots, _sources(slots, rows)
 
 
 def _plan_counts_abstract_eval(ids, *, experts, parts):
@@ -817,55 +815,83 @@ def _plan_batcher(prim):
     return rule
 
 
-def _pull_abstract_eval(x, tokens, slots, recv_sizes, *, rows, **_):
-    return _aval(x, (rows,) + x.shape[1:])
+def _pull_abstract_eval(x, sent, routes, *, rows, **_):
+    slots = (routes.shape[0] * x.shape[0], sent.shape[1] - 1)
+    return _aval(x, (rows,) + x.shape[1:]), _aval(x, slots, _I32)
 
 
-def _pull_by_transport(x, tokens, slots, recv_sizes, *, rows, ctas, attrs):
+def _pull_by_transport(x, sent, routes, *, rows, ctas, attrs):
     """One jax_tma_moe_dispatch call: result rows that no slot names are
     unspecified."""
-    return jax.ffi.ffi_call("jax_tma_moe_dispatch", jax.ShapeDtypeStruct((rows,) + x.shape[1:],
-                                                                       x.dtype))(
-        x, tokens, slots, recv_sizes, ctas=np.int64(ctas), **attrs)
+    slots = (routes.shape[0] * x.shape[0], sent.shape[1] - 1)
+    return jax.ffi.ffi_call("jax_tma_moe_dispatch",
+                            (jax.ShapeDtypeStruct((rows,) + x.shape[1:], x.dtype),
+                             jax.ShapeDtypeStruct(slots, _I32)))(
+        x, sent, routes, ctas=np.int64(ctas), **attrs)
 
 
-def _pull_composed(x, tokens, slots, recv_sizes, *, rows, axis_name):
-    """The pull on lax.all_to_all: each device's tokens to their sources,
-    the rows they name back, each into its slots (zeros in the other rows).
-    Where the transport cannot run (across hosts)."""
-    n = recv_sizes.shape[0]
-    tokens = tokens.reshape(n, -1)
-    per = tokens.shape[1]
+def _pull_composed(x, sent, routes, *, rows, axis_name):
+    """The pull on lax.all_to_all: each device's pairs to their devices
+    (T rows a destination, (T, -1, ...) past its pairs), then their token
+    rows, each into its slots there (zeros in the other rows). Where the
+    transport cannot run (across hosts)."""
+    n, tokens, k = routes.shape[0], x.shape[0], sent.shape[1] - 1
     exchange = functools.partial(lax.all_to_all, axis_name=axis_name, split_axis=0,
                                  concat_axis=0, tiled=True)
-    asked = jnp.where(jnp.arange(per, dtype=_I32) < recv_sizes[:, None], tokens, -1)
-    back = exchange(_take(x, exchange(asked).reshape(-1)).reshape((n, per) + x.shape[1:]))
-    kept = jnp.where((asked >= 0).reshape(-1, 1), slots, -1)
-    return _take(back.reshape((n * per,) + x.shape[1:]), _sources(kept, rows) // slots.shape[1])
+    i = jnp.arange(tokens, dtype=_I32)
+    mine = i < routes[:, 1, None]  # (n, T): row i of each destination's is a pair
+    at = jnp.where(mine, routes[:, 0, None] + i, 0).reshape(-1)
+    past = jnp.concatenate([jnp.full(1, tokens, _I32), jnp.full(k, -1, _I32)])
+    pairs = jnp.where(mine.reshape(-1, 1), sent[at], past)
+    got = exchange(pairs)
+    rows_of = exchange(_take(x, jnp.where(pairs[:, 0] < tokens, pairs[:, 0], -1)))
+    slots = jnp.where(got[:, :1] < tokens, got[:, 1:], -1)
+    return _take(rows_of, _sources(slots, rows) // k), slots
 
 
 def _pull_batcher(args, dims, *, rows, **ex):
-    """The members folded into one pull: member b's rows of every operand
-    at b * T on, its slots at b * rows on; each source's entries of all
-    members in one run, those past a member's receive size reading row 0
-    into no slot."""
-    x, tokens, slots, recv_sizes = (
-        jnp.moveaxis(a, d, 0) if d is not None else a for a, d in zip(args, dims))
+    """The members folded into one pull: member b's rows of the operand at
+    b * T on, its slots at b * rows on; each source's pairs destination-major,
+    then by member, so that a reader's pairs from a source are one run, in
+    which member b's start after those of the members below it."""
+    x, sent, routes = (jnp.moveaxis(a, d, 0) if d is not None else a
+                       for a, d in zip(args, dims))
     batch = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    x, tokens, slots, recv_sizes = (
-        a if d is not None else jnp.broadcast_to(a, (batch,) + a.shape)
-        for a, d in zip((x, tokens, slots, recv_sizes), dims))
-    n, per, k = recv_sizes.shape[1], x.shape[1], slots.shape[2]
-    b = jnp.arange(batch, dtype=_I32)[:, None, None]
-    valid = jnp.arange(per, dtype=_I32) < recv_sizes[:, :, None]  # (batch, n, per)
-    tokens = jnp.where(valid, tokens.reshape(batch, n, per) + b * per, 0)
-    slots = slots.reshape(batch, n, per, k)
-    slots = jnp.where(valid[..., None] & (slots >= 0), slots + b[..., None] * rows, -1)
-    got = _pull_p.bind(x.reshape((batch * per,) + x.shape[2:]),
-                       jnp.swapaxes(tokens, 0, 1).reshape(-1),
-                       jnp.swapaxes(slots, 0, 1).reshape(-1, k),
-                       jnp.full(n, batch * per, _I32), rows=batch * rows, **ex)
-    return got.reshape((batch, rows) + x.shape[2:]), 0
+    x, sent, routes = (a if d is not None else jnp.broadcast_to(a, (batch,) + a.shape)
+                       for a, d in zip((x, sent, routes), dims))
+    tokens, (pairs, width), n = x.shape[1], sent.shape[1:], routes.shape[1]
+    b = jnp.arange(batch, dtype=_I32)
+    token = sent[..., 0]
+    token = jnp.where(token == tokens, batch * tokens, token + b[:, None] * tokens)
+    slots = jnp.where(sent[..., 1:] >= 0, sent[..., 1:] + b[:, None, None] * rows,
+                      sent[..., 1:])
+    first, count = routes[..., 0], routes[..., 1]  # (batch, n)
+    # Where member b's pairs to device d start in the folded pairs.
+    start = _exclusive(count.T.reshape(-1), 0).reshape(n, batch).T
+    used = jnp.sum(count, 1, dtype=_I32)
+    i = jnp.arange(pairs, dtype=_I32)
+    device = jnp.minimum(jnp.sum(i[None, :, None] >= (first + count)[:, None, :], 2,
+                                 dtype=_I32), n - 1)  # (batch, pairs)
+    in_pairs = i < used[:, None]
+    past = (jnp.sum(used) + b * pairs - _exclusive(used, 0))[:, None] + i - used[:, None]
+    to = jnp.where(in_pairs, jnp.take_along_axis(start, device, 1) + i
+                   - jnp.take_along_axis(first, device, 1), past)
+    folded = jnp.zeros((batch * pairs, width), _I32).at[to.reshape(-1)].set(
+        jnp.concatenate([token[..., None], slots], -1).reshape(-1, width),
+        unique_indices=True, mode="promise_in_bounds")
+    totals = jnp.sum(routes, 0, dtype=_I32)
+    folded_routes = totals.at[:, 0].set(start[0]).at[:, 1].set(jnp.sum(count, 0, dtype=_I32))
+    recv, got = _pull_p.bind(x.reshape((batch * tokens,) + x.shape[2:]), folded,
+                             folded_routes, rows=batch * rows, **ex)
+    # Member b's pairs from s: after those of the members below it.
+    gets = routes[..., 3]  # (batch, n)
+    at = (jnp.arange(n, dtype=_I32)[None, :, None] * (batch * tokens)
+          + _exclusive(gets, 0)[..., None] + jnp.arange(tokens, dtype=_I32))
+    mine = jnp.arange(tokens, dtype=_I32) < gets[..., None]  # (batch, n, T)
+    got = _take(got, jnp.where(mine, at, -1))
+    got = jnp.where(mine[..., None] & (got >= 0), got - b[:, None, None, None] * rows, -1)
+    return ((recv.reshape((batch, rows) + x.shape[2:]), got.reshape(batch, n * tokens, -1)),
+            (0, 0))
 
 
 def _pull_lowering(ctx, *args, platform, rows, axis_name, size, site, ctas):
@@ -874,7 +900,7 @@ def _pull_lowering(ctx, *args, platform, rows, axis_name, size, site, ctas):
         axis_name=axis_name, size=size, site=site,
         by_transport=functools.partial(_pull_by_transport, rows=rows, ctas=ctas),
         fallback=functools.partial(_pull_composed, rows=rows, axis_name=axis_name),
-        fallback_name="lax.all_to_all of the tokens and their rows")
+        fallback_name="lax.all_to_all of the pairs and their rows", multiple_results=True)
 
 
 def _rows(v, *route, toward, **ex):

@@ -284,7 +284,7 @@ def test_a_shard_map_manual_over_some_axes_takes_the_lax_formulations(rng, caplo
     with caplog.at_level(logging.DEBUG, logger="jax_tma"):
         got = f(x, ids, weights)
     _check(got, x, ids, weights, 8, 2, n=4)
-    assert "lax.all_to_all of the tokens and their rows, because the shard_map is manual over" \
+    assert "lax.all_to_all of the pairs and their rows, because the shard_map is manual over" \
         in caplog.text, caplog.text
 
 
@@ -500,7 +500,8 @@ def test_no_buffer_is_filled_for_the_token_exchanges_to_overwrite(rng, hidden):
     text = layer.lower(x, ids, weights).compile().as_text()
     shapes = dict(re.findall(r"^\s*(%[\w.-]+) = (\S+)", text, re.M))
     calls = {t: [[shapes[re.sub(r"/\*.*?\*/", "", o).strip()] for o in args.split(",")]
-                 for args in re.findall(rf"= f32\[\d+,{hidden}\]\S* custom-call\(([^)]*)\).*"
+                 for args in re.findall(rf"= \(?f32\[\d+,{hidden}\]\S*(?: s32\[\S*)? "
+                                        rf"custom-call\(([^)]*)\).*"
                                         rf'custom_call_target="{t}"', text)]
              for t in ("jax_tma_ragged_all_to_all", "jax_tma_moe_combine",
                        "jax_tma_moe_dispatch")}
@@ -583,46 +584,81 @@ def test_num_sms_under_vmap_gives_each_member_the_same_bits(rng):
 
 
 def test_the_debug_log_names_the_exchanges_and_the_call_site(rng, caplog):
+    """A dispatch is two exchanges: the counts' all_to_all, then the pull,
+    which brings each device's pairs with their rows (no ragged exchange
+    of the pairs before it)."""
     ids = _routing(rng, "random", 2, 2, 8)
     x = _normal(rng, (N * 2, 3))
     f = _on_mesh(lambda x, ids: jax_tma.moe_dispatch(x, ids, num_experts=8, axis_name="x")[0])
     with caplog.at_level(logging.DEBUG, logger="jax_tma"):
         f.lower(x, ids).compile()
-    assert f"jax_tma.ragged_all_to_all over ('x',) at {__file__}:" in caplog.text
     assert f"jax_tma.all_to_all over ('x',) at {__file__}:" in caplog.text
     assert f"jax_tma.moe_dispatch over ('x',) at {__file__}:" in caplog.text
+    assert "jax_tma.ragged_all_to_all" not in caplog.text
+
+
+def _random_pairs(rng, n: int, tokens: int, k: int, rows: int):
+    """Each of n devices' pairs in send order as a dispatch's plan makes
+    them: c[s, d] pairs from s to d (0 to T), device-major from row 0, each
+    a random token (or, now and then, T: a pair that carries nothing) and
+    slots that are -1 or rows of d's result no other pair there names;
+    (T, -1, ...) past the pairs. Returns sent (n, n·T, k + 1), routes (n,
+    n, 5) and c."""
+    c = rng.integers(0, tokens + 1, (n, n))
+    c[0, -1], c[-1, 0] = tokens, 0  # a full run and an empty one
+    free = [list(rng.permutation(rows)) for _ in range(n)]
+    sent = np.full((n, n * tokens, k + 1), -1, np.int32)
+    sent[:, :, 0] = tokens
+    first = np.cumsum(c, 1) - c
+    for s in range(n):
+        for d in range(n):
+            for i in range(c[s, d]):
+                row = sent[s, first[s, d] + i]
+                row[0] = tokens if rng.random() < 0.1 else rng.integers(0, tokens)
+                row[1:] = [free[d].pop() if rng.random() < 0.7 else -1 for _ in range(k)]
+    below = np.cumsum(c, 1) - c  # [s, d]: the pairs s sends below d
+    routes = np.stack([np.stack([first[d], c[d], np.full(n, d * tokens), c[:, d], below[:, d]],
+                                1) for d in range(n)]).astype(np.int32)
+    return sent, routes, c
 
 
 def test_the_pull_and_its_lax_formulation_fill_each_slot_with_its_row(rng):
-    """The dispatch's pull of its rows (every device from every position,
-    random tokens, sizes and slots) and the lax.all_to_all formulation it
-    falls back to across hosts: each slot of a row read holds that row; the
-    formulation's other rows are zeros."""
-    per, k, local, width = 5, 3, 6, 4
-    rows = N * per * k
-    x = random_array(rng, (N * local, width), np.float32)
-    sizes = rng.integers(0, per + 1, (N, N)).astype(np.int32)  # [reader, source]
-    tokens = rng.integers(0, local, (N, N * per)).astype(np.int32)
-    slots = np.stack([rng.permutation(rows).reshape(N * per, k) for _ in range(N)])
-    slots = np.where(rng.random(slots.shape) < 0.3, -1, slots).astype(np.int32)
+    """The dispatch's pull (every device from every position: random
+    tokens, counts and slots, a pair now and then that carries nothing) and
+    the lax.all_to_all formulation it falls back to across hosts: each slot
+    of a pair holds its token's row, each device's slots result holds the
+    pairs it got, region by source, -1 past them; the formulation's other
+    rows are zeros."""
+    tokens, k, width = 5, 3, 4
+    rows = N * tokens * k
+    x = random_array(rng, (N * tokens, width), np.float32)
+    sent, routes, c = _random_pairs(rng, N, tokens, k, rows)
 
-    def body(x, tokens, slots, sizes):
-        args = (x, tokens[0], slots[0], sizes[0])
-        return (_pull_p.bind(*args, rows=rows, axis_name=("x",), size=N, site="test", ctas=0)[None],
-                _pull_composed(*args, rows=rows, axis_name=("x",))[None])
+    def body(x, sent, routes):
+        args = (x, sent[0], routes[0])
+        ours = _pull_p.bind(*args, rows=rows, axis_name=("x",), size=N, site="test", ctas=0)
+        composed = _pull_composed(*args, rows=rows, axis_name=("x",))
+        return tuple(a[None] for a in (*ours, *composed))
 
-    ours, composed = (np.asarray(a) for a in _on_mesh(body)(x, tokens, slots, sizes))
+    got = [np.asarray(a) for a in _on_mesh(body)(x, sent, routes)]
+    first = np.cumsum(c, 1) - c
     for d in range(N):
         written = np.zeros(rows, bool)
-        for src in range(N):
-            for i in range(sizes[d, src]):
-                row = x[src * local + tokens[d, src * per + i]]
-                for slot in slots[d, src * per + i]:
+        want = np.full((N * tokens, k), -1, np.int32)
+        for s in range(N):
+            for i in range(c[s, d]):
+                token, *slots = sent[s, first[s, d] + i]
+                if token == tokens:
+                    continue
+                want[s * tokens + i] = slots
+                for slot in slots:
                     if slot >= 0:
                         written[slot] = True
-                        assert_bits_equal(ours[d, slot], row)
-                        assert_bits_equal(composed[d, slot], row)
-        assert not composed[d, ~written].any()
+                        for recv in (got[0], got[2]):
+                            assert_bits_equal(recv[d, slot], x[s * tokens + token])
+        np.testing.assert_array_equal(got[1][d], want)
+        np.testing.assert_array_equal(got[3][d], want)
+        assert not got[2][d, ~written].any()
 
 
 # ---- the fp8 wire ----------------------------------------------------------------

@@ -397,7 +397,7 @@ def _assert_traps(script: str, case: str, tmp_path, op: str, message: str) -> No
 
 # A traced index of the MoE dispatch's pull that breaks a rule traps its
 # meet kernel, before any copy: a process of its own for each case, on up to
-# two GPUs (one: the pull's own rows alone, checked all the same), the bad
+# two GPUs (one: the pull's own pairs alone, checked all the same), the bad
 # entry on the last.
 _BAD_PULL = textwrap.dedent("""
     import sys, time
@@ -407,27 +407,29 @@ _BAD_PULL = textwrap.dedent("""
     case = sys.argv[1]
     gpus = jax.devices("cuda")[:2]
     mesh = Mesh(np.array(gpus), ("x",))
-    n, rows, per = len(gpus), 64, 8
-    tokens = np.tile(np.arange(per, dtype=np.int32), (n, n))  # [device, source * per + i]
-    slots = np.arange(n * per, dtype=np.int32)[None, :, None].repeat(n, 0)
-    sizes = np.full((n, n), per, np.int32)
+    n, tokens, per = len(gpus), 64, 8
+    # Device v sends its rows 0..7 to each device d, into rows v * per on there.
+    i = np.arange(n * per, dtype=np.int32) % per
+    sent = np.stack([np.stack([i, v * per + i], 1) for v in range(n)]).astype(np.int32)
+    routes = np.array([[[s * per, per, 0, per, v * per] for s in range(n)] for v in range(n)],
+                      np.int32)
     if case == "token":
-        tokens[n - 1, 3] = rows  # the entry 3 names a row past its source's 64
+        sent[n - 1, 3, 0] = tokens + 1  # pair 3 names a row past the operand's 64
     elif case == "slot":
-        slots[n - 1, 5, 0] = n * per  # the entry 5 stores past the result's rows
-    elif case == "lowest":  # two bad entries: the lower one is named
-        tokens[n - 1, 6] = rows
-        slots[n - 1, 2, 0] = -2
+        sent[n - 1, 5, 1] = n * per  # pair 5 stores past the result's rows
+    elif case == "lowest":  # two bad pairs: the lower one is named
+        sent[n - 1, 6, 0] = tokens + 1
+        sent[n - 1, 2, 1] = -2
     else:
-        sizes[n - 1, n - 1] = per + 1  # more rows from the last position than it may send
+        routes[n - 1, n - 1, 3] = tokens + 1  # more pairs from the last position than it has
 
-    def f(x, tokens, slots, sizes):
-        return _pull_p.bind(x, tokens[0], slots[0], sizes[0], rows=n * per, axis_name=("x",),
-                            size=n, site="test", ctas=0)
+    def f(x, sent, routes):
+        return _pull_p.bind(x, sent[0], routes[0], rows=n * per, axis_name=("x",), size=n,
+                            site="test", ctas=0)[0]
 
     g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
     try:
-        jax.block_until_ready(g(jnp.ones((n * rows, 4), jnp.float32), tokens, slots, sizes))
+        jax.block_until_ready(g(jnp.ones((n * tokens, 4), jnp.float32), sent, routes))
     except Exception as e:
         print("raised:", type(e).__name__, flush=True)
     time.sleep(2)  # the fault's report reaches stderr
@@ -436,10 +438,10 @@ _BAD_PULL = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("case,message", [
-    ("token", "tokens[3] = 64 is outside the operand's 64 rows"),
-    ("slot", "slots[5, 0] = {rows} is neither -1 nor a row of the result's {rows}"),
-    ("lowest", "slots[2, 0] = -2 is neither -1 nor a row of the result's {rows}"),
-    ("size", "recv_sizes[{last}] = 9 is outside [0, 8]"),
+    ("token", "sent[3, 0] = 65 is outside [0, 64]"),
+    ("slot", "sent[5, 1] = {rows} is neither -1 nor a row of the result's {rows}"),
+    ("lowest", "sent[2, 1] = -2 is neither -1 nor a row of the result's {rows}"),
+    ("size", "routes[{last}, 3] = 65 is outside [0, 64]"),
 ])
 def test_moe_dispatch_pull_indices_that_break_a_rule_trap_by_name(gpu, tmp_path, case,
                                                                    message):

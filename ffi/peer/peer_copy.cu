@@ -546,6 +546,7 @@ __global__ void __launch_bounds__(kSumThreads)
 // ---- PeerPull (peer_copy.h) ----
 
 constexpr int kPullThreads = 256;  // a warp per piece of a row at a time
+constexpr unsigned kAll = 0xffffffffu;
 constexpr int kPullBatch = 4;      // vectors a lane loads before it stores them
 static_assert(sizeof(PeerLegs) + sizeof(PeerPullRows) + sizeof(PeerWait) <= 4096);
 
@@ -555,68 +556,68 @@ static_assert(sizeof(PeerLegs) + sizeof(PeerPullRows) + sizeof(PeerWait) <= 4096
 constexpr int kPullMeetThreads = 1024;
 constexpr int kPullCheckBatch = 4;
 
-// Every thread of the CTA: this participant's receive sizes, then the
-// tokens they cover and those tokens' slots (PeerSizeRule::kPull*), trapping
-// on the first that breaks a rule (an entry's token before its slots, its
-// slots in order; each entry checked by one thread, so no two threads report
-// one index). A thread loads the tokens of its batch of entries, then their
-// slots a choice at a time, before it tests any: the loads of a batch are in
-// flight together, not one after another.
+// Every thread of the CTA: this participant's routes (a thread a row, each
+// count before where its pairs start), then its pairs, each token before its
+// slots, the slots in order (PeerSizeRule::kPull*), trapping on the first
+// that breaks a rule (each row checked by one thread, so no two threads
+// report one index). A thread loads the tokens of its batch of pairs, then
+// their slots a choice at a time, before it tests any: the loads of a batch
+// are in flight together, not one after another.
 __device__ __forceinline__ void CheckPullRows(const PeerPullRows& p, const PeerWait& check) {
-  BadSlice sizes{0, 0, 0, 0, 0};
-  for (int64_t s = 0; s < p.parts; ++s) {
-    const int64_t size = p.recv_sizes[s];
-    if (size < 0 || size > p.per_part) {
-      sizes = {s, static_cast<unsigned int>(PeerSizeRule::kPullSize), size, 0, p.per_part};
-      break;
+  constexpr int kCountThenStart[] = {kPullCount, kPullFirst, kPullFrom, kPullFromAt};
+  BadSlice route{0, 0, 0, 0, 0};
+  for (int64_t s = threadIdx.x; s < p.parts && route.rule == 0; s += blockDim.x) {
+    const int32_t* row = p.routes + s * kPullRouteColumns;
+    for (int u = 0; u < 4 && route.rule == 0; ++u) {
+      const int c = kCountThenStart[u];
+      const int64_t value = row[c];
+      const int64_t limit = u % 2 == 0 ? p.per_part : p.pairs - row[kCountThenStart[u - 1]];
+      if (value < 0 || value > limit) {
+        route = {s, static_cast<unsigned int>(PeerSizeRule::kPullRoute), value, c, limit};
+      }
     }
   }
-  ReportBadSlice(check, sizes);
+  ReportBadSlice(check, route);
   constexpr int kBatch = kPullCheckBatch;
-  const int64_t step = blockDim.x;
+  const int64_t step = blockDim.x, width = p.choices + 1;
   BadSlice mine{0, 0, 0, 0, 0};
-  for (int64_t s = 0; s < p.parts && mine.rule == 0; ++s) {
-    const int64_t end = s * p.per_part + p.recv_sizes[s];
-    for (int64_t e0 = s * p.per_part + threadIdx.x; e0 < end && mine.rule == 0;
-         e0 += kBatch * step) {
-      int64_t token[kBatch], slot_j[kBatch], slot[kBatch];
+  for (int64_t e0 = threadIdx.x; e0 < p.pairs && mine.rule == 0; e0 += kBatch * step) {
+    int64_t token[kBatch], slot_j[kBatch], slot[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      token[u] = e0 + u * step < p.pairs ? p.sent[(e0 + u * step) * width] : 0;
+      slot_j[u] = -1;
+      slot[u] = 0;
+    }
+    // Down from the last choice: what is left is each pair's first bad one.
+    for (int64_t j = width - 1; j >= 1; --j) {
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        token[u] = e0 + u * step < end ? p.tokens[e0 + u * step] : 0;
-        slot_j[u] = -1;
-        slot[u] = 0;
-      }
-      // Down from the last choice: what is left is each entry's first bad one.
-      for (int64_t j = p.choices - 1; j >= 0; --j) {
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          if (e0 + u * step >= end) continue;
-          const int64_t v = p.slots[(e0 + u * step) * p.choices + j];
-          if (v < -1 || v >= p.dst_rows) {
-            slot_j[u] = j;
-            slot[u] = v;
-          }
+        if (e0 + u * step >= p.pairs) continue;
+        const int64_t v = p.sent[(e0 + u * step) * width + j];
+        if (v < -1 || v >= p.dst_rows) {
+          slot_j[u] = j;
+          slot[u] = v;
         }
       }
+    }
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int64_t e = e0 + u * step;
-        if (mine.rule != 0 || e >= end) continue;
-        if (token[u] < 0 || token[u] >= p.src_rows) {
-          mine = {e, static_cast<unsigned int>(PeerSizeRule::kPullToken), token[u], 0,
-                  p.src_rows};
-        } else if (slot_j[u] >= 0) {
-          mine = {e, static_cast<unsigned int>(PeerSizeRule::kPullSlot), slot[u], slot_j[u],
-                  p.dst_rows};
-        }
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t e = e0 + u * step;
+      if (mine.rule != 0 || e >= p.pairs) continue;
+      if (token[u] < 0 || token[u] > p.per_part) {
+        mine = {e, static_cast<unsigned int>(PeerSizeRule::kPullToken), token[u], 0, p.per_part};
+      } else if (slot_j[u] >= 0) {
+        mine = {e, static_cast<unsigned int>(PeerSizeRule::kPullSlot), slot[u], slot_j[u],
+                p.dst_rows};
       }
     }
   }
   ReportBadSlice(check, mine);
 }
 
-// Checks the indices, publishes this participant's operand to every reader
-// of it and waits for every source's.
+// Checks the routes and pairs, publishes this participant's operand and
+// pairs to every reader of them and waits for every source's.
 __global__ void __launch_bounds__(kPullMeetThreads)
     PeerPullMeetKernel(PeerLegs legs, PeerPullRows p, PeerWait check) {
   LaunchNextGrid();  // the copy's CTAs take their SMs while this one waits for the peers
@@ -633,29 +634,51 @@ JAX_TMA_HOST_DEVICE inline int64_t PullPieces(int64_t bytes, bool vector) {
   return vector && pieces > 1 ? pieces : 1;
 }
 
-// CTA b reads leg b mod parts's rows (0: this participant's own), a warp a
-// piece of a row at a time: the piece is loaded once, from wherever its
-// source's operand lies, and stored to each of the row's slots. The last CTA
-// of a leg tells its source that its operand is read.
+// CTA b reads leg b mod parts's pairs (0: this participant's own), a warp a
+// piece of a pair's row at a time: the warp reads the pair (its token and
+// slots) in one load across the link, then the piece once, from wherever
+// its source's operand lies, and stores it to each of the pair's slots; the
+// warp of a pair's first piece writes its row of `slots`. The last CTA of a
+// leg tells its source that its operand and pairs are read.
 __global__ void __launch_bounds__(kPullThreads)
     PeerPullCopyKernel(PeerLegs legs, PeerPullRows p) {
   LaunchNextGrid();
-  AwaitPreviousGrid();  // the meet: every source's operand is known, the indices checked
+  AwaitPreviousGrid();  // the meet: every source's operand and pairs known, this one's checked
   const int k = static_cast<int>(blockIdx.x % p.parts);
   const int64_t cta = blockIdx.x / p.parts, ctas = gridDim.x / p.parts;
   const int s = (p.position + k) % p.parts;
-  const uint8_t* src =
-      k == 0 ? p.src : reinterpret_cast<const uint8_t*>(legs.leg[k - 1].own->peer);
+  const uint8_t* src = p.src;
+  const int32_t* sent = p.sent;
+  if (k != 0) {
+    const PeerMailbox* own = legs.leg[k - 1].own;
+    src = reinterpret_cast<const uint8_t*>(own->peer);
+    sent = reinterpret_cast<const int32_t*>(own->sizes);
+  }
+  const int32_t* route = p.routes + s * kPullRouteColumns;
+  const int64_t count = route[kPullFrom], width = p.choices + 1;
+  sent += route[kPullFromAt] * width;
+  int32_t* slots = p.slots + s * p.per_part * p.choices;
   const int warps = kPullThreads / 32, lane = threadIdx.x % 32;
-  const int64_t first = s * p.per_part;
   const bool vector = p.bytes % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(p.dst) % 16 == 0;
   const int64_t pieces = PullPieces(p.bytes, vector);
-  const int64_t units = p.recv_sizes[s] * pieces;
+  const int64_t units = count * pieces;
   for (int64_t unit = cta * warps + threadIdx.x / 32; unit < units; unit += ctas * warps) {
     const int64_t i = unit / pieces;
-    const uint8_t* row = src + p.tokens[first + i] * p.bytes;
-    const int32_t* slots = p.slots + (first + i) * p.choices;
+    const int32_t* entry = sent + i * width;
+    // Lane l holds the pair's word l: its token, then its slots (those past
+    // the 31st are read on their own, below).
+    const int32_t head = lane < width ? entry[lane] : -1;
+    const int64_t token = __shfl_sync(kAll, head, 0);
+    const int32_t next = __shfl_down_sync(kAll, head, 1);  // lane j: slot j
+    const bool pair = token < p.per_part;  // token T: past the pairs
+    if (unit == i * pieces) {
+      for (int64_t j = lane; j < p.choices; j += 32) {
+        slots[i * p.choices + j] = !pair ? -1 : j < 31 ? next : entry[1 + j];
+      }
+    }
+    if (!pair) continue;
+    const uint8_t* row = src + token * p.bytes;
     if (vector) {
       const int64_t nvec = p.bytes / 16;
       const int64_t v = (unit - i * pieces) * (kPullBatch * 32) + lane;
@@ -665,7 +688,8 @@ __global__ void __launch_bounds__(kPullThreads)
         if (v + u * 32 < nvec) r[u] = reinterpret_cast<const uint4*>(row)[v + u * 32];
       }
       for (int64_t j = 0; j < p.choices; ++j) {
-        const int64_t slot = slots[j];
+        const int32_t slot = j < 31 ? __shfl_sync(kAll, head, static_cast<int>(1 + j))
+                                    : entry[1 + j];
         if (slot < 0) continue;
         auto* out = reinterpret_cast<uint4*>(p.dst + slot * p.bytes);
 #pragma unroll
@@ -677,10 +701,16 @@ __global__ void __launch_bounds__(kPullThreads)
       for (int64_t b = lane; b < p.bytes; b += 32) {
         const uint8_t byte = row[b];
         for (int64_t j = 0; j < p.choices; ++j) {
-          if (slots[j] >= 0) p.dst[slots[j] * p.bytes + b] = byte;
+          const int64_t slot = entry[1 + j];
+          if (slot >= 0) p.dst[slot * p.bytes + b] = byte;
         }
       }
     }
+  }
+  // The rows of `slots` past s's pairs.
+  for (int64_t e = count * p.choices + cta * kPullThreads + threadIdx.x;
+       e < p.per_part * p.choices; e += ctas * kPullThreads) {
+    slots[e] = -1;
   }
   __syncthreads();
   if (k != 0 && threadIdx.x == 0) {

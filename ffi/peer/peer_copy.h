@@ -72,9 +72,9 @@ enum class PeerSizeRule : unsigned int {
   kOperand = 1,  // input_offsets[i] + send_sizes[i] in [0, operand rows]
   kOutput = 2,   // output_offsets[i] + send_sizes[i] in [0, output rows]
   kRecv = 3,     // the receiver's recv_sizes entry is this slice's send_sizes[i]
-  kPullSize = 4,   // a pull's recv_sizes[i] in [0, rows a position may send]
-  kPullToken = 5,  // a pull's tokens[i] in [0, operand rows]
-  kPullSlot = 6,   // a pull's slots[i][j] -1 or in [0, result rows)
+  kPullRoute = 4,  // a pull's routes[i][c]: a count in [0, T], a start in [0, pairs - count]
+  kPullToken = 5,  // a pull's sent[i][0] in [0, T]
+  kPullSlot = 6,   // a pull's sent[i][1 + j] -1 or in [0, result rows)
   kSumSlot = 7,    // a summed exchange's slots[r][j] -1 or in [0, y's rows)
 };
 
@@ -230,26 +230,41 @@ ffi::Error LaunchPeerScatterSum(std::string_view op, const PeerLegs& legs,
 // ---- PeerPull: rows read from every source, each written to its slots ----
 //
 // The legs of PeerScatter, published the other way: a participant publishes
-// its operand (the `published` of ExchangeLegs) to each leg's source, which
-// reads it. PeerPullMeet checks this participant's indices and trades the
-// operands; PeerPullCopy reads, for every position s of the group (its own
-// included), rows tokens[s * per_part + i], i < recv_sizes[s], of s's
-// operand, once each, and stores each to its result rows
-// slots[(s * per_part + i) * choices + j] >= 0, the last CTA of a leg telling
-// its source it is done; PeerScatterFinish waits until every reader of this
-// participant's operand is.
+// its operand and its pairs (the `published` and `published_sizes` of
+// ExchangeLegs) to each leg's source, which reads them. PeerPullMeet checks
+// this participant's routes and pairs and trades the operands and pairs;
+// PeerPullCopy reads, for every position s of the group (its own included),
+// the routes[s][kPullFrom] pairs at row routes[s][kPullFromAt] of s's pairs
+// (a token, then `choices` slots), and for each pair i its token's row of
+// s's operand, once, which it stores to each of the pair's slots >= 0 of
+// its result; row s * per_part + i of `slots` gets the pair's slots (-1
+// for a pair whose token is per_part, past the pairs), the rows past s's
+// pairs -1. The last CTA of a leg tells its source it is done;
+// PeerScatterFinish waits until every reader of this participant's operand
+// and pairs is.
+// The columns of a routes row (jax_tma.moe_dispatch's plan): where this
+// participant's pairs to position s start and how many, then, from s, how
+// many pairs it sends here and where they start among its own.
+enum PeerPullRoute : int {
+  kPullFirst = 0,
+  kPullCount = 1,
+  kPullFrom = 3,
+  kPullFromAt = 4,
+  kPullRouteColumns = 5,
+};
+
 struct PeerPullRows {
-  const uint8_t* src = nullptr;  // this participant's operand
-  uint8_t* dst = nullptr;        // its result
-  const int32_t* tokens = nullptr;
-  const int32_t* slots = nullptr;
-  const int32_t* recv_sizes = nullptr;
+  const uint8_t* src = nullptr;     // this participant's operand: per_part rows
+  uint8_t* dst = nullptr;           // its result: dst_rows rows
+  const int32_t* sent = nullptr;    // its pairs: `pairs` rows of choices + 1
+  const int32_t* routes = nullptr;  // parts rows of kPullRouteColumns
+  int32_t* slots = nullptr;         // parts * per_part rows of choices
   int parts = 1;
   int position = 0;
-  int64_t per_part = 0;
+  int64_t per_part = 0;  // T
+  int64_t pairs = 0;
   int64_t choices = 0;
   int64_t bytes = 0;  // a row's
-  int64_t src_rows = 0;
   int64_t dst_rows = 0;
 };
 

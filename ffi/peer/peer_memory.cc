@@ -600,14 +600,15 @@ ffi::Error BadSizeFault(const volatile PeerFault* f, const Waits& w) {
       m << "slice " << i << ": output_offsets[" << i << "] = " << value << " and send_sizes["
         << i << "] = " << size << " are negative or run past the output's " << limit << " rows";
       break;
-    case PeerSizeRule::kPullSize:
-      m << "recv_sizes[" << i << "] = " << value << " is outside [0, " << limit << "]";
+    case PeerSizeRule::kPullRoute:  // size: the column
+      m << "routes[" << i << ", " << size << "] = " << value << " is outside [0, " << limit
+        << "]";
       break;
     case PeerSizeRule::kPullToken:
-      m << "tokens[" << i << "] = " << value << " is outside the operand's " << limit << " rows";
+      m << "sent[" << i << ", 0] = " << value << " is outside [0, " << limit << "]";
       break;
-    case PeerSizeRule::kPullSlot:
-      m << "slots[" << i << ", " << size << "] = " << value << " is neither -1 nor a row of "
+    case PeerSizeRule::kPullSlot:  // size: the column
+      m << "sent[" << i << ", " << size << "] = " << value << " is neither -1 nor a row of "
         << "the result's " << limit;
       break;
     case PeerSizeRule::kSumSlot:  // i: the flat entry, size: the choices

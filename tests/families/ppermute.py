@@ -377,63 +377,91 @@ _RAGGED_NASTY = (
 
 def _pull_call(rng) -> Call:
     """This device (ordinal 0) in a group of its own (one part: it pulls its
-    own rows), alone or beside devices in groups of their own: T entries of
-    which a random number are read, each with k slots, -1 or rows of the
-    result that no other slot names; rows of any dtype and row shape."""
+    own pairs), alone or beside devices in groups of their own: T operand
+    rows, P pairs of which a random run is read (routes), each a token (T
+    now and then: a pair that carries nothing) and k slots, -1 or rows of
+    the result that no other slot names; rows of any dtype and row shape."""
     dtype = some_dtype(rng)
     row = tuple(int(v) for v in rng.integers(1, 4, int(rng.integers(0, 3))))
-    rows, per, k = (int(v) for v in rng.integers(1, 5, 3))
-    out_rows = per * k + int(rng.integers(0, 3))
-    slots = rng.permutation(out_rows)[:per * k].reshape(per, k).astype(np.int32)
+    tokens, k = (int(v) for v in rng.integers(1, 5, 2))
+    pairs = int(rng.integers(1, 2 * tokens + 1))
+    count = int(rng.integers(0, min(tokens, pairs) + 1))
+    start = int(rng.integers(0, pairs - count + 1))
+    out_rows = count * k + int(rng.integers(0, 3))
+    sent = np.full((pairs, k + 1), -1, np.int32)
+    sent[:, 0] = tokens
+    sent[start:start + count, 0] = rng.integers(0, tokens + 1, count)
+    slots = rng.permutation(out_rows)[:count * k].reshape(count, k)
     slots[rng.random(slots.shape) < 0.3] = -1
-    return Call([random_array(rng, (rows,) + row, dtype),
-                 rng.integers(0, rows, per).astype(np.int32), slots,
-                 np.array([rng.integers(0, per + 1)], np.int32)], [S((out_rows,) + row, dtype)],
-                _alone(rng))
+    sent[start:start + count, 1:] = slots
+    routes = np.array([[start, count, 0, count, start]], np.int32)
+    return Call([random_array(rng, (tokens,) + row, dtype), sent, routes],
+                [S((out_rows,) + row, dtype), S((tokens, k), np.int32)], _alone(rng))
 
 
 def _pull_written_rows(call: Call, got: list[np.ndarray]) -> None:
-    """Each slot of a row read holds that row (the result's other rows are
-    unspecified)."""
-    operand, tokens, slots, recv_sizes = call.operands
-    out = got[0]
-    for i in range(int(recv_sizes[0])):
-        for slot in slots[i]:
+    """Each slot of a pair read holds its token's row, the slots result its
+    pairs' slots (-1 for one that carries nothing, and past them); the
+    result's other rows are unspecified."""
+    operand, sent, routes = call.operands
+    out, slots = got
+    tokens = operand.shape[0]
+    count, start = int(routes[0, 3]), int(routes[0, 4])
+    want = np.full(slots.shape, -1, np.int32)
+    for i in range(count):
+        token, *pair = sent[start + i]
+        if token == tokens:
+            continue
+        want[i] = pair
+        for slot in pair:
             if slot >= 0:
-                assert_bits_equal(out[slot], operand[tokens[i]])
+                assert_bits_equal(out[slot], operand[token])
+    np.testing.assert_array_equal(slots, want)
 
 
 def _pull_set(c: Call, i: int, value, at=0) -> Call:
-    """`c` with entry `at` (flat) of operand i set to `value`, all entries
-    read (recv_sizes = T)."""
+    """`c` with entry `at` (flat) of operand i set to `value`."""
     ops = [np.array(a) for a in c.operands]
-    ops[3][0] = ops[1].shape[0]
     if ops[i].size:
         ops[i].reshape(-1)[at] = value
     return with_(c, operands=ops)
 
 
+def _pairs_of(c: Call) -> int:
+    return c.operands[1].shape[0]
+
+
 _PULL_NASTY = (
     (lambda c: with_(c, ctas=np.int64(-2**63)), r"ctas must be >= 0 .*, got -9223372036854775808"),
-    (lambda c: _pull_set(c, 3, -1), rf"recv_sizes\[0\] = -1 {_ME} is outside \[0, \d+\]"),
-    (lambda c: _pull_set(c, 3, c.operands[1].shape[0] + 1),
-     rf"recv_sizes\[0\] = \d+ {_ME} is outside \[0, \d+\]"),
-    (lambda c: _pull_set(c, 1, c.operands[0].shape[0]),
-     rf"tokens\[0\] = \d+ {_ME} is outside the operand's \d+ rows"),
-    (lambda c: _pull_set(c, 1, -3), rf"tokens\[0\] = -3 {_ME} is outside the operand's"),
-    (lambda c: _pull_set(c, 2, -2), rf"slots\[0, 0\] = -2 {_ME} is neither -1 nor a row of the "
-     r"result's \d+"),
-    (lambda c: _pull_set(c, 2, c.results[0].shape[0]), r"slots\[0, 0\] = \d+ .* is neither -1"),
+    (lambda c: _pull_set(c, 2, -1, at=3), rf"routes\[0, 3\] = -1 {_ME} is outside \[0, \d+\]"),
+    (lambda c: _pull_set(c, 2, c.operands[0].shape[0] + 1, at=3),
+     rf"routes\[0, 3\] = \d+ {_ME} is outside \[0, \d+\]"),
+    (lambda c: _pull_set(c, 2, -1, at=1), rf"routes\[0, 1\] = -1 {_ME} is outside \[0, \d+\]"),
+    (lambda c: _pull_set(c, 2, _pairs_of(c) + 1, at=0),
+     rf"routes\[0, 0\] = \d+ {_ME} is outside \[0, \d+\]"),
+    (lambda c: _pull_set(c, 2, _pairs_of(c) + 1, at=4),
+     rf"routes\[0, 4\] = \d+ {_ME} is outside \[0, \d+\]"),
+    (lambda c: _pull_set(c, 1, c.operands[0].shape[0] + 1),
+     rf"sent\[0, 0\] = \d+ {_ME} is outside \[0, \d+\]"),
+    (lambda c: _pull_set(c, 1, -3), rf"sent\[0, 0\] = -3 {_ME} is outside \[0, \d+\]"),
+    (lambda c: _pull_set(c, 1, -2, at=1), rf"sent\[0, 1\] = -2 {_ME} is neither -1 nor a row of "
+     r"the result's \d+"),
+    (lambda c: _pull_set(c, 1, c.results[0].shape[0], at=1),
+     r"sent\[0, 1\] = \d+ .* is neither -1"),
     (lambda c: with_(c, operands=c.operands[:1] + [c.operands[1].astype(np.int64)]
-                     + c.operands[2:]), r"tokens has element type s64; it takes s32"),
-    (lambda c: with_(c, operands=c.operands[:2] + [c.operands[2].reshape(-1)]
-                     + c.operands[3:]), r"slots must have rank 2, got shape \(\d+,\)"),
-    (lambda c: with_(c, operands=c.operands[:3] + [np.zeros(2, np.int32)]),
-     r"recv_sizes \d+ entries; they must be T \* 1 entries"),
-    (lambda c: with_(c, results=[S(c.results[0].shape + (1,), c.results[0].dtype)]),
+                     + c.operands[2:]), r"sent has element type s64; it takes s32"),
+    (lambda c: with_(c, operands=c.operands[:2] + [c.operands[2].reshape(-1)]),
+     r"routes must have rank 2, got shape \(\d+,\)"),
+    (lambda c: with_(c, operands=c.operands[:2] + [np.zeros((2, 5), np.int32)]),
+     r"routes \(2, 5\) and the slots result \(\d+, \d+\); they must be"),
+    (lambda c: with_(c, results=[c.results[0], S((c.operands[0].shape[0] + 1,
+                                                  c.results[1].shape[1]), np.int32)]),
+     r"the slots result \(\d+, \d+\); they must be"),
+    (lambda c: with_(c, results=[S(c.results[0].shape + (1,), c.results[0].dtype),
+                                 c.results[1]]),
      r"operand and result must have rows \(dim 0\) of one shape"),
     (lambda c: with_(c, operands=[np.zeros(c.operands[0].shape, jnp.int4)] + c.operands[1:],
-                     results=[S(c.results[0].shape, jnp.int4)]),
+                     results=[S(c.results[0].shape, jnp.int4), c.results[1]]),
      r"sub-byte element type s4 must be widened"),
     (lambda c: with_(c, parts=np.int64(0)), r"parts must be in \[1, \d+\]"),
 )
@@ -761,9 +789,9 @@ SPECS: dict[str, Spec] = {
         ("jax_tma.moe_dispatch",), _pull_call, lambda call: [], _PULL_NASTY,
         # A mutated index array or row count may give values that break a
         # rule (random_array draws new values), which the handler names.
-        rules={k: r"is outside|is neither -1|it takes s32|must have rank|entries|one shape"
+        rules={k: r"is outside|is neither -1|it takes s32|must have rank|they must be|one shape"
                for k in ("shape", "dtype")},
-        attr_rules={"parts": r"parts|positions|sources|entries", "positions": r"positions?\b",
+        attr_rules={"parts": r"parts|positions|sources", "positions": r"positions?\b",
                     "sources": r"sources", "devices": r"devices|process|positions",
                     "process": r"process|among the devices", "processes": r"process|devices",
                     "ctas": r"ctas"},
@@ -797,17 +825,19 @@ def _ragged_pair(b):
                                      axis_name="i")
 
 
-def _pull(b, tokens, slots, sizes, rows: int, n: int):
+def _pull(b, sent, routes, rows: int, n: int):
     """jax_tma.moe_dispatch's pull over axis "i" of `n` devices."""
-    return _pull_p.bind(b, jnp.asarray(tokens, np.int32), jnp.asarray(slots, np.int32),
-                        jnp.asarray(sizes, np.int32), rows=rows, axis_name=("i",), size=n,
-                        site="paths", ctas=0)
+    return _pull_p.bind(b, jnp.asarray(sent, np.int32), jnp.asarray(routes, np.int32), rows=rows,
+                        axis_name=("i",), size=n, site="paths", ctas=0)
 
 
 def _pull_pair(b):
-    """Each device's rows 1 and 0 from each position, into rows 2 * its
-    position on."""
-    return _pull(b, [1, 0, 1, 0], [[0], [1], [2], [3]], [2, 2], 4, 2)
+    """Each device sends its row 1 to device 0, into row 2 * its position
+    there, and its row 0 to device 1, into row 2 * its position + 1."""
+    me = lax.axis_index("i")
+    sent = jnp.stack([jnp.stack([1, 2 * me]), jnp.stack([0, 2 * me + 1])]).astype(np.int32)
+    routes = jnp.stack([jnp.stack([0, 1, 0, 1, me]), jnp.stack([1, 1, 0, 1, me])])
+    return _pull(b, sent, routes, 4, 2)[0]
 
 
 def _home_sums(y, weights, slots, indices, rows: int, n: int):
@@ -904,12 +934,12 @@ def _self_ragged(copies: int):
 
 def _self_pull(x, device):
     """x's rows, reversed, pulled over a one-device mesh of `device` into
-    rows i and 64 + i of its result."""
+    rows i and 64 + i of its result (64 pairs)."""
     one = jax.sharding.Mesh(np.array([device]), ("i",))
     i = np.arange(64)
     return jax.shard_map(
-        lambda b: _pull(b, 63 - i, np.stack([i, 64 + i], 1), [64], 128, 1), mesh=one,
-        in_specs=P("i"), out_specs=P("i"))(x)
+        lambda b: _pull(b, np.stack([63 - i, i, 64 + i], 1), [[0, 64, 0, 64, 0]], 128, 1)[0],
+        mesh=one, in_specs=P("i"), out_specs=P("i"))(x)
 
 
 def _self_home_sums(x, device):
