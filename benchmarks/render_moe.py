@@ -85,8 +85,9 @@ def _cases(r: dict[str, Any], row: dict[str, Any]) -> list[str]:
 
 def _short(name: str) -> str:
     """An activity's name without its return type, namespaces, template
-    arguments and parameters: `void ns::Kernel<8>(Params)` -> `Kernel`."""
-    name = name.removeprefix("void ").split("(")[0]
+    arguments and parameters: `void ns::Kernel<8>(Params)` -> `Kernel` (an
+    anonymous namespace's parentheses are not parameters)."""
+    name = name.removeprefix("void ").replace("(anonymous namespace)::", "").split("(")[0]
     depth, out = 0, []
     for ch in name:
         depth += ch == "<"

@@ -702,6 +702,8 @@ def test_moe_renders_a_timeline_a_gpu_with_short_names():
     assert render_moe._short("void jax_tma::PeerInboxExchangeKernel<8, (bool)1>(Params)") \
         == "PeerInboxExchangeKernel"
     assert render_moe._short("loop_fusion_3") == "loop_fusion_3"
+    assert render_moe._short("jax_tma::(anonymous namespace)::PeerPullCopyKernel(jax_tma::PeerLegs,"
+                             " jax_tma::PeerPullRows)") == "PeerPullCopyKernel"
     acts = [{"gpu": "GPU:1", "stream": "s", "name": "f", "start_us": 1.0, "end_us": 3.0},
             {"gpu": "GPU:0", "stream": "s", "name": "void a::K<1>(int)", "start_us": 0.0,
              "end_us": 2.5}, {"gpu": "GPU:0", "stream": "s", "name": "g", "start_us": 4.0,
