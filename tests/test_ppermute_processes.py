@@ -193,7 +193,7 @@ def test_processes_exchange_ragged_all_to_all_over_the_link(rng, count):
 @pytest.mark.parametrize("count", [2, 3])
 def test_processes_run_moe_over_the_link(rng, count):
     outputs = _run("moe", count, rng)
-    for op in ("ragged_all_to_all", "moe_combine"):
+    for op in ("ragged_all_to_all", "moe_combine", "moe_dispatch"):
         _all_moved(outputs, op, f"cpu blocks over the process link between {2 * count} "
                    f"devices of {count} processes")
 
@@ -208,6 +208,7 @@ def _all_moved(outputs, op: str, transport: str) -> None:
         assert "lax.ppermute, because" not in out, out[-4000:]
         assert "lax.all_to_all, because" not in out, out[-4000:]
         assert "lax.all_to_all of padded slices, because" not in out, out[-4000:]
+        assert "lax.all_to_all of the pairs and their rows, because" not in out, out[-4000:]
 
 
 def test_a_peer_that_never_calls_times_out_by_name(rng):
@@ -458,7 +459,7 @@ def test_processes_sharing_a_gpu_exchange_ragged_all_to_all(rng, shared_gpu, cou
 @pytest.mark.parametrize("count", [2, 3])
 def test_processes_sharing_a_gpu_run_moe(rng, shared_gpu, count):
     outputs = _run("moe", count, rng, platform="gpu")
-    for op in ("ragged_all_to_all", "moe_combine"):
+    for op in ("ragged_all_to_all", "moe_combine", "moe_dispatch"):
         _all_moved(outputs, op, f"cuda peer copies between {count} devices of {count} "
                    f"processes {list(range(count))}")
 
