@@ -779,9 +779,9 @@ def _dispatch(x, sent, routes, pair_token, choice_row, dropped, *, rows, **ex):
     """Each device pulls, from every source, its pairs (`sent`: a row of
     k + 1 int32 a pair, the token and its slots) and their token rows, once
     each, into their slots (_pull_p): the pairs travel in the rows' own
-    meeting, and the pull says which pair's choice fills each row."""
-    recv, slots, source = _pull_p.bind(_checks.widen(x), sent, routes, rows=rows, **ex)
-    return _checks.narrow(recv, x.dtype), slots, source
+    meeting."""
+    recv, slots = _pull_p.bind(_checks.widen(x), sent, routes, rows=rows, **ex)
+    return _checks.narrow(recv, x.dtype), slots, _sources(slots, rows)
 
 
 def _plan_counts_abstract_eval(ids, *, experts, parts):
@@ -817,7 +817,7 @@ def _plan_batcher(prim):
 
 def _pull_abstract_eval(x, sent, routes, *, rows, **_):
     slots = (routes.shape[0] * x.shape[0], sent.shape[1] - 1)
-    return _aval(x, (rows,) + x.shape[1:]), _aval(x, slots, _I32), _aval(x, (rows,), _I32)
+    return _aval(x, (rows,) + x.shape[1:]), _aval(x, slots, _I32)
 
 
 def _pull_by_transport(x, sent, routes, *, rows, ctas, attrs):
@@ -826,8 +826,7 @@ def _pull_by_transport(x, sent, routes, *, rows, ctas, attrs):
     slots = (routes.shape[0] * x.shape[0], sent.shape[1] - 1)
     return jax.ffi.ffi_call("jax_tma_moe_dispatch",
                             (jax.ShapeDtypeStruct((rows,) + x.shape[1:], x.dtype),
-                             jax.ShapeDtypeStruct(slots, _I32),
-                             jax.ShapeDtypeStruct((rows,), _I32)))(
+                             jax.ShapeDtypeStruct(slots, _I32)))(
         x, sent, routes, ctas=np.int64(ctas), **attrs)
 
 
@@ -847,8 +846,7 @@ def _pull_composed(x, sent, routes, *, rows, axis_name):
     got = exchange(pairs)
     rows_of = exchange(_take(x, jnp.where(pairs[:, 0] < tokens, pairs[:, 0], -1)))
     slots = jnp.where(got[:, :1] < tokens, got[:, 1:], -1)
-    source = _sources(slots, rows)
-    return _take(rows_of, source // k), slots, source
+    return _take(rows_of, _sources(slots, rows) // k), slots
 
 
 def _pull_batcher(args, dims, *, rows, **ex):
@@ -883,8 +881,8 @@ def _pull_batcher(args, dims, *, rows, **ex):
         unique_indices=True, mode="promise_in_bounds")
     totals = jnp.sum(routes, 0, dtype=_I32)
     folded_routes = totals.at[:, 0].set(start[0]).at[:, 1].set(jnp.sum(count, 0, dtype=_I32))
-    recv, got, _ = _pull_p.bind(x.reshape((batch * tokens,) + x.shape[2:]), folded,
-                                folded_routes, rows=batch * rows, **ex)
+    recv, got = _pull_p.bind(x.reshape((batch * tokens,) + x.shape[2:]), folded,
+                             folded_routes, rows=batch * rows, **ex)
     # Member b's pairs from s: after those of the members below it.
     gets = routes[..., 3]  # (batch, n)
     at = (jnp.arange(n, dtype=_I32)[None, :, None] * (batch * tokens)
@@ -892,9 +890,8 @@ def _pull_batcher(args, dims, *, rows, **ex):
     mine = jnp.arange(tokens, dtype=_I32) < gets[..., None]  # (batch, n, T)
     got = _take(got, jnp.where(mine, at, -1))
     got = jnp.where(mine[..., None] & (got >= 0), got - b[:, None, None, None] * rows, -1)
-    got = got.reshape(batch, n * tokens, -1)
-    return ((recv.reshape((batch, rows) + x.shape[2:]), got,
-             jax.vmap(functools.partial(_sources, rows=rows))(got)), (0, 0, 0))
+    return ((recv.reshape((batch, rows) + x.shape[2:]), got.reshape(batch, n * tokens, -1)),
+            (0, 0))
 
 
 def _pull_lowering(ctx, *args, platform, rows, axis_name, size, site, ctas):

@@ -622,8 +622,6 @@ __global__ void __launch_bounds__(kPullMeetThreads)
     PeerPullMeetKernel(PeerLegs legs, PeerPullRows p, PeerWait check) {
   LaunchNextGrid();  // the copy's CTAs take their SMs while this one waits for the peers
   CheckPullRows(p, check);
-  const auto none = static_cast<int32_t>(p.parts * p.per_part * p.choices);
-  for (int64_t r = threadIdx.x; r < p.dst_rows; r += blockDim.x) p.source[r] = none;
   MeetLeg(legs, threadIdx.x);
 }
 
@@ -640,8 +638,7 @@ JAX_TMA_HOST_DEVICE inline int64_t PullPieces(int64_t bytes, bool vector) {
 // piece of a pair's row at a time: the warp reads the pair (its token and
 // slots) in one load across the link, then the piece once, from wherever
 // its source's operand lies, and stores it to each of the pair's slots; the
-// warp of a pair's first piece writes its row of `slots` and its slots'
-// entries of `source`. The last CTA of a
+// warp of a pair's first piece writes its row of `slots`. The last CTA of a
 // leg tells its source that its operand and pairs are read.
 __global__ void __launch_bounds__(kPullThreads)
     PeerPullCopyKernel(PeerLegs legs, PeerPullRows p) {
@@ -677,11 +674,7 @@ __global__ void __launch_bounds__(kPullThreads)
     const bool pair = token < p.per_part;  // token T: past the pairs
     if (unit == i * pieces) {
       for (int64_t j = lane; j < p.choices; j += 32) {
-        const int32_t slot = !pair ? -1 : j < 31 ? next : entry[1 + j];
-        slots[i * p.choices + j] = slot;
-        if (slot >= 0) {
-          p.source[slot] = static_cast<int32_t>(((s * p.per_part) + i) * p.choices + j);
-        }
+        slots[i * p.choices + j] = !pair ? -1 : j < 31 ? next : entry[1 + j];
       }
     }
     if (!pair) continue;

@@ -239,9 +239,7 @@ ffi::Error LaunchPeerScatterSum(std::string_view op, const PeerLegs& legs,
 // s's operand, once, which it stores to each of the pair's slots >= 0 of
 // its result; row s * per_part + i of `slots` gets the pair's slots (-1
 // for a pair whose token is per_part, past the pairs), the rows past s's
-// pairs -1, and `source` for each result row the (row of `slots`) * choices
-// + j of the slot j that names it, parts * per_part * choices where none
-// does (the meet fills it). The last CTA of a leg tells its source it is done;
+// pairs -1. The last CTA of a leg tells its source it is done;
 // PeerScatterFinish waits until every reader of this participant's operand
 // and pairs is.
 // The columns of a routes row (jax_tma.moe_dispatch's plan): where this
@@ -261,7 +259,6 @@ struct PeerPullRows {
   const int32_t* sent = nullptr;    // its pairs: `pairs` rows of choices + 1
   const int32_t* routes = nullptr;  // parts rows of kPullRouteColumns
   int32_t* slots = nullptr;         // parts * per_part rows of choices
-  int32_t* source = nullptr;        // dst_rows
   int parts = 1;
   int position = 0;
   int64_t per_part = 0;  // T

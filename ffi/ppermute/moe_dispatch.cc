@@ -30,7 +30,6 @@ ffi::Error CheckIndexArray(const char* name, const ffi::AnyBuffer& a, size_t ran
 ffi::Error DecodeMoeDispatch(int device, const ffi::AnyBuffer& operand,
                           const ffi::AnyBuffer& sent, const ffi::AnyBuffer& routes,
                           ffi::Result<ffi::AnyBuffer>& result, ffi::Result<ffi::AnyBuffer>& slots,
-                          ffi::Result<ffi::AnyBuffer>& source,
                           ffi::Span<const int64_t> devices, ffi::Span<const int64_t> sources,
                           ffi::Span<const int64_t> positions, int64_t parts,
                           std::string_view method, int64_t ctas, int64_t process,
@@ -56,7 +55,6 @@ ffi::Error DecodeMoeDispatch(int device, const ffi::AnyBuffer& operand,
   JAX_TMA_RETURN_IF_FAILED(CheckIndexArray("sent", sent, 2));
   JAX_TMA_RETURN_IF_FAILED(CheckIndexArray("routes", routes, 2));
   JAX_TMA_RETURN_IF_FAILED(CheckIndexArray("the slots result", *slots, 2));
-  JAX_TMA_RETURN_IF_FAILED(CheckIndexArray("the source result", *source, 1));
   JAX_TMA_RETURN_IF_FAILED(DecodeExchangeGroup(kOp, device, devices, sources, positions, parts,
                                                process, processes, links, site, timeout_ms,
                                                call));
@@ -70,10 +68,6 @@ ffi::Error DecodeMoeDispatch(int device, const ffi::AnyBuffer& operand,
                            "; they must be (P, k + 1) with k >= 1, (", parts, ", ",
                            kMoePlanColumns, ") and (", parts, " * T, k) for the ", parts,
                            " positions and the operand's T = ", in_dims[0], " rows");
-  }
-  if (source->dimensions()[0] != out_dims[0]) {
-    return InvalidArgument(kOp, "the source result has shape ", ShapeOf(source->dimensions()),
-                           "; it must be (", out_dims[0], ",): one entry a row of the result");
   }
   JAX_TMA_RETURN_IF_FAILED(CheckCtas(kOp, ctas));
   call->ctas = ctas;
@@ -89,7 +83,6 @@ ffi::Error DecodeMoeDispatch(int device, const ffi::AnyBuffer& operand,
   call->sent = static_cast<const int32_t*>(sent.untyped_data());
   call->routes = static_cast<const int32_t*>(routes.untyped_data());
   call->slots = static_cast<int32_t*>(slots->untyped_data());
-  call->source = static_cast<int32_t*>(source->untyped_data());
   if ((operand.size_bytes() != 0 && call->operand == nullptr) ||
       (result->size_bytes() != 0 && call->result == nullptr)) {
     return InvalidArgument(kOp, "null buffer for a ", operand.size_bytes(), "-byte operand or a ",

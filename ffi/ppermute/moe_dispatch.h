@@ -10,10 +10,8 @@
 // routes[s, 4] of s's `sent`, and for pair i the row of its token from s's
 // operand, once, which it writes to each of the pair's slots >= 0 of its
 // result; row s * T + i of its `slots` result gets the pair's slots (-1
-// where its token is T), the rows past what s sends -1, and its `source`
-// result, for each result row, (s * T + i) * k + j where slot j of that
-// pair names it, parts * T * k where no slot does. A row crosses the link
-// once, whatever its slots. The result's rows that no slot names are
+// where its token is T), the rows past what s sends -1. A row crosses the
+// link once, whatever its slots. The result's rows that no slot names are
 // unspecified. Step k (1 .. parts - 1) reads the operand and `sent` of the
 // participant at position + k, which publishes both to its readers and ends
 // its call once they are done reading: the pairs travel with the rows, in
@@ -46,8 +44,7 @@ auto BindMoeDispatchCall(Binding binding) {
                         .template Arg<ffi::AnyBuffer>()   // sent
                         .template Arg<ffi::AnyBuffer>()   // routes
                         .template Ret<ffi::AnyBuffer>()   // result
-                        .template Ret<ffi::AnyBuffer>()   // slots
-                        .template Ret<ffi::AnyBuffer>())  // source
+                        .template Ret<ffi::AnyBuffer>())  // slots
           .template Attr<ffi::Span<const int64_t>>("positions")  // positions
           .template Attr<int64_t>("parts")                       // parts
           .template Attr<std::string_view>("method")             // method
@@ -68,7 +65,6 @@ struct MoeDispatchCall : ExchangeGroup {
   const int32_t* sent = nullptr;    // pairs rows of choices + 1
   const int32_t* routes = nullptr;  // parts rows of kMoePlanColumns
   int32_t* slots = nullptr;         // parts * per_part rows of choices
-  int32_t* source = nullptr;        // result_rows
   int64_t per_part = 0;             // T: the operand's rows, the most pairs a position sends here
   int64_t pairs = 0;                // P
   int64_t choices = 0;              // k: the slots a row may fill
@@ -78,7 +74,6 @@ struct MoeDispatchCall : ExchangeGroup {
 ffi::Error DecodeMoeDispatch(int device, const ffi::AnyBuffer& operand,
                           const ffi::AnyBuffer& sent, const ffi::AnyBuffer& routes,
                           ffi::Result<ffi::AnyBuffer>& result, ffi::Result<ffi::AnyBuffer>& slots,
-                          ffi::Result<ffi::AnyBuffer>& source,
                           ffi::Span<const int64_t> devices, ffi::Span<const int64_t> sources,
                           ffi::Span<const int64_t> positions, int64_t parts,
                           std::string_view method, int64_t ctas, int64_t process,

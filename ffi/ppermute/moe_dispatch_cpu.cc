@@ -26,7 +26,7 @@ namespace {
 // Writes pair i of those position s sends here (`entry`: its token and
 // slots) to row s * T + i of the slots result and, unless the pair is past
 // the pairs (token T), its token's row `row` to each of its slots of the
-// result, and where it came from to `source`.
+// result.
 void WritePair(const MoeDispatchCall& call, int64_t s, int64_t i, const int32_t* entry,
                const char* row) {
   int32_t* slots = call.slots + (s * call.per_part + i) * call.choices;
@@ -34,7 +34,6 @@ void WritePair(const MoeDispatchCall& call, int64_t s, int64_t i, const int32_t*
   for (int64_t j = 0; j < call.choices; ++j) {
     slots[j] = pair ? entry[1 + j] : -1;
     if (slots[j] < 0) continue;
-    call.source[slots[j]] = static_cast<int32_t>((s * call.per_part + i) * call.choices + j);
     // memmove: nothing keeps a caller from handing the same buffer twice.
     std::memmove(static_cast<char*>(call.result) + slots[j] * call.row_bytes, row,
                  call.row_bytes);
@@ -136,8 +135,7 @@ ffi::Error StepAcrossProcesses(const MoeDispatchCall& call, int k) {
 ffi::Error MoeDispatchCpuImpl(int32_t device, ffi::RunId run, ffi::AnyBuffer operand,
                               ffi::AnyBuffer sent, ffi::AnyBuffer routes,
                               ffi::Result<ffi::AnyBuffer> result,
-                              ffi::Result<ffi::AnyBuffer> slots,
-                              ffi::Result<ffi::AnyBuffer> source, int64_t instance,
+                              ffi::Result<ffi::AnyBuffer> slots, int64_t instance,
                               ffi::Span<const int64_t> devices, ffi::Span<const int64_t> sources,
                               ffi::Span<const int64_t> positions, int64_t parts,
                               std::string_view method, int64_t ctas, int64_t process,
@@ -145,18 +143,14 @@ ffi::Error MoeDispatchCpuImpl(int32_t device, ffi::RunId run, ffi::AnyBuffer ope
                               std::string_view site, int64_t timeout_ms) {
   // Every method is the same memcpy on the host, on the calling thread (ctas: checked only).
   MoeDispatchCall call;
-  JAX_TMA_RETURN_IF_FAILED(DecodeMoeDispatch(device, operand, sent, routes, result, slots, source,
+  JAX_TMA_RETURN_IF_FAILED(DecodeMoeDispatch(device, operand, sent, routes, result, slots,
                                              devices, sources, positions, parts, method, ctas,
                                              process, processes, links, site, timeout_ms,
                                              &call));
   CountPath(Path::kMoeDispatchCpu);
   ffi::Error checks = CheckMoeDispatchIndices(call);
   call.checked = checks.success();
-  if (call.checked) {
-    std::fill(call.source, call.source + call.result_rows,
-              static_cast<int32_t>(call.parts * call.per_part * call.choices));
-    ReadPairs(call, call.position, call);
-  }
+  if (call.checked) ReadPairs(call, call.position, call);
   for (int k = 1; k < call.parts; ++k) {
     JAX_TMA_RETURN_IF_FAILED(call.where.spans_processes() ? StepAcrossProcesses(call, k)
                                                           : StepInProcess(call, k, instance, run));

@@ -29,14 +29,13 @@ ffi::ErrorOr<std::unique_ptr<ExchangeSites>> MoeDispatchInstantiate() {
 ffi::Error MoeDispatchCudaImpl(
     cudaStream_t stream, ExchangeSites* sites, int32_t device, ffi::RunId /*run*/,
     ffi::AnyBuffer operand, ffi::AnyBuffer sent, ffi::AnyBuffer routes,
-    ffi::Result<ffi::AnyBuffer> result, ffi::Result<ffi::AnyBuffer> slots,
-    ffi::Result<ffi::AnyBuffer> source, int64_t /*instance*/,
+    ffi::Result<ffi::AnyBuffer> result, ffi::Result<ffi::AnyBuffer> slots, int64_t /*instance*/,
     ffi::Span<const int64_t> devices, ffi::Span<const int64_t> sources,
     ffi::Span<const int64_t> positions, int64_t parts, std::string_view method, int64_t ctas,
     int64_t process, ffi::Span<const int64_t> processes, std::string_view links,
     std::string_view site, int64_t timeout_ms) {
   MoeDispatchCall call;
-  JAX_TMA_RETURN_IF_FAILED(DecodeMoeDispatch(device, operand, sent, routes, result, slots, source,
+  JAX_TMA_RETURN_IF_FAILED(DecodeMoeDispatch(device, operand, sent, routes, result, slots,
                                              devices, sources, positions, parts, method, ctas,
                                              process, processes, links, site, timeout_ms,
                                              &call));
@@ -58,7 +57,6 @@ ffi::Error MoeDispatchCudaImpl(
   rows.sent = call.sent;
   rows.routes = call.routes;
   rows.slots = call.slots;
-  rows.source = call.source;
   rows.parts = call.parts;
   rows.position = call.position;
   rows.per_part = call.per_part;

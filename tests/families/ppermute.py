@@ -396,32 +396,27 @@ def _pull_call(rng) -> Call:
     sent[start:start + count, 1:] = slots
     routes = np.array([[start, count, 0, count, start]], np.int32)
     return Call([random_array(rng, (tokens,) + row, dtype), sent, routes],
-                [S((out_rows,) + row, dtype), S((tokens, k), np.int32), S((out_rows,), np.int32)],
-                _alone(rng))
+                [S((out_rows,) + row, dtype), S((tokens, k), np.int32)], _alone(rng))
 
 
 def _pull_written_rows(call: Call, got: list[np.ndarray]) -> None:
     """Each slot of a pair read holds its token's row, the slots result its
-    pairs' slots (-1 for one that carries nothing, and past them), the
-    source result which pair's choice fills each row (T * k where none
-    does); the result's other rows are unspecified."""
+    pairs' slots (-1 for one that carries nothing, and past them); the
+    result's other rows are unspecified."""
     operand, sent, routes = call.operands
-    out, slots, source = got
-    tokens, k = slots.shape
+    out, slots = got
+    tokens = operand.shape[0]
     count, start = int(routes[0, 3]), int(routes[0, 4])
     want = np.full(slots.shape, -1, np.int32)
-    want_source = np.full(source.shape, tokens * k, np.int32)
     for i in range(count):
         token, *pair = sent[start + i]
         if token == tokens:
             continue
         want[i] = pair
-        for j, slot in enumerate(pair):
+        for slot in pair:
             if slot >= 0:
-                want_source[slot] = i * k + j
                 assert_bits_equal(out[slot], operand[token])
     np.testing.assert_array_equal(slots, want)
-    np.testing.assert_array_equal(source, want_source)
 
 
 def _pull_set(c: Call, i: int, value, at=0) -> Call:
@@ -460,17 +455,13 @@ _PULL_NASTY = (
     (lambda c: with_(c, operands=c.operands[:2] + [np.zeros((2, 5), np.int32)]),
      r"routes \(2, 5\) and the slots result \(\d+, \d+\); they must be"),
     (lambda c: with_(c, results=[c.results[0], S((c.operands[0].shape[0] + 1,
-                                                  c.results[1].shape[1]), np.int32), c.results[2]]),
+                                                  c.results[1].shape[1]), np.int32)]),
      r"the slots result \(\d+, \d+\); they must be"),
-    (lambda c: with_(c, results=c.results[:2] + [S((c.results[0].shape[0] + 1,), np.int32)]),
-     r"the source result has shape \(\d+,\); it must be \(\d+,\): one entry a row"),
-    (lambda c: with_(c, results=c.results[:2] + [S(c.results[2].shape, np.int64)]),
-     r"the source result has element type s64; it takes s32"),
-    (lambda c: with_(c, results=[S(c.results[0].shape + (1,), c.results[0].dtype)]
-                     + c.results[1:]),
+    (lambda c: with_(c, results=[S(c.results[0].shape + (1,), c.results[0].dtype),
+                                 c.results[1]]),
      r"operand and result must have rows \(dim 0\) of one shape"),
     (lambda c: with_(c, operands=[np.zeros(c.operands[0].shape, jnp.int4)] + c.operands[1:],
-                     results=[S(c.results[0].shape, jnp.int4)] + c.results[1:]),
+                     results=[S(c.results[0].shape, jnp.int4), c.results[1]]),
      r"sub-byte element type s4 must be widened"),
     (lambda c: with_(c, parts=np.int64(0)), r"parts must be in \[1, \d+\]"),
 )
