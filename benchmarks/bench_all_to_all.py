@@ -75,6 +75,13 @@ WALL_CALLS, WALL_CALLS_LARGE, LARGE_BYTES = 100, 20, 16 * MIB
 # The loop clock, below LARGE_BYTES (where a call's own wall clock measures
 # its dispatch): one jitted program of LOOP_CALLS chained calls, per call.
 LOOP_CALLS, LOOP_RUNS = 100, 3
+# At these sizes, one traced call of each TIMELINE_CASES case, activity by
+# activity on every GPU (in one process) or on a process's own (one process
+# per GPU): Session.timeline, the one of median span of TIMELINE_CALLS. At
+# 16 MiB across processes a single call's span has run past its busy time.
+TIMELINE_MIB = (16,)
+TIMELINE_CASES = ("jax_tma", "nccl")
+TIMELINE_CALLS = 5
 # The skewed ragged case: each device sends this share of its rows to the
 # next device and splits the rest evenly over the others and itself.
 HEAVY = 3 / 4
@@ -349,10 +356,17 @@ def measure(s: Session, mesh: Mesh, mib: float, repetitions: int) -> dict[str, A
         s.log(f"{OP} {mib:g} MiB per GPU, run {r + 1} of {repetitions}, span µs: " + ", ".join(
             f"{name} {'—' if c['span_us'] is None else round(c['span_us'], 1)}"
             for name, c in runs[-1]["cases"].items()))
+    timelines = {}
+    if mib in TIMELINE_MIB:
+        for name in TIMELINE_CASES:
+            t = s.timeline(functools.partial(timed[name], *inputs[0]),
+                           TIMELINE_CALLS) if name in timed else None
+            if t is not None:
+                timelines[name] = t
     return {"buffer_bytes": buffer, "rows_per_gpu": rows, "row_bytes": row_bytes,
             "ceiling_rows_per_gpu": ceiling_rows, "sent_bytes": sent,
             "skewed_sizes": plans["skewed"].tolist(), "wall_calls": wall_calls(buffer),
-            "failed": failed, "runs": runs}
+            "failed": failed, "runs": runs, "timeline": timelines}
 
 
 def _loop_us(program: Callable[..., jax.Array], inputs: tuple[jax.Array, jax.Array]) -> float:

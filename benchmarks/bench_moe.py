@@ -128,9 +128,10 @@ SPARSE = ("lax_dispatch", "lax_combine", "lax_pair")
 PAIRS = (("dispatch", "lax_dispatch"), ("combine", "lax_combine"), ("pair", "lax_pair"),
          ("dispatch", "dense_dispatch"), ("combine", "dense_combine"), ("pair", "dense_pair"),
          ("dispatch", "a2a"))
-# At a loop shape, in one process: one call of each of these, activity by
-# activity on every GPU (Session.timeline; the median span of TIMELINE_CALLS
-# traced calls), to show where a single call's span goes.
+# At a loop shape: one call of each of these, activity by activity on every
+# GPU (in one process) or on a process's own (one process per GPU):
+# Session.timeline, the median span of TIMELINE_CALLS traced calls, to show
+# where a single call's span goes.
 TIMELINE_CASES = ("dispatch", "a2a")
 TIMELINE_CALLS = 5
 # The process mode: each worker's share of its GPU, how long the workers may

@@ -336,13 +336,17 @@ class Session:
         if self.smoke:
             return None
         with tempfile.TemporaryDirectory() as d:
-            jax.profiler.start_trace(d)
+            traced = self._start_timeline_trace(d)
             for _ in range(calls):
                 with jax.profiler.TraceAnnotation(CALL_ANNOTATION):
                     jax.block_until_ready(fn())
+            if not traced:
+                return None
             jax.profiler.stop_trace()
             activities, windows = _activities(d), _call_windows(d)
         groups = _by_call(activities, windows)
+        if not groups:
+            return None
         spans = [max(a.end_ns for a in g) - g[0].start_ns for g in groups]
         i = sorted(range(len(groups)), key=spans.__getitem__)[len(groups) // 2]
         t0 = groups[i][0].start_ns
@@ -350,6 +354,11 @@ class Session:
                 "activities": [{"gpu": a.gpu.removeprefix("/device:"), "stream": a.stream,
                                 "name": a.name, "start_us": (a.start_ns - t0) / 1e3,
                                 "end_us": (a.end_ns - t0) / 1e3} for a in groups[i]]}
+
+    def _start_timeline_trace(self, directory: str) -> bool:
+        """Starts the profiler's trace of Session.timeline into `directory`."""
+        jax.profiler.start_trace(directory)
+        return True
 
     def check(self, name: str, got: Any, want: Any, *, comparator: bool = False) -> None:
         """Checks a case's output against the reference formulation, bit for

@@ -53,11 +53,22 @@ class WorkerSession(Session):
     untraced: str | None = None
     call_gap_s = 0.02
 
-    def timeline(self, fn: Callable[[], Any], calls: int) -> None:
-        """None, with no call made (every worker alike, so the processes stay
-        in step): a process traces its own GPU alone, so one process's trace
-        cannot show how the GPUs' activities line up."""
-        return None
+    def timeline(self, fn: Callable[[], Any], calls: int) -> dict[str, Any] | None:
+        """Session.timeline of this process's own GPU (`own_gpu`: a process
+        traces its own alone, so its trace cannot show how the GPUs'
+        activities line up); every worker makes the same calls, traced or
+        not, so that the processes stay in step. None where the profiler
+        gives no trace."""
+        t = super().timeline(fn, calls)
+        return None if t is None else dict(t, own_gpu=True)
+
+    def _start_timeline_trace(self, directory: str) -> bool:
+        try:
+            jax.profiler.start_trace(directory)
+        except Exception as e:  # noqa: BLE001 (whatever the profiler raises)
+            self.untraced = f"the profiler did not start: {e}"
+            return False
+        return True
 
     def _trace(self, cases, plan, before) -> list[tuple[float, float]]:
         with tempfile.TemporaryDirectory() as d:

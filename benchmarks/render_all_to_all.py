@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tables import (MIB, WALL_MIN_US, Headline, clock_names, clocks_text, loop_busy_text,
-                    num_text, range_text, ratio_clocks_text, size_text)
+                    num_text, range_text, ratio_clocks_text, size_text, timeline_lines)
 
 # The family whose code these results measure (report.py's staleness):
 # all_to_all runs on ppermute's transport, and is of its family.
@@ -117,6 +117,9 @@ def render_all_to_all(r: dict[str, Any]) -> str:
         cells = ["failed" if c in row["failed"] else
                  clocks_text(row["times"][c]) if c in row["times"] else "—" for c in cases]
         lines.append(f"| {size_text(row['buffer_bytes'])} | " + " | ".join(cells) + " |")
+    for row in r["rows"]:
+        lines += timeline_lines(row.get("timeline"), LABELS,
+                                f" of {size_text(row['buffer_bytes'])} per GPU")
     notes = _failures(r)
     notes += [f"{LABELS[c]} not run: {why}" for c, why in r["not_run"].items()]
     fallbacks = [x for x in r["lowerings"] if ": lax." in x]

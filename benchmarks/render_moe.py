@@ -10,7 +10,7 @@ import functools
 from typing import Any
 
 from tables import (WALL_MIN_US, Headline, clock_names, clocks_text, loop_busy_text, num_text,
-                    ratio_clocks_text)
+                    ratio_clocks_text, timeline_lines)
 
 # The family whose code these results measure (report.py's staleness): the
 # MoE ops are compositions of ppermute's exchanges, and of its family.
@@ -83,36 +83,6 @@ def _cases(r: dict[str, Any], row: dict[str, Any]) -> list[str]:
     return [c for c in r["cases"] if c in row["times"] or c in row["failed"]]
 
 
-def _short(name: str) -> str:
-    """An activity's name without its return type, namespaces, template
-    arguments and parameters: `void ns::Kernel<8>(Params)` -> `Kernel` (an
-    anonymous namespace's parentheses are not parameters)."""
-    name = name.removeprefix("void ").replace("(anonymous namespace)::", "").split("(")[0]
-    depth, out = 0, []
-    for ch in name:
-        depth += ch == "<"
-        if depth == 0:
-            out.append(ch)
-        depth -= ch == ">"
-    return "".join(out).rsplit("::", 1)[-1]
-
-
-def _timeline_lines(row: dict[str, Any]) -> list[str]:
-    """One call of each case that has a timeline, activity by activity a GPU:
-    name start–end, in µs from the call's first GPU activity."""
-    lines = []
-    for case, t in (row.get("timeline") or {}).items():
-        by_gpu: dict[str, list[str]] = {}
-        for a in t["activities"]:
-            by_gpu.setdefault(a["gpu"], []).append(
-                f"{_short(a['name'])} {a['start_us']:.1f}–{a['end_us']:.1f}")
-        lines += ["", f"One call of {LABELS[case]}, of median span ({t['span_us']:.1f} µs) of "
-                      f"its traced calls, activity by activity (µs from the call's first GPU "
-                      f"activity; the host's call began at {t['host_window_us']:.1f}):", ""]
-        lines += [f"- {gpu}: " + ", ".join(items) for gpu, items in sorted(by_gpu.items())]
-    return lines
-
-
 def render_moe(r: dict[str, Any]) -> str:
     devices = ", ".join(dict.fromkeys(r["devices"]))
     lines = [
@@ -140,7 +110,7 @@ def render_moe(r: dict[str, Any]) -> str:
             lines.append(f"| {LABELS[c]} | {clocks_text(row['times'][c])} | "
                          f"{num_text(row['deepep_gbps'][c]['span'])} | "
                          f"{_mb(row['link_bytes'][c])} | {num_text(row['link_gbps'][c]['span'])} |")
-        lines += _timeline_lines(row)
+        lines += timeline_lines(row.get("timeline"), LABELS)
     ratios = [(k, h) for k, h in RATIOS if any(k in row["ratios"] for row in r["rows"])]
     if ratios:
         lines += ["", f"Ratios, {clock_names(r)}: *A vs B* is B's time ÷ A's (above 1, A "

@@ -167,3 +167,38 @@ def build_cells(r: dict[str, Any]) -> list[str]:
     return [_install(r), f"`{info.get('cuda_archs') or '?'}`",
             ".".join(map(str, api)) if api else "?",
             f"{runtime // 1000}.{runtime % 1000 // 10}" if runtime else "?"]
+
+
+def short_name(name: str) -> str:
+    """An activity's name without its return type, namespaces, template
+    arguments and parameters: `void ns::Kernel<8>(Params)` -> `Kernel` (an
+    anonymous namespace's parentheses are not parameters)."""
+    name = name.removeprefix("void ").replace("(anonymous namespace)::", "").split("(")[0]
+    depth, out = 0, []
+    for ch in name:
+        depth += ch == "<"
+        if depth == 0:
+            out.append(ch)
+        depth -= ch == ">"
+    return "".join(out).rsplit("::", 1)[-1]
+
+
+def timeline_lines(timelines: dict[str, Any] | None, labels: dict[str, str],
+                   where: str = "") -> list[str]:
+    """One call of each case that has a timeline (harness.Session.timeline),
+    activity by activity a GPU: name start–end, in µs from the call's first
+    GPU activity; `where` follows each case's label (a size, say)."""
+    lines = []
+    for case, t in (timelines or {}).items():
+        by_gpu: dict[str, list[str]] = {}
+        for a in t["activities"]:
+            by_gpu.setdefault(a["gpu"], []).append(
+                f"{short_name(a['name'])} {a['start_us']:.1f}–{a['end_us']:.1f}")
+        gpus = (" on this process's own GPU (a process traces its own alone)"
+                if t.get("own_gpu") else "")
+        lines += ["", f"One call of {labels[case]}{where}, of median span ({t['span_us']:.1f} µs) "
+                      f"of its traced calls, activity by activity{gpus} (µs from the call's "
+                      f"first GPU activity; the host's call began at "
+                      f"{t['host_window_us']:.1f}):", ""]
+        lines += [f"- {gpu}: " + ", ".join(items) for gpu, items in sorted(by_gpu.items())]
+    return lines

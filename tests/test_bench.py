@@ -696,25 +696,30 @@ def test_all_to_all_targets_say_where_50x_lax_asks_for_more_than_the_link():
     assert "beyond the link" not in render_all_to_all.render_targets(slower, suffix="@4x-h200")
 
 
-def test_moe_renders_a_timeline_a_gpu_with_short_names():
+def test_a_timeline_renders_a_line_a_gpu_with_short_names():
     import render_moe
+    from tables import short_name, timeline_lines
 
-    assert render_moe._short("void jax_tma::PeerInboxExchangeKernel<8, (bool)1>(Params)") \
+    assert short_name("void jax_tma::PeerInboxExchangeKernel<8, (bool)1>(Params)") \
         == "PeerInboxExchangeKernel"
-    assert render_moe._short("loop_fusion_3") == "loop_fusion_3"
-    assert render_moe._short("jax_tma::(anonymous namespace)::PeerPullCopyKernel(jax_tma::PeerLegs,"
-                             " jax_tma::PeerPullRows)") == "PeerPullCopyKernel"
+    assert short_name("loop_fusion_3") == "loop_fusion_3"
+    assert short_name("jax_tma::(anonymous namespace)::PeerPullCopyKernel(jax_tma::PeerLegs,"
+                      " jax_tma::PeerPullRows)") == "PeerPullCopyKernel"
     acts = [{"gpu": "GPU:1", "stream": "s", "name": "f", "start_us": 1.0, "end_us": 3.0},
             {"gpu": "GPU:0", "stream": "s", "name": "void a::K<1>(int)", "start_us": 0.0,
              "end_us": 2.5}, {"gpu": "GPU:0", "stream": "s", "name": "g", "start_us": 4.0,
                               "end_us": 5.25}]
-    lines = render_moe._timeline_lines(
-        {"timeline": {"dispatch": {"span_us": 5.25, "host_window_us": -12.3,
-                                   "activities": acts}}})
+    t = {"span_us": 5.25, "host_window_us": -12.3, "activities": acts}
+    lines = timeline_lines({"dispatch": t}, render_moe.LABELS)
     assert lines[1].startswith("One call of `moe_dispatch`, of median span (5.2 µs)")
+    assert "activity by activity (µs" in lines[1]
     assert "the host's call began at -12.3" in lines[1]
     assert lines[3:] == ["- GPU:0: K 0.0–2.5, g 4.0–5.2", "- GPU:1: f 1.0–3.0"]
-    assert render_moe._timeline_lines({"timeline": {}}) == []
+    assert timeline_lines({}, render_moe.LABELS) == timeline_lines(None, {}) == []
+    # A process's own GPU (processes.WorkerSession), and a size after the label.
+    lines = timeline_lines({"nccl": dict(t, own_gpu=True)}, {"nccl": "NCCL"}, " of 16 MiB")
+    assert lines[1].startswith("One call of NCCL of 16 MiB, of median span")
+    assert "activity by activity on this process's own GPU (a process traces its own" in lines[1]
 
 
 @_two_devices
