@@ -33,8 +33,9 @@
 #            exchanges replayed from command buffers in
 #            test_command_buffers.py, the processes on GPUs of their own in
 #            test_ppermute_processes.py, and memcheck, then racecheck and
-#            synccheck of the Peer* kernels, over test_multi_gpu.py's
-#            memcheck-marked tests).
+#            synccheck of the Peer* kernels: on one GPU over test_paths.py's
+#            kernel paths, then over test_multi_gpu.py's memcheck-marked
+#            tests).
 # Logs under $OUT, the benchmarks' result JSON and log in
 # $OUT/bench_<ops>.tgz and the sanitizers' result JSON in
 # $OUT/bench_sanitize.tgz (`tar -xzf bench_all.tgz -C benchmarks results` and
@@ -371,9 +372,28 @@ for stage in "${stages[@]}"; do
     rc=$?
     cat /tmp/sanitizer.log >> "$OUT/sanitizer.log"
     record $rc "compute-sanitizer memcheck on the memcheck-marked multi-GPU tests: $(grep -E 'ERROR SUMMARY|passed|failed' /tmp/sanitizer.log | tr '\n' ' ')"
-    # racecheck and synccheck over the same tests, the peer kernels alone
-    # instrumented (XLA's are not ours to check) and XLA's command buffers
-    # off: inside CUDA graphs both tools crashed in some runs on one H200
+    # The peer kernels on one GPU, each exchange on a one-device mesh (the
+    # kernel paths of tests/test_paths.py, the Peer* kernels instrumented),
+    # under the three tools: on two GPUs of one process racecheck can leave
+    # one GPU's instrumented meet waiting for a publish that never comes
+    # (2 x H200, 2026-11-29: 120 s, where the same tests pass without the
+    # tool and under synccheck), so one GPU is where racecheck's word on
+    # them is had for sure.
+    for tool in memcheck racecheck synccheck; do
+      CUDA_VISIBLE_DEVICES=0 PYTHONPATH=${site[source]}:$bench_site JAX_TMA_REQUIRE_GPU=1 \
+        XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_command_buffer=" \
+        timeout 200 compute-sanitizer --tool $tool --kernel-name kns=Peer \
+        --report-api-errors no --error-exitcode 9 \
+        python3 -P -m pytest tests/test_paths.py -q -p no:cacheprovider \
+        > /tmp/sanitizer.log 2>&1
+      rc=$?
+      cat /tmp/sanitizer.log >> "$OUT/sanitizer.log"
+      record $rc "compute-sanitizer $tool (Peer* kernels, one GPU, command buffers off) on the one-GPU kernel paths: $( [ $rc -ge 128 ] && echo "the tool crashed (signal $((rc - 128))); ")$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|passed|failed' /tmp/sanitizer.log | tr '\n' ' ')"
+    done
+    # racecheck and synccheck over the memcheck-marked multi-GPU tests, the
+    # peer kernels alone instrumented (XLA's are not ours to check) and XLA's
+    # command buffers off: inside CUDA graphs both tools crashed in some runs
+    # on one H200
     # (2026-11-29, a segfault and no report; benchmarks/TUNING.md, "The peer
     # kernels under racecheck and synccheck"). A crash is recorded as one.
     for tool in racecheck synccheck; do
