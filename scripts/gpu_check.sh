@@ -393,9 +393,9 @@ for stage in "${stages[@]}"; do
     # racecheck and synccheck over the memcheck-marked multi-GPU tests, the
     # peer kernels alone instrumented (XLA's are not ours to check) and XLA's
     # command buffers off: inside CUDA graphs both tools crashed in some runs
-    # on one H200
-    # (2026-11-29, a segfault and no report; benchmarks/TUNING.md, "The peer
-    # kernels under racecheck and synccheck"). A crash is recorded as one.
+    # on one H200 (2026-11-29, a segfault and no report; benchmarks/TUNING.md,
+    # "The peer kernels under racecheck and synccheck"). A crash is recorded
+    # as one.
     for tool in racecheck synccheck; do
       CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1} PYTHONPATH=${site[source]}:$bench_site \
         XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_command_buffer=" \
