@@ -180,7 +180,6 @@ __global__ void __launch_bounds__(kSimtThreads)
 // ---- PeerScatter (peer_copy.h) ----
 
 constexpr int kScatterThreads = 128;  // copy: thread 0 drives the pipeline, all copy the edges
-constexpr int kMeetThreads = 256;     // meet: one thread per leg, all check slices
 // Kernel parameters are at most 4 KiB (before CUDA 12.1 and Volta).
 static_assert(sizeof(PeerLegs) + sizeof(PeerSlices) + sizeof(PeerWait) <= 4096);
 
@@ -266,14 +265,22 @@ __device__ __noinline__ void CheckOwnSlices(const PeerSlices& s, const PeerWait&
   ReportBadSlice(check, mine);
 }
 
+// How a kernel numbers the call it runs: kRaised, its meet raises each leg's
+// count of calls first (PeerScatterSum, PeerPull: their copy and finish
+// read the raised count); kAtEnd, the call is the count plus one until the
+// kernel's last CTA raises it (PeerScatter, whose CTAs all read the count
+// first, as PeerInboxExchange's do).
+enum class CallCount : int { kRaised = 0, kAtEnd = 1 };
+
 // Thread t < legs.count of the meet: leg t publishes this participant's
 // buffer (and receive sizes) to its source, waits for its destination's and
 // keeps it; returns the destination's receive sizes (0 for other threads).
-__device__ unsigned long long MeetLeg(const PeerLegs& legs, int t) {
+__device__ unsigned long long MeetLeg(const PeerLegs& legs, int t,
+                                      CallCount count = CallCount::kRaised) {
   if (t >= legs.count) return 0;
   const PeerLeg leg = legs.leg[t];  // a copy: a reference would copy every leg to the stack
   const unsigned long long call = leg.own->calls + 1;
-  leg.own->calls = call;
+  if (count == CallCount::kRaised) leg.own->calls = call;
   leg.by_box->buffer = leg.published;
   leg.by_box->sizes = leg.published_sizes;
   StoreRelease(&leg.by_box->ready, call);  // the buffer travels ahead of the number
@@ -286,12 +293,13 @@ __device__ unsigned long long MeetLeg(const PeerLegs& legs, int t) {
 // Checks this participant's slices, publishes its output (and receive
 // sizes) to every source, waits for every destination's, then checks each
 // destination's receive size for the slices it gets.
-__device__ void ScatterMeet(const PeerLegs& legs, const PeerSlices& s, const PeerWait& check) {
+__device__ void ScatterMeet(const PeerLegs& legs, const PeerSlices& s, const PeerWait& check,
+                            CallCount count = CallCount::kRaised) {
   const int t = threadIdx.x;
   BadSlice mine{0, 0, 0, 0, 0};
   if (s.ragged()) CheckOwnSlices(s, check);
   __shared__ unsigned long long recv_of[kMaxPeerLegs + 1];  // each leg's receive sizes
-  const unsigned long long theirs = MeetLeg(legs, t);
+  const unsigned long long theirs = MeetLeg(legs, t, count);
   if (t < legs.count) recv_of[t + 1] = theirs;
   if (t == 0) recv_of[0] = reinterpret_cast<unsigned long long>(s.recv_sizes);
   __syncthreads();
@@ -307,36 +315,60 @@ __device__ void ScatterMeet(const PeerLegs& legs, const PeerSlices& s, const Pee
   ReportBadSlice(check, mine);
 }
 
-__global__ void __launch_bounds__(kMeetThreads)
-    PeerScatterMeetKernel(PeerLegs legs, PeerSlices s, PeerWait check) {
-  LaunchNextGrid();  // the copy's CTAs take their SMs while this one waits for the peers
-  ScatterMeet(legs, s, check);
-}
-
 // After a CTA's part of a slice of leg k (0: this participant's own): the
 // last of the leg's `leg_ctas` CTAs to finish tells its destination, once
-// every CTA's writes are visible there.
-__device__ __forceinline__ void ScatterLegDone(const PeerLegs& legs, int k, int64_t leg_ctas) {
+// every CTA's writes are visible there, that call own->calls + `count` is
+// done.
+__device__ __forceinline__ void ScatterLegDone(const PeerLegs& legs, int k, int64_t leg_ctas,
+                                               CallCount count = CallCount::kRaised) {
   __syncthreads();
   if (k != 0 && threadIdx.x == 0) {
     const PeerLeg& leg = legs.leg[k - 1];
+    const unsigned long long call = leg.own->calls + static_cast<int>(count);
     __threadfence_system();
     if (atomicAdd(&leg.own->ctas, 1u) == leg_ctas - 1) {
       leg.own->ctas = 0;
       __threadfence_system();
-      StoreRelease(&leg.partner_box->done, leg.own->calls);
+      StoreRelease(&leg.partner_box->done, call);
     }
   }
 }
 
-// CTA b copies its part of slice b mod slices, with the other CTAs of
-// that slice (ctas of them): the slices' CTAs interleave, so the GPU starts
-// every slice at once instead of one after another. The last CTA of a
-// leg's slices signals its destination.
+// Thread 0 of every CTA of a PeerScatter: waits until CTA 0 has met every
+// peer (and checked the slices) for `call`. Unbounded: CTA 0's own waits
+// are bounded, and where one gives up its trap ends this grid too.
+__device__ __forceinline__ void AwaitMet(const unsigned long long* met, unsigned long long call) {
+  while (LoadAcquire(met) != call) __nanosleep(100);
+}
+
+// PeerScatter, one kernel: CTA b copies its part of slice b mod slices, with
+// the other CTAs of that slice (ctas of them): the slices' CTAs interleave,
+// so the GPU starts every slice at once instead of one after another. CTA 0
+// first checks the slices and meets every peer (ScatterMeet); the others
+// wait for it on this participant's first leg (`met`). The last CTA of a
+// leg's slices signals its destination; the grid's last CTA waits until
+// every source has signalled this participant, then raises each leg's count
+// of calls, which every CTA read first. Without legs (one participant)
+// every CTA checks the slices itself: nobody else's word is needed. One
+// launch where a meet, a copy and a finish took three: outside a CUDA graph
+// each launch is host time the GPU waits for (benchmarks/TUNING.md).
 __global__ void __launch_bounds__(kScatterThreads)
-    PeerScatterCopyKernel(PeerLegs legs, PeerSlices s, bool tma, uint32_t chunk, int stages) {
-  LaunchNextGrid();
-  AwaitPreviousGrid();  // the meet: every destination's output is known
+    PeerScatterKernel(PeerLegs legs, PeerSlices s, PeerWait check, bool tma, uint32_t chunk,
+                      int stages) {
+  if (legs.count == 0) {
+    ScatterMeet(legs, s, check);  // the checks alone
+  } else {
+    unsigned long long* met = &legs.leg[0].own->met;
+    const unsigned long long call = legs.leg[0].own->calls + 1;
+    if (blockIdx.x == 0) {
+      ScatterMeet(legs, s, check, CallCount::kAtEnd);
+      __syncthreads();
+      if (threadIdx.x == 0) StoreRelease(met, call);  // the peers' buffers travel ahead
+    }
+    if (threadIdx.x == 0) AwaitMet(met, call);
+    __syncthreads();
+    LoadAcquire(met);  // each thread's own acquire of the peers' buffers thread 0 saw kept
+  }
   const int64_t i = blockIdx.x % s.slices;
   const int64_t cta = blockIdx.x / s.slices, ctas = gridDim.x / s.slices;
   const int k = LegOf(s, i);
@@ -370,13 +402,27 @@ __global__ void __launch_bounds__(kScatterThreads)
   }
 #endif
   if (bytes > 0) SimtCopy(src, dst, bytes, cta, ctas);
-  ScatterLegDone(legs, k, ctas * s.per_part);
+  if (legs.count == 0) return;
+  ScatterLegDone(legs, k, ctas * s.per_part, CallCount::kAtEnd);
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    last = AtomicAddAcqRel(&legs.leg[0].own->finished, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  for (int t = threadIdx.x; t < legs.count; t += blockDim.x) {
+    const PeerLeg leg = legs.leg[t];  // as in MeetLeg
+    const unsigned long long leg_call = leg.own->calls + 1;
+    AwaitCall(&leg.own->done, leg_call, leg.wait_by, PeerWaitFor::kDone);
+    leg.own->calls = leg_call;
+  }
+  if (threadIdx.x == 0) legs.leg[0].own->finished = 0;
 }
 
 __global__ void PeerScatterFinishKernel(PeerLegs legs) {
   AwaitPreviousGrid();  // the copy
   for (int t = threadIdx.x; t < legs.count; t += blockDim.x) {
-    const PeerLeg leg = legs.leg[t];  // as in PeerScatterMeetKernel
+    const PeerLeg leg = legs.leg[t];  // as in MeetLeg
     AwaitCall(&leg.own->done, leg.own->calls, leg.wait_by, PeerWaitFor::kDone);
   }
 }
@@ -513,7 +559,7 @@ __device__ void SumRowsInto(const PeerSumRows& sums, int64_t bytes, int64_t firs
 
 // CTA b sums its part of slice b mod slices into the slice's destination
 // (this participant's own result, or a destination's across the link), as
-// PeerScatterCopyKernel copies one.
+// PeerScatterKernel copies one.
 __global__ void __launch_bounds__(kSumThreads)
     PeerScatterSumKernel(PeerLegs legs, PeerSlices s, PeerSumRows sums) {
   LaunchNextGrid();
@@ -785,7 +831,7 @@ __global__ void __launch_bounds__(kInboxThreads)
     }
     return;
   }
-  const PeerInboxLeg leg = legs.leg[k - 1];  // a copy, as in PeerScatterMeetKernel
+  const PeerInboxLeg leg = legs.leg[k - 1];  // a copy, as in MeetLeg
   // Every CTA of the leg reads the count before the last one raises it.
   const unsigned long long call = *static_cast<volatile unsigned long long*>(&leg.own->calls) + 1;
   const int64_t slot = (call & 1) * PeerInboxStride(PeerInboxPayload(s));
@@ -933,7 +979,7 @@ ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
     JAX_TMA_RETURN_IF_FAILED(smem_limit.Get(
         device,
         [](int d, int* l) {
-          return AllowBulkSmem(reinterpret_cast<const void*>(PeerScatterCopyKernel), d, l);
+          return AllowBulkSmem(reinterpret_cast<const void*>(PeerScatterKernel), d, l);
         },
         &limit));
     if (plan.smem > static_cast<std::size_t>(limit)) {
@@ -948,27 +994,14 @@ ffi::Error LaunchPeerScatter(std::string_view op, const PeerLegs& legs,
   if (max_ctas > 0) {
     plan.blocks = std::min<int64_t>(plan.blocks, std::max<int64_t>(1, max_ctas / slices.slices));
   }
-  // The copy and the finish launch while the kernel before them runs (see
-  // LaunchNextGrid) where the device has programmatic dependent launch.
-  const bool early = info.cc_major >= 9;
-  if (legs.count > 0 || slices.ragged()) {
-    JAX_TMA_RETURN_IF_FAILED(LaunchOn(stream, false, PeerScatterMeetKernel, 1, kMeetThreads, 0,
-                                      legs, slices, check));
-  }
   const int64_t grid = plan.blocks * slices.slices;
   if (grid > 0x7fffffff) {
     return InvalidArgument(op, "an exchange of ", slices.slices, " slices of ", plan.blocks,
                            " CTAs each, over the grid limit");
   }
-  JAX_TMA_RETURN_IF_FAILED(LaunchOn(stream, early, PeerScatterCopyKernel,
-                                    static_cast<unsigned int>(grid), kScatterThreads, plan.smem,
-                                    legs, slices, tma, plan.chunk,
-                                    kDefaultBulkCopyConfig.stages));
-  if (legs.count > 0) {
-    JAX_TMA_RETURN_IF_FAILED(
-        LaunchOn(stream, early, PeerScatterFinishKernel, 1, 32, 0, legs));
-  }
-  return ffi::Error::Success();
+  return LaunchOn(stream, false, PeerScatterKernel, static_cast<unsigned int>(grid),
+                  kScatterThreads, plan.smem, legs, slices, check, tma, plan.chunk,
+                  kDefaultBulkCopyConfig.stages);
 }
 
 ffi::Error LaunchPeerScatterSum(std::string_view op, const PeerLegs& legs,

@@ -60,6 +60,11 @@ struct alignas(64) PeerMailbox {
   // number of the last call of each parity whose chunk it finished pushing
   // into this participant's inbox.
   unsigned long long arrived[2];
+  // A PeerScatter's own, on its first leg's mailbox: the number of the last
+  // call whose meeting its CTA 0 finished (the others wait for it), and the
+  // CTAs of the current call finished.
+  unsigned long long met;
+  unsigned int finished;
 };
 
 // What a participant waited for when it gave up.
@@ -125,12 +130,14 @@ ffi::Error LaunchPeerFinish(PeerMailbox* own, const PeerWait& wait, cudaStream_t
 // An all_to_all (or ragged all_to_all) of `parts` participants is parts - 1
 // steps (legs), one per shift k: this participant pushes into the one k
 // positions after it and receives from the one k before. Each leg has its
-// own mailboxes, trading as above, but the three kernels run every leg at
-// once: PeerScatterMeet publishes this participant's output to every
-// source and waits for every destination's; PeerScatterCopy pushes every
-// slice straight into its destination's output (the slices for itself into
-// its own), all in one grid, the last CTA of a leg signalling its
-// destination; PeerScatterFinish waits until every source has finished.
+// own mailboxes, trading as above, and one kernel runs every leg at once:
+// its CTA 0 publishes this participant's output to every source and waits
+// for every destination's (the meet), while the other CTAs wait for it;
+// then every CTA pushes its part of a slice straight into its destination's
+// output (the slices for itself into its own), the last CTA of a leg
+// signalling its destination; the grid's last CTA waits until every source
+// has finished (the finish). A call's number is each leg's count of calls
+// plus one, which that last CTA raises once every CTA has read it.
 
 // At most this many legs per exchange: the legs travel as kernel parameters.
 inline constexpr int kMaxPeerLegs = 31;
@@ -185,7 +192,7 @@ struct PeerSlices {
   JAX_TMA_HOST_DEVICE bool ragged() const { return send_sizes != nullptr; }
 };
 
-// The three kernels of one exchange on `stream`, with the TMA bulk pipeline
+// The kernel of one exchange on `stream`, with the TMA bulk pipeline
 // where `tma` (slices whose source and destination differ modulo 16 B, and
 // every slice without `tma`, with SIMT). `expected_bytes` (a slice's bytes,
 // or what a ragged one is expected to hold) sizes the grid, of at most
