@@ -278,6 +278,7 @@ class Session:
             for name in plan:
                 if before is not None:
                     jax.block_until_ready(before())
+                self._before_call()
                 t0 = time.perf_counter()
                 jax.block_until_ready(cases[name]())
                 runs.append((time.perf_counter() - t0,) * 2)
@@ -295,6 +296,10 @@ class Session:
                 medians[name]["wall_us"] = us
             protocol["wall"] = {"calls": calls, "samples": samples}
         return {"cases": medians, "protocol": protocol}
+
+    def _before_call(self) -> None:
+        """Runs right before each timed call (after its untimed `before`):
+        nothing here; the processes' session aligns their launches."""
 
     @staticmethod
     def _trace(cases, plan, before) -> list[tuple[float, float]]:

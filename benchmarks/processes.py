@@ -35,6 +35,9 @@ import provenance
 from harness import MIB, Session, _device_events, _split_runs
 
 _BARRIER_TIMEOUT_MS = 120_000
+# How far ahead of now process 0 sets the moment of the workers' next
+# launch: more than a read of the key-value store takes.
+_LAUNCH_LEAD_S = 0.005
 
 
 # ---- the worker processes ---------------------------------------------------
@@ -48,10 +51,35 @@ class WorkerSession(Session):
     largest gaps. Where the profiler gives no trace (or one without an
     activity per call), the calls are made all the same, so that the
     processes' collectives stay in step, and their span and busy time are
-    NaN (null in the result; `untraced` says why)."""
+    NaN (null in the result; `untraced` says why).
+
+    Every timed call starts at one moment in every worker (_before_call):
+    after the pause, each one's wake-up (time.sleep's, 0.05-0.3 ms late)
+    would otherwise set the processes' launches apart by as much, which a
+    collective's span then holds; in a training step the processes launch
+    as soon as the step before returns."""
 
     untraced: str | None = None
     call_gap_s = 0.02
+    _launches = 0
+
+    def _before_call(self) -> None:
+        """Waits for the moment process 0 names for this launch, _LAUNCH_LEAD_S
+        ahead on the host's monotonic clock (one clock for every process of
+        the host), through jax.distributed's key-value store; sleeps to 1 ms
+        before it, then spins."""
+        if jax.process_count() == 1:
+            return
+        client = _client()
+        key = f"launch/{self._launches}"
+        self._launches += 1
+        if jax.process_index() == 0:
+            client.key_value_set(key, repr(time.monotonic() + _LAUNCH_LEAD_S))
+        at = float(client.blocking_key_value_get(key, _BARRIER_TIMEOUT_MS))
+        while (left := at - time.monotonic()) > 0.001:
+            time.sleep(left - 0.001)
+        while time.monotonic() < at:
+            pass
 
     def timeline(self, fn: Callable[[], Any], calls: int) -> dict[str, Any] | None:
         """Session.timeline of this process's own GPU (`own_gpu`: a process
@@ -80,6 +108,7 @@ class WorkerSession(Session):
             for name in plan:
                 if before is not None:
                     jax.block_until_ready(before())
+                self._before_call()
                 jax.block_until_ready(cases[name]())
                 time.sleep(self.call_gap_s)
             if traced:
