@@ -216,7 +216,8 @@ def exchange(mesh, axis, split, concat, tiled, dtype, block, iterations):
 def run_exchanges():
     for dtype in (np.float32, np.int8, jax.numpy.bfloat16, np.bool_):
         exchange(mesh_1d, "i", 0, 0, True, dtype, (n * 3, 5), iterations=2)
-    for rows in (0, 1, 1 << 20):  # chunks of 0 B, 4 B and 4 MiB
+    # Chunks of 0 B, 4 B (the inbox's low-latency form), 128 KiB (its plain form) and 4 MiB.
+    for rows in (0, 1, 1 << 15, 1 << 20):
         exchange(mesh_1d, "i", 0, 0, True, np.float32, (n * rows,), iterations=1)
     exchange(mesh_1d, "i", 1, 0, False, np.uint16, (2, n, 7), iterations=2)
     exchange(mesh_1d, "i", 0, 1, True, np.int32, (n * 2, 3), iterations=2)

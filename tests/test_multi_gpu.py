@@ -203,7 +203,9 @@ def test_ppermute_handler_names_a_pair_without_peer_access(mesh, rng):
 @pytest.mark.memcheck
 @pytest.mark.parametrize("split,concat,tiled", [(0, 0, True), (0, 1, True), (1, 0, False),
                                                (1, 1, False)])
-@pytest.mark.parametrize("chunk_bytes", [1, 4096 + 13, (8 << 20) + 48])
+# Chunks in the inbox's low-latency form (1 B, 4 KiB + 13), its plain form (96 KiB + 4) and
+# PeerScatter (8 MiB + 48).
+@pytest.mark.parametrize("chunk_bytes", [1, 4096 + 13, (96 << 10) + 4, (8 << 20) + 48])
 def test_all_to_all_matches_lax(mesh, rng, split, concat, tiled, chunk_bytes):
     n = mesh.size
     block = [n, chunk_bytes] if split == 0 else [chunk_bytes, n]
@@ -219,7 +221,7 @@ def test_all_to_all_matches_lax(mesh, rng, split, concat, tiled, chunk_bytes):
                       want)
 
 
-@pytest.mark.parametrize("block_bytes", [8 << 20, 64 << 10, 4 * 4099])
+@pytest.mark.parametrize("block_bytes", [8 << 20, 1 << 20, 64 << 10, 4 * 4099])
 def test_all_to_all_loop_orders_reads_and_reuse(mesh, rng, block_bytes):
     """50 exchanges in a loop, each of a block written right before it (the
     ppermute loop test's hazards, for every step of the exchange; through the

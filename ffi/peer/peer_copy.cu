@@ -770,6 +770,145 @@ __global__ void __launch_bounds__(kPullThreads)
   }
 }
 
+// ---- The inbox's low-latency form (peer_copy.h) ----
+
+// The n (at most 8) bytes at p as a word's low bytes, and back.
+__device__ __forceinline__ unsigned long long LoadUpTo8(const uint8_t* p, int64_t n) {
+  if (n == kPeerLowLatencyData && reinterpret_cast<uintptr_t>(p) % 8 == 0) {
+    return *reinterpret_cast<const unsigned long long*>(p);
+  }
+  unsigned long long v = 0;
+  for (int64_t b = 0; b < n; ++b) v |= static_cast<unsigned long long>(p[b]) << (8 * b);
+  return v;
+}
+__device__ __forceinline__ void StoreUpTo8(uint8_t* p, int64_t n, unsigned long long v) {
+  if (n == kPeerLowLatencyData && reinterpret_cast<uintptr_t>(p) % 8 == 0) {
+    *reinterpret_cast<unsigned long long*>(p) = v;
+    return;
+  }
+  for (int64_t b = 0; b < n; ++b) p[b] = static_cast<uint8_t>(v >> (8 * b));
+}
+
+// Unit u of a slot: each half of `data` in a word with `flag` above it.
+__device__ __forceinline__ void StoreUnit(uint8_t* slot, int64_t u, unsigned long long data,
+                                          unsigned int flag) {
+  const unsigned long long f = static_cast<unsigned long long>(flag) << 32;
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot + u * kPeerLowLatencyUnit),
+               "l"((data & 0xffffffffull) | f), "l"((data >> 32) | f)
+               : "memory");
+}
+
+// Unit u of a slot, whole: its data, and the flag it holds (`flag` where
+// both words hold it; otherwise one that differs, from a call before or
+// after).
+__device__ __forceinline__ unsigned int LoadUnit(const uint8_t* slot, int64_t u,
+                                                 unsigned int flag, unsigned long long* data) {
+  unsigned long long w0, w1;
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+               : "=l"(w0), "=l"(w1)
+               : "l"(slot + u * kPeerLowLatencyUnit)
+               : "memory");
+  *data = (w0 & 0xffffffffull) | (w1 << 32);
+  const auto f0 = static_cast<unsigned int>(w0 >> 32), f1 = static_cast<unsigned int>(w1 >> 32);
+  return f0 != flag ? f0 : f1;
+}
+
+// Waits until units at[0 .. count) of a slot hold call `call`'s flag, as
+// AwaitCall waits for a flag (a flag past the call's: out of step), and
+// returns their data; the loads of every unit not yet there are in flight
+// together.
+template <int N>
+__device__ void AwaitUnits(const uint8_t* slot, const int64_t (&at)[N], int count,
+                           unsigned long long call, const PeerWait& w,
+                           unsigned long long (&data)[N]) {
+  const auto flag = static_cast<unsigned int>(call);
+  unsigned int missing = (1u << count) - 1, seen = flag;
+  unsigned long long start = 0;
+  for (unsigned int polls = 0;; ++polls) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      if ((missing >> j & 1u) == 0) continue;
+      const unsigned int f = LoadUnit(slot, at[j], flag, &data[j]);
+      if (f == flag) {
+        missing &= ~(1u << j);
+      } else {
+        seen = f;
+        if (static_cast<int>(f - flag) > 0) {
+          GiveUp(w, PeerWaitFor::kDone, PeerGaveUp::kOutOfStep, call, f);
+        }
+      }
+    }
+    if (missing == 0) return;
+    if (polls == 0) start = GlobalNanoseconds();
+    if (polls % kChecksEvery == kChecksEvery - 1) {
+      if (*w.gone != 0) GiveUp(w, PeerWaitFor::kDone, PeerGaveUp::kGone, call, seen);
+      if (GlobalNanoseconds() - start > w.timeout_ns) {
+        GiveUp(w, PeerWaitFor::kDone, PeerGaveUp::kTimeout, call, seen);
+      }
+    }
+    __nanosleep(32);
+  }
+}
+
+// Thread t of `threads`: `rows` rows of `row_bytes` from src (contiguous)
+// into a slot's units from `first`, each row in PeerRowUnits of its own.
+__device__ void PushUnits(const uint8_t* src, int64_t row_bytes, int64_t rows, uint8_t* slot,
+                          int64_t first, unsigned int flag, int64_t t, int64_t threads) {
+  const int64_t per_row = PeerRowUnits(row_bytes), units = rows * per_row;
+  for (int64_t u0 = t; u0 < units; u0 += kSimtBatch * threads) {
+    unsigned long long data[kSimtBatch];
+#pragma unroll
+    for (int j = 0; j < kSimtBatch; ++j) {
+      const int64_t u = u0 + j * threads;
+      if (u >= units) break;
+      const int64_t r = rows == 1 ? 0 : u / per_row, at = (u - r * per_row) * kPeerLowLatencyData;
+      data[j] = LoadUpTo8(src + r * row_bytes + at, min(kPeerLowLatencyData, row_bytes - at));
+    }
+#pragma unroll
+    for (int j = 0; j < kSimtBatch; ++j) {
+      const int64_t u = u0 + j * threads;
+      if (u >= units) break;
+      StoreUnit(slot, first + u, data[j], flag);
+    }
+  }
+}
+
+// PushUnits' counterpart: waits for each unit of call `call` (from the
+// source `w` waits for) and copies its bytes to dst.
+__device__ void PullUnits(const uint8_t* slot, int64_t first, uint8_t* dst, int64_t row_bytes,
+                          int64_t rows, unsigned long long call, const PeerWait& w, int64_t t,
+                          int64_t threads) {
+  const int64_t per_row = PeerRowUnits(row_bytes), units = rows * per_row;
+  for (int64_t u0 = t; u0 < units; u0 += kSimtBatch * threads) {
+    int64_t at[kSimtBatch];
+    int count = 0;
+#pragma unroll
+    for (int j = 0; j < kSimtBatch; ++j) {
+      at[j] = first + u0 + j * threads;
+      if (u0 + j * threads < units) count = j + 1;
+    }
+    unsigned long long data[kSimtBatch];
+    AwaitUnits(slot, at, count, call, w, data);
+#pragma unroll
+    for (int j = 0; j < kSimtBatch; ++j) {
+      const int64_t u = u0 + j * threads;
+      if (u >= units) break;
+      const int64_t r = rows == 1 ? 0 : u / per_row, b = (u - r * per_row) * kPeerLowLatencyData;
+      StoreUpTo8(dst + r * row_bytes + b, min(kPeerLowLatencyData, row_bytes - b), data[j]);
+    }
+  }
+}
+
+// A ragged slot's entry j, three units (its fields in order), once there.
+__device__ PeerInboxEntry AwaitEntry(const uint8_t* slot, int64_t j, unsigned long long call,
+                                     const PeerWait& w) {
+  const int64_t at[3] = {3 * j, 3 * j + 1, 3 * j + 2};
+  unsigned long long data[3];
+  AwaitUnits(slot, at, 3, call, w, data);
+  return {static_cast<long long>(data[0]), static_cast<long long>(data[1]),
+          static_cast<long long>(data[2])};
+}
+
 // ---- PeerInboxExchange (peer_copy.h) ----
 
 constexpr int kInboxThreads = 256;
@@ -796,6 +935,55 @@ __device__ void CheckReceived(const PeerSlices& s, const PeerWait& check, int so
   ReportBadSlice(check, mine);
 }
 
+// One CTA of a leg in the low-latency form (PeerInboxExchangeKernel): it
+// pushes its part of the slices for position i into the destination's slot
+// `to` (a ragged exchange's CTA 0 also their entries), the leg's last CTA
+// raises the leg's count of calls, then it copies its part of what the
+// source at `from` put in this participant's slot `box`, each unit once its
+// flags say it is there: a ragged exchange's entries first, each checked
+// before any row is.
+__device__ void InboxLowLatencyLeg(const PeerInboxLeg& leg, const PeerSlices& s,
+                                   const PeerWait& check, int i, int from, int64_t cta,
+                                   int64_t ctas, unsigned long long call, uint8_t* to,
+                                   const uint8_t* box) {
+  const auto flag = static_cast<unsigned int>(call);
+  const int64_t t = cta * blockDim.x + threadIdx.x, threads = ctas * blockDim.x;
+  const int64_t rows = s.bytes, per_row = PeerRowUnits(rows), first = 3 * int64_t{s.per_part};
+  if (!s.ragged()) {
+    PushUnits(s.src + i * s.bytes, s.bytes, 1, to, 0, flag, t, threads);
+  } else {
+    for (int64_t j = 0; j < s.per_part; ++j) {
+      const int64_t slice = int64_t{i} * s.per_part + j;
+      const int64_t in = IndexAt(s.input_offsets, s.index64, slice);
+      PushUnits(s.src + in * rows, rows, IndexAt(s.send_sizes, s.index64, slice), to,
+                first + in * per_row, flag, t, threads);
+      if (cta == 0 && threadIdx.x < 3) {  // the entry's fields, in order
+        const void* field = threadIdx.x == 0   ? s.input_offsets
+                            : threadIdx.x == 1 ? s.send_sizes
+                                               : s.output_offsets;
+        StoreUnit(to, 3 * j + threadIdx.x,
+                  static_cast<unsigned long long>(IndexAt(field, s.index64, slice)), flag);
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && AtomicAddAcqRel(&leg.own->ctas, 1u) == ctas - 1) {
+    leg.own->ctas = 0;  // every CTA of the leg read the count before this
+    leg.own->calls = call;
+  }
+  if (!s.ragged()) {
+    PullUnits(box, 0, s.local + from * s.bytes, s.bytes, 1, call, leg.wait_by, t, threads);
+    return;
+  }
+  CheckReceived(s, check, from,
+                [&](int64_t j) { return AwaitEntry(box, j, call, leg.wait_by); });
+  for (int64_t j = 0; j < s.per_part; ++j) {
+    const PeerInboxEntry e = AwaitEntry(box, j, call, leg.wait_by);
+    PullUnits(box, first + e.in * per_row, s.local + e.out * rows, rows, e.size, call,
+              leg.wait_by, t, threads);
+  }
+}
+
 // CTA b works on what goes to position b mod parts, with the other CTAs of
 // that position (ctas of them). What this participant keeps is copied into
 // its result. For another position, the CTA pushes its part into the
@@ -803,8 +991,9 @@ __device__ void CheckReceived(const PeerSlices& s, const PeerWait& check, int so
 // the last CTA of the leg raises the destination's flag; then every CTA of
 // the leg waits for its source's flag and copies its part of the source's
 // slot out of the inbox. A ragged exchange's CTAs check this participant's
-// slices before any copy, and what each source sent before copying it. The
-// grid fits on the device at once (LaunchPeerInboxExchange), so no CTA
+// slices before any copy, and what each source sent before copying it. In
+// the low-latency form a leg's CTAs do both halves without the flag
+// (InboxLowLatencyLeg). The grid fits on the device at once (LaunchPeerInboxExchange), so no CTA
 // waits for a CTA that cannot start.
 __global__ void __launch_bounds__(kInboxThreads)
     PeerInboxExchangeKernel(PeerInboxLegs legs, PeerSlices s, PeerWait check) {
@@ -836,6 +1025,12 @@ __global__ void __launch_bounds__(kInboxThreads)
   const unsigned long long call = *static_cast<volatile unsigned long long*>(&leg.own->calls) + 1;
   const int64_t slot = (call & 1) * PeerInboxStride(PeerInboxPayload(s));
   uint8_t* to = leg.partner_inbox + slot;
+  const uint8_t* box = leg.inbox + slot;
+  const int from = (s.position - k + s.parts) % s.parts;
+  if (PeerInboxLowLatency(s)) {
+    InboxLowLatencyLeg(leg, s, check, i, from, cta, ctas, call, to, box);
+    return;
+  }
   if (!s.ragged()) {
     SimtCopy(s.src + i * s.bytes, to + i * s.bytes % 16, s.bytes, cta, ctas);
   } else {
@@ -865,8 +1060,6 @@ __global__ void __launch_bounds__(kInboxThreads)
   }
   __syncthreads();
   LoadAcquire(arrived);  // each thread's own acquire of what thread 0 saw arrive
-  const int from = (s.position - k + s.parts) % s.parts;
-  const uint8_t* box = leg.inbox + slot;
   if (!s.ragged()) {
     SimtCopy(box + s.position * s.bytes % 16, s.local + from * s.bytes, s.bytes, cta, ctas);
     return;

@@ -303,18 +303,49 @@ struct PeerInboxEntry {
   long long in, size, out;
 };
 
+// Small payloads travel in the low-latency form: each 8 bytes of payload
+// as one 16-byte unit of two 8-byte words, each word four bytes of data and
+// the call's number (its low 32 bits) as a flag, stored and loaded whole
+// (a word is single-copy atomic). The receiver copies a unit out as soon
+// as both its flags hold the call: no release of a flag after the data,
+// and no wait for one, on the way; twice the bytes cross the link, so it
+// pays only while a call is latency.
+inline constexpr int64_t kPeerInboxLowLatencyBytes = int64_t{64} << 10;  // plain payload a leg
+inline constexpr int64_t kPeerLowLatencyData = 8;   // payload bytes a unit
+inline constexpr int64_t kPeerLowLatencyUnit = 16;  // slot bytes a unit
+static_assert(sizeof(PeerInboxEntry) == 3 * kPeerLowLatencyData, "an entry: three units");
+
 // What a slot holds for `s`. Equal: the chunk, starting (position * chunk)
 // mod 16 B into the slot for the participant at `position` (its offset in
 // the source's operand), so the push is vectorised when both buffers are
 // aligned. Ragged: a header of the slices' PeerInboxEntry (rounded up to
 // 256 B), then the source's operand as it lies, each slice's rows where
 // they sit in it: the receiver checks each slice's size against its own
-// recv_sizes before it copies any.
+// recv_sizes before it copies any. In the low-latency form: equal, the
+// chunk's units from the slot's start; ragged, three units an entry (one a
+// field), then each row of the operand in units of its own (a row's last
+// unit padded), so that no two slices share a unit.
 JAX_TMA_HOST_DEVICE inline int64_t PeerInboxHeader(const PeerSlices& s) {
   return s.ragged() ? (s.per_part * int64_t{sizeof(PeerInboxEntry)} + 255) / 256 * 256 : 0;
 }
-JAX_TMA_HOST_DEVICE inline int64_t PeerInboxPayload(const PeerSlices& s) {
+JAX_TMA_HOST_DEVICE inline int64_t PeerInboxPlainPayload(const PeerSlices& s) {
   return s.ragged() ? PeerInboxHeader(s) + s.src_rows * s.bytes : s.bytes + 16;
+}
+// Whether `s` takes the low-latency form: a payload of at most
+// kPeerInboxLowLatencyBytes, and something to send (an equal exchange of
+// empty chunks keeps the flag that makes it a meeting).
+JAX_TMA_HOST_DEVICE inline bool PeerInboxLowLatency(const PeerSlices& s) {
+  return PeerInboxPlainPayload(s) <= kPeerInboxLowLatencyBytes && (s.ragged() || s.bytes > 0);
+}
+// A row's units in the low-latency form (equal: the chunk is one row).
+JAX_TMA_HOST_DEVICE inline int64_t PeerRowUnits(int64_t bytes) {
+  return (bytes + kPeerLowLatencyData - 1) / kPeerLowLatencyData;
+}
+JAX_TMA_HOST_DEVICE inline int64_t PeerInboxPayload(const PeerSlices& s) {
+  if (!PeerInboxLowLatency(s)) return PeerInboxPlainPayload(s);
+  const int64_t units = s.ragged() ? 3 * int64_t{s.per_part} + s.src_rows * PeerRowUnits(s.bytes)
+                                   : PeerRowUnits(s.bytes);
+  return units * kPeerLowLatencyUnit;
 }
 // The bytes between a leg's two slots for a payload of `payload` bytes, and
 // an inbox's bytes for `parts` participants.

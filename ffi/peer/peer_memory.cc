@@ -495,6 +495,7 @@ ffi::Error NewPeerInbox(int device, size_t bytes, void** inbox) {
   }
   Slab slab;
   if (best != free.end()) {
+    JAX_TMA_RETURN_IF_FAILED(ZeroOnOwnStream(best->next, bytes));
     slab = *best;
     free.erase(best);
   } else {

@@ -42,8 +42,9 @@ void ReleasePeerMailbox(int device, PeerMailbox* box);
 // An inbox of at least `bytes` on `device` (peer_copy.h's
 // PeerInboxExchange) that every local device and, through AddressIn, other
 // processes may reach, until ReleasePeerInbox; as with mailboxes, a released
-// one is reused, so other processes map it once. Its contents are
-// unspecified: the kernels read a slot only once its flag says it arrived.
+// one is reused, so other processes map it once. Its first `bytes` are
+// zero, a reused one's too: a slot in the low-latency form holds its own
+// flags, and a unit of an earlier user's must not pass for a new call's.
 ffi::Error NewPeerInbox(int device, size_t bytes, void** inbox);
 void ReleasePeerInbox(int device, void* inbox);
 
