@@ -924,10 +924,11 @@ __device__ void CheckReceived(const PeerSlices& s, const PeerWait& check, int so
                               Entry entry) {
   BadSlice mine{0, 0, 0, 0, 0};
   for (int64_t j = threadIdx.x; j < s.per_part && mine.rule == 0; j += blockDim.x) {
+    // Loaded first: in flight while the entry arrives.
+    const int64_t expected = IndexAt(s.recv_sizes, s.index64, source * s.per_part + j);
     const PeerInboxEntry e = entry(j);
     const int64_t index = s.position * s.per_part + j;
     mine = CheckSlice(s, index, e.in, e.size, e.out);
-    const int64_t expected = IndexAt(s.recv_sizes, s.index64, source * s.per_part + j);
     if (mine.rule == 0 && expected != e.size) {
       mine = {index, static_cast<unsigned int>(PeerSizeRule::kRecv), expected, e.size, 0};
     }
@@ -975,10 +976,17 @@ __device__ void InboxLowLatencyLeg(const PeerInboxLeg& leg, const PeerSlices& s,
     PullUnits(box, 0, s.local + from * s.bytes, s.bytes, 1, call, leg.wait_by, t, threads);
     return;
   }
-  CheckReceived(s, check, from,
-                [&](int64_t j) { return AwaitEntry(box, j, call, leg.wait_by); });
-  for (int64_t j = 0; j < s.per_part; ++j) {
+  // The first kKept entries as checked, for every thread's copies after
+  // CheckReceived's closing barrier; the rest awaited again (at once).
+  constexpr int kKept = 32;
+  __shared__ PeerInboxEntry kept[kKept];
+  CheckReceived(s, check, from, [&](int64_t j) {
     const PeerInboxEntry e = AwaitEntry(box, j, call, leg.wait_by);
+    if (j < kKept) kept[j] = e;
+    return e;
+  });
+  for (int64_t j = 0; j < s.per_part; ++j) {
+    const PeerInboxEntry e = j < kKept ? kept[j] : AwaitEntry(box, j, call, leg.wait_by);
     PullUnits(box, first + e.in * per_row, s.local + e.out * rows, rows, e.size, call,
               leg.wait_by, t, threads);
   }
