@@ -55,7 +55,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 import jax_tma  # noqa: E402
 import processes  # noqa: E402
 from bench_ppermute import topology  # noqa: E402
-from harness import MIB, Benchmark, Session, every_gpu, rotate_all  # noqa: E402
+from harness import (MIB, Benchmark, Session, every_gpu, median_launch_gaps,  # noqa: E402
+                     rotate_all)
 
 OP = "all_to_all"
 OP_PROCESSES = "all_to_all_processes"
@@ -471,7 +472,8 @@ def summarize(runs: Sequence[dict[str, Any]], sent: dict[str, int]) -> dict[str,
                 if ta and tb:
                     per_run[c].append((sent[a] / ta) / (sent[b] / tb))
         ratios[f"{a}_vs_{b}"] = {c.removesuffix("_us"): _median(v) for c, v in per_run.items()}
-    return {"times": times, "gbps": gbps, "ratios": ratios}
+    return {"times": times, "gbps": gbps, "ratios": ratios,
+            "launch_gap_us": median_launch_gaps(runs)}
 
 
 def _row(raw: dict[str, Any], peer: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -59,7 +59,8 @@ import processes  # noqa: E402
 # What a case raised, and what the processes told of it: as all_to_all's benchmark says it.
 from bench_all_to_all import _failure, _told  # noqa: E402
 from bench_ppermute import topology  # noqa: E402
-from harness import Benchmark, Session, every_gpu, rotate_all  # noqa: E402
+from harness import (Benchmark, Session, every_gpu, median_launch_gaps,  # noqa: E402
+                     rotate_all)
 
 OP = "moe"
 OP_PROCESSES = "moe_processes"
@@ -759,7 +760,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
                                         if times[a][c] and times[b][c] else None)
                 for c in CLOCKS}
     return {"times": times, "deepep_gbps": gbps["deepep"], "link_gbps": gbps["link"],
-            "ratios": ratios}
+            "ratios": ratios, "launch_gap_us": median_launch_gaps(runs)}
 
 
 def _row(raw: dict[str, Any], peer: dict[str, Any] | None = None) -> dict[str, Any]:

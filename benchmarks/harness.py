@@ -115,6 +115,18 @@ def _span_busy(group: list[tuple[int, int]]) -> tuple[float, float]:
     return (max(e for _, e in group) - group[0][0]) * 1e-9, _busy_ns(group) * 1e-9
 
 
+def _launch_gap(group: Sequence[tuple]) -> float | None:
+    """How far apart, in seconds, the GPUs of a call began their first
+    activities (each (start ns, end ns, GPU, ...); None where the call's
+    activities name one GPU or none): a floor under an exchange's span,
+    which waits for the last GPU to arrive."""
+    first: dict[str, int] = {}
+    for a in group:
+        if len(a) > 2:
+            first[a[2]] = min(first.get(a[2], a[0]), a[0])
+    return (max(first.values()) - min(first.values())) * 1e-9 if len(first) > 1 else None
+
+
 def _split_runs(events: list[tuple[int, int]], runs: int) -> list[tuple[float, float]]:
     """Splits time-sorted activities into `runs` calls at the runs-1 largest
     idle gaps (for calls kept apart by a pause far longer than any idle gap
@@ -149,11 +161,12 @@ def _by_call(events: Sequence[_E], windows: list[tuple[int, int]]) -> list[list[
     return groups
 
 
-def _split_calls(events: list[tuple[int, int]],
-                 windows: list[tuple[int, int]]) -> list[tuple[float, float]]:
-    """Each call's (span, busy) from the time-sorted activities inside its
-    host window (_by_call)."""
-    return [_span_busy(g) for g in _by_call(events, windows)]
+def _split_calls(events: Sequence[tuple],
+                 windows: list[tuple[int, int]]) -> list[tuple[float, float, float | None]]:
+    """Each call's (span, busy, launch gap) from the time-sorted activities
+    (start ns, end ns[, GPU, ...]) inside its host window (_by_call)."""
+    return [(*_span_busy([(a[0], a[1]) for a in g]), _launch_gap(g))
+            for g in _by_call(events, windows)]
 
 
 def _wall_clock(cases: dict[str, Callable[[], Any]], calls: int,
@@ -174,19 +187,34 @@ def _wall_clock(cases: dict[str, Callable[[], Any]], calls: int,
     return {name: statistics.median(v) * 1e6 for name, v in runs.items()}
 
 
-def _case_medians(plan: Sequence[str], runs: Sequence[tuple[float, float]],
+def _case_medians(plan: Sequence[str], runs: Sequence[tuple],
                   rep: int) -> dict[str, dict[str, float]]:
     """Median span and busy µs of each case, `plan` naming the case of each
-    run in turns of `rep`; with rep > 1 the first run of every turn is left
-    out."""
-    samples: dict[str, list[tuple[float, float]]] = {}
+    run (span, busy[, launch gap]) in turns of `rep`; with rep > 1 the first
+    run of every turn is left out. The launch gap's median too where every
+    counted run of the case has one (_launch_gap)."""
+    samples: dict[str, list[tuple]] = {}
     for i, (name, run) in enumerate(zip(plan, runs, strict=True)):
         samples.setdefault(name, [])
         if rep == 1 or i % rep:
             samples[name].append(run)
-    return {name: {"span_us": statistics.median(s for s, _ in x) * 1e6,
-                   "busy_us": statistics.median(b for _, b in x) * 1e6}
-            for name, x in samples.items()}
+    out = {}
+    for name, x in samples.items():
+        out[name] = {"span_us": statistics.median(r[0] for r in x) * 1e6,
+                     "busy_us": statistics.median(r[1] for r in x) * 1e6}
+        gaps = [r[2] if len(r) > 2 else None for r in x]
+        if gaps and None not in gaps:
+            out[name]["launch_gap_us"] = statistics.median(gaps) * 1e6
+    return out
+
+
+def median_launch_gaps(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Of runs ({"cases": {name: clocks}} each, Session.time's), the median
+    over the runs of each case's launch gap µs, for the cases that have one
+    in every run (traced on more than one GPU by this process)."""
+    names = runs[0]["cases"] if runs else {}
+    gaps = {name: [r["cases"][name].get("launch_gap_us") for r in runs] for name in names}
+    return {name: statistics.median(g) for name, g in gaps.items() if g and None not in g}
 
 
 def rotate(fn: Callable[..., Any], inputs: Sequence[tuple]) -> Callable[[], Any]:
@@ -302,7 +330,7 @@ class Session:
         nothing here; the processes' session aligns their launches."""
 
     @staticmethod
-    def _trace(cases, plan, before) -> list[tuple[float, float]]:
+    def _trace(cases, plan, before) -> list[tuple[float, float, float | None]]:
         with tempfile.TemporaryDirectory() as d:
             jax.profiler.start_trace(d)
             for name in plan:
@@ -311,10 +339,10 @@ class Session:
                 with jax.profiler.TraceAnnotation(CALL_ANNOTATION):
                     jax.block_until_ready(cases[name]())
             jax.profiler.stop_trace()
-            events, windows = _device_events(d), _call_windows(d)
+            activities, windows = _activities(d), _call_windows(d)
         if len(windows) != len(plan):
             raise RuntimeError(f"trace has {len(windows)} call annotations for {len(plan)} calls")
-        return _split_calls(events, windows)
+        return _split_calls(activities, windows)
 
     def streams(self, fn: Callable[[], Any], calls: int) -> dict[str, float]:
         """The GPU busy µs per call of each stream that `calls` traced calls

@@ -251,11 +251,19 @@ def render_targets(results: dict[str, tuple[str, dict[str, Any]]], suffix: str =
         def loop_us(rows, case):
             return _and([f"{row['times'][case]['loop_us']:.1f}" for row in rows])
 
+        def gaps(case):
+            return _and([f"{row['launch_gap_us'][case]:.1f}" for row in small["one"]])
+
+        launch = ""
+        if all({"jax_tma", "nccl"} <= row.get("launch_gap_us", {}).keys() for row in small["one"]):
+            launch = (f" A single call's GPUs began their first kernels {gaps('jax_tma')} µs "
+                      f"apart ({gaps('nccl')} for NCCL's; medians), a wait that each op's span "
+                      f"and busy time hold.")
         lines.append(
             f"- **{head}** In one process: {each(small['one'], 'jax_tma_vs_nccl', 'span')} by "
             f"span, {each(small['one'], 'jax_tma_vs_nccl', 'loop')} by the loop clock "
             f"({loop_us(small['one'], 'jax_tma')} µs a call, against "
-            f"{loop_us(small['one'], 'nccl')} µs). Across processes the loop clock says "
+            f"{loop_us(small['one'], 'nccl')} µs).{launch} Across processes the loop clock says "
             f"{each(small['procs'], 'jax_tma_vs_nccl', 'loop')}. "
             + small_why(loop_us(small["one"], "ceiling")))
     ragged_big = _ratios(big["one"], "ragged_vs_lax_ragged", ("busy", "span"))

@@ -200,8 +200,11 @@ def render_targets(results: dict[str, tuple[str, dict[str, Any]]],
         values = [1 / ratio[c] if ratio and ratio.get(c) else None for c in ("busy", "span")]
         met = "✓" if values[1] is not None and values[1] <= DECODE_SPAN else "✗"
         times = (row or {}).get("times", {})
+        gaps = (row or {}).get("launch_gap_us", {})
         spans = ", ".join(f"{LABELS[c]} {num_text(times[c]['span_us'])} µs by span, "
                           f"{num_text(times[c].get('loop_us'))} by the loop clock"
+                          + (f", its GPUs' launches {num_text(gaps[c])} µs apart" if c in gaps
+                             else "")
                           for c in ("dispatch", "a2a") if c in times)
         lines.append(f"| decode dispatch's span ≤ {DECODE_SPAN}× one `jax_tma.all_to_all` of "
                      f"the same bytes | {mode} | {' / '.join(num_text(v, 2) for v in values)}× "

@@ -65,11 +65,29 @@ def test_split_calls_keeps_a_call_whole_whatever_its_idle_gaps():
     events = [(10, 20), (520, 530), (560, 570), (600, 610), (1100, 1120), (1140, 1150)]
     windows = [(0, 540), (590, 1125), (1130, 1160)]
     runs = harness._split_calls(sorted(events), windows)
-    assert [s for s, _ in runs] == pytest.approx([520e-9, 520e-9, 10e-9])  # span
-    assert [b for _, b in runs] == pytest.approx([20e-9, 30e-9, 10e-9])  # busy
+    assert [r[0] for r in runs] == pytest.approx([520e-9, 520e-9, 10e-9])  # span
+    assert [r[1] for r in runs] == pytest.approx([20e-9, 30e-9, 10e-9])  # busy
+    assert [r[2] for r in runs] == [None] * 3  # no GPU named: no launch gap
     # the gap split: the first call's first kernel alone, the last two merged
     assert [b for _, b in harness._split_runs(sorted(events), 3)] == pytest.approx(
         [10e-9, 30e-9, 30e-9])
+
+
+def test_launch_gap_is_how_far_apart_the_gpus_began():
+    # A call whose GPU 1 begins 300 ns after GPU 0 (its later activities do
+    # not move that), then a call on one GPU alone: no gap.
+    A = harness._Activity
+    acts = [A(100, 150, "/device:GPU:0", "s", "k"), A(400, 900, "/device:GPU:1", "s", "k"),
+            A(500, 600, "/device:GPU:0", "s", "k"), A(2000, 2100, "/device:GPU:0", "s", "k")]
+    runs = harness._split_calls(acts, [(0, 1000), (1900, 2200)])
+    assert runs[0] == pytest.approx((800e-9, 550e-9, 300e-9))
+    assert runs[1][2] is None
+    # The medians carry it where every counted call has one.
+    plan = ["a", "a", "b"]
+    got = harness._case_medians(plan, [(1e-6, 1e-6, 2e-6), (1e-6, 1e-6, 4e-6),
+                                       (1e-6, 1e-6, None)], rep=1)
+    assert got["a"]["launch_gap_us"] == pytest.approx(3.0)
+    assert "launch_gap_us" not in got["b"]
 
 
 def test_split_calls_needs_an_activity_in_every_window():
@@ -783,6 +801,36 @@ def test_moe_overlap_records_the_cases_that_raise_and_times_the_others(monkeypat
     text = render_moe_overlap.render_moe_overlap(r)
     assert "| as above, `num_sms=2` | failed: RuntimeError: no stream here | — | — |" in text
     assert "the GEMM did not run (the table says why)" in text
+
+
+def test_targets_give_the_single_calls_launch_gaps_where_a_result_has_them():
+    # The committed 2 x H200 results, their one-process rows given launch
+    # gaps as Session.time now records them: the small sizes' account and the
+    # decode target name them; without them the text stays as it was.
+    import copy
+
+    import render_all_to_all
+    import render_moe
+
+    results = report.load_results(os.path.join(_BENCHMARKS, "results"))
+    keys = ("all_to_all@2x-h200", "all_to_all_processes@2x-h200", "moe")
+    if not all(k in results for k in keys):
+        pytest.skip("no 2 x H200 all_to_all and moe results committed")
+    gapped = copy.deepcopy(results)
+    for row in gapped["all_to_all@2x-h200"][1]["rows"]:
+        row["launch_gap_us"] = {"jax_tma": 7.25, "nccl": 2.5}
+    for row in gapped["moe"][1]["rows"]:
+        row["launch_gap_us"] = {"dispatch": 11.0, "a2a": 6.0}
+    text = render_all_to_all.render_targets(gapped, suffix="@2x-h200",
+                                            small_why=render_all_to_all._inbox)
+    assert ("A single call's GPUs began their first kernels 7.2 and 7.2 µs apart (2.5 and 2.5 "
+            "for NCCL's; medians)") in text, text
+    assert "first kernels" not in render_all_to_all.render_targets(
+        results, suffix="@2x-h200", small_why=render_all_to_all._inbox)
+    moe = render_moe.render_targets({"moe": gapped["moe"]})
+    assert re.search(r"`moe_dispatch` [\d.]+ µs by span, [\d.]+ by the loop clock, its GPUs' "
+                     r"launches 11\.0 µs apart, `jax_tma.all_to_all` of n·T rows [\d.]+ µs by "
+                     r"span, [\d.]+ by the loop clock, its GPUs' launches 6\.0 µs apart", moe), moe
 
 
 @_two_devices
