@@ -913,6 +913,13 @@ __device__ PeerInboxEntry AwaitEntry(const uint8_t* slot, int64_t j, unsigned lo
 
 constexpr int kInboxThreads = 256;
 constexpr int kInboxVectorsPerThread = kSimtBatch;  // a CTA's share of a chunk at least
+// The low-latency form's threads a unit: each unit's trip (the sender's load
+// and store, the receiver's poll) is a latency, not a share of bandwidth, so
+// the form takes as many CTAs as keep every unit's trip in flight at once.
+// Measured (2 x H200, 2026-11-30, one process): the later GPU's kernel of a
+// 64 KiB all_to_all 5.7-6.1 us with 3 CTAs a position (the vector share),
+// 3.7-4.0 with 16 or 32; 16 KiB: 4.8-5.0 with 1, 3.6-4.0 with 8 to 32.
+constexpr int kInboxThreadsPerUnit = 2;
 static_assert(sizeof(PeerInboxLegs) + sizeof(PeerSlices) <= 4096);
 
 // The receiver's check of the per_part slices it gets from the participant
@@ -1281,16 +1288,19 @@ ffi::Error LaunchPeerInboxExchange(std::string_view op, const PeerInboxLegs& leg
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
   // Each position's CTAs copy at least kInboxVectorsPerThread vectors a
-  // thread of what an equal share would be, and the whole grid is at most
+  // thread of what an equal share would be (in the low-latency form, a unit
+  // for every kInboxThreadsPerUnit threads), and the whole grid is at most
   // one CTA per SM (and within the budget): every CTA is resident while the
   // others wait.
   const int64_t share =
       slices.ragged() ? slices.src_rows * slices.bytes / slices.parts : slices.bytes;
-  const int64_t vectors = share / 16 + 1;
-  const int64_t per_cta = int64_t{kInboxThreads} * kInboxVectorsPerThread;
+  const bool low_latency = PeerInboxLowLatency(slices);
+  const int64_t work = low_latency ? PeerRowUnits(share) + 1 : share / 16 + 1;
+  const int64_t per_cta = low_latency ? kInboxThreads / kInboxThreadsPerUnit
+                                      : int64_t{kInboxThreads} * kInboxVectorsPerThread;
   const int64_t budget =
       std::min<int64_t>(info.sm_count, max_ctas > 0 ? max_ctas : info.sm_count);
-  const int64_t ctas = std::clamp<int64_t>((vectors + per_cta - 1) / per_cta, 1,
+  const int64_t ctas = std::clamp<int64_t>((work + per_cta - 1) / per_cta, 1,
                                            std::max<int64_t>(1, budget / slices.parts));
   if (ctas * slices.parts > info.sm_count) {
     return InvalidArgument(op, "an inbox exchange of ", slices.parts, " parts needs ",
