@@ -920,6 +920,12 @@ constexpr int kInboxVectorsPerThread = kSimtBatch;  // a CTA's share of a chunk 
 // 64 KiB all_to_all 5.7-6.1 us with 3 CTAs a position (the vector share),
 // 3.7-4.0 with 16 or 32; 16 KiB: 4.8-5.0 with 1, 3.6-4.0 with 8 to 32.
 constexpr int kInboxThreadsPerUnit = 2;
+// ... and its grid takes at most one SM in kInboxLowLatencySmShare. A
+// scratch build that took the form up to 128 KiB chunks (2 x 66 CTAs on
+// 2 x H200) ran a loop of 100 such calls at 112 us a call, where 2 x 33 CTAs
+// (32 KiB chunks) ran at 5.7-6.4 and the flag form's 2 x 9 (128 KiB) at
+// 5.5-5.8; not yet explained, so the form stays within the grids measured.
+constexpr int kInboxLowLatencySmShare = 2;
 static_assert(sizeof(PeerInboxLegs) + sizeof(PeerSlices) <= 4096);
 
 // The receiver's check of the per_part slices it gets from the participant
@@ -1298,8 +1304,8 @@ ffi::Error LaunchPeerInboxExchange(std::string_view op, const PeerInboxLegs& leg
   const int64_t work = low_latency ? PeerRowUnits(share) + 1 : share / 16 + 1;
   const int64_t per_cta = low_latency ? kInboxThreads / kInboxThreadsPerUnit
                                       : int64_t{kInboxThreads} * kInboxVectorsPerThread;
-  const int64_t budget =
-      std::min<int64_t>(info.sm_count, max_ctas > 0 ? max_ctas : info.sm_count);
+  const int64_t sms = low_latency ? info.sm_count / kInboxLowLatencySmShare : info.sm_count;
+  const int64_t budget = std::min<int64_t>(sms, max_ctas > 0 ? max_ctas : sms);
   const int64_t ctas = std::clamp<int64_t>((work + per_cta - 1) / per_cta, 1,
                                            std::max<int64_t>(1, budget / slices.parts));
   if (ctas * slices.parts > info.sm_count) {
