@@ -171,8 +171,9 @@ def moe_dispatch(x: Any, expert_ids: Any, *, num_experts: int, axis_name: str | 
         holds at most that many SMs and leaves the others to independent
         work, such as a GEMM on another stream. Each device's rows take a
         CTA at least (under ``vmap``, each member's). The exchanges of
-        counts are one CTA a device already. Nothing changes on the CPU or
-        across hosts, and no result changes.
+        counts take a CTA a device for each KiB of counts they send a peer
+        (one up to about 250 experts). Nothing changes on the CPU or across
+        hosts, and no result changes.
 
     Returns:
       ``(recv, plan)``: ``recv`` in ``x``'s dtype with ``x``'s row shape
