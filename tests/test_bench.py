@@ -803,6 +803,23 @@ def test_moe_overlap_records_the_cases_that_raise_and_times_the_others(monkeypat
     assert "the GEMM did not run (the table says why)" in text
 
 
+def test_small_sizes_give_each_clock_and_the_target_they_all_reach():
+    import render_all_to_all
+
+    def row(mib, busy, span, loop):
+        return {"buffer_bytes": int(mib * render_all_to_all.MIB),
+                "ratios": {"jax_tma_vs_nccl": {"busy": busy, "span": span, "loop": loop}}}
+
+    text = render_all_to_all._small_verdicts([
+        row(0.0625, 1.56, 1.56, 2.17), row(1, 1.38, 1.38, 1.76), row(4, 1.2, 1.1, 1.3),
+        row(0.0625, 0.9, 1.2, 2.0), row(1, 1.6, 1.6, None)])
+    assert text == ("64 KiB 1.56 / 1.56 / 2.17× (≥ 1.5×: met), "
+                    "1 MiB 1.38 / 1.38 / 1.76× (≥ 1.0×, not 1.5×), "
+                    "4 MiB 1.20 / 1.10 / 1.30× (≥ 1.0×: met), "
+                    "64 KiB 0.90 / 1.20 / 2.00× (not ≥ 1.0×) and "
+                    "1 MiB 1.60 / 1.60 / —×"), text
+
+
 def test_targets_give_the_single_calls_launch_gaps_where_a_result_has_them():
     # The committed 2 x H200 results, their one-process rows given launch
     # gaps as Session.time now records them: the small sizes' account and the
@@ -825,8 +842,11 @@ def test_targets_give_the_single_calls_launch_gaps_where_a_result_has_them():
                                             small_why=render_all_to_all._inbox)
     assert ("A single call's GPUs began their first kernels 7.2 and 7.2 µs apart (2.5 and 2.5 "
             "for NCCL's; medians)") in text, text
+    gapless = copy.deepcopy(results)
+    for row in gapless["all_to_all@2x-h200"][1]["rows"]:
+        row.pop("launch_gap_us", None)
     assert "first kernels" not in render_all_to_all.render_targets(
-        results, suffix="@2x-h200", small_why=render_all_to_all._inbox)
+        gapless, suffix="@2x-h200", small_why=render_all_to_all._inbox)
     moe = render_moe.render_targets({"moe": gapped["moe"]})
     assert re.search(r"`moe_dispatch` [\d.]+ µs by span, [\d.]+ by the loop clock, its GPUs' "
                      r"launches 11\.0 µs apart, `jax_tma.all_to_all` of n·T rows [\d.]+ µs by "
