@@ -97,7 +97,12 @@ CLOCKS = ("busy_us", "span_us", "wall_us", "loop_us", "loop_busy_us")
 # The cases, in the order they take turns. `ragged*`: jax_tma's, timed where
 # jax_tma has ragged_all_to_all.
 CASES = ("jax_tma", "nccl", "composed", "ragged", "lax_ragged", "ragged_skewed",
-         "lax_ragged_skewed", "ceiling")
+         "lax_ragged_skewed", "ceiling", "launch")
+# `launch` (one process only): no exchange, one kernel a GPU (each flips a
+# bit of every element of its block), so its span is how far apart a
+# program's launches on the GPUs begin, plus a kernel; no exchange's single
+# call can span less. It sends nothing, so it has no GB/s and no ratios.
+_NO_BYTES = ("launch",)
 _EQUAL = ("jax_tma", "composed", "ragged", "lax_ragged")  # lax.all_to_all's result
 _SKEWED = ("ragged_skewed", "lax_ragged_skewed")
 _LAX_RAGGED = ("lax_ragged", "lax_ragged_skewed")
@@ -184,7 +189,16 @@ def _programs(mesh: Mesh, calls: int = 1) -> dict[str, Callable[..., jax.Array]]
                b, "i", [(i, (i + 1) % n) for i in range(n)], direction="push"))}
     if has_ragged():
         out["ragged"] = ragged(jax_tma.ragged_all_to_all)
+    if jax.process_count() == 1:
+        out["launch"] = chained(flip)
     return out
+
+
+def flip(b: jax.Array) -> jax.Array:
+    """`b` with the lowest bit of every element flipped: one XLA kernel, no
+    exchange (the `launch` case)."""
+    bits = lax.bitcast_convert_type(b, jnp.uint16)
+    return lax.bitcast_convert_type(bits ^ jnp.uint16(1), b.dtype)
 
 
 class _InPlace:
@@ -322,6 +336,8 @@ def measure(s: Session, mesh: Mesh, mib: float, repetitions: int) -> dict[str, A
             "nccl": lambda x, cx: programs["nccl"](x),
             "composed": lambda x, cx: programs["composed"](x),
             "ceiling": lambda x, cx: programs["ceiling"](cx)}
+        if "launch" in programs:
+            cases["launch"] = lambda x, cx: programs["launch"](x)
         for plan, suffix in (("equal", ""), ("skewed", "_skewed")):
             for name in ("lax_ragged", "ragged"):
                 if name in programs:  # each its own output buffer
@@ -331,7 +347,8 @@ def measure(s: Session, mesh: Mesh, mib: float, repetitions: int) -> dict[str, A
         return {name: cases[name] for name in CASES if name in cases}
 
     cases = make(_programs(mesh))
-    sent = {name: (n - 1) * (rows // n) * row_bytes for name in cases}
+    sent = {name: 0 if name in _NO_BYTES else (n - 1) * (rows // n) * row_bytes
+            for name in cases}
     for name in set(_SKEWED) & set(cases):
         sent[name] = int(max(rows - plans["skewed"][i, i] for i in range(n))) * row_bytes
     failed = _check(s, mesh, mib, cases, inputs[0], plans, seeds[0], ceiling_seeds[0])
@@ -406,6 +423,8 @@ def _check(s: Session, mesh: Mesh, mib: float, cases: dict[str, Callable[..., ja
                 want = all_to_all_reference(blocks, p)
             elif kind == "ceiling":
                 want = ceiling_blocks[(p - 1) % n]
+            elif kind == "launch":
+                want = blocks[p] ^ np.uint16(1)
             else:
                 poison = np.full((output_rows(plans[kind]), ROW), POISON, np.uint16)
                 want = ragged_reference(blocks, plans[kind], p, poison)
@@ -428,7 +447,7 @@ def _check(s: Session, mesh: Mesh, mib: float, cases: dict[str, Callable[..., ja
             s.log(f"{OP} {size}: {name} failed, left out: {failed[name]}")
             continue
         kind = ("all_to_all" if name in ("nccl", *_EQUAL) else
-                "ceiling" if name == "ceiling" else "skewed")
+                name if name in ("ceiling", "launch") else "skewed")
         for shard in out.addressable_shards:
             p = devices.index(shard.device)
             s.check(f"{name} {size}: device {p}", shard.data, reference(kind, p),
@@ -459,8 +478,9 @@ def summarize(runs: Sequence[dict[str, Any]], sent: dict[str, int]) -> dict[str,
     times = {v: {c: _median([r["cases"][v].get(c) for r in runs]) for c in CLOCKS}
              for v in names}
     gbps = {v: {c.removesuffix("_us"): _gbps(sent[v], t[c]) for c in CLOCKS}
-            for v, t in times.items()}
-    pairs = [(v, b) for b in ("nccl", "ceiling") for v in names if v != b] + list(PAIRS)
+            for v, t in times.items() if v not in _NO_BYTES}
+    pairs = [(v, b) for b in ("nccl", "ceiling") for v in names
+             if v != b and v not in _NO_BYTES] + list(PAIRS)
     ratios = {}
     for a, b in pairs:
         if a not in names or b not in names:
@@ -490,13 +510,16 @@ def _sizes(s: Session, sizes_mib: Sequence[float] | None, quick: bool) -> list[f
     return list(sizes_mib or (SMOKE if s.smoke else QUICK if quick else FULL))
 
 
-def _common(quick: bool, repetitions: int, ragged: bool) -> dict[str, Any]:
+def _common(quick: bool, repetitions: int, ragged: bool, one_process: bool) -> dict[str, Any]:
+    not_run = {} if ragged else {name: "this jax_tma has no ragged_all_to_all"
+                                 for name in ("ragged", "ragged_skewed")}
+    if not one_process:
+        not_run["launch"] = ("one process per GPU: each process traces its own GPU, so no "
+                             "launches apart to measure")
     return {"bytes_convention": BYTES, "dtype": jnp.dtype(DTYPE).name, "row_elements": ROW,
             "exchange": "split_axis=0, concat_axis=0, tiled=True", "quick": quick,
             "repetitions": repetitions, "heavy_share": HEAVY, "cases": list(CASES),
-            "not_run": {} if ragged else {
-                name: "this jax_tma has no ragged_all_to_all" for name in ("ragged",
-                                                                             "ragged_skewed")},
+            "not_run": not_run,
             "ratio_method": "each run times every case in turns; a ratio is the median over "
                             "the runs of that run's ratio; times are the median over the runs",
             "wall_calls_rule": f"{WALL_CALLS} calls per wall-clock sample below "
@@ -523,7 +546,7 @@ def bench_all_to_all(s: Session, sizes_mib: Sequence[float] | None = None,
     with processes.Lowerings(with_op=True).watching() as lowerings:
         rows = [_row(measure(s, mesh, mib, repetitions))
                 for mib in _sizes(s, sizes_mib, quick)]
-    return {"op": OP, **_common(quick, repetitions, has_ragged()), "n": len(devices),
+    return {"op": OP, **_common(quick, repetitions, has_ragged(), True), "n": len(devices),
             "devices": [d.device_kind for d in devices], "rows": rows,
             "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"),
             "lowerings": list(lowerings.seen), "topology": topology()}
@@ -577,7 +600,7 @@ def bench_all_to_all_processes(s: Session, sizes_mib: Sequence[float] | None = N
         s.checked.extend(f"process {pid}: {label}" for label in w["checked"])
         s.differs.update({f"process {pid}: {label}": why for label, why in w["differs"].items()})
     ragged = all(w["has_ragged"] for w in workers)
-    return {"op": OP_PROCESSES, **_common(quick, repetitions, ragged), "n": n,
+    return {"op": OP_PROCESSES, **_common(quick, repetitions, ragged, False), "n": n,
             "devices": workers[0]["devices"], "processes": n,
             "cuda_visible_devices": visible, "mem_fraction": MEM_FRACTION,
             "sizes_left_out": left_out,

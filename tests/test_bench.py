@@ -820,6 +820,27 @@ def test_small_sizes_give_each_clock_and_the_target_they_all_reach():
                     "1 MiB 1.60 / 1.60 / —×"), text
 
 
+def test_the_launch_case_bounds_any_exchange_by_span_in_one_process():
+    # `launch` (no exchange, one kernel a GPU) spans at least the launches'
+    # distance: NCCL's span over it bounds any exchange's ratio by span, and
+    # where that bound is under the small-size target up to 1 MiB, the text
+    # says the target is above the floor; rows without the case say nothing.
+    import render_all_to_all
+
+    def row(mib, nccl, launch):
+        times = {"nccl": {"span_us": nccl}}
+        if launch is not None:
+            times["launch"] = {"span_us": launch}
+        return {"buffer_bytes": int(mib * render_all_to_all.MIB), "times": times}
+
+    text = render_all_to_all._launch_floor([row(0.0625, 13.0, 10.0), row(1, 17.6, 12.8)])
+    assert "spans 10.0 and 12.8 µs" in text and "1.30 and 1.38× NCCL by span" in text, text
+    assert "target by span (and so by every clock together) in one process is above" in text
+    close = render_all_to_all._launch_floor([row(0.0625, 13.0, 8.0), row(1, 17.6, 12.8)])
+    assert "1.62 and 1.38×" in close and "is above" not in close, close
+    assert render_all_to_all._launch_floor([row(1, 17.6, None)]) == ""
+
+
 def test_targets_give_the_single_calls_launch_gaps_where_a_result_has_them():
     # The committed 2 x H200 results, their one-process rows given launch
     # gaps as Session.time now records them: the small sizes' account and the

@@ -285,10 +285,13 @@ def _ragged_indices(rng, n, per_part, rows, skew):
 
 @pytest.mark.memcheck
 # Row sizes of the inbox's low-latency form (6, 64, 2 B; with 40 slices a source, more
-# entries than it keeps in shared memory), its plain form (4 KiB + 13) and PeerScatter.
+# entries than it keeps in shared memory), its flag form (4 KiB + 13; 2 B rows under 700
+# slices a source, whose header of entries runs into a second piece of the slot) and
+# PeerScatter.
 @pytest.mark.parametrize("per_part,row_bytes,skew,index_dtype", [
     (1, 6, False, np.int32), (2, 64, False, np.int64), (1, 4096 + 13, True, np.int32),
-    (3, 2, False, np.int64), (40, 2, False, np.int32), (2, 24576 + 8, False, np.int32)])
+    (3, 2, False, np.int64), (40, 2, False, np.int32), (700, 2, False, np.int32),
+    (2, 24576 + 8, False, np.int32)])
 def test_ragged_all_to_all_matches_lax(mesh, rng, per_part, row_bytes, skew, index_dtype):
     n = mesh.size
     rows = 64 * n * per_part

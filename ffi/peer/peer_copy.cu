@@ -912,7 +912,8 @@ __device__ PeerInboxEntry AwaitEntry(const uint8_t* slot, int64_t j, unsigned lo
 // ---- PeerInboxExchange (peer_copy.h) ----
 
 constexpr int kInboxThreads = 256;
-constexpr int kInboxVectorsPerThread = kSimtBatch;  // a CTA's share of a chunk at least
+// A flag-form piece is one pass of a CTA's SimtCopy.
+static_assert(kPeerInboxPieceBytes == int64_t{kInboxThreads} * kSimtBatch * 16);
 // The low-latency form's threads a unit: each unit's trip (the sender's load
 // and store, the receiver's poll) is a latency, not a share of bandwidth, so
 // the form takes as many CTAs as keep every unit's trip in flight at once.
@@ -920,6 +921,7 @@ constexpr int kInboxVectorsPerThread = kSimtBatch;  // a CTA's share of a chunk 
 // 64 KiB all_to_all 5.7-6.1 us with 3 CTAs a position (the vector share),
 // 3.7-4.0 with 16 or 32; 16 KiB: 4.8-5.0 with 1, 3.6-4.0 with 8 to 32.
 constexpr int kInboxThreadsPerUnit = 2;
+constexpr int64_t kInboxUnitsPerCta = kInboxThreads / kInboxThreadsPerUnit;
 // ... and its grid takes at most one SM in kInboxLowLatencySmShare. A
 // scratch build that took the form up to 128 KiB chunks (2 x 66 CTAs on
 // 2 x H200) ran a loop of 100 such calls at 112 us a call, where 2 x 33 CTAs
@@ -1005,17 +1007,110 @@ __device__ void InboxLowLatencyLeg(const PeerInboxLeg& leg, const PeerSlices& s,
   }
 }
 
+// The part [a, b) of slot bytes [lo, hi) that a chunk of `bytes` starting
+// `at` bytes into a slot covers; false where it covers none.
+__device__ __forceinline__ bool SlotPart(int64_t at, int64_t bytes, int64_t lo, int64_t hi,
+                                         int64_t* a, int64_t* b) {
+  *a = max(lo, at);
+  *b = min(hi, at + bytes);
+  return *a < *b;
+}
+
+// One CTA of a leg in the flag form (PeerInboxExchangeKernel): it pushes
+// the slot's pieces cta, cta + ctas, ... of what goes to position i into
+// the destination's slot `to`, raising each piece's flag once the piece is
+// there; the leg's last CTA raises the leg's count of calls; then it copies
+// the same pieces of this participant's slot `box`, each once its flag holds
+// the call (a ragged exchange's header first, its entries checked before any
+// row is). The pieces are the slot's, so the two participants' grids need
+// not agree.
+__device__ void InboxFlagLeg(const PeerInboxLeg& leg, const PeerSlices& s, const PeerWait& check,
+                             int i, int from, int64_t cta, int64_t ctas, unsigned long long call,
+                             uint8_t* to, const uint8_t* box) {
+  const int64_t header = PeerInboxHeader(s), rows = s.bytes, pieces = PeerInboxPieces(s);
+  auto* flags = reinterpret_cast<unsigned long long*>(to + PeerInboxFlags(s));
+  const auto* arrived = reinterpret_cast<const unsigned long long*>(box + PeerInboxFlags(s));
+  int64_t a, b;
+  for (int64_t p = cta; p < pieces; p += ctas) {
+    const int64_t lo = p * kPeerInboxPieceBytes, hi = lo + kPeerInboxPieceBytes;
+    if (!s.ragged()) {
+      const int64_t at = i * s.bytes % 16;
+      if (SlotPart(at, s.bytes, lo, hi, &a, &b)) {
+        SimtCopy(s.src + i * s.bytes + (a - at), to + a, b - a, 0, 1);
+      }
+    } else {
+      for (int64_t j = 0; j < s.per_part; ++j) {
+        const int64_t slice = int64_t{i} * s.per_part + j;
+        const int64_t in = IndexAt(s.input_offsets, s.index64, slice);
+        const int64_t at = header + in * rows;
+        if (SlotPart(at, IndexAt(s.send_sizes, s.index64, slice) * rows, lo, hi, &a, &b)) {
+          SimtCopy(s.src + in * rows + (a - at), to + a, b - a, 0, 1);
+        }
+      }
+      // The entries that start in this piece (one may end in the next).
+      const int64_t sz = sizeof(PeerInboxEntry);
+      for (int64_t j = (lo + sz - 1) / sz + threadIdx.x; j < s.per_part && j * sz < hi;
+           j += blockDim.x) {
+        const int64_t slice = int64_t{i} * s.per_part + j;
+        reinterpret_cast<PeerInboxEntry*>(to)[j] =
+            PeerInboxEntry{IndexAt(s.input_offsets, s.index64, slice),
+                           IndexAt(s.send_sizes, s.index64, slice),
+                           IndexAt(s.output_offsets, s.index64, slice)};
+      }
+    }
+    // The CTA's stores of the piece (ordered before the flag by the barrier)
+    // travel ahead of it: the release is cumulative.
+    __syncthreads();
+    if (threadIdx.x == 0) StoreRelease(&flags[p], call);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && AtomicAddAcqRel(&leg.own->ctas, 1u) == ctas - 1) {
+    leg.own->ctas = 0;  // every CTA of the leg read the count before this
+    leg.own->calls = call;
+  }
+  // Waits for piece p of this participant's slot (each thread's own acquire
+  // of what thread 0 saw arrive).
+  auto await_piece = [&](int64_t p) {
+    if (threadIdx.x == 0) AwaitCall(&arrived[p], call, leg.wait_by, PeerWaitFor::kDone);
+    __syncthreads();
+    LoadAcquire(&arrived[p]);
+  };
+  if (!s.ragged()) {
+    const int64_t at = s.position * s.bytes % 16;
+    for (int64_t p = cta; p < pieces; p += ctas) {
+      await_piece(p);
+      if (SlotPart(at, s.bytes, p * kPeerInboxPieceBytes, (p + 1) * kPeerInboxPieceBytes, &a,
+                   &b)) {
+        SimtCopy(box + a, s.local + from * s.bytes + (a - at), b - a, 0, 1);
+      }
+    }
+    return;
+  }
+  for (int64_t p = 0; p * kPeerInboxPieceBytes < header; ++p) await_piece(p);
+  const auto* entries = reinterpret_cast<const PeerInboxEntry*>(box);
+  CheckReceived(s, check, from, [&](int64_t j) { return entries[j]; });
+  for (int64_t p = cta; p < pieces; p += ctas) {
+    if (p * kPeerInboxPieceBytes >= header) await_piece(p);
+    for (int64_t j = 0; j < s.per_part; ++j) {
+      const PeerInboxEntry e = entries[j];
+      const int64_t at = header + e.in * rows;
+      if (SlotPart(at, e.size * rows, p * kPeerInboxPieceBytes, (p + 1) * kPeerInboxPieceBytes,
+                   &a, &b)) {
+        SimtCopy(box + a, s.local + e.out * rows + (a - at), b - a, 0, 1);
+      }
+    }
+  }
+}
+
 // CTA b works on what goes to position b mod parts, with the other CTAs of
 // that position (ctas of them). What this participant keeps is copied into
-// its result. For another position, the CTA pushes its part into the
-// destination's slot (a ragged exchange's slices, and CTA 0 their header),
-// the last CTA of the leg raises the destination's flag; then every CTA of
-// the leg waits for its source's flag and copies its part of the source's
-// slot out of the inbox. A ragged exchange's CTAs check this participant's
-// slices before any copy, and what each source sent before copying it. In
-// the low-latency form a leg's CTAs do both halves without the flag
-// (InboxLowLatencyLeg). The grid fits on the device at once (LaunchPeerInboxExchange), so no CTA
-// waits for a CTA that cannot start.
+// its result. For another position, the CTAs push into the destination's
+// slot and copy out of this participant's slot for the leg's source, in the
+// flag form (InboxFlagLeg) or the low-latency form (InboxLowLatencyLeg). A
+// ragged exchange's CTAs check this participant's slices before any copy,
+// and what each source sent before copying it. The grid fits on the device
+// at once (LaunchPeerInboxExchange), so no CTA waits for a CTA that cannot
+// start.
 __global__ void __launch_bounds__(kInboxThreads)
     PeerInboxExchangeKernel(PeerInboxLegs legs, PeerSlices s, PeerWait check) {
   const int i = static_cast<int>(blockIdx.x % s.parts);
@@ -1052,45 +1147,7 @@ __global__ void __launch_bounds__(kInboxThreads)
     InboxLowLatencyLeg(leg, s, check, i, from, cta, ctas, call, to, box);
     return;
   }
-  if (!s.ragged()) {
-    SimtCopy(s.src + i * s.bytes, to + i * s.bytes % 16, s.bytes, cta, ctas);
-  } else {
-    for (int64_t j = 0; j < s.per_part; ++j) {
-      const PeerInboxEntry e = sent(j);
-      SimtCopy(s.src + e.in * rows, to + header + e.in * rows, e.size * rows, cta, ctas);
-    }
-    if (cta == 0) {
-      for (int64_t j = threadIdx.x; j < s.per_part; j += blockDim.x) {
-        reinterpret_cast<PeerInboxEntry*>(to)[j] = sent(j);
-      }
-    }
-  }
-  __syncthreads();
-  unsigned long long* arrived = &leg.own->arrived[call & 1];
-  if (threadIdx.x == 0) {
-    // The CTA's pushes (ordered before this count by the barrier) and those
-    // of the leg's other CTAs (whose counts the last one acquires) travel
-    // ahead of the flag: a release is cumulative. One fence on the way, the
-    // flag's own, instead of one a CTA.
-    if (AtomicAddAcqRel(&leg.own->ctas, 1u) == ctas - 1) {
-      leg.own->ctas = 0;
-      leg.own->calls = call;
-      StoreRelease(&leg.partner_box->arrived[call & 1], call);
-    }
-    AwaitCall(arrived, call, leg.wait_by, PeerWaitFor::kDone);
-  }
-  __syncthreads();
-  LoadAcquire(arrived);  // each thread's own acquire of what thread 0 saw arrive
-  if (!s.ragged()) {
-    SimtCopy(box + s.position * s.bytes % 16, s.local + from * s.bytes, s.bytes, cta, ctas);
-    return;
-  }
-  const auto* entries = reinterpret_cast<const PeerInboxEntry*>(box);
-  CheckReceived(s, check, from, [&](int64_t j) { return entries[j]; });
-  for (int64_t j = 0; j < s.per_part; ++j) {
-    const PeerInboxEntry e = entries[j];
-    SimtCopy(box + header + e.in * rows, s.local + e.out * rows, e.size * rows, cta, ctas);
-  }
+  InboxFlagLeg(leg, s, check, i, from, cta, ctas, call, to, box);
 }
 
 // `kernel` on `stream`; `early`: with programmatic dependent launch.
@@ -1293,21 +1350,21 @@ ffi::Error LaunchPeerInboxExchange(std::string_view op, const PeerInboxLegs& leg
   }
   DeviceInfo info;
   JAX_TMA_RETURN_IF_FAILED(GetDeviceInfo(device, &info));
-  // Each position's CTAs copy at least kInboxVectorsPerThread vectors a
-  // thread of what an equal share would be (in the low-latency form, a unit
-  // for every kInboxThreadsPerUnit threads), and the whole grid is at most
-  // one CTA per SM (and within the budget): every CTA is resident while the
-  // others wait.
+  // The flag form takes a CTA a piece of the slot (PeerInboxPieces); the
+  // low-latency form a unit for every kInboxThreadsPerUnit threads of what
+  // an equal share of the operand would be, within one SM in
+  // kInboxLowLatencySmShare. The whole grid is at most one CTA per SM (and
+  // within the budget): every CTA is resident while the others wait.
+  const bool low_latency = PeerInboxLowLatency(slices);
   const int64_t share =
       slices.ragged() ? slices.src_rows * slices.bytes / slices.parts : slices.bytes;
-  const bool low_latency = PeerInboxLowLatency(slices);
-  const int64_t work = low_latency ? PeerRowUnits(share) + 1 : share / 16 + 1;
-  const int64_t per_cta = low_latency ? kInboxThreads / kInboxThreadsPerUnit
-                                      : int64_t{kInboxThreads} * kInboxVectorsPerThread;
+  const int64_t wanted =
+      low_latency ? (PeerRowUnits(share) + 1 + kInboxUnitsPerCta - 1) / kInboxUnitsPerCta
+                  : PeerInboxPieces(slices);
   const int64_t sms = low_latency ? info.sm_count / kInboxLowLatencySmShare : info.sm_count;
   const int64_t budget = std::min<int64_t>(sms, max_ctas > 0 ? max_ctas : sms);
-  const int64_t ctas = std::clamp<int64_t>((work + per_cta - 1) / per_cta, 1,
-                                           std::max<int64_t>(1, budget / slices.parts));
+  const int64_t ctas =
+      std::clamp<int64_t>(wanted, 1, std::max<int64_t>(1, budget / slices.parts));
   if (ctas * slices.parts > info.sm_count) {
     return InvalidArgument(op, "an inbox exchange of ", slices.parts, " parts needs ",
                            slices.parts, " CTAs at once; device ", device, " has ",

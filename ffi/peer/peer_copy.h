@@ -56,10 +56,6 @@ struct alignas(64) PeerMailbox {
   // Written by the partner with `buffer` in a ragged exchange (PeerScatter):
   // its receive sizes, in this process's address space; 0 otherwise.
   unsigned long long sizes;
-  // Written by the source in an inbox exchange (PeerInboxExchange): the
-  // number of the last call of each parity whose chunk it finished pushing
-  // into this participant's inbox.
-  unsigned long long arrived[2];
   // A PeerScatter's own, on its first leg's mailbox: the number of the last
   // call whose meeting its CTA 0 finished (the others wait for it), and the
   // CTAs of the current call finished.
@@ -288,10 +284,11 @@ ffi::Error LaunchPeerPull(std::string_view op, const PeerLegs& legs, const PeerP
 // is most of a small exchange's time. Here each participant owns an inbox
 // (peer memory registered once per lowered exchange and device) with two
 // slots per leg, used by call parity; the source of a leg pushes its chunk
-// into the slot of the call's parity and then raises `arrived[parity]` of
-// the receiver's leg mailbox to the call's number; the receiver waits for
-// that and copies the slot into its result. One kernel does both, so a call
-// is one launch and one crossing. A slot is never overwritten early: the
+// into the slot of the call's parity, a piece of the slot at a time, and
+// raises each piece's flag in the slot to the call's number once the piece
+// is there; the receiver copies each piece into its result once its flag
+// holds the call. One kernel does both, so a call is one launch and one
+// crossing. A slot is never overwritten early: the
 // source reuses it two calls later, after a call whose completion needs
 // this participant's own push of that call, which it makes only once its
 // earlier call (and so its copy out of the slot) is done.
@@ -324,7 +321,8 @@ static_assert(sizeof(PeerInboxEntry) == 3 * kPeerLowLatencyData, "an entry: thre
 // recv_sizes before it copies any. In the low-latency form: equal, the
 // chunk's units from the slot's start; ragged, three units an entry (one a
 // field), then each row of the operand in units of its own (a row's last
-// unit padded), so that no two slices share a unit.
+// unit padded), so that no two slices share a unit. Otherwise (the flag
+// form) the slot's pieces' flags follow its data (PeerInboxFlags).
 JAX_TMA_HOST_DEVICE inline int64_t PeerInboxHeader(const PeerSlices& s) {
   return s.ragged() ? (s.per_part * int64_t{sizeof(PeerInboxEntry)} + 255) / 256 * 256 : 0;
 }
@@ -341,8 +339,20 @@ JAX_TMA_HOST_DEVICE inline bool PeerInboxLowLatency(const PeerSlices& s) {
 JAX_TMA_HOST_DEVICE inline int64_t PeerRowUnits(int64_t bytes) {
   return (bytes + kPeerLowLatencyData - 1) / kPeerLowLatencyData;
 }
+// The flag form's pieces: a slot's data in pieces of kPeerInboxPieceBytes,
+// each pushed whole by one CTA, which then raises the piece's flag (a call
+// number); a receiving CTA copies a piece out once its flag holds the call.
+// The pieces depend on the slot alone, not on either participant's grid.
+inline constexpr int64_t kPeerInboxPieceBytes = int64_t{16} << 10;
+JAX_TMA_HOST_DEVICE inline int64_t PeerInboxPieces(const PeerSlices& s) {
+  return (PeerInboxPlainPayload(s) + kPeerInboxPieceBytes - 1) / kPeerInboxPieceBytes;
+}
+// Where the flag form's flags start in a slot: one 8-byte flag a piece.
+JAX_TMA_HOST_DEVICE inline int64_t PeerInboxFlags(const PeerSlices& s) {
+  return (PeerInboxPlainPayload(s) + 127) / 128 * 128;
+}
 JAX_TMA_HOST_DEVICE inline int64_t PeerInboxPayload(const PeerSlices& s) {
-  if (!PeerInboxLowLatency(s)) return PeerInboxPlainPayload(s);
+  if (!PeerInboxLowLatency(s)) return PeerInboxFlags(s) + 8 * PeerInboxPieces(s);
   const int64_t units = s.ragged() ? 3 * int64_t{s.per_part} + s.src_rows * PeerRowUnits(s.bytes)
                                    : PeerRowUnits(s.bytes);
   return units * kPeerLowLatencyUnit;
