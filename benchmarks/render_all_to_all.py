@@ -89,6 +89,11 @@ def render_all_to_all(r: dict[str, Any]) -> str:
         f"the rest evenly over the others and itself. **GB/s per GPU over the bytes that leave "
         f"each GPU**, (n−1)/n of its buffer (skewed: those of the GPU that sends the most), by "
         f"span; the ceiling is a `jax_tma.ppermute` that pushes those bytes to one peer. "
+        + (f"The case \"{LABELS['launch']}\" (in the µs table only) flips a bit of every "
+           f"element on each GPU and exchanges nothing: its span is how far apart the "
+           f"program's launches on the GPUs began, plus a kernel, a floor under any "
+           f"exchange's single call. "
+           if "launch" in cases else "") +
         f"{r['repetitions']} interleaved run(s) per size, every case's time the median over "
         f"them and every ratio the median of the runs' ratios; each case checked bit for bit "
         f"first.", "",
